@@ -1,0 +1,211 @@
+"""The path table: one IR for every product equikernels evaluates.
+
+A table is a sum of *paths*. Each path multiplies n component-carrying factors (segments of named
+operands such as ``x``, ``y``, ``g``) and an optional weight factor, contracts their components
+with a sparse coefficient list (CG entries with every normalisation constant folded in) and adds
+the result into one segment of the output operand.
+
+Channels are described by *labels* (``u``, ``v``, ``w``...): each factor's channel index is
+``base + sum(stride[label] * index[label])``. Labels absent from the output are summed. This
+covers all e3nn modes (uvw, uvu, uvv, uuw, uuu, uvuv and the triangular ones) and, because the
+derivatives of a multilinear map are multilinear maps of the same shape, every gradient is just a
+new table built by relabelling (``grad_table``). Nothing here knows about bilinearity: a path may
+have any number of factors (the symmetric contraction is a degree-nu path).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from ._compat import o3
+from .problem import TPProblem
+
+CG_ZERO_TOL = 1e-10  # wigner_3j entries below this are numerical zeros
+
+
+@dataclass(frozen=True)
+class Segment:
+    """``mul`` copies of a ``dim``-dimensional irrep, starting at ``offset`` of a feature row."""
+    offset: int
+    mul: int
+    dim: int
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A named tensor argument. ``dim`` is the row length; ``segments`` its irrep blocks."""
+    name: str
+    dim: int
+    segments: Tuple[Segment, ...]
+
+
+@dataclass(frozen=True)
+class Factor:
+    operand: str
+    segment: int
+    base: int
+    strides: Tuple[Tuple[str, int], ...]  # (label, stride) pairs
+
+
+@dataclass(frozen=True)
+class Path:
+    factors: Tuple[Factor, ...]  # component-carrying factors, in entry order
+    weight: Optional[Factor]     # component-free factor (segment dim 1), or None
+    output: Factor
+    labels: Tuple[Tuple[str, int], ...]  # label -> size
+    entries: Tuple[Tuple[Tuple[int, ...], int, float], ...]  # (factor components, output component, coef)
+
+    @property
+    def label_sizes(self) -> Dict[str, int]:
+        return dict(self.labels)
+
+
+@dataclass(frozen=True)
+class Table:
+    operands: Tuple[Operand, ...]  # every operand a factor or the output refers to
+    output: str
+    paths: Tuple[Path, ...]
+
+    def operand(self, name: str) -> Operand:
+        for op in self.operands:
+            if op.name == name:
+                return op
+        raise KeyError(name)
+
+    @property
+    def inputs(self) -> Tuple[str, ...]:
+        """Operand names read by the table, in first-use order."""
+        seen = []
+        for p in self.paths:
+            for f in p.factors + ((p.weight,) if p.weight else ()):
+                if f.operand not in seen:
+                    seen.append(f.operand)
+        return tuple(seen)
+
+    @property
+    def num_entries(self) -> int:
+        return sum(len(p.entries) for p in self.paths)
+
+
+def _segments(irreps) -> Tuple[Segment, ...]:
+    segs, off = [], 0
+    for mul, l, _ in irreps:
+        segs.append(Segment(off, mul, 2 * l + 1))
+        off += mul * (2 * l + 1)
+    return tuple(segs)
+
+
+@functools.lru_cache(maxsize=None)
+def cg_entries(l1: int, l2: int, l3: int) -> Tuple[Tuple[int, int, int, float], ...]:
+    """Nonzero entries of e3nn's real wigner_3j(l1, l2, l3), computed in float64."""
+    w = o3.wigner_3j(l1, l2, l3, dtype=torch.float64)
+    nz = (w.abs() > CG_ZERO_TOL).nonzero().tolist()
+    return tuple((i, j, k, float(w[i, j, k])) for i, j, k in nz)
+
+
+def _labels_for(mode: str, m1: int, m2: int, mo: int, woff: int):
+    """Yield (x labels, y labels, out labels, weight (base, strides), label sizes) sub-paths.
+
+    The triangular modes are split into one sub-path per u so that every index stays linear.
+    """
+    L = lambda **kw: tuple(kw.items())  # noqa: E731
+    if mode == "uvw":
+        yield (0, L(u=1)), (0, L(v=1)), (0, L(w=1)), (woff, L(u=m2 * mo, v=mo, w=1)), L(u=m1, v=m2, w=mo)
+    elif mode == "uvu":
+        yield (0, L(u=1)), (0, L(v=1)), (0, L(u=1)), (woff, L(u=m2, v=1)), L(u=m1, v=m2)
+    elif mode == "uvv":
+        yield (0, L(u=1)), (0, L(v=1)), (0, L(v=1)), (woff, L(u=m2, v=1)), L(u=m1, v=m2)
+    elif mode == "uuw":
+        yield (0, L(u=1)), (0, L(u=1)), (0, L(w=1)), (woff, L(u=mo, w=1)), L(u=m1, w=mo)
+    elif mode == "uuu":
+        yield (0, L(u=1)), (0, L(u=1)), (0, L(u=1)), (woff, L(u=1)), L(u=m1)
+    elif mode == "uvuv":
+        yield (0, L(u=1)), (0, L(v=1)), (0, L(u=m2, v=1)), (woff, L(u=m2, v=1)), L(u=m1, v=m2)
+    elif mode in ("uvu<v", "u<vw"):
+        q0 = 0
+        for u0 in range(m1 - 1):
+            n = m1 - 1 - u0  # pairs (u0, v) with v > u0
+            if mode == "uvu<v":
+                yield (u0, ()), (u0 + 1, L(v=1)), (q0, L(v=1)), (woff + q0, L(v=1)), L(v=n)
+            else:
+                yield (u0, ()), (u0 + 1, L(v=1)), (0, L(w=1)), (woff + q0 * mo, L(v=mo, w=1)), L(v=n, w=mo)
+            q0 += n
+    else:  # pragma: no cover - validated in TPProblem
+        raise ValueError(mode)
+
+
+def tp_table(problem: TPProblem) -> Table:
+    """Forward table of a TPProblem: operands ``x``, ``y``, ``w`` -> ``out``."""
+    segs1, segs2, segso = (_segments(problem.irreps_in1), _segments(problem.irreps_in2),
+                           _segments(problem.irreps_out))
+    wnum = problem.weight_numel
+    operands = (
+        Operand("x", problem.dim_in1, segs1),
+        Operand("y", problem.dim_in2, segs2),
+        Operand("w", wnum, (Segment(0, wnum, 1),)),
+        Operand("out", problem.dim_out, segso),
+    )
+    paths, woff = [], 0
+    for ins, coef in zip(problem.instructions, problem.path_coefficients):
+        m1, l1, _ = problem.irreps_in1[ins.i_in1]
+        m2, l2, _ = problem.irreps_in2[ins.i_in2]
+        mo, lo, _ = problem.irreps_out[ins.i_out]
+        numel = math.prod(ins.path_shape(problem)) if ins.has_weight else 0
+        if m1 and m2 and mo and coef != 0.0:
+            entries = tuple(((i, j), k, c * coef) for i, j, k, c in cg_entries(l1, l2, lo))
+            for (xb, xs), (yb, ys), (ob, os_), (wb, ws), sizes in _labels_for(ins.mode, m1, m2, mo, woff):
+                out_strides = os_
+                if ins.mode == "uuw" and not ins.has_weight:
+                    out_strides = ()  # unweighted uuw sums u into its single output channel
+                sizes = tuple((k, n) for k, n in sizes if n > 0)
+                if any(n == 0 for _, n in sizes):
+                    continue
+                paths.append(Path(
+                    factors=(Factor("x", ins.i_in1, xb, xs), Factor("y", ins.i_in2, yb, ys)),
+                    weight=Factor("w", 0, wb, ws) if ins.has_weight else None,
+                    output=Factor("out", ins.i_out, ob, out_strides),
+                    labels=sizes,
+                    entries=entries,
+                ))
+        woff += numel
+    return Table(operands, "out", tuple(paths))
+
+
+def grad_table(table: Table, wrt: str, cotangent: str = "g") -> Table:
+    """Table of d<cotangent, table(...)>/d(wrt): the output becomes a factor named ``cotangent``.
+
+    ``wrt`` may be a component-carrying operand (its components become the output components) or
+    the weight operand (output components collapse to a single one).
+    """
+    out_op = table.operand(table.output)
+    target = table.operand(wrt)
+    operands = tuple(op for op in table.operands if op.name != table.output)
+    operands += (Operand(cotangent, out_op.dim, out_op.segments),)
+    paths = []
+    for p in table.paths:
+        g = Factor(cotangent, p.output.segment, p.output.base, p.output.strides)
+        if p.weight is not None and p.weight.operand == wrt:
+            factors = p.factors + (g,)
+            entries = tuple((comps + (k,), 0, c) for comps, k, c in p.entries)
+            paths.append(Path(factors, None, p.weight, p.labels, entries))
+            continue
+        hits = [n for n, f in enumerate(p.factors) if f.operand == wrt]
+        for n in hits:  # product rule: one path per occurrence of the operand
+            factors = p.factors[:n] + p.factors[n + 1:] + (g,)
+            entries = tuple((comps[:n] + comps[n + 1:] + (k,), comps[n], c) for comps, k, c in p.entries)
+            paths.append(Path(factors, p.weight, p.factors[n], p.labels, entries))
+    return Table(operands, target.name, tuple(paths))
+
+
+def rename(table: Table, mapping: Dict[str, str]) -> Table:
+    """Same table with operands renamed (used to substitute arguments, e.g. in double backward)."""
+    r = lambda n: mapping.get(n, n)  # noqa: E731
+    fr = lambda f: None if f is None else Factor(r(f.operand), f.segment, f.base, f.strides)  # noqa: E731
+    ops = tuple(Operand(r(o.name), o.dim, o.segments) for o in table.operands)
+    paths = tuple(Path(tuple(fr(f) for f in p.factors), fr(p.weight), fr(p.output), p.labels, p.entries)
+                  for p in table.paths)
+    return Table(ops, r(table.output), paths)

@@ -1,0 +1,102 @@
+"""Pure-PyTorch evaluation of a path table: the CPU fallback and the oracle for the kernels.
+
+Each path is one ``einsum`` over gathered segments and a dense copy of its coefficients, so the
+result is differentiable to any order on any device and dtype.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Dict, Optional
+
+import torch
+
+from .ir import Factor, Path, Table
+
+LAYOUTS = ("mul_ir", "ir_mul")
+_LABEL_LETTERS = "uvwqrstpo"
+_COMP_LETTERS = "abcdefghijk"
+
+
+def factor_index(table: Table, f: Factor, labels, layout: str) -> torch.Tensor:
+    """Flat feature indices of a factor, shape [*sizes of the labels it uses, dim]."""
+    seg = table.operand(f.operand).segments[f.segment]
+    return _factor_index(seg.offset, seg.mul, seg.dim, f.base, f.strides, tuple(labels), layout)
+
+
+@functools.lru_cache(maxsize=4096)
+def _factor_index(offset, mul, dim, base, strides, labels, layout):
+    sizes = dict(labels)
+    used = [l for l, _ in labels if l in dict(strides)]
+    st = dict(strides)
+    ch = torch.full([sizes[l] for l in used], base, dtype=torch.long)
+    for n, l in enumerate(used):
+        shape = [1] * len(used)
+        shape[n] = sizes[l]
+        ch = ch + st[l] * torch.arange(sizes[l]).reshape(shape)
+    comp = torch.arange(dim)
+    if layout == "mul_ir":
+        idx = offset + ch[..., None] * dim + comp
+    else:
+        idx = offset + comp * mul + ch[..., None]
+    return idx, "".join(_LABEL_LETTERS[[l for l, _ in labels].index(l)] for l in used)
+
+
+@functools.lru_cache(maxsize=4096)
+def _dense_coefficients(entries, dims):
+    cg = torch.zeros(dims, dtype=torch.float64)
+    for comps, k, c in entries:
+        cg[tuple(comps) + (k,)] += c
+    return cg
+
+
+def _gather(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    return t.index_select(-1, idx.reshape(-1)).reshape(t.shape[:-1] + idx.shape)
+
+
+def evaluate(table: Table, tensors: Dict[str, torch.Tensor], layout: str = "mul_ir",
+             reduce_rows: bool = False, rows: Optional[int] = None) -> torch.Tensor:
+    """Evaluate ``table``. Row-carrying tensors are [rows, dim]; row-free ones (shared weights) [dim].
+
+    With ``reduce_rows`` the output is summed over rows (the gradient of a shared weight).
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    ref = next(iter(tensors.values()))
+    if rows is None:
+        rows = next((t.shape[0] for t in tensors.values() if t.dim() == 2), 1)
+    out_op = table.operand(table.output)
+    out_shape = (out_op.dim,) if reduce_rows else (rows, out_op.dim)
+    out = torch.zeros(out_shape, dtype=ref.dtype, device=ref.device)
+    for path in table.paths:
+        out = out.index_add(-1, *_path_contribution(table, path, tensors, layout, reduce_rows))
+    return out
+
+
+def _path_contribution(table: Table, path: Path, tensors, layout, reduce_rows):
+    subs, ops = [], []
+    dims = []
+    for n, f in enumerate(path.factors):
+        idx, lab = factor_index(table, f, path.labels, layout)
+        t = tensors[f.operand]
+        ops.append(_gather(t, idx))
+        subs.append(("z" if t.dim() == 2 else "") + lab + _COMP_LETTERS[n])
+        dims.append(idx.shape[-1])
+    out_idx, out_lab = factor_index(table, path.output, path.labels, layout)
+    k = _COMP_LETTERS[len(path.factors)]
+    dims.append(out_idx.shape[-1])
+    cg = _dense_coefficients(path.entries, tuple(dims)).to(dtype=ops[0].dtype, device=ops[0].device)
+    ops.append(cg)
+    subs.append(_COMP_LETTERS[: len(path.factors)] + k)
+    if path.weight is not None:
+        idx, lab = factor_index(table, path.weight, path.labels, layout)
+        t = tensors[path.weight.operand]
+        ops.append(_gather(t, idx)[..., 0])
+        subs.append(("z" if t.dim() == 2 else "") + lab)
+    has_rows = any(s.startswith("z") for s in subs)
+    res_sub = ("z" if has_rows and not reduce_rows else "") + out_lab + k
+    res = torch.einsum(",".join(subs) + "->" + res_sub, *ops)
+    if has_rows and not reduce_rows:
+        res = res.reshape(res.shape[0], -1)
+    else:
+        res = res.reshape(-1)
+    return out_idx.reshape(-1).to(res.device), res
