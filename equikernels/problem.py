@@ -224,3 +224,24 @@ def _validate_instruction(ins: Instruction, k: int, i1, i2, io) -> None:
         raise ValueError(f"{where}: mode {ins.mode!r} requires has_weight=True")
     if ins.mode == "uuw" and not ins.has_weight and mo != 1:
         raise ValueError(f"{where}: unweighted 'uuw' requires mul_out == 1 (got {mo})")
+
+
+def problem_to_spec(p: TPProblem) -> dict:
+    """JSON-able form (the custom ops carry it as a string so exported graphs stay self-contained)."""
+    return {
+        "irreps_in1": p.irreps_in1, "irreps_in2": p.irreps_in2, "irreps_out": p.irreps_out,
+        "instructions": [(i.i_in1, i.i_in2, i.i_out, i.mode, i.has_weight, i.path_weight)
+                         for i in p.instructions],
+        "in1_var": p.in1_var, "in2_var": p.in2_var, "out_var": p.out_var,
+        "irrep_normalization": p.irrep_normalization, "path_normalization": p.path_normalization,
+        "shared_weights": p.shared_weights, "internal_weights": p.internal_weights,
+    }
+
+
+def problem_from_spec(d: dict) -> TPProblem:
+    s = lambda irreps: "+".join(f"{m}x{l}{'e' if par == 1 else 'o'}" for m, l, par in irreps) or ""  # noqa: E731
+    return TPProblem.create(
+        s(d["irreps_in1"]), s(d["irreps_in2"]), s(d["irreps_out"]), [tuple(i) for i in d["instructions"]],
+        d["in1_var"], d["in2_var"], d["out_var"], d["irrep_normalization"], d["path_normalization"],
+        d["internal_weights"], d["shared_weights"],
+    )

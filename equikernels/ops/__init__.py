@@ -1,0 +1,5 @@
+"""Custom ops (torch.library) with autograd; Triton on CUDA, the reference elsewhere."""
+from .tp import BACKENDS, LAYOUTS, Plan, plan_of, resolve_backend, spec_of, tensor_product, tp_bwd, tp_fwd
+
+__all__ = ["BACKENDS", "LAYOUTS", "Plan", "plan_of", "resolve_backend", "spec_of", "tensor_product",
+           "tp_bwd", "tp_fwd"]

@@ -1,0 +1,239 @@
+"""Batched tensor product as torch custom ops with a composable autograd chain.
+
+``tp_fwd(x, y, w)`` and ``tp_bwd(x, y, w, g) -> (gx, gy, gw)`` are opaque custom ops (Triton on
+CUDA, the reference elsewhere). The backward of ``tp_bwd`` is expressed with the same two ops by
+trilinearity (DESIGN §3), so derivatives of any order work. The static problem travels as a JSON
+string argument, which keeps exported graphs self-contained.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .. import reference
+from ..ir import Table, grad_table, tp_table
+from ..problem import TPProblem, problem_from_spec, problem_to_spec
+
+BACKENDS = ("auto", "triton", "reference")
+LAYOUTS = reference.LAYOUTS
+NEED_X, NEED_Y, NEED_W = 1, 2, 4
+
+
+class Plan:
+    """Everything static about one (problem, layout): tables and (lazily) generated kernels."""
+
+    def __init__(self, problem: TPProblem, layout: str):
+        self.problem = problem
+        self.layout = layout
+        self.table: Table = tp_table(problem)
+        self.grad_tables = {n: grad_table(self.table, n) for n in ("x", "y", "w")}
+        self._kernels = None
+
+    @property
+    def kernels(self):
+        if self._kernels is None:
+            from ..codegen.tp import TPKernels  # imported lazily: Triton is optional on CPU
+            self._kernels = TPKernels(self)
+        return self._kernels
+
+
+def spec_of(problem: TPProblem, layout: str) -> str:
+    d = problem_to_spec(problem)
+    d["layout"] = layout
+    return json.dumps(d, separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=None)
+def plan_of(spec: str) -> Plan:
+    d = json.loads(spec)
+    layout = d.pop("layout")
+    return Plan(problem_from_spec(d), layout)
+
+
+def resolve_backend(backend: Optional[str], device: torch.device) -> str:
+    b = backend if backend is not None else os.environ.get("EQUIKERNELS_BACKEND", "auto")
+    if b not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {b!r} (argument or EQUIKERNELS_BACKEND)")
+    if b == "auto":
+        return "triton" if device.type == "cuda" and triton_available() else "reference"
+    return b
+
+
+@functools.lru_cache(maxsize=None)
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+# --- forward ------------------------------------------------------------------------------------
+@torch.library.custom_op("equikernels::tp_fwd", mutates_args=())
+def tp_fwd(x: Tensor, y: Tensor, w: Tensor, spec: str, backend: str) -> Tensor:
+    plan = plan_of(spec)
+    if backend == "triton":
+        return plan.kernels.forward(x, y, w)
+    return reference.evaluate(plan.table, {"x": x, "y": y, "w": w}, plan.layout, rows=x.shape[0])
+
+
+@tp_fwd.register_fake
+def _(x, y, w, spec, backend):
+    return x.new_empty(x.shape[0], plan_of(spec).problem.dim_out)
+
+
+# --- backward -----------------------------------------------------------------------------------
+@torch.library.custom_op("equikernels::tp_bwd", mutates_args=())
+def tp_bwd(x: Tensor, y: Tensor, w: Tensor, g: Tensor, spec: str, backend: str, need: int
+           ) -> Tuple[Tensor, Tensor, Tensor]:
+    plan = plan_of(spec)
+    if backend == "triton":
+        return plan.kernels.backward(x, y, w, g, need)
+    ops = {"x": x, "y": y, "w": w, "g": g}
+    res = []
+    for bit, name, like in ((NEED_X, "x", x), (NEED_Y, "y", y), (NEED_W, "w", w)):
+        if need & bit:
+            shared = name == "w" and w.dim() == 1
+            res.append(reference.evaluate(plan.grad_tables[name], ops, plan.layout, reduce_rows=shared,
+                                          rows=x.shape[0]))
+        else:
+            res.append(like.new_empty(0))
+    return tuple(res)
+
+
+@tp_bwd.register_fake
+def _(x, y, w, g, spec, backend, need):
+    return tuple(t.new_empty(t.shape) if need & bit else t.new_empty(0)
+                 for bit, t in ((NEED_X, x), (NEED_Y, y), (NEED_W, w)))
+
+
+# --- autograd -----------------------------------------------------------------------------------
+def _fwd_setup(ctx, inputs, output):
+    x, y, w, spec, backend = inputs
+    ctx.save_for_backward(x, y, w)
+    ctx.spec, ctx.backend = spec, backend
+
+
+def _fwd_backward(ctx, g):
+    x, y, w = ctx.saved_tensors
+    need = sum(bit for bit, n in zip((NEED_X, NEED_Y, NEED_W), ctx.needs_input_grad[:3]) if n)
+    if need == 0:
+        return None, None, None, None, None
+    gx, gy, gw = tp_bwd(x, y, w, g.contiguous(), ctx.spec, ctx.backend, need)
+    return (gx if need & NEED_X else None, gy if need & NEED_Y else None, gw if need & NEED_W else None,
+            None, None)
+
+
+tp_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup)
+
+
+def _bwd_setup(ctx, inputs, output):
+    x, y, w, g, spec, backend, need = inputs
+    ctx.save_for_backward(x, y, w, g)
+    ctx.spec, ctx.backend, ctx.need = spec, backend, need
+
+
+def _cot(t: Optional[Tensor], like: Tensor, wanted: bool) -> Optional[Tensor]:
+    """A usable cotangent, or None when autograd gave none (or the output was a placeholder)."""
+    if not wanted or t is None or t.shape != like.shape:
+        return None
+    return t.contiguous()
+
+
+def _bwd_backward(ctx, ga, gb, gc):
+    """Trilinear identity: S = <g, T(a,y,w) + T(x,b,w) + T(x,y,c)>, (a,b,c) the cotangents."""
+    x, y, w, g = ctx.saved_tensors
+    spec, be = ctx.spec, ctx.backend
+    a, b, c = _cot(ga, x, ctx.need & NEED_X), _cot(gb, y, ctx.need & NEED_Y), _cot(gc, w, ctx.need & NEED_W)
+    nx, ny, nw, ng = ctx.needs_input_grad[:4]
+    dx = dy = dw = dg = None
+
+    def acc(old, new):
+        return new if old is None else old + new
+
+    if ng:
+        for args in ((a, y, w), (x, b, w), (x, y, c)):
+            if all(t is not None for t in args):
+                dg = acc(dg, tp_fwd(*args, spec, be))
+    if b is not None and (nx or nw):  # from T(x, b, w): d/dx and d/dw
+        rx, _, rw = tp_bwd(x, b, w, g, spec, be, (NEED_X if nx else 0) | (NEED_W if nw else 0))
+        dx = acc(dx, rx) if nx else dx
+        dw = acc(dw, rw) if nw else dw
+    if c is not None and (nx or ny):  # from T(x, y, c)
+        rx, ry, _ = tp_bwd(x, y, c, g, spec, be, (NEED_X if nx else 0) | (NEED_Y if ny else 0))
+        dx = acc(dx, rx) if nx else dx
+        dy = acc(dy, ry) if ny else dy
+    if a is not None and (ny or nw):  # from T(a, y, w)
+        _, ry, rw = tp_bwd(a, y, w, g, spec, be, (NEED_Y if ny else 0) | (NEED_W if nw else 0))
+        dy = acc(dy, ry) if ny else dy
+        dw = acc(dw, rw) if nw else dw
+    if ng and dg is None:
+        dg = torch.zeros_like(g)
+    return dx, dy, dw, dg, None, None, None
+
+
+tp_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup)
+
+
+# --- public entry point -------------------------------------------------------------------------
+def tensor_product(problem: TPProblem, x: Tensor, y: Tensor, weight: Optional[Tensor] = None, *,
+                   layout: str = "mul_ir", backend: Optional[str] = None) -> Tensor:
+    """out = TP(x, y, weight) with e3nn semantics; leading dimensions broadcast like e3nn's."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    _check_tensor("x", x, problem.dim_in1, "irreps_in1")
+    _check_tensor("y", y, problem.dim_in2, "irreps_in2")
+    _check_same("y", y, x)
+    nw = problem.weight_numel
+    try:
+        batch = torch.broadcast_shapes(x.shape[:-1], y.shape[:-1])
+    except RuntimeError:
+        raise ValueError(f"x and y: batch dimensions {tuple(x.shape[:-1])} and {tuple(y.shape[:-1])} "
+                         "do not broadcast") from None
+    if nw == 0:
+        w = x.new_empty(0)
+    else:
+        if weight is None:
+            raise ValueError("weight: this tensor product has weights (internal_weights=False); pass weight")
+        _check_same("weight", weight, x)
+        if problem.shared_weights:
+            if weight.shape != (nw,):
+                raise ValueError(f"weight: expected shape ({nw},) for shared weights, got {tuple(weight.shape)}")
+            w = weight.contiguous()
+        else:
+            if weight.dim() < 1 or weight.shape[-1] != nw:
+                raise ValueError(f"weight: expected shape (..., {nw}) for per-row weights, got {tuple(weight.shape)}")
+            try:
+                batch = torch.broadcast_shapes(batch, weight.shape[:-1])
+            except RuntimeError:
+                raise ValueError(f"weight: batch dimensions {tuple(weight.shape[:-1])} do not broadcast with "
+                                 f"{tuple(batch)}") from None
+            w = weight.expand(batch + (nw,)).reshape(-1, nw).contiguous()
+    xf = x.expand(batch + x.shape[-1:]).reshape(-1, x.shape[-1]).contiguous()
+    yf = y.expand(batch + y.shape[-1:]).reshape(-1, y.shape[-1]).contiguous()
+    be = resolve_backend(backend, x.device)
+    out = tp_fwd(xf, yf, w, spec_of(problem, layout), be)
+    return out.reshape(batch + (problem.dim_out,))
+
+
+def _check_tensor(name: str, t, dim: int, irreps_name: str) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
+    if t.dim() < 1 or t.shape[-1] != dim:
+        raise ValueError(f"{name}: expected last dimension {dim} ({irreps_name}), got shape {tuple(t.shape)}")
+
+
+def _check_same(name: str, t: Tensor, x: Tensor) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != x.dtype:
+        raise TypeError(f"{name}: dtype {t.dtype} does not match x ({x.dtype})")
+    if t.device != x.device:
+        raise ValueError(f"{name}: device {t.device} does not match x ({x.device})")
