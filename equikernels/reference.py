@@ -93,8 +93,15 @@ def _path_contribution(table: Table, path: Path, tensors, layout, reduce_rows):
         ops.append(_gather(t, idx)[..., 0])
         subs.append(("z" if t.dim() == 2 else "") + lab)
     has_rows = any(s.startswith("z") for s in subs)
-    res_sub = ("z" if has_rows and not reduce_rows else "") + out_lab + k
-    res = torch.einsum(",".join(subs) + "->" + res_sub, *ops)
+    present = set("".join(subs))
+    lead = "z" if has_rows and not reduce_rows else ""
+    res = torch.einsum(",".join(subs) + "->" + lead + "".join(c for c in out_lab if c in present) + k, *ops)
+    if any(c not in present for c in out_lab):
+        # an output label no input carries (e.g. d/dy of an unweighted uvu): broadcast over it
+        shape = list(res.shape[: len(lead)])
+        for n, c in enumerate(out_lab):
+            shape.append(out_idx.shape[n] if c in present else 1)
+        res = res.reshape(shape + [res.shape[-1]]).expand(*res.shape[: len(lead)], *out_idx.shape)
     if has_rows and not reduce_rows:
         res = res.reshape(res.shape[0], -1)
     else:

@@ -1,0 +1,329 @@
+"""Path table -> Triton source: one fully unrolled, register-resident kernel.
+
+A kernel evaluates one or more *groups* (a table and the pointer its output goes to) over blocks of
+ROWS rows. For each path, at most two channel labels become block dimensions (each irrep
+component of a factor is a ``[ROWS, MUL]`` or ``[ROWS, MUL1, MUL2]`` block in registers), every
+other label is unrolled. The CG contraction is a straight line of multiply-adds with literal
+coefficients; every (operand, component) block is loaded once and reused by all paths that read
+it; outputs are accumulated in registers and stored once. Groups whose output is summed over rows
+(gradients of shared weights) accumulate across a grid-stride loop and write one partial per
+program, which the launcher sums in float64.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+from ..ir import Factor, Path, Table
+
+
+class Unsupported(Exception):
+    """The generator cannot express this table (the dispatcher then uses the reference)."""
+
+
+@dataclass(frozen=True)
+class Group:
+    table: Table
+    out_ptr: str          # kernel argument the output goes to
+    reduce_rows: bool = False
+
+
+@dataclass
+class KernelMeta:
+    name: str
+    inputs: Tuple[str, ...]      # pointer arguments read, in order
+    outputs: Tuple[str, ...]     # pointer arguments written, in order
+    zero_init: Tuple[str, ...]   # outputs the kernel does not fully cover (launcher zero-fills)
+    reduce_rows: Tuple[str, ...]  # outputs written as per-program partials [programs, dim]
+
+
+def _pow2(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def _lit(c: float) -> str:
+    return repr(float(c))
+
+
+class _Writer:
+    def __init__(self):
+        self.lines: List[str] = []
+        self.n = 0
+
+    def tmp(self, prefix: str) -> str:
+        self.n += 1
+        return f"{prefix}{self.n}"
+
+    def emit(self, s: str, indent: int = 2):
+        self.lines.append("    " * indent + s)
+
+
+class KernelBuilder:
+    def __init__(self, name: str, groups: Sequence[Group], layout: str, row_operands: Set[str]):
+        self.name, self.groups, self.layout = name, list(groups), layout
+        self.row_operands = set(row_operands)  # operands with a row dimension (others are shared)
+        self.pre = _Writer()    # before the row loop (constants, aranges, loop-carried accumulators)
+        self.body = _Writer()   # inside the row loop
+        self.post = _Writer()   # after the loop
+        self.consts: Dict[str, str] = {}
+        self.aranges: Dict[Tuple[int, int, int], str] = {}
+        self.masks: Dict[Tuple[int, int, int, int], str] = {}
+        self.rowexpr: Dict[Tuple[str, int], str] = {}
+        self.rowmask: Dict[int, str] = {}
+        self.loads: Dict[tuple, str] = {}
+        self.exprs: Dict[str, str] = {}
+        self.inputs: List[str] = []
+        self.operand_dims: Dict[str, int] = {}
+        self.operand_segments: Dict[str, tuple] = {}
+        for g in self.groups:
+            for op in g.table.operands:
+                if op.name != g.table.output:
+                    self.operand_dims[op.name] = op.dim
+                    self.operand_segments[op.name] = op.segments
+
+    # --- small shared expressions ---------------------------------------------------------------
+    def const(self, c: float) -> str:
+        key = _lit(c)
+        if key not in self.consts:
+            name = f"c{len(self.consts)}"
+            self.consts[key] = name
+            self.pre.emit(f"{name} = tl.full([], {key}, DT)", 1)
+        return self.consts[key]
+
+    def arange(self, p: int, nd: int, pos: int, rows: bool = True) -> str:
+        """arange(0, p) shaped for a ([ROWS] + nd)-dim block, varying along block position ``pos``."""
+        key = (p, nd, pos, rows)
+        if key not in self.aranges:
+            name = f"i{p}_{nd}{pos}{'' if rows else 'n'}"
+            idx = ["None"] * (nd + rows)
+            idx[pos + rows] = ":"
+            self.pre.emit(f"{name} = tl.arange(0, {p})[{', '.join(idx)}]", 1)
+            self.aranges[key] = name
+        return self.aranges[key]
+
+    def colmask(self, p: int, size: int, nd: int, pos: int, rows: bool = True) -> str:
+        key = (p, size, nd, pos, rows)
+        if key not in self.masks:
+            name = f"m{p}_{size}_{nd}{pos}{'' if rows else 'n'}"
+            self.pre.emit(f"{name} = {self.arange(p, nd, pos, rows)} < {size}", 1)
+            self.masks[key] = name
+        return self.masks[key]
+
+    def rows(self, operand: str, dim: int, nd: int) -> str:
+        key = (operand, nd)
+        if key not in self.rowexpr:
+            name = f"{operand}_r{nd}"
+            idx = "" if nd == 0 else "[:, " + ", ".join(["None"] * nd) + "]"
+            self.body.emit(f"{name} = r64{idx} * {dim}")
+            self.rowexpr[key] = name
+        return self.rowexpr[key]
+
+    def rmask(self, nd: int) -> str:
+        if nd not in self.rowmask:
+            name = f"rm{nd}"
+            idx = "" if nd == 0 else "[:, " + ", ".join(["None"] * nd) + "]"
+            self.body.emit(f"{name} = rmask{idx}")
+            self.rowmask[nd] = name
+        return self.rowmask[nd]
+
+    # --- addressing -------------------------------------------------------------------------------
+    def _address(self, table: Table, f: Factor, comp: int, assign: Dict[str, int], block: Sequence[str]):
+        """(constant offset, [(coef, block position)]) of factor ``f`` component ``comp``."""
+        seg = table.operand(f.operand).segments[f.segment]
+        st = dict(f.strides)
+        ch = f.base + sum(st[l] * assign[l] for l in st if l in assign)
+        if self.layout == "mul_ir" or seg.dim == 1:
+            const, scale = seg.offset + ch * seg.dim + comp, seg.dim
+        else:
+            const, scale = seg.offset + comp * seg.mul + ch, 1
+        terms = [(st[l] * scale, pos) for pos, l in enumerate(block) if l in st]
+        return const, tuple(terms)
+
+    def load(self, table: Table, f: Factor, comp: int, assign, block, sizes) -> str:
+        nd = len(block)
+        const, terms = self._address(table, f, comp, assign, block)
+        has_rows = f.operand in self.row_operands
+        key = (f.operand, const, terms, tuple(sizes[block[pos]] for _, pos in terms), nd, has_rows)
+        if key in self.loads:
+            return self.loads[key]
+        if f.operand not in self.inputs:
+            self.inputs.append(f.operand)
+        name = self.body.tmp(f"{f.operand}_")
+        addr = [str(const)] + [f"{coef} * {self.arange(_pow2(sizes[block[pos]]), nd, pos)}" for coef, pos in terms]
+        mask = [self.colmask(_pow2(sizes[block[pos]]), sizes[block[pos]], nd, pos) for _, pos in terms
+                if _pow2(sizes[block[pos]]) != sizes[block[pos]]]
+        ptr = f"{f.operand}_ptr + " + " + ".join(addr)
+        if has_rows:
+            ptr = f"{f.operand}_ptr + {self.rows(f.operand, self.operand_dims[f.operand], nd)} + " + " + ".join(addr)
+            mask = [self.rmask(nd)] + mask
+        elif nd == 0:
+            ptr += " + r64 * 0"  # keep a row-shaped scalar so broadcasting stays uniform
+        mask_s = f", mask={' & '.join(mask)}, other=0.0" if mask else ""
+        self.body.emit(f"{name} = tl.load({ptr}{mask_s}).to(DT)")
+        self.loads[key] = name
+        return name
+
+    # --- one path ---------------------------------------------------------------------------------
+    def path(self, g: Group, p: Path, accs: Dict[tuple, str], order: List[tuple]):
+        t = g.table
+        sizes = p.label_sizes
+        out_st = dict(p.output.strides)
+        cand = [l for l, n in p.labels if n > 1]
+        cand.sort(key=lambda l: (l not in out_st, -out_st.get(l, 0), -sizes[l]))
+        block = cand[:2]
+        unrolled = [l for l, _ in p.labels if l not in block]
+        nd = len(block)
+        # factor order for the nested sum: smallest broadcast shape innermost
+        fsize = []
+        for n, f in enumerate(p.factors):
+            st = dict(f.strides)
+            fsize.append((sum(1 for l in block if l in st) + (f.operand in self.row_operands), n))
+        order_f = [n for _, n in sorted(fsize)]
+        for values in itertools.product(*[range(sizes[l]) for l in unrolled]):
+            assign = dict(zip(unrolled, values))
+            by_k: Dict[int, list] = {}
+            for comps, k, c in p.entries:
+                by_k.setdefault(k, []).append((comps, c))
+            w = self.load(t, p.weight, 0, assign, block, sizes) if p.weight is not None else None
+            for k, ents in sorted(by_k.items()):
+                s = self._nested(t, p, ents, order_f, assign, block, sizes)
+                if s is None:
+                    continue
+                if w is not None:
+                    v = self.body.tmp("t")
+                    self.body.emit(f"{v} = {s} * {w}")
+                    s = v
+                # reduce block labels that are not output labels (last axis first)
+                for pos in reversed(range(nd)):
+                    if block[pos] not in out_st:
+                        v = self.body.tmp("t")
+                        self.body.emit(f"{v} = tl.sum({s}, axis={pos + 1})")
+                        s = v
+                out_block = [l for l in block if l in out_st]
+                if g.reduce_rows:
+                    v = self.body.tmp("t")
+                    self.body.emit(f"{v} = tl.sum({s}, axis=0)")
+                    s = v
+                const, terms = self._address(t, p.output, k, assign, out_block)
+                key = (g.out_ptr, const, terms, tuple(sizes[out_block[pos]] for _, pos in terms), len(out_block))
+                if key in accs:
+                    self.body.emit(f"{accs[key]} = {accs[key]} + {s}")
+                elif g.reduce_rows:
+                    name = f"racc{len(accs)}"
+                    shape = [str(_pow2(sizes[l])) for l in out_block]
+                    self.pre.emit(f"{name} = tl.zeros([{', '.join(shape)}], DT)", 1)
+                    self.body.emit(f"{name} = {name} + {s}")
+                    accs[key] = name
+                    order.append(key)
+                else:
+                    name = self.body.tmp("acc")
+                    self.body.emit(f"{name} = {s}")
+                    accs[key] = name
+                    order.append(key)
+
+    def _nested(self, t, p, ents, order_f, assign, block, sizes) -> Optional[str]:
+        """sum_e c_e * prod_f F_f[comp_f], factored so the largest factor multiplies last."""
+        if not order_f:
+            return None
+        last, rest = order_f[-1], order_f[:-1]
+        groups: Dict[int, list] = {}
+        for comps, c in ents:
+            groups.setdefault(comps[last], []).append((comps, c))
+        terms = []
+        for comp, sub in sorted(groups.items()):
+            f = self.load(t, p.factors[last], comp, assign, block, sizes)
+            if rest:
+                inner = self._nested(t, p, sub, rest, assign, block, sizes)
+                terms.append(f"{f} * {inner}")
+            else:
+                c = sum(cc for _, cc in sub)
+                terms.append(f"{self.const(c)} * {f}")
+        expr = " + ".join(terms)
+        if expr in self.exprs:
+            return self.exprs[expr]
+        v = self.body.tmp("s")
+        self.body.emit(f"{v} = {expr}")
+        self.exprs[expr] = v
+        return v
+
+    # --- stores -------------------------------------------------------------------------------
+    def store(self, key, name: str, reduce_rows: bool, dims: Dict[str, int], to: _Writer, indent: int):
+        out_ptr, const, terms, tsizes, nd = key
+        addr = [str(const)] + [f"{coef} * {self.arange(_pow2(sz), nd, pos)}" for (coef, pos), sz in zip(terms, tsizes)]
+        cmask = [self.colmask(_pow2(sz), sz, nd, pos) for (coef, pos), sz in zip(terms, tsizes) if _pow2(sz) != sz]
+        if reduce_rows:
+            # partials: one row per program; the aranges carry a leading row axis we drop
+            addr = [str(const)] + [f"{coef} * {self.arange(_pow2(sz), nd, pos, rows=False)}"
+                                   for (coef, pos), sz in zip(terms, tsizes)]
+            cm = [self.colmask(_pow2(sz), sz, nd, pos, rows=False)
+                  for (coef, pos), sz in zip(terms, tsizes) if _pow2(sz) != sz]
+            ptr = f"{out_ptr}_ptr + pid64 * {dims[out_ptr]} + " + " + ".join(addr)
+            mask = f", mask={' & '.join(cm)}" if cm else ""
+            to.emit(f"tl.store({ptr}, {name}.to({out_ptr}_ptr.dtype.element_ty){mask})", indent)
+        else:
+            rows = self.rows(out_ptr, dims[out_ptr], nd)
+            ptr = f"{out_ptr}_ptr + {rows} + " + " + ".join(addr)
+            mask = " & ".join([self.rmask(nd)] + cmask)
+            to.emit(f"tl.store({ptr}, {name}.to({out_ptr}_ptr.dtype.element_ty), mask={mask})", indent)
+
+    def build(self) -> Tuple[str, KernelMeta]:
+        accs: Dict[tuple, str] = {}
+        order: List[tuple] = []
+        out_dims = {g.out_ptr: g.table.operand(g.table.output).dim for g in self.groups}
+        reduce = {g.out_ptr: g.reduce_rows for g in self.groups}
+        coverage: Dict[str, Dict[int, tuple]] = {g.out_ptr: {} for g in self.groups}
+        for g in self.groups:
+            # process paths output-segment by output-segment so accumulators die early
+            paths = sorted(g.table.paths, key=lambda p: p.output.segment)
+            pending: Dict[int, List[tuple]] = {}
+            for n, p in enumerate(paths):
+                before = set(accs)
+                self.path(g, p, accs, order)
+                seg = p.output.segment
+                pending.setdefault(seg, []).extend(k for k in accs if k not in before)
+                last_of_seg = n + 1 == len(paths) or paths[n + 1].output.segment != seg
+                if last_of_seg and not g.reduce_rows:
+                    for key in pending.pop(seg, []):
+                        self.store(key, accs[key], False, out_dims, self.body, 2)
+        for key in order:
+            if reduce[key[0]]:
+                self.store(key, accs[key], True, out_dims, self.post, 1)
+            self._cover(key, coverage)
+        zero_init = tuple(g.out_ptr for g in self.groups if len(coverage[g.out_ptr]) < out_dims[g.out_ptr])
+        outs = tuple(g.out_ptr for g in self.groups)
+        ins = tuple(self.inputs)
+        args = ", ".join([f"{n}_ptr" for n in ins + outs] + ["N", "NBLK", "ROWS: tl.constexpr", "DT: tl.constexpr"])
+        src = [f"@triton.jit", f"def {self.name}({args}):"]
+        src.append("    pid = tl.program_id(0)")
+        src.append("    pid64 = pid.to(tl.int64)")
+        src.append("    nprog = tl.num_programs(0)")
+        src.append("    rr = tl.arange(0, ROWS)")
+        src += self.pre.lines
+        src.append("    for blk in range(pid, NBLK, nprog):")
+        src.append("        r = blk * ROWS + rr")
+        src.append("        rmask = r < N")
+        src.append("        r64 = r.to(tl.int64)")
+        src += self.body.lines or ["        pass"]
+        src += self.post.lines
+        meta = KernelMeta(self.name, ins, outs, zero_init, tuple(g.out_ptr for g in self.groups if g.reduce_rows))
+        return "\n".join(src) + "\n", meta
+
+    def _cover(self, key, coverage):
+        out_ptr, const, terms, tsizes, nd = key
+        cov = coverage[out_ptr]
+        addrs = [const]
+        for (coef, _), sz in zip(terms, tsizes):
+            addrs = [a + coef * i for a in addrs for i in range(sz)]
+        sig = (terms, tsizes)
+        for a in addrs:
+            if a in cov and cov[a] != sig:
+                raise Unsupported(f"output {out_ptr}: element {a} written by blocks of different shapes")
+            cov[a] = sig
+
+
+def generate(name: str, groups: Sequence[Group], layout: str, row_operands: Set[str]) -> Tuple[str, KernelMeta]:
+    return KernelBuilder(name, groups, layout, row_operands).build()

@@ -1,0 +1,218 @@
+"""e3nn-compatible equivariant linear layer (``e3nn.o3.Linear``) in plain PyTorch.
+
+An equivariant linear map is one small GEMM per (input block, output block) pair; PyTorch's matmul
+is already optimal for it, so there is no kernel here. Same arguments, ``weight``/``bias``
+parameters, ``instructions`` (with e3nn's normalised ``path_weight``) and ``output_mask`` buffer
+as e3nn, plus ``layout`` ("mul_ir" or "ir_mul").
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Tuple, Union
+
+import torch
+from torch import nn
+
+from .._compat import o3
+from e3nn.o3._linear import Instruction  # noqa: E402 (after the safe e3nn import)
+
+__all__ = ["Linear"]
+
+
+class Linear(nn.Module):
+    """Drop-in ``e3nn.o3.Linear`` (``_optimize_einsums`` is accepted and ignored).
+
+    ``f_in``/``f_out`` add an extra channel axis: features [..., f_in, irreps_in.dim] ->
+    [..., f_out, irreps_out.dim] with weights [f_in, f_out, weight_numel].
+    """
+
+    def __init__(
+        self,
+        irreps_in,
+        irreps_out,
+        *,
+        f_in: Optional[int] = None,
+        f_out: Optional[int] = None,
+        internal_weights: Optional[bool] = None,
+        shared_weights: Optional[bool] = None,
+        instructions: Optional[List[Tuple[int, int]]] = None,
+        biases: Union[bool, List[bool], None] = False,
+        path_normalization: str = "element",
+        _optimize_einsums: Optional[bool] = None,
+        layout: str = "mul_ir",
+    ) -> None:
+        super().__init__()
+        del _optimize_einsums
+        if path_normalization not in ("element", "path"):
+            raise ValueError(f"path_normalization: expected 'element' or 'path', got {path_normalization!r}")
+        if layout not in ("mul_ir", "ir_mul"):
+            raise ValueError(f"layout: expected 'mul_ir' or 'ir_mul', got {layout!r}")
+        if (f_in is None) != (f_out is None):
+            raise ValueError(f"f_in and f_out: give both or neither (got f_in={f_in}, f_out={f_out})")
+        irreps_in, irreps_out = o3.Irreps(irreps_in), o3.Irreps(irreps_out)
+        if instructions is None:
+            instructions = [(i, o) for i, (_, ir_i) in enumerate(irreps_in)
+                            for o, (_, ir_o) in enumerate(irreps_out) if ir_i == ir_o]
+        instructions = [tuple(ins) for ins in instructions]
+        for i_in, i_out in instructions:
+            if not 0 <= i_in < len(irreps_in):
+                raise IndexError(f"instructions: {i_in} is not a valid index for irreps_in ({irreps_in})")
+            if not 0 <= i_out < len(irreps_out):
+                raise IndexError(f"instructions: {i_out} is not a valid index for irreps_out ({irreps_out})")
+            if irreps_in[i_in].ir != irreps_out[i_out].ir:
+                raise ValueError(f"instructions: {i_in} and {i_out} do not have the same irrep "
+                                 f"({irreps_in[i_in].ir} vs {irreps_out[i_out].ir})")
+
+        def fan_in(i_in, i_out):
+            # "element": every input channel feeding this output block; "path": this path's only
+            n = sum(irreps_in[i if path_normalization == "element" else i_in].mul
+                    for i, o in instructions if o == i_out) * (f_in or 1)
+            return 1.0 if n == 0 else n
+
+        self.instructions = [Instruction(i, o, (irreps_in[i].mul, irreps_out[o].mul), fan_in(i, o) ** -0.5)
+                             for i, o in instructions]
+        if biases is None:
+            biases = [False] * len(irreps_out)
+        if isinstance(biases, bool):
+            biases = [biases and ir.is_scalar() for _, ir in irreps_out]
+        biases = list(biases)
+        if len(biases) != len(irreps_out):
+            raise ValueError(f"biases: expected {len(irreps_out)} booleans (one per irreps_out entry), "
+                             f"got {len(biases)}")
+        for b, (_, ir) in zip(biases, irreps_out):
+            if b and not ir.is_scalar():
+                raise ValueError(f"biases: only scalar (0e) outputs can have a bias, not {ir}")
+        # e3nn encodes biases as instructions with i_in = -1
+        self.instructions += [Instruction(-1, o, (mul_ir.dim,), 1.0)
+                              for o, (b, mul_ir) in enumerate(zip(biases, irreps_out)) if b]
+
+        if shared_weights is False and internal_weights is None:
+            internal_weights = False
+        shared_weights = True if shared_weights is None else shared_weights
+        internal_weights = True if internal_weights is None else internal_weights
+        if internal_weights and not shared_weights:
+            raise ValueError("internal_weights=True requires shared_weights=True")
+        self.internal_weights, self.shared_weights = bool(internal_weights), bool(shared_weights)
+        self.irreps_in, self.irreps_out = irreps_in, irreps_out
+        self.f_in, self.f_out, self.layout = f_in, f_out, layout
+        self.weight_numel = sum(math.prod(i.path_shape) for i in self.instructions if i.i_in != -1)
+        self.bias_numel = sum(math.prod(i.path_shape) for i in self.instructions if i.i_in == -1)
+        if self.internal_weights and self.weight_numel > 0:
+            self.weight = nn.Parameter(torch.randn(*((f_in, f_out) if f_in is not None else ()), self.weight_numel))
+        else:
+            self.register_buffer("weight", torch.Tensor())
+        if self.internal_weights and self.bias_numel > 0:
+            self.bias = nn.Parameter(torch.zeros(*((f_out,) if f_out is not None else ()), self.bias_numel))
+        else:
+            self.register_buffer("bias", torch.Tensor())
+        if irreps_out.dim > 0:
+            reached = {i.i_out for i in self.instructions if 0 not in i.path_shape}
+            output_mask = torch.cat([(torch.ones if o in reached else torch.zeros)(mul_ir.dim)
+                                     for o, mul_ir in enumerate(irreps_out)])
+        else:
+            output_mask = torch.ones(0)
+        self.register_buffer("output_mask", output_mask)
+
+    def __repr__(self) -> str:
+        lay = "" if self.layout == "mul_ir" else f", layout={self.layout}"
+        return f"{self.__class__.__name__}({self.irreps_in} -> {self.irreps_out} | {self.weight_numel} weights{lay})"
+
+    def _param(self, name: str, value, numel: int, tail: Tuple[int, ...], x: torch.Tensor) -> Optional[torch.Tensor]:
+        """Resolve and check ``weight``/``bias``; returns it with batch dims first (or None if empty)."""
+        if value is None:
+            if numel > 0 and not self.internal_weights:
+                raise ValueError(f"{name}: required, this Linear has internal_weights=False "
+                                 f"(expected shape {'' if self.shared_weights else '(..., '}{tail})")
+            value = getattr(self, name)
+        if numel == 0:
+            return None
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
+        if value.dtype != x.dtype:
+            raise TypeError(f"{name}: dtype {value.dtype} does not match features ({x.dtype})")
+        if value.device != x.device:
+            raise ValueError(f"{name}: device {value.device} does not match features ({x.device})")
+        ok = value.shape == tail if self.shared_weights else value.shape[value.dim() - len(tail):] == tail
+        if not ok:
+            want = tail if self.shared_weights else "(...,) + " + str(tail)
+            raise ValueError(f"{name}: expected shape {want}, got {tuple(value.shape)}")
+        return value
+
+    def weight_views(self, weight: Optional[torch.Tensor] = None, yield_instruction: bool = False):
+        """Per-instruction views ``batch + (f_in, f_out,) + (mul_in, mul_out)`` of the (non-bias) weights."""
+        weight = self.weight if weight is None else weight
+        offset = 0
+        for k, ins in enumerate(self.instructions):
+            if ins.i_in == -1:
+                continue
+            n = math.prod(ins.path_shape)
+            view = weight.narrow(-1, offset, n).view(weight.shape[:-1] + ins.path_shape)
+            offset += n
+            yield (k, ins, view) if yield_instruction else view
+
+    def forward(self, features: torch.Tensor, weight: Optional[torch.Tensor] = None,
+                bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``features`` [..., (f_in,) irreps_in.dim] -> [..., (f_out,) irreps_out.dim]."""
+        if not isinstance(features, torch.Tensor):
+            raise TypeError(f"features: expected a torch.Tensor, got {type(features).__name__}")
+        if not features.is_floating_point():
+            raise TypeError(f"features: expected a floating-point tensor, got {features.dtype}")
+        f = self.f_in is not None
+        want = ((self.f_in,) if f else ()) + (self.irreps_in.dim,)
+        if features.dim() < len(want) or tuple(features.shape[-len(want):]) != want:
+            raise ValueError(f"features: expected trailing shape {want} (irreps_in={self.irreps_in}"
+                             f"{', f_in' if f else ''}), got {tuple(features.shape)}")
+        ftail = (self.f_in, self.f_out) if f else ()
+        w = self._param("weight", weight, self.weight_numel, ftail + (self.weight_numel,), features)
+        b = self._param("bias", bias, self.bias_numel, ((self.f_out,) if f else ()) + (self.bias_numel,), features)
+
+        lead = features.shape[:features.dim() - len(want)]  # batch dims
+        for t, n in ((w, len(ftail) + 1), (b, int(f) + 1)):
+            if t is not None and not self.shared_weights:
+                try:
+                    lead = torch.broadcast_shapes(lead, t.shape[:t.dim() - n])
+                except RuntimeError:
+                    raise ValueError(f"weight/bias: batch dimensions {tuple(t.shape[:t.dim() - n])} do not "
+                                     f"broadcast with features {tuple(features.shape[:features.dim() - len(want)])}"
+                                     ) from None
+        out_lead = lead + ((self.f_out,) if f else ())
+
+        ir_mul = self.layout == "ir_mul"
+        # einsum over one block: u/w input/output channels, i irrep component, x/y the f axes
+        fx, fy = ("x", "y") if f else ("", "")
+        eq = (f"...{fx}iu,...{fx}{fy}uw->...{fy}iw" if ir_mul else f"...{fx}ui,...{fx}{fy}uw->...{fy}wi")
+        starts = [0]
+        for mul_ir in self.irreps_in:
+            starts.append(starts[-1] + mul_ir.dim)
+        blocks = [[] for _ in self.irreps_out]
+        w_off = b_off = 0
+        for ins in self.instructions:
+            n = math.prod(ins.path_shape)
+            if ins.i_in == -1:
+                blocks[ins.i_out].append(b.narrow(-1, b_off, n))  # scalars: both layouts agree
+                b_off += n
+                continue
+            (mi, ir), mo = self.irreps_in[ins.i_in], self.irreps_out[ins.i_out].mul
+            if n == 0:
+                continue
+            ws = w.narrow(-1, w_off, n).reshape(w.shape[:-1] + (mi, mo))
+            w_off += n
+            xs = features.narrow(-1, starts[ins.i_in], mi * ir.dim)
+            xs = xs.reshape(xs.shape[:-1] + ((ir.dim, mi) if ir_mul else (mi, ir.dim)))
+            y = torch.einsum(eq, xs, ws)
+            blocks[ins.i_out].append(ins.path_weight * y.reshape(y.shape[:-2] + (mo * ir.dim,)))
+        outs = []
+        for o, mul_ir in enumerate(self.irreps_out):
+            if mul_ir.dim == 0:
+                continue
+            parts = blocks[o]
+            if not parts:
+                outs.append(features.new_zeros(out_lead + (mul_ir.dim,)))
+                continue
+            acc = parts[0]
+            for p in parts[1:]:
+                acc = acc + p
+            outs.append(acc.expand(out_lead + (mul_ir.dim,)))
+        if not outs:
+            return features.new_zeros(out_lead + (0,))
+        return torch.cat(outs, dim=-1)

@@ -1,0 +1,346 @@
+"""e3nn-compatible tensor-product modules backed by ``equikernels.ops.tensor_product``.
+
+Constructors take the same arguments as ``e3nn.o3.TensorProduct`` and its subclasses and build
+the same irreps, instructions, weights and buffers, so e3nn checkpoints load unchanged. Two extra
+keyword arguments: ``layout`` ("mul_ir", e3nn's, or "ir_mul") and ``backend`` (None = automatic).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Iterator, List, Optional, Union
+
+import torch
+from torch import nn
+
+from .._compat import o3
+from e3nn.o3._tensor_product._instruction import Instruction  # noqa: E402 (after the safe e3nn import)
+
+from ..ops import tensor_product as _tensor_product
+from ..problem import TPProblem
+
+__all__ = ["TensorProduct", "FullyConnectedTensorProduct", "ElementwiseTensorProduct", "FullTensorProduct",
+           "TensorSquare", "ChannelWiseTensorProduct"]
+
+
+class TensorProduct(nn.Module):
+    """Drop-in ``e3nn.o3.TensorProduct``: same arguments, weights, ``instructions`` and buffers.
+
+    e3nn-only arguments (``compile_left_right``, ``compile_right``, ``_specialized_code``,
+    ``_optimize_einsums``) are accepted and ignored; ``normalization`` is e3nn's deprecated alias
+    of ``irrep_normalization``.
+    """
+
+    def __init__(
+        self,
+        irreps_in1,
+        irreps_in2,
+        irreps_out,
+        instructions: List[tuple],
+        in1_var=None,
+        in2_var=None,
+        out_var=None,
+        irrep_normalization: Optional[str] = None,
+        path_normalization: Optional[str] = None,
+        internal_weights: Optional[bool] = None,
+        shared_weights: Optional[bool] = None,
+        compile_left_right: bool = True,
+        compile_right: bool = False,
+        normalization: Optional[str] = None,
+        _specialized_code: Optional[bool] = None,
+        _optimize_einsums: Optional[bool] = None,
+        *,
+        layout: str = "mul_ir",
+        backend: Optional[str] = None,
+    ) -> None:
+        super().__init__()
+        del compile_left_right, compile_right, _specialized_code, _optimize_einsums  # e3nn codegen knobs
+        if normalization is not None:
+            warnings.warn("`normalization` is deprecated. Use `irrep_normalization` instead.", DeprecationWarning)
+            irrep_normalization = normalization
+        if layout not in ("mul_ir", "ir_mul"):
+            raise ValueError(f"layout: expected 'mul_ir' or 'ir_mul', got {layout!r}")
+        self.problem = TPProblem.create(
+            irreps_in1, irreps_in2, irreps_out, instructions, in1_var, in2_var, out_var,
+            irrep_normalization, path_normalization, internal_weights, shared_weights)
+        p = self.problem
+        self.layout = layout
+        self.backend = backend
+        self.irreps_in1 = o3.Irreps(irreps_in1)
+        self.irreps_in2 = o3.Irreps(irreps_in2)
+        self.irreps_out = o3.Irreps(irreps_out)
+        # e3nn exposes the *normalised* path weight (sqrt(alpha)) in .instructions
+        self.instructions = [
+            Instruction(i.i_in1, i.i_in2, i.i_out, i.mode, i.has_weight, coef, i.path_shape(p))
+            for i, coef in zip(p.instructions, p.path_coefficients)
+        ]
+        self.shared_weights = p.shared_weights
+        self.internal_weights = p.internal_weights
+        self.weight_numel = p.weight_numel
+        if self.internal_weights and self.weight_numel > 0:
+            self.weight = nn.Parameter(torch.randn(self.weight_numel))
+        else:
+            self.register_buffer("weight", torch.Tensor())  # e3nn always defines .weight (persisted)
+        # e3nn persists this buffer (1 where some nonzero path reaches an output component)
+        if self.irreps_out.dim > 0:
+            mask = [
+                (torch.ones if any(ins.i_out == k and ins.path_weight != 0 and 0 not in ins.path_shape
+                                   for ins in self.instructions) else torch.zeros)(mul * ir.dim)
+                for k, (mul, ir) in enumerate(self.irreps_out)
+            ]
+            output_mask = torch.cat(mask)
+        else:
+            output_mask = torch.ones(0)
+        self.register_buffer("output_mask", output_mask)
+
+    def __repr__(self) -> str:
+        npath = sum(math.prod(i.path_shape) for i in self.instructions)
+        lay = "" if self.layout == "mul_ir" else f", layout={self.layout}"
+        return (f"{self.__class__.__name__}({self.irreps_in1.simplify()} x {self.irreps_in2.simplify()} "
+                f"-> {self.irreps_out.simplify()} | {npath} paths | {self.weight_numel} weights{lay})")
+
+    # --- weights ---------------------------------------------------------------------------------
+    def _get_weights(self, weight) -> Optional[torch.Tensor]:
+        if isinstance(weight, (list, tuple)):  # e3nn also accepts one tensor per weighted instruction
+            shapes = [i.path_shape for i in self.instructions if i.has_weight]
+            if len(weight) != len(shapes):
+                raise ValueError(f"weight: expected {len(shapes)} tensors (one per weighted instruction), "
+                                 f"got {len(weight)}")
+            lead = (lambda w, s: w.shape[:w.dim() - len(s)]) if not self.shared_weights else (lambda w, s: ())
+            weight = torch.cat([w.reshape(lead(w, s) + (math.prod(s),)) for w, s in zip(weight, shapes)], -1)
+        if weight is None:
+            if self.weight_numel > 0 and not self.internal_weights:
+                raise ValueError("weight: required, this tensor product has internal_weights=False "
+                                 f"(expected shape {'(' if self.shared_weights else '(..., '}{self.weight_numel},))")
+            weight = self.weight
+        return weight if self.weight_numel > 0 else None
+
+    def weight_view_for_instruction(self, instruction: int, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """View of the weights of one instruction, shaped ``batch + path_shape`` (as e3nn)."""
+        ins = self.instructions[instruction]
+        if not ins.has_weight:
+            raise ValueError(f"Instruction {instruction} has no weights.")
+        offset = sum(math.prod(i.path_shape) for i in self.instructions[:instruction] if i.has_weight)
+        weight = self._get_weights(weight)
+        return weight.narrow(-1, offset, math.prod(ins.path_shape)).view(weight.shape[:-1] + ins.path_shape)
+
+    def weight_views(self, weight: Optional[torch.Tensor] = None, yield_instruction: bool = False):
+        for k, ins in enumerate(self.instructions):
+            if ins.has_weight:
+                view = self.weight_view_for_instruction(k, weight)
+                yield (k, ins, view) if yield_instruction else view
+
+    # --- evaluation ------------------------------------------------------------------------------
+    def _tp(self, x, y, weight):
+        w = self._get_weights(weight)
+        out = _empty_batch(self.problem, x, y, w)
+        if out is not None:
+            return out
+        return _tensor_product(self.problem, x, y, w, layout=self.layout, backend=self.backend)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, weight=None) -> torch.Tensor:
+        """``x``: [..., irreps_in1.dim], ``y``: [..., irreps_in2.dim] -> [..., irreps_out.dim]."""
+        return self._tp(x, y, weight)
+
+    def right(self, y: torch.Tensor, weight=None) -> torch.Tensor:
+        """The linear map ``x -> TP(x, y)`` as a matrix [..., irreps_in1.dim, irreps_out.dim] (as e3nn)."""
+        n = self.problem.dim_in1
+        if not isinstance(y, torch.Tensor):
+            raise TypeError(f"y: expected a torch.Tensor, got {type(y).__name__}")
+        eye = torch.eye(n, dtype=y.dtype, device=y.device).reshape((n,) + (1,) * (y.dim() - 1) + (n,))
+        return self._tp(eye, y.unsqueeze(0), weight).movedim(0, -2)
+
+
+def _empty_batch(problem: TPProblem, x, y, w) -> Optional[torch.Tensor]:
+    """Zero-row inputs give a zero-row output (still attached to the autograd graph)."""
+    if not all(isinstance(t, torch.Tensor) for t in (x, y)) or (x.numel() and y.numel()):
+        return None
+    try:
+        batch = torch.broadcast_shapes(x.shape[:-1], y.shape[:-1],
+                                       w.shape[:-1] if w is not None and not problem.shared_weights else ())
+    except RuntimeError:
+        return None  # let the op report the mismatch
+    if math.prod(batch) != 0 or x.shape[-1:] != (problem.dim_in1,) or y.shape[-1:] != (problem.dim_in2,):
+        return None
+    out = x.new_zeros(batch + (problem.dim_out,))
+    anchor = x.sum() + y.sum() + (w.sum() if w is not None else 0)
+    return out + 0 * anchor
+
+
+def _filter(filter_ir_out, name="filter_ir_out"):
+    if filter_ir_out is None:
+        return None
+    try:
+        return [o3.Irrep(ir) for ir in filter_ir_out]
+    except (ValueError, TypeError, AssertionError):
+        raise ValueError(f"{name}: expected an iterable of irreps such as ['0e', '1o'], "
+                         f"got {filter_ir_out!r}") from None
+
+
+class FullyConnectedTensorProduct(TensorProduct):
+    """Every allowed (in1, in2) -> out path, "uvw" weights (``e3nn.o3.FullyConnectedTensorProduct``)."""
+
+    def __init__(self, irreps_in1, irreps_in2, irreps_out, irrep_normalization: Optional[str] = None,
+                 path_normalization: Optional[str] = None, **kwargs) -> None:
+        irreps_in1, irreps_in2, irreps_out = o3.Irreps(irreps_in1), o3.Irreps(irreps_in2), o3.Irreps(irreps_out)
+        instr = [(a, b, c, "uvw", True, 1.0)
+                 for a, (_, ir1) in enumerate(irreps_in1)
+                 for b, (_, ir2) in enumerate(irreps_in2)
+                 for c, (_, ir) in enumerate(irreps_out) if ir in ir1 * ir2]
+        super().__init__(irreps_in1, irreps_in2, irreps_out, instr, irrep_normalization=irrep_normalization,
+                         path_normalization=path_normalization, **kwargs)
+
+
+class ElementwiseTensorProduct(TensorProduct):
+    """``z_u = x_u (x) y_u``, no weights (``e3nn.o3.ElementwiseTensorProduct``)."""
+
+    def __init__(self, irreps_in1, irreps_in2, filter_ir_out=None, irrep_normalization: Optional[str] = None,
+                 **kwargs) -> None:
+        irreps_in1, irreps_in2 = o3.Irreps(irreps_in1).simplify(), o3.Irreps(irreps_in2).simplify()
+        filter_ir_out = _filter(filter_ir_out)
+        if irreps_in1.num_irreps != irreps_in2.num_irreps:
+            raise ValueError(f"irreps_in1 ({irreps_in1}) and irreps_in2 ({irreps_in2}) must have the same number "
+                             "of irreps for an elementwise product")
+        # split blocks so that the two inputs are aligned block by block
+        a, b = [(m, ir) for m, ir in irreps_in1], [(m, ir) for m, ir in irreps_in2]
+        k = 0
+        while k < len(a):
+            (m1, ir1), (m2, ir2) = a[k], b[k]
+            if m1 < m2:
+                b[k:k + 1] = [(m1, ir2), (m2 - m1, ir2)]
+            elif m2 < m1:
+                a[k:k + 1] = [(m2, ir1), (m1 - m2, ir1)]
+            k += 1
+        out, instr = [], []
+        for k, ((mul, ir1), (_, ir2)) in enumerate(zip(a, b)):
+            for ir in ir1 * ir2:
+                if filter_ir_out is None or ir in filter_ir_out:
+                    instr.append((k, k, len(out), "uuu", False))
+                    out.append((mul, ir))
+        super().__init__(a, b, out, instr, irrep_normalization=irrep_normalization, **kwargs)
+
+
+class FullTensorProduct(TensorProduct):
+    """``z_uv = x_u (x) y_v`` for every pair, no weights, sorted output (``e3nn.o3.FullTensorProduct``)."""
+
+    def __init__(self, irreps_in1, irreps_in2, filter_ir_out: Iterator = None,
+                 irrep_normalization: Optional[str] = None, **kwargs) -> None:
+        irreps_in1, irreps_in2 = o3.Irreps(irreps_in1).simplify(), o3.Irreps(irreps_in2).simplify()
+        filter_ir_out = _filter(filter_ir_out)
+        out, instr = [], []
+        for a, (m1, ir1) in enumerate(irreps_in1):
+            for b, (m2, ir2) in enumerate(irreps_in2):
+                for ir in ir1 * ir2:
+                    if filter_ir_out is None or ir in filter_ir_out:
+                        instr.append((a, b, len(out), "uvuv", False))
+                        out.append((m1 * m2, ir))
+        out, perm, _ = o3.Irreps(out).sort()
+        instr = [(a, b, perm[c], mode, hw) for a, b, c, mode, hw in instr]
+        super().__init__(irreps_in1, irreps_in2, out, instr, irrep_normalization=irrep_normalization, **kwargs)
+
+
+def _square_alpha(norm: str, l1: int, l2: int, lo: int, diagonal: bool) -> float:
+    """TensorSquare's per-path normalisation (e3nn bakes it into path_weight with irrep_normalization='none').
+
+    ``diagonal`` marks the symmetric u == v paths ("uuu"/"uuw"), whose norm differs from the
+    generic product: the even-l part of x_u (x) x_u has a larger second moment.
+    """
+    d1, d2, do = 2 * l1 + 1, 2 * l2 + 1, 2 * lo + 1
+    if not diagonal:
+        return {"component": do, "norm": d1 * d2, "none": 1}[norm]
+    if norm == "component":
+        return do / (d1 + 2) if lo == 0 else do / 2
+    if norm == "norm":
+        return do * d1 if lo == 0 else d1 * (d1 + 2) / 2
+    return 1
+
+
+_SQUARE_MODES = {"pair": ("uvuv", "uvw"), "triangle": ("uvu<v", "u<vw"), "diagonal": ("uuu", "uuw")}
+
+
+class TensorSquare(TensorProduct):
+    """``x (x) x`` reduced into irreps (``e3nn.o3.TensorSquare``); forward takes ``(x, weight=None)``.
+
+    Without ``irreps_out`` it is weightless ("uvuv", "uvu<v", "uuu" paths, sorted output); with
+    ``irreps_out`` it is fully connected ("uvw", "u<vw", "uuw").
+    """
+
+    def __init__(self, irreps_in, irreps_out=None, filter_ir_out: Iterator = None,
+                 irrep_normalization: Optional[str] = None, **kwargs) -> None:
+        norm = "component" if irrep_normalization is None else irrep_normalization
+        if norm not in ("component", "norm", "none"):
+            raise ValueError(f"irrep_normalization: expected 'component', 'norm' or 'none', got {norm!r}")
+        irreps_in = o3.Irreps(irreps_in).simplify()
+        filter_ir_out = _filter(filter_ir_out)
+        instr = []
+        if irreps_out is not None and filter_ir_out is not None:
+            raise ValueError("Both `irreps_out` and `filter_ir_out` are not None, this is ambiguous.")
+        weighted = irreps_out is not None
+        targets = list(enumerate(o3.Irreps(irreps_out).simplify())) if weighted else None
+        out = []  # weightless case: one output block per path, sorted at the end
+        for a, (m, ir1) in enumerate(irreps_in):
+            for b, (m2, ir2) in enumerate(irreps_in):
+                if a > b:
+                    continue  # x_a (x) x_b with a > b duplicates the a < b path
+                if weighted:
+                    dests = [(c, ir) for c, (_, ir) in targets if ir in ir1 * ir2]
+                else:
+                    dests = [(None, ir) for ir in ir1 * ir2 if filter_ir_out is None or ir in filter_ir_out]
+                for c, ir in dests:
+                    if a < b:
+                        kinds = [("pair", m * m2, False)]
+                    else:  # x_a (x) x_a: strictly upper triangle u < v, plus the diagonal u == v
+                        kinds = [("triangle", m * (m - 1) // 2, False)] if m > 1 else []
+                        if ir.l % 2 == 0:  # (the odd-l part of x_u (x) x_u vanishes by antisymmetry)
+                            kinds.append(("diagonal", m, True))
+                    for kind, mul_out, diagonal in kinds:
+                        if not weighted:
+                            c = len(out)
+                            out.append((mul_out, ir))
+                        alpha = _square_alpha(norm, ir1.l, ir2.l, ir.l, diagonal)
+                        instr.append((a, b, c, _SQUARE_MODES[kind][weighted], weighted, alpha))
+        if weighted:
+            irreps_out = o3.Irreps(irreps_out).simplify()
+        else:
+            irreps_out, perm, _ = o3.Irreps(out).sort()
+            instr = [(a, b, perm[c], mode, hw, al) for a, b, c, mode, hw, al in instr]
+        super().__init__(irreps_in, irreps_in, irreps_out, instr, irrep_normalization="none", **kwargs)
+        self.irreps_in = irreps_in
+
+    def __repr__(self) -> str:
+        npath = sum(math.prod(i.path_shape) for i in self.instructions)
+        return (f"{self.__class__.__name__}({self.irreps_in} -> {self.irreps_out.simplify()} | {npath} paths | "
+                f"{self.weight_numel} weights)")
+
+    def forward(self, x: torch.Tensor, weight=None) -> torch.Tensor:  # pylint: disable=arguments-differ
+        return self._tp(x, x, weight)
+
+
+class ChannelWiseTensorProduct(TensorProduct):
+    """Channel-wise ("uvu") product as NequIP/MACE build it: one weighted path per allowed
+    (in1, in2, ir_out) with output multiplicity ``mul_in1``, output irreps sorted (not simplified).
+
+    ``filter_ir_out`` may be irreps ("64x0e+64x1o": only the irrep types matter) or a list of
+    irreps. Defaults to per-row external weights (``shared_weights=False, internal_weights=False``),
+    the convolution use case; pass ``shared_weights=True`` for module-held weights.
+    """
+
+    def __init__(self, irreps_in1, irreps_in2, filter_ir_out=None, irrep_normalization: Optional[str] = None,
+                 path_normalization: Optional[str] = None, **kwargs) -> None:
+        irreps_in1, irreps_in2 = o3.Irreps(irreps_in1), o3.Irreps(irreps_in2)
+        if isinstance(filter_ir_out, (str, o3.Irreps)):
+            filter_ir_out = [ir for _, ir in o3.Irreps(filter_ir_out)]
+        filter_ir_out = _filter(filter_ir_out)
+        out, instr = [], []
+        for a, (m1, ir1) in enumerate(irreps_in1):
+            for b, (_, ir2) in enumerate(irreps_in2):
+                for ir in ir1 * ir2:
+                    if filter_ir_out is None or ir in filter_ir_out:
+                        instr.append((a, b, len(out), "uvu", True))
+                        out.append((m1, ir))
+        out, perm, _ = o3.Irreps(out).sort()
+        instr = [(a, b, perm[c], mode, hw) for a, b, c, mode, hw in instr]
+        if kwargs.get("shared_weights") is None:
+            kwargs["shared_weights"] = False
+        super().__init__(irreps_in1, irreps_in2, out, instr, irrep_normalization=irrep_normalization,
+                         path_normalization=path_normalization, **kwargs)
