@@ -50,7 +50,7 @@ def _dense_coefficients(entries, dims):
 
 
 def _gather(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    return t.index_select(-1, idx.reshape(-1)).reshape(t.shape[:-1] + idx.shape)
+    return t.index_select(-1, idx.reshape(-1).to(t.device)).reshape(t.shape[:-1] + idx.shape)
 
 
 def evaluate(table: Table, tensors: Dict[str, torch.Tensor], layout: str = "mul_ir",

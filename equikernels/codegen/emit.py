@@ -63,7 +63,8 @@ class _Writer:
 
 
 class KernelBuilder:
-    def __init__(self, name: str, groups: Sequence[Group], layout: str, row_operands: Set[str]):
+    def __init__(self, name: str, groups: Sequence[Group], layout: str, row_operands: Set[str],
+                 split: bool = True):
         self.name, self.groups, self.layout = name, list(groups), layout
         self.row_operands = set(row_operands)  # operands with a row dimension (others are shared)
         self.pre = _Writer()    # before the row loop (constants, aranges, loop-carried accumulators)
@@ -75,6 +76,9 @@ class KernelBuilder:
         self.rowexpr: Dict[Tuple[str, int], str] = {}
         self.rowmask: Dict[int, str] = {}
         self.loads: Dict[tuple, str] = {}
+        self.tiles: Dict[tuple, List[str]] = {}
+        self.store_info: Dict[tuple, Optional[tuple]] = {}
+        self.split = split
         self.exprs: Dict[str, str] = {}
         self.inputs: List[str] = []
         self.operand_dims: Dict[str, int] = {}
@@ -89,7 +93,7 @@ class KernelBuilder:
     def const(self, c: float) -> str:
         key = _lit(c)
         if key not in self.consts:
-            name = f"c{len(self.consts)}"
+            name = f"K{len(self.consts)}"
             self.consts[key] = name
             self.pre.emit(f"{name} = tl.full([], {key}, DT)", 1)
         return self.consts[key]
@@ -143,8 +147,70 @@ class KernelBuilder:
         terms = [(st[l] * scale, pos) for pos, l in enumerate(block) if l in st]
         return const, tuple(terms)
 
+    def _split_info(self, table: Table, f: Factor, comp: int, assign, block):
+        """(segment offset, dim, channel base, comp) when a mul_ir block can move as one
+        [ROWS, MUL, DIM] tile (one contiguous access instead of one strided access per component)."""
+        if not self.split or self.layout != "mul_ir" or len(block) != 1:
+            return None
+        seg = table.operand(f.operand).segments[f.segment]
+        st = dict(f.strides)
+        if seg.dim == 1 or st.get(block[0]) != 1 or f.operand not in self.row_operands | {"out", "gx", "gy"}:
+            return None
+        ch = f.base + sum(st[l] * assign[l] for l in st if l in assign)
+        return seg.offset, seg.dim, ch, comp
+
+    def _split(self, name: str, p: int, n: int) -> List[str]:
+        """Components of a [ROWS, p, n] tile by repeated tl.split (n a power of two)."""
+        if n == 1:
+            v = self.body.tmp("c")
+            self.body.emit(f"{v} = tl.reshape({name}, [ROWS, {p}])")
+            return [v]
+        r, a, b = self.body.tmp("p"), self.body.tmp("e"), self.body.tmp("o")
+        self.body.emit(f"{r} = tl.reshape({name}, [ROWS, {p}, {n // 2}, 2])")
+        self.body.emit(f"{a}, {b} = tl.split({r})")
+        even, odd = self._split(a, p, n // 2), self._split(b, p, n // 2)
+        return [c for pair in zip(even, odd) for c in pair]
+
+    def _join(self, names: List[Optional[str]], p: int) -> str:
+        """Inverse of _split: [ROWS, p] components (None = zero padding) -> [ROWS, p, n] tile."""
+        if len(names) == 1:
+            v = self.body.tmp("j")
+            src = (f"tl.zeros([ROWS, {p}], DT)" if names[0] is None
+                   else f"tl.broadcast_to({names[0]}, [ROWS, {p}])")
+            self.body.emit(f"{v} = {src}[:, :, None]")
+            return v
+        e, o = self._join(names[0::2], p), self._join(names[1::2], p)
+        v = self.body.tmp("j")
+        self.body.emit(f"{v} = tl.reshape(tl.join({e}, {o}), [ROWS, {p}, {len(names)}])")
+        return v
+
+    def _tile_ptr(self, operand: str, off: int, d: int, ch: int, p: int, size: int):
+        dd = _pow2(d)
+        ptr = (f"{operand}_ptr + {self.rows(operand, self.operand_dims.get(operand, 0) or self.out_dims[operand], 2)}"
+               f" + {off + ch * d} + {d} * {self.arange(p, 2, 0)} + {self.arange(dd, 2, 1)}")
+        mask = [self.rmask(2)]
+        if p != size:
+            mask.append(self.colmask(p, size, 2, 0))
+        if dd != d:
+            mask.append(self.colmask(dd, d, 2, 1))
+        return ptr, " & ".join(mask)
+
     def load(self, table: Table, f: Factor, comp: int, assign, block, sizes) -> str:
         nd = len(block)
+        info = self._split_info(table, f, comp, assign, block)
+        if info is not None:
+            off, d, ch, _ = info
+            size = sizes[block[0]]
+            p = _pow2(size)
+            tkey = (f.operand, off, ch, p, size)
+            if tkey not in self.tiles:
+                if f.operand not in self.inputs:
+                    self.inputs.append(f.operand)
+                name = self.body.tmp(f"{f.operand}_t")
+                ptr, mask = self._tile_ptr(f.operand, off, d, ch, p, size)
+                self.body.emit(f"{name} = tl.load({ptr}, mask={mask}, other=0.0).to(DT)")
+                self.tiles[tkey] = self._split(name, p, _pow2(d))
+            return self.tiles[tkey][comp]
         const, terms = self._address(table, f, comp, assign, block)
         has_rows = f.operand in self.row_operands
         key = (f.operand, const, terms, tuple(sizes[block[pos]] for _, pos in terms), nd, has_rows)
@@ -204,17 +270,15 @@ class KernelBuilder:
                         self.body.emit(f"{v} = tl.sum({s}, axis={pos + 1})")
                         s = v
                 out_block = [l for l in block if l in out_st]
-                if g.reduce_rows:
-                    v = self.body.tmp("t")
-                    self.body.emit(f"{v} = tl.sum({s}, axis=0)")
-                    s = v
                 const, terms = self._address(t, p.output, k, assign, out_block)
                 key = (g.out_ptr, const, terms, tuple(sizes[out_block[pos]] for _, pos in terms), len(out_block))
+                self.store_info[key] = self._split_info(t, p.output, k, assign, out_block)
                 if key in accs:
                     self.body.emit(f"{accs[key]} = {accs[key]} + {s}")
                 elif g.reduce_rows:
+                    # keep the row axis in the loop; one cross-row reduction after it
                     name = f"racc{len(accs)}"
-                    shape = [str(_pow2(sizes[l])) for l in out_block]
+                    shape = ["ROWS"] + [str(_pow2(sizes[l])) for l in out_block]
                     self.pre.emit(f"{name} = tl.zeros([{', '.join(shape)}], DT)", 1)
                     self.body.emit(f"{name} = {name} + {s}")
                     accs[key] = name
@@ -263,17 +327,40 @@ class KernelBuilder:
                   for (coef, pos), sz in zip(terms, tsizes) if _pow2(sz) != sz]
             ptr = f"{out_ptr}_ptr + pid64 * {dims[out_ptr]} + " + " + ".join(addr)
             mask = f", mask={' & '.join(cm)}" if cm else ""
-            to.emit(f"tl.store({ptr}, {name}.to({out_ptr}_ptr.dtype.element_ty){mask})", indent)
+            to.emit(f"tl.store({ptr}, tl.sum({name}, axis=0).to({out_ptr}_ptr.dtype.element_ty){mask})", indent)
         else:
             rows = self.rows(out_ptr, dims[out_ptr], nd)
             ptr = f"{out_ptr}_ptr + {rows} + " + " + ".join(addr)
             mask = " & ".join([self.rmask(nd)] + cmask)
             to.emit(f"tl.store({ptr}, {name}.to({out_ptr}_ptr.dtype.element_ty), mask={mask})", indent)
 
+    def _store_segment(self, keys, accs, out_dims):
+        tiles: Dict[tuple, Dict[int, tuple]] = {}
+        for key in keys:
+            info = self.store_info.get(key)
+            if info is not None:
+                off, d, ch, comp = info
+                tiles.setdefault((key[0], off, d, ch, key[3]), {})[comp] = key
+        done = set()
+        for (out_ptr, off, d, ch, tsizes), comps in tiles.items():
+            if sorted(comps) != list(range(d)):
+                continue
+            size = tsizes[0]
+            p = _pow2(size)
+            names = [accs[comps[c]] for c in range(d)] + [None] * (_pow2(d) - d)
+            tile = self._join(names, p)
+            ptr, mask = self._tile_ptr(out_ptr, off, d, ch, p, size)
+            self.body.emit(f"tl.store({ptr}, {tile}.to({out_ptr}_ptr.dtype.element_ty), mask={mask})")
+            done.update(comps.values())
+        for key in keys:
+            if key not in done:
+                self.store(key, accs[key], False, out_dims, self.body, 2)
+
     def build(self) -> Tuple[str, KernelMeta]:
         accs: Dict[tuple, str] = {}
         order: List[tuple] = []
         out_dims = {g.out_ptr: g.table.operand(g.table.output).dim for g in self.groups}
+        self.out_dims = out_dims
         reduce = {g.out_ptr: g.reduce_rows for g in self.groups}
         coverage: Dict[str, Dict[int, tuple]] = {g.out_ptr: {} for g in self.groups}
         for g in self.groups:
@@ -287,8 +374,7 @@ class KernelBuilder:
                 pending.setdefault(seg, []).extend(k for k in accs if k not in before)
                 last_of_seg = n + 1 == len(paths) or paths[n + 1].output.segment != seg
                 if last_of_seg and not g.reduce_rows:
-                    for key in pending.pop(seg, []):
-                        self.store(key, accs[key], False, out_dims, self.body, 2)
+                    self._store_segment(pending.pop(seg, []), accs, out_dims)
         for key in order:
             if reduce[key[0]]:
                 self.store(key, accs[key], True, out_dims, self.post, 1)
@@ -325,5 +411,6 @@ class KernelBuilder:
             cov[a] = sig
 
 
-def generate(name: str, groups: Sequence[Group], layout: str, row_operands: Set[str]) -> Tuple[str, KernelMeta]:
-    return KernelBuilder(name, groups, layout, row_operands).build()
+def generate(name: str, groups: Sequence[Group], layout: str, row_operands: Set[str],
+             split: bool = True) -> Tuple[str, KernelMeta]:
+    return KernelBuilder(name, groups, layout, row_operands, split).build()

@@ -30,6 +30,16 @@ def default_config(kind: str, dtype: torch.dtype, device: torch.device) -> Launc
     return LaunchConfig(rows=rows)
 
 
+def _alloc(shape, like: torch.Tensor, zero: bool) -> torch.Tensor:
+    """Output buffer. Elements the kernel does not write are zero-filled; with EQUIKERNELS_POISON=1
+    the rest are NaN-filled so tests see any element a kernel forgets to write."""
+    if zero:
+        return torch.zeros(shape, dtype=like.dtype, device=like.device)
+    if os.environ.get("EQUIKERNELS_POISON") == "1":
+        return torch.full(shape, float("nan"), dtype=like.dtype, device=like.device)
+    return torch.empty(shape, dtype=like.dtype, device=like.device)
+
+
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -87,8 +97,7 @@ class TPKernels:
         cfg = cfg or default_config("fwd", x.dtype, x.device)
         n = x.shape[0]
         k = self.kernel("fwd")
-        alloc = torch.zeros if "out" in k.meta.zero_init else torch.empty
-        out = alloc(n, self.problem.dim_out, dtype=x.dtype, device=x.device)
+        out = _alloc((n, self.problem.dim_out), x, "out" in k.meta.zero_init)
         if n:
             k.launch({"x": x, "y": y, "w": w}, {"out": out}, n, cfg, x.dtype)
         return out
@@ -103,11 +112,10 @@ class TPKernels:
             if not need & bit:
                 res[name] = like.new_empty(0)
                 continue
-            alloc = torch.zeros if "g" + name in k.meta.zero_init else torch.empty
             if name == "w" and shared:
                 outs["gw"] = None  # partials, allocated once the grid is known
             else:
-                outs["g" + name] = alloc(like.shape, dtype=like.dtype, device=like.device)
+                outs["g" + name] = _alloc(like.shape, like, "g" + name in k.meta.zero_init)
         if n == 0:
             for name in ("x", "y", "w"):
                 if "g" + name in outs:
@@ -117,8 +125,7 @@ class TPKernels:
         programs = None
         if "gw" in outs and outs["gw"] is None:
             programs = min(triton.cdiv(n, cfg.rows), 4 * _num_sms(x.device))
-            alloc = torch.zeros if "gw" in k.meta.zero_init else torch.empty
-            outs["gw"] = alloc(programs, w.shape[0], dtype=w.dtype, device=w.device)
+            outs["gw"] = _alloc((programs, w.shape[0]), w, "gw" in k.meta.zero_init)
         k.launch({"x": x, "y": y, "w": w, "g": g}, outs, n, cfg, x.dtype, programs)
         for name in ("x", "y", "w"):
             if "g" + name in outs:

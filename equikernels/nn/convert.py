@@ -76,6 +76,10 @@ def _convert_tp(module, cls: type):
     if cls is _tp.TensorSquare:
         new.irreps_in = module.irreps_in
     _adopt(new, module, ("weight", "output_mask"))
+    for name in ("_compiled_main_left_right", "_compiled_main_right"):  # the exact persisted constants
+        gen = getattr(module, name, None)
+        if isinstance(gen, nn.Module):
+            setattr(new, name, _tp._CodegenConstants(gen.state_dict(keep_vars=True)))
     return new
 
 
@@ -84,21 +88,22 @@ def _convert_linear(module):
     f_in = f_out = None
     if module.internal_weights and w.dim() == 3:  # weights [f_in, f_out, numel]
         f_in, f_out = int(w.shape[0]), int(w.shape[1])
-    elif module.internal_weights and module.bias.dim() == 2:
-        raise TypeError("o3.Linear with f_in/f_out but no weights cannot be converted")
     weighted = [(i.i_in, i.i_out) for i in module.instructions if i.i_in != -1]
     has_bias = {i.i_out for i in module.instructions if i.i_in == -1}
-    new = _linear.Linear(module.irreps_in, module.irreps_out, f_in=f_in, f_out=f_out,
-                         internal_weights=False, shared_weights=module.shared_weights, instructions=weighted,
-                         biases=[o in has_bias for o in range(len(module.irreps_out))])
+    kw = dict(f_in=f_in, f_out=f_out, internal_weights=False, shared_weights=module.shared_weights,
+              instructions=weighted, biases=[o in has_bias for o in range(len(module.irreps_out))])
+    # e3nn stores neither f_in nor path_normalization; its normalised path weights must match one
+    # of the candidates, else f_in was used with external weights (it changes the input shape too)
+    for path_normalization in ("element", "path"):
+        new = _linear.Linear(module.irreps_in, module.irreps_out, path_normalization=path_normalization, **kw)
+        if all(a[:3] == b[:3] and math.isclose(a.path_weight, b.path_weight, rel_tol=1e-12)
+               for a, b in zip(new.instructions, module.instructions)):
+            break
+    else:
+        raise TypeError("o3.Linear: could not recover its f_in/f_out (external weights with f_in?); "
+                        "build equikernels.Linear with the same arguments instead")
     new.internal_weights = module.internal_weights
-    # same normalised path weights as the original; a mismatch means an f_in we could not see
-    # (external weights with f_in/f_out), which would change the input shape too
-    for a, b in zip(new.instructions, module.instructions):
-        if a[:3] != b[:3] or not math.isclose(a.path_weight, b.path_weight, rel_tol=1e-12):
-            raise TypeError("o3.Linear: could not recover its f_in/f_out (external weights); "
-                            "build equikernels.Linear with the same arguments instead")
-    new.instructions = list(module.instructions)
+    new.instructions = list(module.instructions)  # the exact numbers
     _adopt(new, module, ("weight", "bias", "output_mask"))
     return new
 
@@ -171,7 +176,18 @@ class AccelerateReport:
 
 
 def _is_e3nn(module) -> bool:
-    return type(module).__module__.split(".")[0] == "e3nn"
+    """An instance of an e3nn class or of a subclass of one."""
+    return any(c.__module__.split(".")[0] == "e3nn" for c in type(module).__mro__)
+
+
+def _accelerate_why_not(module) -> Optional[str]:
+    """None if ``accelerate`` replaces this e3nn module, else why it keeps it."""
+    why = _why_not(module)
+    if why is None and type(module).__module__.split(".")[0] != "e3nn":
+        # a user subclass may add attributes or methods that the rest of the model relies on
+        return ("user-defined subclass of an e3nn module; convert it explicitly with "
+                "equikernels.from_e3nn if its extras are not needed")
+    return why
 
 
 def accelerate(model: nn.Module) -> AccelerateReport:
@@ -182,7 +198,7 @@ def accelerate(model: nn.Module) -> AccelerateReport:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
-    if _is_e3nn(model) and _why_not(model) is None:
+    if _is_e3nn(model) and _accelerate_why_not(model) is None:
         raise TypeError(f"model: {type(model).__name__} is itself a supported e3nn module and cannot be replaced "
                         "in place; use equikernels.from_e3nn(model)")
     report = AccelerateReport()
@@ -198,7 +214,8 @@ def accelerate(model: nn.Module) -> AccelerateReport:
             if id(child) in done:
                 setattr(parent, name, done[id(child)])
                 continue
-            if _is_e3nn(child) and _why_not(child) is None:
+            why = _accelerate_why_not(child) if _is_e3nn(child) else None
+            if _is_e3nn(child) and why is None:
                 new = from_e3nn(child)
                 done[id(child)] = new
                 setattr(parent, name, new)
@@ -207,11 +224,11 @@ def accelerate(model: nn.Module) -> AccelerateReport:
                 continue
             if _is_e3nn(child) and report_e3nn:  # report the outermost kept e3nn module only
                 entry = len(report.left_alone)
-                report.left_alone.append((full, type(child).__name__, _why_not(child)))
+                report.left_alone.append((full, type(child).__name__, why))
                 n = walk(child, full, False)
                 if n:
                     report.left_alone[entry] = (full, type(child).__name__,
-                                                f"{_why_not(child)}; {n} submodule(s) inside it replaced")
+                                                f"{why}; {n} submodule(s) inside it replaced")
             else:
                 n = walk(child, full, report_e3nn and not _is_e3nn(child))
             count += n
@@ -220,5 +237,5 @@ def accelerate(model: nn.Module) -> AccelerateReport:
     n = walk(model, "", not _is_e3nn(model))
     if _is_e3nn(model):
         note = f"; {n} submodule(s) inside it replaced" if n else ""
-        report.left_alone.insert(0, ("", type(model).__name__, f"{_why_not(model)}{note}"))
+        report.left_alone.insert(0, ("", type(model).__name__, f"{_accelerate_why_not(model)}{note}"))
     return report

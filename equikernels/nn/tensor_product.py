@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Iterator, List, Optional, Union
+from typing import Dict, Iterator, List, Optional
 
 import torch
 from torch import nn
 
-from .._compat import o3
+from .._compat import e3nn, o3
 from e3nn.o3._tensor_product._instruction import Instruction  # noqa: E402 (after the safe e3nn import)
 
 from ..ops import tensor_product as _tensor_product
@@ -54,7 +54,7 @@ class TensorProduct(nn.Module):
         backend: Optional[str] = None,
     ) -> None:
         super().__init__()
-        del compile_left_right, compile_right, _specialized_code, _optimize_einsums  # e3nn codegen knobs
+        del compile_left_right, compile_right, _optimize_einsums  # e3nn codegen knobs
         if normalization is not None:
             warnings.warn("`normalization` is deprecated. Use `irrep_normalization` instead.", DeprecationWarning)
             irrep_normalization = normalization
@@ -92,6 +92,10 @@ class TensorProduct(nn.Module):
         else:
             output_mask = torch.ones(0)
         self.register_buffer("output_mask", output_mask)
+        # e3nn's generated-code submodules persist their constants in state_dict; mirror them so
+        # checkpoints load both ways (never used to compute: our coefficients live in the IR)
+        self._compiled_main_left_right = _CodegenConstants(_e3nn_constants(self, _specialized_code))
+        self._compiled_main_right = _CodegenConstants({})
 
     def __repr__(self) -> str:
         npath = sum(math.prod(i.path_shape) for i in self.instructions)
@@ -149,6 +153,54 @@ class TensorProduct(nn.Module):
             raise TypeError(f"y: expected a torch.Tensor, got {type(y).__name__}")
         eye = torch.eye(n, dtype=y.dtype, device=y.device).reshape((n,) + (1,) * (y.dim() - 1) + (n,))
         return self._tp(eye, y.unsqueeze(0), weight).movedim(0, -2)
+
+
+class _CodegenConstants(nn.Module):
+    """Stand-in for an e3nn generated-code submodule: holds the constants e3nn persists in its
+    state_dict (wigner-3j blocks ``_w3j_l1_l2_l3``, ``_triu_indices_m``) and nothing else.
+
+    Loading is lenient (matching keys are copied, others ignored, none reported missing): which
+    constants e3nn persists depends on its version and codegen options, and all are constants.
+    """
+
+    def __init__(self, constants: Dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        for name, value in constants.items():
+            self.register_buffer(name, value)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        with torch.no_grad():
+            for name, buf in self._buffers.items():
+                value = state_dict.get(prefix + name)
+                if value is not None and buf is not None and value.shape == buf.shape:
+                    buf.copy_(value)
+
+
+def _e3nn_constants(tp: "TensorProduct", specialized: Optional[bool]) -> Dict[str, torch.Tensor]:
+    """The buffers e3nn's left-right codegen registers: a wigner-3j block for every path it does
+    not special-case (e3nn special-cases l = 0 factors, and (1,1,1) in "uuu", when
+    ``_specialized_code``), triangle indices for "uvu<v"/"u<vw"; in the default dtype, as e3nn."""
+    if specialized is None:
+        specialized = e3nn.get_optimization_defaults()["specialized_code"]
+    consts: Dict[str, torch.Tensor] = {}
+    for ins in tp.instructions:
+        (m1, ir1), (m2, ir2), (mo, iro) = tp.irreps_in1[ins.i_in1], tp.irreps_in2[ins.i_in2], tp.irreps_out[ins.i_out]
+        if 0 in ins.path_shape or 0 in (m1, m2, mo):
+            continue  # e3nn emits no code for empty paths
+        ls = (ir1.l, ir2.l, iro.l)
+        mode = ins.connection_mode
+        any0 = 0 in ls
+        special = specialized and {
+            "uvw": any0, "uvu": any0 and ins.has_weight, "uvv": any0, "uuw": any0 and ins.has_weight,
+            "uuu": any0 or ls == (1, 1, 1),
+        }.get(mode, False)
+        name = "_w3j_{}_{}_{}".format(*ls)
+        if not special and name not in consts:  # (order matters: e3nn's graph reads w3j, then triu)
+            consts[name] = o3.wigner_3j(*ls)
+        if mode in ("uvu<v", "u<vw") and f"_triu_indices_{m1}" not in consts:
+            consts[f"_triu_indices_{m1}"] = torch.triu_indices(m1, m1, 1)
+    return consts
 
 
 def _empty_batch(problem: TPProblem, x, y, w) -> Optional[torch.Tensor]:

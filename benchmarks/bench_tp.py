@@ -1,0 +1,958 @@
+#!/usr/bin/env python
+"""Batched tensor-product benchmark: equikernels vs e3nn, cuEquivariance and OpenEquivariance.
+
+Methodology follows /work/shared/ANCHORS.md (see benchmarks/README.md):
+
+* problems: DESIGN §7 / ``equikernels.catalog.standard_problems()`` (e3nn constructor kwargs);
+* directions (OpenEquivariance's definitions):
+    fwd  = ``tp(x, y, w)`` on inputs without grad;
+    bwd  = ``autograd.grad(out, [x, y, w], g, retain_graph=True)`` on a retained forward graph
+           (the forward is not timed);
+    dbwd = ``autograd.grad(L, [x, y, w, g], retain_graph=True)`` with
+           ``L = <gx, Rx> + <gy, Ry> + <gw, Rw>`` built from first-order grads taken with
+           ``create_graph=True`` (forward and first backward not timed);
+* timing: CUDA events around every call, warm-up, median of n (n for ~250 ms of work), inputs
+  rotated over several sets when a set is small compared with L2 (benchmarks/common.py);
+* correctness: every implementation against e3nn built in float64 (under
+  ``torch.set_default_dtype(torch.float64)``) on fresh random inputs at a small row count:
+  relative error ``||a - ref|| / ||ref||`` of the output, the three grads and the four
+  second-order grads, mapped back to e3nn's layout and weight order.
+
+Every implementation that is missing or fails is reported (status absent / error / oom, with the
+exception type and message); nothing is skipped silently and one failure never stops the run.
+
+Usage (GPU):  python benchmarks/bench_tp.py [--quick] [--compile-time] ...
+Debug (CPU):  python benchmarks/bench_tp.py --device cpu --backend reference --quick --rows 64 --out /tmp/x
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+for _p in (str(HERE), str(ROOT)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import torch  # noqa: E402
+
+import common as C  # noqa: E402
+
+IMPLS = ("equikernels", "equikernels_ir_mul", "e3nn", "cue_ir_mul", "cue_mul_ir", "oeq")
+SHORT = {"equikernels": "ek", "equikernels_ir_mul": "ek_ir", "e3nn": "e3nn", "cue_ir_mul": "cue_ir",
+         "cue_mul_ir": "cue_mi", "oeq": "oeq"}
+DIRECTIONS = ("fwd", "bwd", "dbwd")
+LEVEL = {"fwd": 0, "bwd": 1, "dbwd": 2}
+BASELINES = ("cue_ir_mul", "oeq")  # "best library" of ANCHORS: best of cue[ir_mul] and OEQ
+OURS = ("equikernels", "equikernels_ir_mul")
+QUICK_PROBLEMS = ("mace-medium", "nequip-water", "tetris-poly-1")
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DT_SHORT = {"float32": "f32", "float64": "f64"}
+TOL = {"float32": 1e-5, "float64": 1e-10}  # DESIGN §8 parity targets (used only to flag)
+SCHEMA = "equikernels-bench-tp/1"
+
+
+class Absent(Exception):
+    """The implementation is not installed or cannot run on this device."""
+
+
+# --- problem description ------------------------------------------------------------------------
+@dataclass
+class Spec:
+    name: str
+    kw: dict
+    P: object  # equikernels TPProblem
+    mode: str
+    d1: int
+    d2: int
+    d3: int
+    nw: int
+    shared: bool
+    conv_in1: C.LayoutConverter
+    conv_in2: C.LayoutConverter
+    conv_out: C.LayoutConverter
+    w_slices: List[Tuple[int, int, Tuple[int, ...]]]  # per instruction: offset, size, path shape
+
+    @staticmethod
+    def create(name: str, kw: dict) -> "Spec":
+        from equikernels.problem import TPProblem
+        P = TPProblem.create(**kw)
+        modes = {i.mode for i in P.instructions}
+        segs = lambda irreps: [(m, 2 * l + 1) for m, l, _ in irreps]  # noqa: E731
+        slices, off = [], 0
+        for ins in P.instructions:
+            shape = ins.path_shape(P) if ins.has_weight else ()
+            size = math.prod(shape) if ins.has_weight else 0
+            slices.append((off, size, tuple(shape)))
+            off += size
+        return Spec(name, kw, P, modes.pop() if len(modes) == 1 else "mixed", P.dim_in1, P.dim_in2,
+                    P.dim_out, P.weight_numel, P.shared_weights, C.LayoutConverter(segs(P.irreps_in1)),
+                    C.LayoutConverter(segs(P.irreps_in2)), C.LayoutConverter(segs(P.irreps_out)), slices)
+
+    def summary(self) -> dict:
+        return {"description": self.P.describe(), "mode": self.mode, "d1": self.d1, "d2": self.d2,
+                "d3": self.d3, "weight_numel": self.nw, "shared_weights": self.shared,
+                "paths": len(self.P.instructions),
+                "kwargs": {k: (v if k != "instructions" else [list(i) for i in v]) for k, v in self.kw.items()}}
+
+
+def _identity(t):
+    return t
+
+
+@dataclass
+class Built:
+    fn: Callable  # (x, y, w) -> out, all in the implementation's native layout / weight order
+    layout: str  # "mul_ir" | "ir_mul"
+    weight_batch_shape: Callable[[int], Tuple[int, ...]]  # rows -> native weight shape
+    w_from_e3nn: Callable = _identity  # e3nn-ordered weights (rows, nw) or (nw,) -> native
+    gw_to_e3nn: Callable = _identity  # native weight-shaped tensor -> e3nn order and shape
+    info: dict = field(default_factory=dict)
+    keep: object = None  # module reference
+
+
+def _wshape(spec: Spec, shared_shape=None):
+    if spec.shared:
+        return lambda rows: shared_shape or (spec.nw,)
+    return lambda rows: (rows, spec.nw)
+
+
+# --- implementations ----------------------------------------------------------------------------
+def build_equikernels(spec: Spec, dtype, device, args, layout: str) -> Built:
+    from equikernels.ops import resolve_backend, tensor_product
+    be = args.backend
+    P = spec.P
+
+    def fn(x, y, w):
+        return tensor_product(P, x, y, w, layout=layout, backend=be)
+
+    return Built(fn, layout, _wshape(spec), info={"backend": resolve_backend(be, device), "layout": layout})
+
+
+def build_e3nn(spec: Spec, dtype, device, args) -> Built:
+    from equikernels._compat import o3
+    with C.default_dtype(dtype):  # e3nn bakes its CG constants in the default dtype
+        m = o3.TensorProduct(**spec.kw).to(device=device, dtype=dtype)
+    return Built(m, "mul_ir", _wshape(spec), info={"module": "e3nn.o3.TensorProduct"}, keep=m)
+
+
+_CUE = None
+
+
+def _import_cue():
+    global _CUE
+    if _CUE is None:
+        try:
+            import cuequivariance as cue
+            import cuequivariance_torch as cuet
+            from cuequivariance import descriptors
+            from cuequivariance.group_theory.experimental.e3nn import O3_e3nn
+            _CUE = (cue, cuet, descriptors, O3_e3nn)
+        except Exception as exc:  # ImportError or a broken install: report, do not stop
+            _CUE = exc
+    if isinstance(_CUE, Exception):
+        raise Absent(f"cuequivariance_torch not importable: {C.describe_exception(_CUE)}")
+    return _CUE
+
+
+def _irreps_tuple(irreps) -> List[Tuple[int, int, int]]:
+    return [(int(mul), int(ir.l), int(ir.p)) for mul, ir in irreps]
+
+
+def build_cue(spec: Spec, dtype, device, args, layout: str) -> Built:
+    """cuet.ChannelWiseTensorProduct (uvu, kernel ``uniform_1d``) or cuet.FullyConnectedTensorProduct
+    (uvw, kernel ``fused_tp``) on ``O3_e3nn`` irreps (e3nn's CG and irrep order), as in ANCHORS."""
+    cue, cuet, descriptors, O3_e3nn = _import_cue()
+    if spec.mode not in ("uvu", "uvw"):
+        raise Absent(f"cue: no e3nn-equivalent module for mode {spec.mode!r} in this harness")
+    kw = spec.kw
+    irr = lambda s: cue.Irreps(O3_e3nn, s)  # noqa: E731
+    i1, i2, io = irr(kw["irreps_in1"]), irr(kw["irreps_in2"]), irr(kw["irreps_out"])
+    lay = cue.ir_mul if layout == "ir_mul" else cue.mul_ir
+    common_kw = dict(layout=lay, shared_weights=spec.shared, internal_weights=False, device=device,
+                     dtype=dtype, math_dtype=dtype)
+    with C.default_dtype(dtype), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # O3_e3nn.clebsch_gordan calls e3nn's wigner_3j in the default dtype
+        if spec.mode == "uvu":
+            if any(ins.i_in1 is None for ins in spec.P.instructions):
+                raise Absent("cue: unexpected problem")
+            m = cuet.ChannelWiseTensorProduct(i1, i2, io, **common_kw)
+            desc = descriptors.channelwise_tensor_product(i1, i2, io)
+        else:
+            m = cuet.FullyConnectedTensorProduct(i1, i2, io, **common_kw)
+            desc = descriptors.fully_connected_tensor_product(i1, i2, io)
+    got = _irreps_tuple(m.irreps_out)
+    want = [tuple(t) for t in spec.P.irreps_out]
+    if got != want:
+        raise RuntimeError(f"cue output irreps {m.irreps_out} differ from e3nn's {kw['irreps_out']}")
+    if m.weight_numel != spec.nw:
+        raise RuntimeError(f"cue weight_numel {m.weight_numel} != e3nn {spec.nw}")
+    perm = _cue_weight_perm(spec, desc)
+    inv = torch.argsort(perm)
+    kernel = type(getattr(m.f, "m", m.f)).__name__
+    info = {"module": type(m).__name__, "method": getattr(m, "method", None), "kernel_class": kernel,
+            "layout": layout, "irreps_group": "O3_e3nn",
+            "weight_perm_identity": bool(torch.equal(perm, torch.arange(spec.nw)))}
+    if "Naive" in kernel:
+        info["FALLBACK"] = "cue runs its pure-PyTorch 'naive' method (no CUDA kernel)"
+    pd = {}
+
+    def p_on(t, which):
+        key = (which, t.device)
+        if key not in pd:
+            pd[key] = (perm if which == "f" else inv).to(t.device)
+        return pd[key]
+
+    if spec.shared:
+        w_from = lambda w: w.reshape(-1).index_select(0, p_on(w, "f")).reshape(1, -1)  # noqa: E731
+        gw_to = lambda g: g.reshape(-1).index_select(0, p_on(g, "i"))  # noqa: E731
+    else:
+        w_from = lambda w: w.index_select(-1, p_on(w, "f"))  # noqa: E731
+        gw_to = lambda g: g.index_select(-1, p_on(g, "i"))  # noqa: E731
+    return Built(m, layout, _wshape(spec, (1, spec.nw)), w_from, gw_to, info, keep=m)
+
+
+def _cue_weight_perm(spec: Spec, desc) -> torch.Tensor:
+    """Index ``perm`` with ``w_cue = w_e3nn[..., perm]``, read off the cue descriptor's paths.
+
+    Each cue path has indices (weight segment, in1 segment, in2 segment, out segment); the e3nn
+    instruction with the same (i_in1, i_in2, i_out) owns that weight block. Within a block both
+    libraries store the path weights row-major in the same index order (uvu: [u, v]; uvw: [u, v, w]).
+    """
+    stp = desc.polynomial.operations[0][1]
+    wop = stp.operands[0]
+    shapes = [tuple(s) for s in wop.segments]
+    offs = [0]
+    for s in shapes:
+        offs.append(offs[-1] + math.prod(s))
+    by_ins = {(i.i_in1, i.i_in2, i.i_out): k for k, i in enumerate(spec.P.instructions)}
+    owner: Dict[int, int] = {}
+    for path in stp.paths:
+        wseg, a, b, c = (int(v) for v in path.indices)
+        k = by_ins.get((a, b, c))
+        if k is None:
+            raise RuntimeError(f"cue path {(a, b, c)} has no e3nn instruction: weight mapping unknown")
+        if owner.setdefault(wseg, k) != k:
+            raise RuntimeError(f"cue weight segment {wseg} shared by two instructions: mapping unknown")
+    perm = []
+    for wseg, shape in enumerate(shapes):
+        k = owner.get(wseg)
+        if k is None:
+            raise RuntimeError(f"cue weight segment {wseg} is used by no path: mapping unknown")
+        off, size, pshape = spec.w_slices[k]
+        if math.prod(shape) != size or tuple(d for d in shape) != tuple(pshape):
+            raise RuntimeError(f"cue weight segment {wseg} shape {shape} != e3nn path shape {pshape}")
+        perm.append(torch.arange(off, off + size))
+    perm = torch.cat(perm)
+    if not torch.equal(torch.sort(perm).values, torch.arange(spec.nw)):
+        raise RuntimeError("cue weight mapping is not a permutation of e3nn's weights")
+    return perm
+
+
+_OEQ = None
+
+
+def _import_oeq():
+    global _OEQ
+    if _OEQ is None:
+        try:
+            t0 = time.perf_counter()
+            import openequivariance as oeq
+            _OEQ = (oeq, time.perf_counter() - t0)
+        except BaseException as exc:  # its JIT extension build may fail in many ways
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            _OEQ = exc
+    if isinstance(_OEQ, BaseException):
+        raise Absent(f"openequivariance not importable: {C.describe_exception(_OEQ)}")
+    return _OEQ
+
+
+def build_oeq(spec: Spec, dtype, device, args) -> Built:
+    """oeq.TensorProduct(oeq.TPProblem(...)) with e3nn irreps/instructions, e3nn layout (mul_ir).
+
+    Like OEQ's own benchmark problems (ANCHORS used them), uvu instructions are sorted by output
+    segment (OEQ's ChannelwiseTPP does this; it only permutes e3nn's weight blocks)."""
+    if device.type != "cuda":
+        raise Absent("openequivariance needs a CUDA device")
+    oeq, import_s = _import_oeq()
+    import numpy as np
+    npdt = {torch.float32: np.float32, torch.float64: np.float64}[dtype]
+    kw = spec.kw
+    order = list(range(len(spec.P.instructions)))
+    if spec.mode == "uvu":
+        order = sorted(order, key=lambda k: spec.P.instructions[k].i_out)
+    instr = [tuple(kw["instructions"][k]) for k in order]
+    sort_perm = torch.cat([torch.arange(spec.w_slices[k][0], spec.w_slices[k][0] + spec.w_slices[k][1])
+                           for k in order]) if spec.nw else torch.zeros(0, dtype=torch.long)
+    sort_inv = torch.argsort(sort_perm)
+    prob = oeq.TPProblem(kw["irreps_in1"], kw["irreps_in2"], kw["irreps_out"], instr,
+                         shared_weights=spec.shared, internal_weights=False, irrep_dtype=npdt,
+                         weight_dtype=npdt, label=spec.name)
+    t0 = time.perf_counter()
+    tp = oeq.TensorProduct(prob)
+    build_s = time.perf_counter() - t0
+    batch = not spec.shared
+    sp = {}
+
+    def idx(t, which):
+        key = (which, t.device)
+        if key not in sp:
+            sp[key] = (sort_perm if which == "f" else sort_inv).to(t.device)
+        return sp[key]
+
+    def w_from(w):
+        return tp.reorder_weights_from_e3nn(w.index_select(-1, idx(w, "f")).contiguous(), batch)
+
+    def gw_to(g):
+        return tp.reorder_weights_to_e3nn(g.contiguous(), batch).index_select(-1, idx(g, "i"))
+
+    info = {"module": "openequivariance.TensorProduct", "import_s": round(import_s, 2),
+            "construct_s": round(build_s, 3), "instructions_sorted_by_output": spec.mode == "uvu"}
+    return Built(tp, "mul_ir", _wshape(spec), w_from, gw_to, info, keep=tp)
+
+
+def build(impl: str, spec: Spec, dtype, device, args) -> Built:
+    if impl == "equikernels":
+        return build_equikernels(spec, dtype, device, args, "mul_ir")
+    if impl == "equikernels_ir_mul":
+        return build_equikernels(spec, dtype, device, args, "ir_mul")
+    if impl == "e3nn":
+        return build_e3nn(spec, dtype, device, args)
+    if impl == "cue_ir_mul":
+        return build_cue(spec, dtype, device, args, "ir_mul")
+    if impl == "cue_mul_ir":
+        return build_cue(spec, dtype, device, args, "mul_ir")
+    if impl == "oeq":
+        return build_oeq(spec, dtype, device, args)
+    raise ValueError(impl)
+
+
+# --- correctness --------------------------------------------------------------------------------
+def _all_orders(fn, x, y, w, g, Rx, Ry, Rw, level: int) -> Dict[str, torch.Tensor]:
+    x = x.detach().requires_grad_(level >= 1)
+    y = y.detach().requires_grad_(level >= 1)
+    w = w.detach().requires_grad_(level >= 1)
+    out = fn(x, y, w)
+    res = {"out": out.detach()}
+    if level >= 1:
+        g = g.detach().requires_grad_(level >= 2)
+        gx, gy, gw = torch.autograd.grad(out, (x, y, w), g, create_graph=level >= 2)
+        res.update(gx=gx.detach(), gy=gy.detach(), gw=gw.detach())
+        if level >= 2:
+            L = (gx * Rx).sum() + (gy * Ry).sum() + (gw * Rw).sum()
+            dx, dy, dw, dg = torch.autograd.grad(L, (x, y, w, g))
+            res.update(dx=dx, dy=dy, dw=dw, dg=dg)
+    return res
+
+
+def reference(spec: Spec, rows: int, device, seed: int, level: int):
+    """Fresh float64 inputs (seeded) and e3nn float64 results, all in e3nn layout/order."""
+    from equikernels._compat import o3
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64).to(device)  # noqa: E731
+    wshape = (spec.nw,) if spec.shared else (rows, spec.nw)
+    inp = {"x": r(rows, spec.d1), "y": r(rows, spec.d2), "w": r(*wshape), "g": r(rows, spec.d3),
+           "Rx": r(rows, spec.d1), "Ry": r(rows, spec.d2), "Rw": r(*wshape)}
+    with C.default_dtype(torch.float64):
+        m = o3.TensorProduct(**spec.kw).to(device)
+    res = _all_orders(m, inp["x"], inp["y"], inp["w"], inp["g"], inp["Rx"], inp["Ry"], inp["Rw"], level)
+    return inp, res
+
+
+def check(spec: Spec, built: Built, dtype, inp, ref, level: int) -> Dict[str, float]:
+    ir = built.layout == "ir_mul"
+    c1 = spec.conv_in1.to_ir_mul if ir else _identity
+    c2 = spec.conv_in2.to_ir_mul if ir else _identity
+    co = spec.conv_out.to_ir_mul if ir else _identity
+    b1 = spec.conv_in1.to_mul_ir if ir else _identity
+    b2 = spec.conv_in2.to_mul_ir if ir else _identity
+    bo = spec.conv_out.to_mul_ir if ir else _identity
+    t = {k: v.to(dtype) for k, v in inp.items()}
+    res = _all_orders(built.fn, c1(t["x"]), c2(t["y"]), built.w_from_e3nn(t["w"]), co(t["g"]),
+                      c1(t["Rx"]), c2(t["Ry"]), built.w_from_e3nn(t["Rw"]), level)
+    back = {"out": bo, "gx": b1, "gy": b2, "gw": built.gw_to_e3nn, "dx": b1, "dy": b2,
+            "dw": built.gw_to_e3nn, "dg": bo}
+    return {k: C.rel_err(back[k](v), ref[k]) for k, v in res.items()}
+
+
+def direction_error(errs: Optional[Dict[str, float]], direction: str) -> Optional[float]:
+    if not errs:
+        return None
+    keys = {"fwd": ("out",), "bwd": ("gx", "gy", "gw"), "dbwd": ("dx", "dy", "dw", "dg")}[direction]
+    vals = [errs[k] for k in keys if k in errs]
+    return max(vals) if vals else None
+
+
+# --- timing one cell ----------------------------------------------------------------------------
+def time_cell(spec: Spec, built: Built, direction: str, rows: int, dtype, device, args) -> dict:
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    nbytes = C.minimal_bytes(direction, rows, spec.d1, spec.d2, spec.d3, spec.nw, spec.shared, itemsize)
+    n_sets = C.rotation_sets(nbytes, device, factor=args.rotate_factor, max_sets=args.max_sets) \
+        if args.max_sets > 1 else 1
+    C.reset_peak(device)
+    torch.manual_seed(args.seed + rows)
+    mk = lambda *s: torch.randn(*s, device=device, dtype=dtype)  # noqa: E731
+    sets = []
+    for _ in range(n_sets):
+        x, y, w = mk(rows, spec.d1), mk(rows, spec.d2), mk(*built.weight_batch_shape(rows))
+        if direction == "fwd":
+            sets.append((x, y, w))
+            continue
+        x.requires_grad_()
+        y.requires_grad_()
+        w.requires_grad_()
+        out = built.fn(x, y, w)
+        if direction == "bwd":
+            sets.append((out, (x, y, w), torch.randn_like(out)))
+            continue
+        g = torch.randn_like(out).requires_grad_()
+        gx, gy, gw = torch.autograd.grad(out, (x, y, w), g, create_graph=True)
+        L = (gx * torch.randn_like(gx)).sum() + (gy * torch.randn_like(gy)).sum() \
+            + (gw * torch.randn_like(gw)).sum()
+        sets.append((L, (x, y, w, g)))
+        del out, gx, gy, gw
+    C.synchronize(device)
+    fn = built.fn
+    if direction == "fwd":
+        call = lambda i: fn(*sets[i % n_sets])  # noqa: E731
+    elif direction == "bwd":
+        call = lambda i: torch.autograd.grad(sets[i % n_sets][0], sets[i % n_sets][1], sets[i % n_sets][2],  # noqa: E731
+                                             retain_graph=True)
+    else:
+        call = lambda i: torch.autograd.grad(sets[i % n_sets][0], sets[i % n_sets][1], retain_graph=True)  # noqa: E731
+    res = C.time_calls(call, device, n_sets=n_sets, target_ms=args.target_ms, min_reps=args.min_reps,
+                       max_reps=args.max_reps, warmup=args.warmup)
+    res["peak_gib"] = C.peak_gib(device)
+    res["bytes_min"] = nbytes
+    res["gbps"] = nbytes / (res["ms_median"] * 1e-3) / 1e9
+    del sets, call
+    return res
+
+
+# --- the run ------------------------------------------------------------------------------------
+def parse_list(s: Optional[str], allowed=None, what="value") -> Optional[List[str]]:
+    if s is None:
+        return None
+    vals = [v.strip() for v in s.split(",") if v.strip()]
+    if allowed is not None:
+        bad = [v for v in vals if v not in allowed]
+        if bad:
+            raise SystemExit(f"unknown {what}: {bad}; expected some of {list(allowed)}")
+    return vals
+
+
+def resolve_args(args) -> None:
+    from equikernels.catalog import standard_problems
+    names = list(standard_problems())
+    q = args.quick
+    args.problems = parse_list(args.problems, names, "problem") or (list(QUICK_PROBLEMS) if q else names)
+    args.dtypes = parse_list(args.dtypes, DTYPES, "dtype") or (["float32"] if q else ["float32", "float64"])
+    args.directions = parse_list(args.directions, DIRECTIONS, "direction") or list(DIRECTIONS)
+    args.impls = parse_list(args.impls, IMPLS, "implementation") or list(IMPLS)
+    if args.rows is None:
+        args.rows = 10000 if q else 50000
+    dr = parse_list(args.dbwd_rows)
+    args.dbwd_rows = [int(v) for v in dr] if dr else ([args.rows] if q else [20000, 50000])
+    if args.target_ms is None:
+        args.target_ms = 30.0 if q else 250.0
+    if args.min_reps is None:
+        args.min_reps = 3 if q else 5
+    if args.warmup is None:
+        args.warmup = 2 if q else 3
+    if args.check_rows is None:
+        args.check_rows = min(256 if q else 1000, max(args.rows, 16))
+    if args.backend is None:
+        args.backend = "triton" if args.device.startswith("cuda") else "reference"
+    if args.compile_rows is None:
+        args.compile_rows = 1000 if q else min(args.rows, 50000)
+
+
+def progress(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def run(args, paths: Dict[str, Path]) -> dict:
+    from equikernels.catalog import standard_problems
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    catalog = standard_problems()
+    data = {"schema": SCHEMA, "args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+            "env": C.env_info(device), "problems": {}, "correctness": [], "cells": [], "compile_time": []}
+    progress(f"device: {data['env'].get('gpu')}  torch {torch.__version__}  e3nn {data['env']['e3nn']}  "
+             f"cue {data['env']['cuequivariance_torch']}  oeq {data['env']['openequivariance']}")
+    data["copy_bandwidth"] = C.copy_bandwidth(device)
+    copy_gbps = data["copy_bandwidth"]["gbps_median"]
+    progress(f"device-to-device copy: {copy_gbps:.0f} GB/s (median; {data['copy_bandwidth']['bytes_per_copy'] / 1e9:.2f} GB)")
+    max_level = max(LEVEL[d] for d in args.directions) if args.directions else -1
+    plan = [(d, r) for d in args.directions for r in (args.dbwd_rows if d == "dbwd" else [args.rows])]
+    total = len(args.problems) * len(args.dtypes) * len(args.impls) * len(plan)
+    k = 0
+    for pname in args.problems:
+        spec = Spec.create(pname, catalog[pname])
+        data["problems"][pname] = spec.summary()
+        progress(f"== {pname}: {spec.P.describe()}")
+        ref = None
+        if max_level >= 0 and not args.no_check:
+            try:
+                ref = reference(spec, args.check_rows, device, args.seed, max_level)
+            except Exception as exc:
+                ref = C.describe_exception(exc)
+                progress(f"   e3nn float64 reference failed: {ref}")
+        for dtname in args.dtypes:
+            dtype = DTYPES[dtname]
+            for impl in args.impls:
+                status, err, built = "ok", None, None
+                try:
+                    built = build(impl, spec, dtype, device, args)
+                except Absent as exc:
+                    status, err = "absent", str(exc)
+                except Exception as exc:
+                    status, err = ("oom" if C.is_oom(exc) else "error"), "build: " + C.describe_exception(exc)
+                errs, check_err = None, None
+                if built is not None and isinstance(ref, tuple):
+                    try:
+                        errs = check(spec, built, dtype, ref[0], ref[1], max_level)
+                    except Exception as exc:
+                        check_err = C.describe_exception(exc)
+                elif isinstance(ref, str):
+                    check_err = "no reference: " + ref
+                elif args.no_check:
+                    check_err = "not checked (--no-check)"
+                if built is not None or status != "ok":
+                    data["correctness"].append({"problem": pname, "dtype": dtname, "impl": impl,
+                                                "rows": args.check_rows, "errors": errs,
+                                                "error": check_err if built is not None else err})
+                C.free_memory(device)
+                for direction, rows in plan:
+                    k += 1
+                    cell = {"problem": pname, "dtype": dtname, "direction": direction, "rows": rows,
+                            "impl": impl, "status": status, "error": err,
+                            "info": built.info if built is not None else {},
+                            "rel_err": direction_error(errs, direction), "check_error": check_err}
+                    if built is not None:
+                        try:
+                            cell.update(time_cell(spec, built, direction, rows, dtype, device, args))
+                            cell["frac_copy"] = cell["gbps"] / copy_gbps if copy_gbps else None
+                        except Exception as exc:
+                            cell["status"] = "oom" if C.is_oom(exc) else "error"
+                            cell["error"] = C.describe_exception(exc)
+                        C.free_memory(device)
+                    data["cells"].append(cell)
+                    progress(cell_line(k, total, cell))
+                del built
+                C.free_memory(device)
+            write_outputs(data, paths, plot=False)  # partial results survive a timeout
+        del ref
+        C.free_memory(device)
+    return data
+
+
+def cell_line(k: int, total: int, c: dict) -> str:
+    head = f"[{k}/{total}] {c['problem']} {DT_SHORT[c['dtype']]} {c['direction']} {c['rows']} {c['impl']}:"
+    if c["status"] != "ok":
+        return f"{head} {c['status'].upper()} {c.get('error') or ''}"[:400]
+    extra = f" err {C.fmt_err(c.get('rel_err'))}" if c.get("rel_err") is not None else \
+        (f" check: {c['check_error'][:120]}" if c.get("check_error") else "")
+    fb = " FALLBACK" if c.get("info", {}).get("FALLBACK") else ""
+    return (f"{head} {C.fmt_ms(c['ms_median'])} ms (min {C.fmt_ms(c['ms_min'])}, n={c['n']}, sets={c['n_sets']}) "
+            f"{c['gbps']:.0f} GB/s{extra}{fb}")
+
+
+# --- compile time -------------------------------------------------------------------------------
+def compile_child(cfg: dict) -> None:
+    """Runs in a fresh interpreter: first-call times of the equikernels TP (fwd, bwd, dbwd)."""
+    t_start = time.perf_counter()
+    import torch as T
+    from equikernels.catalog import problem
+    from equikernels.ops import tensor_product
+    t_import = time.perf_counter() - t_start
+    dev = T.device(cfg["device"])
+    dtype = DTYPES[cfg["dtype"]]
+    P = problem(cfg["problem"])
+    rows = cfg["rows"]
+    sync = (lambda: T.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    T.manual_seed(0)
+    x = T.randn(rows, P.dim_in1, device=dev, dtype=dtype, requires_grad=True)
+    y = T.randn(rows, P.dim_in2, device=dev, dtype=dtype, requires_grad=True)
+    w = T.randn(*((P.weight_numel,) if P.shared_weights else (rows, P.weight_numel)), device=dev,
+                dtype=dtype, requires_grad=True)
+    res = {"import_s": t_import}
+    f = lambda: tensor_product(P, x, y, w, layout=cfg["layout"], backend=cfg["backend"])  # noqa: E731
+
+    def two(name, call):
+        for which in ("first_s", "second_s"):
+            sync()
+            t0 = time.perf_counter()
+            call()
+            sync()
+            res[f"{name}_{which}"] = time.perf_counter() - t0
+
+    with T.no_grad():
+        two("fwd", f)
+    out = f()
+    g = T.randn_like(out, requires_grad=True)
+    if "bwd" in cfg["directions"] or "dbwd" in cfg["directions"]:
+        two("bwd", lambda: T.autograd.grad(out, (x, y, w), g, retain_graph=True))
+    if "dbwd" in cfg["directions"]:
+        gx, gy, gw = T.autograd.grad(out, (x, y, w), g, create_graph=True)
+        L = (gx * T.randn_like(gx)).sum() + (gy * T.randn_like(gy)).sum() + (gw * T.randn_like(gw)).sum()
+        two("dbwd", lambda: T.autograd.grad(L, (x, y, w, g), retain_graph=True))
+    res["total_in_process_s"] = time.perf_counter() - t_start
+    print("@@RESULT " + json.dumps(res), flush=True)
+
+
+def _dir_size(p: Path) -> Tuple[int, int]:
+    n = size = 0
+    for f in p.rglob("*"):
+        if f.is_file():
+            n += 1
+            size += f.stat().st_size
+    return n, size
+
+
+def measure_compile(args) -> List[dict]:
+    out = []
+    for layout in parse_list(args.compile_layouts, ("mul_ir", "ir_mul"), "layout"):
+        tmp = Path(tempfile.mkdtemp(prefix="ek-compile-"))
+        env = dict(os.environ, EQUIKERNELS_CACHE_DIR=str(tmp / "equikernels"), TRITON_CACHE_DIR=str(tmp / "triton"))
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        cfg = {"problem": args.compile_problem, "layout": layout, "dtype": "float32", "rows": args.compile_rows,
+               "device": args.device, "backend": args.backend, "directions": args.directions}
+        entry = {"problem": args.compile_problem, "layout": layout, "dtype": "float32", "rows": args.compile_rows,
+                 "backend": args.backend, "note": "fresh subprocess each; cold = empty EQUIKERNELS_CACHE_DIR and "
+                 "TRITON_CACHE_DIR, warm = second subprocess reusing both"}
+        for phase in ("cold", "warm"):
+            t0 = time.perf_counter()
+            try:
+                r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--_compile-child", json.dumps(cfg)],
+                                   env=env, capture_output=True, text=True, timeout=args.compile_timeout)
+                wall = time.perf_counter() - t0
+                line = next((ln for ln in r.stdout.splitlines() if ln.startswith("@@RESULT ")), None)
+                if r.returncode == 0 and line:
+                    entry[phase] = dict(json.loads(line[len("@@RESULT "):]), process_wall_s=wall)
+                else:
+                    entry[phase] = {"error": f"exit {r.returncode}: " + " ".join((r.stderr or r.stdout)[-600:].split())}
+            except subprocess.TimeoutExpired:
+                entry[phase] = {"error": f"timeout after {args.compile_timeout} s"}
+            if phase == "cold":
+                entry["cache_files"], entry["cache_bytes"] = _dir_size(tmp)
+            progress(f"compile {args.compile_problem} {layout} {phase}: " + ", ".join(
+                f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in entry[phase].items()))
+        shutil.rmtree(tmp, ignore_errors=True)
+        out.append(entry)
+    return out
+
+
+# --- outputs ------------------------------------------------------------------------------------
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def output_paths(args, gpu: str) -> Dict[str, Path]:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    base = f"tp_{C.slug(gpu)}_{C.stamp()}{('_' + C.slug(args.tag)) if args.tag else ''}"
+    return {"json": out / f"{base}.json", "md": out / f"{base}.md", "png": out / f"{base}.png"}
+
+
+def write_outputs(data: dict, paths: Dict[str, Path], plot: bool = True) -> None:
+    paths["json"].write_text(json.dumps(data, indent=1, default=str))
+    paths["md"].write_text(render_markdown(data))
+    if plot:
+        try:
+            import plot as plot_mod
+            made = plot_mod.plot_results(data, paths["png"])
+            if made is None:
+                paths.pop("png", None)
+        except Exception as exc:
+            progress(f"plot skipped: {C.describe_exception(exc)}")
+            paths.pop("png", None)
+
+
+def _groups(data):
+    keys = []
+    for c in data["cells"]:
+        k = (c["problem"], c["dtype"], c["direction"], c["rows"])
+        if k not in keys:
+            keys.append(k)
+    by = {}
+    for c in data["cells"]:
+        by.setdefault((c["problem"], c["dtype"], c["direction"], c["rows"]), {})[c["impl"]] = c
+    return keys, by
+
+
+def _best_baseline(cells: Dict[str, dict]):
+    ok = [(c["ms_median"], i) for i, c in cells.items() if i in BASELINES and c["status"] == "ok"]
+    return min(ok) if ok else (None, None)
+
+
+def _cell_ms(c: Optional[dict]) -> Optional[float]:
+    return c["ms_median"] if c is not None and c["status"] == "ok" else None
+
+
+def _detail_row(impl: str, c: dict, note: str) -> str:
+    if c["status"] != "ok":
+        return f"| {impl} | — | | | | | | | | | {C.fmt_err(c.get('rel_err'))} | | {note} |"
+    frac = f"{100 * c['frac_copy']:.0f} %" if c.get("frac_copy") is not None else "—"
+    peak = f"{c['peak_gib']:.2f}" if c.get("peak_gib") is not None else "—"
+    return (f"| {impl} | {C.fmt_ms(c['ms_median'])} | {C.fmt_ms(c['ms_min'])} | {C.fmt_ms(c['ms_p20'])} | "
+            f"{C.fmt_ms(c['ms_p80'])} | {c['ms_stdev']:.3g} | {c['n']} | {c['n_sets']} | {c['gbps']:.0f} | {frac} | "
+            f"{C.fmt_err(c.get('rel_err'))} | {peak} | {note} |")
+
+
+def render_markdown(data: dict) -> str:
+    env = data["env"]
+    cb = data.get("copy_bandwidth", {})
+    L = [f"# Tensor-product benchmark: {env.get('gpu')} ({env.get('date_utc')})", ""]
+    ek = env.get("equikernels", {})
+    L += ["| item | value |", "|---|---|",
+          f"| GPU | {env.get('gpu')} ({env.get('gpu_sms', '?')} SMs, {env.get('gpu_mem_gib', '?')} GiB), "
+          f"driver {env.get('nvidia_smi', {}).get('driver_version', '?')} |",
+          f"| torch / CUDA | {env.get('torch')} / {env.get('torch_cuda')} |",
+          f"| triton | {env.get('triton')} |", f"| e3nn | {env.get('e3nn')} |",
+          f"| cuequivariance / _torch / _ops_torch | {env.get('cuequivariance')} / {env.get('cuequivariance_torch')}"
+          f" / {env.get('cuequivariance_ops_torch')} |",
+          f"| OpenEquivariance | {env.get('openequivariance')} |",
+          f"| equikernels | commit {ek.get('git_commit')}{' (dirty)' if ek.get('git_dirty') else ''}, "
+          f"source sha256 {ek.get('source_sha256')}, backend {data['args'].get('backend')} |",
+          f"| device-to-device copy | {cb.get('gbps_median', float('nan')):.0f} GB/s median "
+          f"({cb.get('bytes_per_copy', 0) / 1e9:.2f} GB buffer, read + write counted) |",
+          f"| timing | CUDA events per call, median of n (≈{data['args'].get('target_ms')} ms of work, "
+          f"min {data['args'].get('min_reps')}), warm-up {data['args'].get('warmup')}, inputs rotated over "
+          f"≥1 sets to cover {data['args'].get('rotate_factor')}× L2 |",
+          f"| correctness | vs e3nn float64, {data['args'].get('check_rows')} rows, fresh random inputs; "
+          f"rel. err = ‖a−ref‖/‖ref‖ (fwd: out; bwd: max of gx, gy, gw; dbwd: max of the 4 second-order grads) |",
+          ""]
+    L += ["Directions: fwd = `tp(x,y,w)`; bwd = `autograd.grad(out,[x,y,w],g)` on a retained graph; "
+          "dbwd = `autograd.grad(L,[x,y,w,g])`, `L=<gx,Rx>+<gy,Ry>+<gw,Rw>` from create_graph grads. "
+          "GB/s = minimal traffic (fwd d1+d2+w+d3, bwd 2(d1+d2+w)+d3, dbwd 3(d1+d2+w)+2·d3 words/row; "
+          "shared weights once) / median time. `ek` = equikernels (mul_ir), `ek_ir` = equikernels ir_mul "
+          "(inputs already in ir_mul, no conversion timed), `cue_ir`/`cue_mi` = cuEquivariance ir_mul / e3nn "
+          "layout (cue's transposes included).", ""]
+    keys, by = _groups(data)
+    # speed-up summary
+    L += ["## Speed-up summary", "",
+          "speed-up = t(best of cue_ir_mul, oeq) ÷ t(equikernels); >1 means equikernels is faster.", "",
+          "| problem | dtype | dir | rows | best baseline | ms | ek ms | ek speed-up | ek_ir ms | ek_ir speed-up | e3nn ms | e3nn/ek |",
+          "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for k in keys:
+        cells = by[k]
+        tb, nb = _best_baseline(cells)
+        t_ek, t_eki, t_e3 = (_cell_ms(cells.get(i)) for i in ("equikernels", "equikernels_ir_mul", "e3nn"))
+        sp = lambda t: f"{tb / t:.2f}×" if (tb and t) else "—"  # noqa: E731
+        L.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {nb or '—'} | {C.fmt_ms(tb)} | {C.fmt_ms(t_ek)} | {sp(t_ek)} | "
+                 f"{C.fmt_ms(t_eki)} | {sp(t_eki)} | {C.fmt_ms(t_e3)} | "
+                 f"{(f'{t_e3 / t_ek:.1f}×' if (t_e3 and t_ek) else '—')} |")
+    L.append("")
+    # detailed tables
+    L += ["## Details", ""]
+    for k in keys:
+        p = data["problems"].get(k[0], {})
+        L += [f"### {k[0]} · {k[1]} · {k[2]} · {k[3]} rows", "", f"{p.get('description', '')}", "",
+              "| impl | ms median | min | p20 | p80 | stdev | n | sets | GB/s | % copy | rel. err | peak GiB | note |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for impl, c in by[k].items():
+            note = []
+            if c["status"] != "ok":
+                note.append(f"**{c['status']}**: {c.get('error') or ''}")
+            if c.get("check_error"):
+                note.append(f"check: {c['check_error']}")
+            info = c.get("info") or {}
+            if info.get("FALLBACK"):
+                note.append("FALLBACK: " + info["FALLBACK"])
+            if info.get("kernel_class"):
+                note.append(f"{info.get('method')}/{info['kernel_class']}")
+            if c.get("rel_err") is not None and c["rel_err"] > TOL[c["dtype"]] * (100 if impl not in OURS else 1):
+                note.append("error above tolerance")
+            note_s = "; ".join(note).replace("|", "\\|")
+            L.append(_detail_row(impl, c, note_s))
+        L.append("")
+    if data.get("correctness"):
+        L += ["## Correctness (all orders, vs e3nn float64)", "",
+              "| problem | dtype | impl | rows | out | gx | gy | gw | dx | dy | dw | dg | note |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for r in data["correctness"]:
+            e = r.get("errors") or {}
+            vals = " | ".join(C.fmt_err(e.get(n)) for n in ("out", "gx", "gy", "gw", "dx", "dy", "dw", "dg"))
+            L.append(f"| {r['problem']} | {r['dtype']} | {r['impl']} | {r['rows']} | {vals} | "
+                     f"{(r.get('error') or '').replace('|', '/')} |")
+        L.append("")
+    if data.get("compile_time"):
+        L += ["## equikernels compile time (first call, fresh subprocess)", "",
+              "| problem | layout | rows | phase | import s | fwd 1st s | fwd 2nd s | bwd 1st s | bwd 2nd s | "
+              "dbwd 1st s | dbwd 2nd s | process s | note |",
+              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for e in data["compile_time"]:
+            for phase in ("cold", "warm"):
+                r = e.get(phase, {})
+                f = lambda n: f"{r[n]:.2f}" if isinstance(r.get(n), (int, float)) else "—"  # noqa: E731
+                note = r.get("error", "") if phase == "warm" else \
+                    (r.get("error", "") or f"cache after cold: {e.get('cache_files')} files, "
+                     f"{(e.get('cache_bytes') or 0) / 1e6:.1f} MB")
+                L.append(f"| {e['problem']} | {e['layout']} | {e['rows']} | {phase} | {f('import_s')} | "
+                         f"{f('fwd_first_s')} | {f('fwd_second_s')} | {f('bwd_first_s')} | {f('bwd_second_s')} | "
+                         f"{f('dbwd_first_s')} | {f('dbwd_second_s')} | {f('process_wall_s')} | "
+                         f"{note.replace('|', '/')} |")
+        L.append("")
+    return "\n".join(L)
+
+
+def summary_text(data: dict) -> str:
+    """Short fixed-width table (the remote run returns only the tail of stdout)."""
+    keys, by = _groups(data)
+    impls = [i for i in IMPLS if any(c["impl"] == i for c in data["cells"])]
+    errs = {}
+    for c in data["cells"]:
+        if c["status"] != "ok" or c.get("check_error"):
+            msg = c.get("error") if c["status"] != "ok" else "check: " + c["check_error"]
+            errs.setdefault((c["impl"], msg[:150]), 0)
+            errs[(c["impl"], msg[:150])] += 1
+    out = []
+    if errs:
+        out.append("-- failures (impl: message [cells]) --")
+        for (impl, msg), n in list(errs.items())[:25]:
+            out.append(f"{SHORT[impl]}: {msg} [{n}]")
+        if len(errs) > 25:
+            out.append(f"... {len(errs) - 25} more distinct failures in the JSON")
+    fb = sorted({c["impl"] for c in data["cells"] if (c.get("info") or {}).get("FALLBACK")})
+    if fb:
+        out.append(f"!! cue ran its naive PyTorch fallback (no CUDA kernel) for: {', '.join(fb)}")
+    cb = data.get("copy_bandwidth", {})
+    out.append(f"-- summary: {data['env'].get('gpu')}, copy {cb.get('gbps_median', 0):.0f} GB/s; ms median; "
+               f"sp = best(cue_ir,oeq)/t (>1: equikernels faster); bad = rel.err above tol --")
+    hdr = f"{'problem':<22} {'dt':<3} {'dir':<4} {'rows':>6} |" + "".join(f"{SHORT[i]:>8}" for i in impls) + \
+          " | sp_ek sp_ekir | max_err_ek bad"
+    out.append(hdr)
+    for k in keys:
+        cells = by[k]
+        vals = ""
+        for i in impls:
+            c = cells.get(i)
+            if c is None:
+                s = "·"
+            elif c["status"] == "ok":
+                s = C.fmt_ms(c["ms_median"])
+            else:
+                s = {"absent": "abs", "oom": "OOM"}.get(c["status"], "ERR")
+            vals += f"{s:>8}"
+        tb, _ = _best_baseline(cells)
+        sp = []
+        for i in OURS:
+            t = _cell_ms(cells.get(i))
+            sp.append(f"{tb / t:.2f}" if (tb and t) else "-")
+        ek_err = [cells[i]["rel_err"] for i in OURS if i in cells and cells[i].get("rel_err") is not None]
+        bad = [SHORT[i] for i, c in cells.items()
+               if c.get("rel_err") is not None and c["rel_err"] > TOL[k[1]] * (1 if i in OURS else 100)]
+        out.append(f"{k[0][:22]:<22} {DT_SHORT[k[1]]:<3} {k[2]:<4} {k[3]:>6} |{vals} | {sp[0]:>5} {sp[1]:>6} | "
+                   f"{(C.fmt_err(max(ek_err)) if ek_err else '-'):>10} {','.join(bad)}")
+    for e in data.get("compile_time", []):
+        parts = []
+        for phase in ("cold", "warm"):
+            r = e.get(phase, {})
+            if "error" in r:
+                parts.append(f"{phase}: {r['error'][:100]}")
+            else:
+                parts.append(f"{phase}: fwd {r.get('fwd_first_s', float('nan')):.1f}s bwd "
+                             f"{r.get('bwd_first_s', float('nan')):.1f}s dbwd {r.get('dbwd_first_s', float('nan')):.1f}s "
+                             f"(process {r.get('process_wall_s', float('nan')):.1f}s)")
+        out.append(f"compile {e['problem']} {e['layout']}: " + " | ".join(parts))
+    return "\n".join(out)
+
+
+def merge(files: List[str], args) -> dict:
+    datas = [json.loads(Path(f).read_text()) for f in files]
+    base = datas[0]
+    merged = {"schema": SCHEMA, "args": base["args"], "env": base["env"], "merged_from": files,
+              "env_all": [d["env"] for d in datas], "copy_bandwidth": base.get("copy_bandwidth", {}),
+              "copy_bandwidth_all": [d.get("copy_bandwidth") for d in datas], "problems": {},
+              "correctness": [], "cells": [], "compile_time": []}
+    gpus = {d["env"].get("gpu") for d in datas}
+    if len(gpus) > 1:
+        progress(f"WARNING: merging results from different devices: {sorted(map(str, gpus))}")
+    for d in datas:
+        merged["problems"].update(d.get("problems", {}))
+        merged["correctness"] += d.get("correctness", [])
+        merged["cells"] += d.get("cells", [])
+        merged["compile_time"] += d.get("compile_time", [])
+    return merged
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--problems", help="comma list (default: all of equikernels.catalog; --quick: a few)")
+    ap.add_argument("--dtypes", help="float32,float64 (default both; --quick: float32)")
+    ap.add_argument("--rows", type=int, help="rows for fwd and bwd (default 50000; --quick 10000)")
+    ap.add_argument("--dbwd-rows", help="comma list of rows for dbwd (default 20000,50000; --quick: --rows)")
+    ap.add_argument("--directions", help="fwd,bwd,dbwd (default all)")
+    ap.add_argument("--impls", help=f"comma list of {','.join(IMPLS)} (default all)")
+    ap.add_argument("--out", default=str(HERE / "results"), help="output folder (default benchmarks/results)")
+    ap.add_argument("--tag", default="", help="suffix for the output file names")
+    ap.add_argument("--quick", action="store_true", help="smoke run: few problems, short timing")
+    ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (debug: perf_counter timing)")
+    ap.add_argument("--backend", choices=("auto", "triton", "reference"),
+                    help="equikernels backend (default triton on cuda, reference on cpu)")
+    ap.add_argument("--target-ms", type=float, help="timed work per cell (default 250; --quick 30)")
+    ap.add_argument("--min-reps", type=int, help="minimum timed calls (default 5; --quick 3)")
+    ap.add_argument("--max-reps", type=int, default=2000)
+    ap.add_argument("--warmup", type=int, help="warm-up calls (default 3; --quick 2)")
+    ap.add_argument("--max-sets", type=int, default=8, help="max rotated input sets (1 disables rotation)")
+    ap.add_argument("--rotate-factor", type=float, default=4.0, help="rotate sets until they cover this × L2")
+    ap.add_argument("--check-rows", type=int, help="rows of the correctness check (default 1000)")
+    ap.add_argument("--no-check", action="store_true", help="skip the correctness check")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--compile-time", action="store_true", help="also measure cold/warm first-call time")
+    ap.add_argument("--compile-problem", default="mace-large")
+    ap.add_argument("--compile-layouts", default="mul_ir", help="mul_ir,ir_mul")
+    ap.add_argument("--compile-rows", type=int)
+    ap.add_argument("--compile-timeout", type=int, default=900)
+    ap.add_argument("--skip-bench", action="store_true", help="only --compile-time (or --merge)")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="merge result JSONs into one report and exit")
+    ap.add_argument("--_compile-child", dest="compile_child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.compile_child:
+        compile_child(json.loads(args.compile_child))
+        return 0
+    if args.merge:
+        data = merge(args.merge, args)
+        paths = output_paths(args, str(data["env"].get("gpu", "cpu")))
+        write_outputs(data, paths)
+        print(summary_text(data))
+        print("written: " + ", ".join(str(p) for p in paths.values()))
+        return 0
+    resolve_args(args)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda requested but torch.cuda.is_available() is False "
+                         "(use --device cpu --backend reference for a CPU debug run)")
+    paths = output_paths(args, device_name(device))
+    if args.skip_bench:
+        data = {"schema": SCHEMA, "args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+                "env": C.env_info(device), "problems": {}, "correctness": [], "cells": [], "compile_time": []}
+    else:
+        data = run(args, paths)
+    if args.compile_time:
+        data["compile_time"] = measure_compile(args)
+    write_outputs(data, paths)
+    print(summary_text(data))
+    print("written: " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

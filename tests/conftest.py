@@ -1,0 +1,60 @@
+"""Test configuration.
+
+Without CUDA, Triton kernels run in its interpreter (``TRITON_INTERPRET=1``) so CI on a CPU
+machine still executes the generated code. The variable must be set before anything imports
+Triton, so this runs before the package (or Triton) is imported; ``import torch`` alone does not
+import Triton.
+"""
+import os
+
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import random  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+def pytest_configure(config):
+    # also declared in pyproject.toml; repeated here so the markers exist when run from elsewhere
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+    config.addinivalue_line("markers", "slow: long-running test")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (marked gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _restore_default_dtype():
+    """Tests may change the default dtype (e3nn references are built under float64)."""
+    old = torch.get_default_dtype()
+    yield
+    torch.set_default_dtype(old)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    """Every test starts from the same RNG state, independent of test order."""
+    torch.manual_seed(0)
+    random.seed(0)
+    yield
+
+
+@pytest.fixture
+def generator():
+    """A private torch.Generator for tests that draw their own inputs."""
+    return torch.Generator().manual_seed(1234)
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request):
+    return torch.device(request.param)
