@@ -177,6 +177,10 @@ def build_cue(spec: Spec, dtype, device, args, layout: str) -> Built:
     cue, cuet, descriptors, O3_e3nn = _import_cue()
     if spec.mode not in ("uvu", "uvw"):
         raise Absent(f"cue: no e3nn-equivalent module for mode {spec.mode!r} in this harness")
+    P = spec.P
+    if (P.irrep_normalization, P.path_normalization) != ("component", "element") or \
+            any(i.path_weight != 1.0 for i in P.instructions) or any(v != 1.0 for v in P.in1_var + P.in2_var + P.out_var):
+        raise Absent("cue modules support only component/element normalisation, unit path weights and variances")
     kw = spec.kw
     irr = lambda s: cue.Irreps(O3_e3nn, s)  # noqa: E731
     i1, i2, io = irr(kw["irreps_in1"]), irr(kw["irreps_in2"]), irr(kw["irreps_out"])
@@ -187,8 +191,6 @@ def build_cue(spec: Spec, dtype, device, args, layout: str) -> Built:
         warnings.simplefilter("ignore")
         # O3_e3nn.clebsch_gordan calls e3nn's wigner_3j in the default dtype
         if spec.mode == "uvu":
-            if any(ins.i_in1 is None for ins in spec.P.instructions):
-                raise Absent("cue: unexpected problem")
             m = cuet.ChannelWiseTensorProduct(i1, i2, io, **common_kw)
             desc = descriptors.channelwise_tensor_product(i1, i2, io)
         else:
@@ -238,6 +240,8 @@ def _cue_weight_perm(spec: Spec, desc) -> torch.Tensor:
     offs = [0]
     for s in shapes:
         offs.append(offs[-1] + math.prod(s))
+    if len(stp.paths) != len(spec.P.instructions):
+        raise RuntimeError(f"cue has {len(stp.paths)} paths, e3nn {len(spec.P.instructions)} instructions")
     by_ins = {(i.i_in1, i.i_in2, i.i_out): k for k, i in enumerate(spec.P.instructions)}
     owner: Dict[int, int] = {}
     for path in stp.paths:
@@ -488,8 +492,9 @@ def progress(msg: str) -> None:
 def run(args, paths: Dict[str, Path]) -> dict:
     from equikernels.catalog import standard_problems
     device = torch.device(args.device)
-    if device.type == "cuda":
+    if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
+    t_run = time.perf_counter()
     catalog = standard_problems()
     data = {"schema": SCHEMA, "args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
             "env": C.env_info(device), "problems": {}, "correctness": [], "cells": [], "compile_time": []}
@@ -507,7 +512,8 @@ def run(args, paths: Dict[str, Path]) -> dict:
         data["problems"][pname] = spec.summary()
         progress(f"== {pname}: {spec.P.describe()}")
         ref = None
-        if max_level >= 0 and not args.no_check:
+        over = args.time_budget_s is not None and time.perf_counter() - t_run > args.time_budget_s
+        if max_level >= 0 and not args.no_check and not over:
             try:
                 ref = reference(spec, args.check_rows, device, args.seed, max_level)
             except Exception as exc:
@@ -518,7 +524,10 @@ def run(args, paths: Dict[str, Path]) -> dict:
             for impl in args.impls:
                 status, err, built = "ok", None, None
                 try:
-                    built = build(impl, spec, dtype, device, args)
+                    if args.time_budget_s is not None and time.perf_counter() - t_run > args.time_budget_s:
+                        status, err = "skipped", f"time budget of {args.time_budget_s:.0f} s exhausted"
+                    else:
+                        built = build(impl, spec, dtype, device, args)
                 except Absent as exc:
                     status, err = "absent", str(exc)
                 except Exception as exc:
@@ -533,7 +542,7 @@ def run(args, paths: Dict[str, Path]) -> dict:
                     check_err = "no reference: " + ref
                 elif args.no_check:
                     check_err = "not checked (--no-check)"
-                if built is not None or status != "ok":
+                if status != "skipped":
                     data["correctness"].append({"problem": pname, "dtype": dtname, "impl": impl,
                                                 "rows": args.check_rows, "errors": errs,
                                                 "error": check_err if built is not None else err})
@@ -544,7 +553,11 @@ def run(args, paths: Dict[str, Path]) -> dict:
                             "impl": impl, "status": status, "error": err,
                             "info": built.info if built is not None else {},
                             "rel_err": direction_error(errs, direction), "check_error": check_err}
-                    if built is not None:
+                    over = args.time_budget_s is not None and time.perf_counter() - t_run > args.time_budget_s
+                    if built is not None and over:
+                        cell["status"] = "skipped"
+                        cell["error"] = f"time budget of {args.time_budget_s:.0f} s exhausted before this cell"
+                    elif built is not None:
                         try:
                             cell.update(time_cell(spec, built, direction, rows, dtype, device, args))
                             cell["frac_copy"] = cell["gbps"] / copy_gbps if copy_gbps else None
@@ -732,7 +745,7 @@ def render_markdown(data: dict) -> str:
           f"source sha256 {ek.get('source_sha256')}, backend {data['args'].get('backend')} |",
           f"| device-to-device copy | {cb.get('gbps_median', float('nan')):.0f} GB/s median "
           f"({cb.get('bytes_per_copy', 0) / 1e9:.2f} GB buffer, read + write counted) |",
-          f"| timing | CUDA events per call, median of n (≈{data['args'].get('target_ms')} ms of work, "
+          f"| timing | {'CUDA events' if env.get('gpu') != 'cpu' else 'perf_counter (CPU debug run)'} per call, median of n (≈{data['args'].get('target_ms')} ms of work, "
           f"min {data['args'].get('min_reps')}), warm-up {data['args'].get('warmup')}, inputs rotated over "
           f"≥1 sets to cover {data['args'].get('rotate_factor')}× L2 |",
           f"| correctness | vs e3nn float64, {data['args'].get('check_rows')} rows, fresh random inputs; "
@@ -757,7 +770,7 @@ def render_markdown(data: dict) -> str:
         sp = lambda t: f"{tb / t:.2f}×" if (tb and t) else "—"  # noqa: E731
         L.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {nb or '—'} | {C.fmt_ms(tb)} | {C.fmt_ms(t_ek)} | {sp(t_ek)} | "
                  f"{C.fmt_ms(t_eki)} | {sp(t_eki)} | {C.fmt_ms(t_e3)} | "
-                 f"{(f'{t_e3 / t_ek:.1f}×' if (t_e3 and t_ek) else '—')} |")
+                 f"{(f'{t_e3 / t_ek:.3g}×' if (t_e3 and t_ek) else '—')} |")
     L.append("")
     # detailed tables
     L += ["## Details", ""]
@@ -825,19 +838,22 @@ def summary_text(data: dict) -> str:
     out = []
     if errs:
         out.append("-- failures (impl: message [cells]) --")
-        for (impl, msg), n in list(errs.items())[:25]:
-            out.append(f"{SHORT[impl]}: {msg} [{n}]")
-        if len(errs) > 25:
-            out.append(f"... {len(errs) - 25} more distinct failures in the JSON")
+        for (impl, msg), n in list(errs.items())[:15]:
+            out.append(f"{SHORT[impl]}: {msg[:120]} [{n}]")
+        if len(errs) > 15:
+            out.append(f"... {len(errs) - 15} more distinct failures in the JSON / markdown")
     fb = sorted({c["impl"] for c in data["cells"] if (c.get("info") or {}).get("FALLBACK")})
     if fb:
         out.append(f"!! cue ran its naive PyTorch fallback (no CUDA kernel) for: {', '.join(fb)}")
-    cb = data.get("copy_bandwidth", {})
-    out.append(f"-- summary: {data['env'].get('gpu')}, copy {cb.get('gbps_median', 0):.0f} GB/s; ms median; "
-               f"sp = best(cue_ir,oeq)/t (>1: equikernels faster); bad = rel.err above tol --")
+    cb = data.get("copy_bandwidth") or {}
+    copy_s = f", copy {cb['gbps_median']:.0f} GB/s" if cb.get("gbps_median") else ""
+    if keys:
+        out.append(f"-- summary: {data['env'].get('gpu')}{copy_s}; ms median; "
+                   f"sp = best(cue_ir,oeq)/t (>1: equikernels faster); bad = rel.err above tol --")
     hdr = f"{'problem':<22} {'dt':<3} {'dir':<4} {'rows':>6} |" + "".join(f"{SHORT[i]:>8}" for i in impls) + \
           " | sp_ek sp_ekir | max_err_ek bad"
-    out.append(hdr)
+    if keys:
+        out.append(hdr)
     for k in keys:
         cells = by[k]
         vals = ""
@@ -848,7 +864,7 @@ def summary_text(data: dict) -> str:
             elif c["status"] == "ok":
                 s = C.fmt_ms(c["ms_median"])
             else:
-                s = {"absent": "abs", "oom": "OOM"}.get(c["status"], "ERR")
+                s = {"absent": "abs", "oom": "OOM", "skipped": "skip"}.get(c["status"], "ERR")
             vals += f"{s:>8}"
         tb, _ = _best_baseline(cells)
         sp = []
@@ -916,6 +932,8 @@ def main(argv=None) -> int:
     ap.add_argument("--check-rows", type=int, help="rows of the correctness check (default 1000)")
     ap.add_argument("--no-check", action="store_true", help="skip the correctness check")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--time-budget-s", type=float, help="stop timing new cells after this many seconds "
+                    "(the rest are reported as skipped); keeps a run inside a remote time limit")
     ap.add_argument("--compile-time", action="store_true", help="also measure cold/warm first-call time")
     ap.add_argument("--compile-problem", default="mace-large")
     ap.add_argument("--compile-layouts", default="mul_ir", help="mul_ir,ir_mul")

@@ -70,15 +70,19 @@ def plot_results(data: dict, png_path) -> Optional[str]:
         ax.set_ylabel("ms (median)")
         ax.set_xticks(range(len(problems)))
         ax.set_xticklabels(problems, rotation=30, ha="right", fontsize=8)
-        ax.grid(axis="y", which="both", alpha=0.3)
+        ax.set_axisbelow(True)
+        ax.grid(axis="y", which="major", alpha=0.3)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=len(impls), fontsize=8, frameon=False)
+    from matplotlib.patches import Patch
+    handles = [Patch(color=COLORS.get(i), label=i) for i in impls]
     env = data.get("env", {})
+    top = 1 - 0.9 / fig.get_figheight()  # keep ~0.9 inch for the title and the legend
     fig.suptitle(f"batched tensor product — {env.get('gpu')} — {env.get('date_utc')}  (x = failed/absent)",
-                 fontsize=10, y=0.995)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
+                 fontsize=10, y=1 - 0.15 / fig.get_figheight(), va="top")
+    fig.legend(handles=handles, loc="upper center", ncol=len(impls), fontsize=8, frameon=False,
+               bbox_to_anchor=(0.5, 1 - 0.45 / fig.get_figheight()))
+    fig.tight_layout(rect=(0, 0, 1, top))
     fig.savefig(png_path, dpi=120)
     plt.close(fig)
     return str(png_path)

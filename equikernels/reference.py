@@ -103,7 +103,7 @@ def _path_contribution(table: Table, path: Path, tensors, layout, reduce_rows):
             shape.append(out_idx.shape[n] if c in present else 1)
         res = res.reshape(shape + [res.shape[-1]]).expand(*res.shape[: len(lead)], *out_idx.shape)
     if has_rows and not reduce_rows:
-        res = res.reshape(res.shape[0], -1)
+        res = res.reshape(res.shape[0], out_idx.numel())
     else:
         res = res.reshape(-1)
     return out_idx.reshape(-1).to(res.device), res

@@ -59,7 +59,8 @@ def main():
 
     print(f"max |difference| of the model output: {(out - ref).abs().max().item():.2e} "
           f"(relative {((out - ref).norm() / ref.norm()).item():.1e})")
-    print(f"time per forward on {device}: e3nn {t_e3nn:.2f} ms, equikernels {t_ek:.2f} ms")
+    backend = "Triton kernels" if device == "cuda" else "PyTorch reference backend (no kernels on CPU)"
+    print(f"time per forward on {device}: e3nn {t_e3nn:.2f} ms, equikernels {t_ek:.2f} ms [{backend}]")
 
 
 if __name__ == "__main__":

@@ -50,6 +50,15 @@ def _seed():
 
 
 @pytest.fixture
+def single_thread():
+    """Tiny tensors: one intra-op thread is faster and immune to oversubscribed CPUs."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture
 def generator():
     """A private torch.Generator for tests that draw their own inputs."""
     return torch.Generator().manual_seed(1234)

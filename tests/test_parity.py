@@ -15,6 +15,8 @@ from problems import (NORMALIZATION_PAIRS, describe, e3nn_forward_backward, e3nn
                       ir_mul_to_mul_ir, mul_ir_to_ir_mul, problem_of, random_inputs, random_problem, rel_err,
                       supported_modes)
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 N_RANDOM = 200
 TOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 NAMES = ("out", "grad_x", "grad_y", "grad_weight")

@@ -277,7 +277,7 @@ class KernelBuilder:
                     self.body.emit(f"{accs[key]} = {accs[key]} + {s}")
                 elif g.reduce_rows:
                     # keep the row axis in the loop; one cross-row reduction after it
-                    name = f"racc{len(accs)}"
+                    name = self.pre.tmp("racc")
                     shape = ["ROWS"] + [str(_pow2(sizes[l])) for l in out_block]
                     self.pre.emit(f"{name} = tl.zeros([{', '.join(shape)}], DT)", 1)
                     self.body.emit(f"{name} = {name} + {s}")
@@ -363,18 +363,37 @@ class KernelBuilder:
         self.out_dims = out_dims
         reduce = {g.out_ptr: g.reduce_rows for g in self.groups}
         coverage: Dict[str, Dict[int, tuple]] = {g.out_ptr: {} for g in self.groups}
-        for g in self.groups:
-            # process paths output-segment by output-segment so accumulators die early
-            paths = sorted(g.table.paths, key=lambda p: p.output.segment)
-            pending: Dict[int, List[tuple]] = {}
-            for n, p in enumerate(paths):
-                before = set(accs)
-                self.path(g, p, accs, order)
-                seg = p.output.segment
-                pending.setdefault(seg, []).extend(k for k in accs if k not in before)
-                last_of_seg = n + 1 == len(paths) or paths[n + 1].output.segment != seg
-                if last_of_seg and not g.reduce_rows:
-                    self._store_segment(pending.pop(seg, []), accs, out_dims)
+        # Visit paths grouped by the segment of the cotangent / output they read or write, all groups
+        # interleaved: a backward then uses each g tile for gx, gy and gw while it is in registers,
+        # and every output block is stored (and dies) right after the last path that writes it.
+        items = [(gi, p) for gi, g in enumerate(self.groups) for p in g.table.paths]
+
+        def visit_key(item):
+            gi, p = item
+            return (next((f.segment for f in p.factors if f.operand == "g"), p.output.segment), gi)
+
+        def unit(gi, p):  # weights: every path owns its slice, so each path is its own unit
+            seg = self.groups[gi].table.operand(p.output.operand).segments[p.output.segment]
+            return (gi, p.output.segment, p.output.base if seg.dim == 1 else None)
+
+        items.sort(key=visit_key)
+        last = {unit(gi, p): n for n, (gi, p) in enumerate(items)}
+        pending: Dict[tuple, List[tuple]] = {}
+        stored: Set[tuple] = set()
+        for n, (gi, p) in enumerate(items):
+            g = self.groups[gi]
+            before = set(accs)
+            self.path(g, p, accs, order)
+            if stored & set(accs):
+                raise Unsupported("an output block is written again after it was stored")
+            u = unit(gi, p)
+            pending.setdefault(u, []).extend(k for k in accs if k not in before)
+            if last[u] == n and not g.reduce_rows:
+                keys = pending.pop(u, [])
+                self._store_segment(keys, accs, out_dims)
+                stored.update(keys)
+                for k in keys:  # stored blocks are dead; a later write must start a new block
+                    del accs[k]
         for key in order:
             if reduce[key[0]]:
                 self.store(key, accs[key], True, out_dims, self.post, 1)

@@ -26,9 +26,11 @@ __all__ = ["TensorProduct", "FullyConnectedTensorProduct", "ElementwiseTensorPro
 class TensorProduct(nn.Module):
     """Drop-in ``e3nn.o3.TensorProduct``: same arguments, weights, ``instructions`` and buffers.
 
-    e3nn-only arguments (``compile_left_right``, ``compile_right``, ``_specialized_code``,
-    ``_optimize_einsums``) are accepted and ignored; ``normalization`` is e3nn's deprecated alias
-    of ``irrep_normalization``.
+    e3nn's code-generation arguments (``compile_left_right``, ``compile_right``,
+    ``_specialized_code``, ``_optimize_einsums``) are accepted and do not change the computation;
+    ``_specialized_code`` only selects which constants ``state_dict`` carries, as in e3nn (the
+    constants of ``compile_right=True`` are not mirrored: such checkpoints still load, leniently).
+    ``normalization`` is e3nn's deprecated alias of ``irrep_normalization``.
     """
 
     def __init__(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import warnings
 from typing import Optional, Tuple
 
 import torch
@@ -33,6 +34,20 @@ class Plan:
         self.table: Table = tp_table(problem)
         self.grad_tables = {n: grad_table(self.table, n) for n in ("x", "y", "w")}
         self._kernels = None
+        self._unsupported = set()
+
+    def generated(self, kind: str, need: int = 0) -> bool:
+        """Whether the generator can express this direction (else the reference runs, with a warning)."""
+        from ..codegen.emit import Unsupported
+        try:
+            self.kernels.kernel(kind, need)
+            return True
+        except Unsupported as exc:
+            if (kind, need) not in self._unsupported:
+                self._unsupported.add((kind, need))
+                warnings.warn(f"equikernels: no generated kernel for {kind} of {self.problem.describe()} "
+                              f"({exc}); using the PyTorch reference")
+            return False
 
     @property
     def kernels(self):
@@ -77,7 +92,7 @@ def triton_available() -> bool:
 @torch.library.custom_op("equikernels::tp_fwd", mutates_args=())
 def tp_fwd(x: Tensor, y: Tensor, w: Tensor, spec: str, backend: str) -> Tensor:
     plan = plan_of(spec)
-    if backend == "triton":
+    if backend == "triton" and plan.generated("fwd"):
         return plan.kernels.forward(x, y, w)
     return reference.evaluate(plan.table, {"x": x, "y": y, "w": w}, plan.layout, rows=x.shape[0])
 
@@ -92,7 +107,7 @@ def _(x, y, w, spec, backend):
 def tp_bwd(x: Tensor, y: Tensor, w: Tensor, g: Tensor, spec: str, backend: str, need: int
            ) -> Tuple[Tensor, Tensor, Tensor]:
     plan = plan_of(spec)
-    if backend == "triton":
+    if backend == "triton" and plan.generated("bwd", need):
         return plan.kernels.backward(x, y, w, g, need)
     ops = {"x": x, "y": y, "w": w, "g": g}
     res = []
