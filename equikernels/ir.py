@@ -209,3 +209,37 @@ def rename(table: Table, mapping: Dict[str, str]) -> Table:
     paths = tuple(Path(tuple(fr(f) for f in p.factors), fr(p.weight), fr(p.output), p.labels, p.entries)
                   for p in table.paths)
     return Table(ops, r(table.output), paths)
+
+
+def combine(tables) -> Table:
+    """Sum of tables writing the same output (e.g. the three forward terms of a double backward)."""
+    tables = [t for t in tables if t is not None]
+    out = tables[0].output
+    if any(t.output != out for t in tables):
+        raise ValueError("combine: tables write different outputs")
+    ops: Dict[str, Operand] = {}
+    for t in tables:
+        for o in t.operands:
+            ops.setdefault(o.name, o)
+    return Table(tuple(ops.values()), out, tuple(p for t in tables for p in t.paths))
+
+
+def double_backward_tables(table: Table, have: str, need: str) -> Dict[str, Table]:
+    """Tables of the double backward by trilinearity (DESIGN §3).
+
+    With cotangents a, b, c of (gx, gy, gw) and upstream g, S = <g, T(a,y,w) + T(x,b,w) + T(x,y,c)>.
+    ``have`` lists the cotangents present (subset of "abc"), ``need`` the outputs wanted (subset of
+    "xywg"). Returns output name -> table; derivative tables read ``g`` as the cotangent operand.
+    """
+    sub = {"a": {"x": "a"}, "b": {"y": "b"}, "c": {"w": "c"}}
+    terms = [rename(table, sub[k]) for k in "abc" if k in have]
+    res = {}
+    if "g" in need and terms:
+        res["g"] = combine(terms)
+    for wrt, skip in (("x", "a"), ("y", "b"), ("w", "c")):
+        if wrt in need:
+            parts = [grad_table(t, wrt) for k, t in zip([k for k in "abc" if k in have], terms) if k != skip]
+            parts = [p for p in parts if p.paths]
+            if parts:
+                res[wrt] = combine(parts)
+    return res

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from .cache import load_module
+from ..ir import double_backward_tables
 from .emit import Group, KernelMeta, Unsupported, generate
 
 _DT = {torch.float32: tl.float32, torch.float64: tl.float64}
@@ -25,9 +26,10 @@ class LaunchConfig:
 
 
 def default_config(kind: str, dtype: torch.dtype, device: torch.device) -> LaunchConfig:
-    env = os.environ.get("EQUIKERNELS_ROWS")
+    env = os.environ.get(f"EQUIKERNELS_ROWS_{kind.upper()}") or os.environ.get("EQUIKERNELS_ROWS")
     rows = int(env) if env else (4 if dtype == torch.float32 else 2)
-    return LaunchConfig(rows=rows)
+    warps = int(os.environ.get("EQUIKERNELS_WARPS", 4))
+    return LaunchConfig(rows=rows, num_warps=warps)
 
 
 def _alloc(shape, like: torch.Tensor, zero: bool) -> torch.Tensor:
@@ -74,63 +76,80 @@ class TPKernels:
         self._cache: Dict[tuple, _Kernel] = {}
 
     def _row_operands(self):
-        rows = {"x", "y", "g"}
+        rows = {"x", "y", "g", "a", "b"}
         if not self.problem.shared_weights:
-            rows.add("w")
+            rows |= {"w", "c"}
         return rows
 
-    def kernel(self, kind: str, need: int = 0) -> _Kernel:
-        key = (kind, need)
+    def kernel(self, kind: str, need: int = 0, have: str = "") -> _Kernel:
+        key = (kind, need, have)
         if key not in self._cache:
             p = self.plan
+            shared = self.problem.shared_weights
             if kind == "fwd":
                 groups = [Group(p.table, "out")]
-            else:
-                groups = [Group(p.grad_tables[n], "g" + n, reduce_rows=(n == "w" and self.problem.shared_weights))
+            elif kind == "bwd":
+                groups = [Group(p.grad_tables[n], "g" + n, reduce_rows=(n == "w" and shared))
                           for bit, n in ((NEED_X, "x"), (NEED_Y, "y"), (NEED_W, "w")) if need & bit]
-            name = f"tp_{kind}{need or ''}_{self.problem.key()}_{p.layout}"
+            else:  # dbwd: need bits over (x, y, w, g), have = cotangents present
+                names = "".join(n for bit, n in zip((1, 2, 4, 8), "xywg") if need & bit)
+                tables = double_backward_tables(p.table, have, names)
+                groups = [Group(t, "d" + n, reduce_rows=(n == "w" and shared)) for n, t in tables.items()]
+            if not groups:
+                raise Unsupported("nothing to compute")
+            name = f"tp_{kind}{need or ''}{have}_{self.problem.key()}_{p.layout}"
             self._cache[key] = _Kernel(name, groups, p.layout, self._row_operands(),
                                        f"{kind} of {self.problem.describe()} [{p.layout}]")
         return self._cache[key]
 
     def forward(self, x, y, w, cfg: Optional[LaunchConfig] = None):
         cfg = cfg or default_config("fwd", x.dtype, x.device)
-        n = x.shape[0]
-        k = self.kernel("fwd")
-        out = _alloc((n, self.problem.dim_out), x, "out" in k.meta.zero_init)
-        if n:
-            k.launch({"x": x, "y": y, "w": w}, {"out": out}, n, cfg, x.dtype)
-        return out
+        res = self._run(self.kernel("fwd"), {"x": x, "y": y, "w": w}, {"out": x.new_empty(0, self.problem.dim_out)}, cfg)
+        return res["out"]
 
     def backward(self, x, y, w, g, need: int, cfg: Optional[LaunchConfig] = None):
         cfg = cfg or default_config("bwd", x.dtype, x.device)
+        outs = {"g" + n: t for bit, n, t in ((NEED_X, "x", x), (NEED_Y, "y", y), (NEED_W, "w", w)) if need & bit}
+        res = self._run(self.kernel("bwd", need), {"x": x, "y": y, "w": w, "g": g}, outs, cfg)
+        return tuple(res.get("g" + n, t.new_empty(0)) for n, t in (("x", x), ("y", y), ("w", w)))
+
+    def double_backward(self, x, y, w, g, a, b, c, need: int, cfg: Optional[LaunchConfig] = None):
+        """(dx, dy, dw, dg) of the trilinear identity in one kernel; a, b, c may be None."""
+        cfg = cfg or default_config("dbwd", x.dtype, x.device)
+        have = "".join(k for k, t in zip("abc", (a, b, c)) if t is not None)
+        like = {"x": x, "y": y, "w": w, "g": g}
+        names = [n for bit, n in zip((1, 2, 4, 8), "xywg") if need & bit]
+        try:
+            k = self.kernel("dbwd", need, have)
+        except Unsupported:
+            k = None
+        tensors = {"x": x, "y": y, "w": w, "g": g, "a": a, "b": b, "c": c}
+        written = {} if k is None else self._run(k, tensors, {"d" + n: like[n] for n in names
+                                                              if "d" + n in k.meta.outputs}, cfg)
+        # outputs with no contributing term (e.g. dg without cotangents) are zero
+        return tuple(written.get("d" + n, torch.zeros_like(like[n])) if n in names else like[n].new_empty(0)
+                     for n in "xywg")
+
+    def _run(self, k: _Kernel, tensors, outputs, cfg: LaunchConfig):
+        """Allocate outputs shaped like ``outputs[name]`` (rows from x), launch, reduce partials."""
+        x = tensors["x"]
         n = x.shape[0]
-        k = self.kernel("bwd", need)
-        shared = self.problem.shared_weights
-        outs, res = {}, {}
-        for bit, name, like in ((NEED_X, "x", x), (NEED_Y, "y", y), (NEED_W, "w", w)):
-            if not need & bit:
-                res[name] = like.new_empty(0)
-                continue
-            if name == "w" and shared:
-                outs["gw"] = None  # partials, allocated once the grid is known
+        res, partial = {}, {}
+        for name, like in outputs.items():
+            shape = (n,) + tuple(like.shape[1:]) if like.dim() == 2 else tuple(like.shape)
+            if name in k.meta.reduce_rows:
+                partial[name] = like
             else:
-                outs["g" + name] = _alloc(like.shape, like, "g" + name in k.meta.zero_init)
+                res[name] = _alloc(shape, like, name in k.meta.zero_init)
         if n == 0:
-            for name in ("x", "y", "w"):
-                if "g" + name in outs:
-                    t = outs["g" + name]
-                    res[name] = t if t is not None else torch.zeros_like(w)
-            return res["x"], res["y"], res["w"]
+            res.update({name: torch.zeros_like(like) for name, like in partial.items()})
+            return res
         programs = None
-        if "gw" in outs and outs["gw"] is None:
+        if partial:
             programs = min(triton.cdiv(n, cfg.rows), 4 * _num_sms(x.device))
-            outs["gw"] = _alloc((programs, w.shape[0]), w, "gw" in k.meta.zero_init)
-        k.launch({"x": x, "y": y, "w": w, "g": g}, outs, n, cfg, x.dtype, programs)
-        for name in ("x", "y", "w"):
-            if "g" + name in outs:
-                t = outs["g" + name]
-                if name == "w" and shared:
-                    t = t.sum(0, dtype=torch.float64).to(w.dtype)  # deterministic, no precision loss
-                res[name] = t
-        return res["x"], res["y"], res["w"]
+            for name, like in partial.items():
+                res[name] = _alloc((programs, like.shape[-1]), like, name in k.meta.zero_init)
+        k.launch(tensors, res, n, cfg, x.dtype, programs)
+        for name, like in partial.items():  # deterministic, no precision loss
+            res[name] = res[name].sum(0, dtype=torch.float64).to(like.dtype)
+        return res

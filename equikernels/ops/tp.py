@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from .. import reference
-from ..ir import Table, grad_table, tp_table
+from ..ir import Table, double_backward_tables, grad_table, tp_table
 from ..problem import TPProblem, problem_from_spec, problem_to_spec
 
 BACKENDS = ("auto", "triton", "reference")
@@ -36,11 +36,11 @@ class Plan:
         self._kernels = None
         self._unsupported = set()
 
-    def generated(self, kind: str, need: int = 0) -> bool:
+    def generated(self, kind: str, need: int = 0, have: str = "") -> bool:
         """Whether the generator can express this direction (else the reference runs, with a warning)."""
         from ..codegen.emit import Unsupported
         try:
-            self.kernels.kernel(kind, need)
+            self.kernels.kernel(kind, need, have)
             return True
         except Unsupported as exc:
             if (kind, need) not in self._unsupported:
@@ -161,11 +161,23 @@ def _cot(t: Optional[Tensor], like: Tensor, wanted: bool) -> Optional[Tensor]:
 
 
 def _bwd_backward(ctx, ga, gb, gc):
-    """Trilinear identity: S = <g, T(a,y,w) + T(x,b,w) + T(x,y,c)>, (a,b,c) the cotangents."""
+    """Trilinear identity: S = <g, T(a,y,w) + T(x,b,w) + T(x,y,c)>, (a,b,c) the cotangents.
+
+    When no higher derivative is being recorded (the usual force-training step) one fused op
+    computes all four results; otherwise the same identity is composed from tp_fwd / tp_bwd, which
+    are differentiable themselves, so any order works.
+    """
     x, y, w, g = ctx.saved_tensors
     spec, be = ctx.spec, ctx.backend
     a, b, c = _cot(ga, x, ctx.need & NEED_X), _cot(gb, y, ctx.need & NEED_Y), _cot(gc, w, ctx.need & NEED_W)
     nx, ny, nw, ng = ctx.needs_input_grad[:4]
+    if not torch.is_grad_enabled():
+        need = sum(bit for bit, n in zip((1, 2, 4, 8), (nx, ny, nw, ng)) if n)
+        have = "".join(k for k, t in zip("abc", (a, b, c)) if t is not None)
+        e = x.new_empty(0)
+        res = tp_dbwd(x, y, w, g, a if a is not None else e, b if b is not None else e,
+                      c if c is not None else e, spec, be, have, need)
+        return tuple(r if n else None for r, n in zip(res, (nx, ny, nw, ng))) + (None, None, None)
     dx = dy = dw = dg = None
 
     def acc(old, new):
@@ -193,6 +205,35 @@ def _bwd_backward(ctx, ga, gb, gc):
 
 
 tp_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup)
+
+
+# --- fused double backward (not differentiable: used only when nothing records higher orders) ---
+@torch.library.custom_op("equikernels::tp_dbwd", mutates_args=())
+def tp_dbwd(x: Tensor, y: Tensor, w: Tensor, g: Tensor, a: Tensor, b: Tensor, c: Tensor, spec: str, backend: str,
+            have: str, need: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    plan = plan_of(spec)
+    a_, b_, c_ = (t if k in have else None for k, t in zip("abc", (a, b, c)))
+    if backend == "triton" and plan.generated("dbwd", need, have):
+        return plan.kernels.double_backward(x, y, w, g, a_, b_, c_, need)
+    tensors = {"x": x, "y": y, "w": w, "g": g, "a": a, "b": b, "c": c}
+    names = "".join(n for bit, n in zip((1, 2, 4, 8), "xywg") if need & bit)
+    tables = double_backward_tables(plan.table, have, names)
+    res = []
+    for n, like in zip("xywg", (x, y, w, g)):
+        if n not in names:
+            res.append(like.new_empty(0))
+        elif n in tables:
+            res.append(reference.evaluate(tables[n], tensors, plan.layout, rows=x.shape[0],
+                                          reduce_rows=(n == "w" and w.dim() == 1)))
+        else:
+            res.append(torch.zeros_like(like))
+    return tuple(res)
+
+
+@tp_dbwd.register_fake
+def _(x, y, w, g, a, b, c, spec, backend, have, need):
+    return tuple(t.new_empty(t.shape) if need & bit else t.new_empty(0)
+                 for bit, t in zip((1, 2, 4, 8), (x, y, w, g)))
 
 
 # --- public entry point -------------------------------------------------------------------------
