@@ -45,18 +45,22 @@ for name in names:
                 i[0] ^= 1; return kern.forward(xs[i[0]], ys[i[0]], ws[i[0]])
             def bwd():
                 i[0] ^= 1; return kern.backward(xs[i[0]], ys[i[0]], ws[i[0]], gs[i[0]], 7)
+            def dbwd():
+                i[0] ^= 1; return kern.double_backward(xs[i[0]], ys[i[0]], ws[i[0]], gs[i[0]], xs[1-i[0]], ys[1-i[0]], ws[1-i[0]], 15)
             tf = triton.testing.do_bench(fwd, return_mode="median")
+            t0 = time.time(); dbwd(); torch.cuda.synchronize(); tcd = time.time() - t0
+            td = triton.testing.do_bench(dbwd, return_mode="median")
             tb = triton.testing.do_bench(bwd, return_mode="median")
             es = 4
             wb = p.weight_numel * (N if not p.shared_weights else 1)
             fbytes = es * (N * (p.dim_in1 + p.dim_in2 + p.dim_out) + wb)
             bbytes = es * (N * (2 * p.dim_in1 + 2 * p.dim_in2 + p.dim_out) + 2 * wb)
-            row = dict(problem=name, layout=layout, dtype=str(dtype), fwd_ms=tf, bwd_ms=tb, fwd_GBs=fbytes / tf / 1e6,
+            row = dict(problem=name, layout=layout, dtype=str(dtype), fwd_ms=tf, bwd_ms=tb, dbwd_ms=td, compile_dbwd_s=tcd, fwd_GBs=fbytes / tf / 1e6,
                        bwd_GBs=bbytes / tb / 1e6, compile_fwd_s=tc, compile_bwd_s=tcb, errs=errs)
             res.append(row)
             print(json.dumps(row), flush=True)
 out = os.environ.get("OUT", "/tmp")
 json.dump(res, open(os.path.join(out, "gpu_check.json"), "w"), indent=1)
-print(f"{'problem':24s} {'layout':7s} {'fwd ms':>8s} {'GB/s':>6s} {'bwd ms':>8s} {'GB/s':>6s} {'cmp s':>6s} err")
+print(f"{'problem':24s} {'layout':7s} {'fwd ms':>8s} {'GB/s':>6s} {'bwd ms':>8s} {'GB/s':>6s} {'dbwd ms':>8s} {'cmp s':>6s} err")
 for r in res:
-    print(f"{r['problem']:24s} {r['layout']:7s} {r['fwd_ms']:8.3f} {r['fwd_GBs']:6.0f} {r['bwd_ms']:8.3f} {r['bwd_GBs']:6.0f} {r['compile_fwd_s']+r['compile_bwd_s']:6.1f} {max(r['errs']):.1e}")
+    print(f"{r['problem']:24s} {r['layout']:7s} {r['fwd_ms']:8.3f} {r['fwd_GBs']:6.0f} {r['bwd_ms']:8.3f} {r['bwd_GBs']:6.0f} {r['dbwd_ms']:8.3f} {r['compile_fwd_s']+r['compile_bwd_s']+r['compile_dbwd_s']:6.1f} {max(r['errs']):.1e}")

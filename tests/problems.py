@@ -10,11 +10,11 @@ import contextlib
 import functools
 import itertools
 import random
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from equikernels._compat import E3NN_VERSION, o3
+from equikernels._compat import o3
 from equikernels.problem import TPProblem
 
 IRREP_NORMALIZATIONS = ("component", "norm", "none")

@@ -81,7 +81,7 @@ class TPKernels:
             rows |= {"w", "c"}
         return rows
 
-    def kernel(self, kind: str, need: int = 0, have: str = "") -> _Kernel:
+    def kernel(self, kind: str, need: int = 0, have: str = "") -> Optional[_Kernel]:
         key = (kind, need, have)
         if key not in self._cache:
             p = self.plan
@@ -96,7 +96,8 @@ class TPKernels:
                 tables = double_backward_tables(p.table, have, names)
                 groups = [Group(t, "d" + n, reduce_rows=(n == "w" and shared)) for n, t in tables.items()]
             if not groups:
-                raise Unsupported("nothing to compute")
+                self._cache[key] = None  # nothing to compute (e.g. dg without cotangents)
+                return None
             name = f"tp_{kind}{need or ''}{have}_{self.problem.key()}_{p.layout}"
             self._cache[key] = _Kernel(name, groups, p.layout, self._row_operands(),
                                        f"{kind} of {self.problem.describe()} [{p.layout}]")
@@ -119,13 +120,17 @@ class TPKernels:
         have = "".join(k for k, t in zip("abc", (a, b, c)) if t is not None)
         like = {"x": x, "y": y, "w": w, "g": g}
         names = [n for bit, n in zip((1, 2, 4, 8), "xywg") if need & bit]
-        try:
-            k = self.kernel("dbwd", need, have)
-        except Unsupported:
-            k = None
         tensors = {"x": x, "y": y, "w": w, "g": g, "a": a, "b": b, "c": c}
-        written = {} if k is None else self._run(k, tensors, {"d" + n: like[n] for n in names
-                                                              if "d" + n in k.meta.outputs}, cfg)
+        written = {}
+        # two kernels (DESIGN §3): dg = three forward products; dx, dy, dw = backward passes with
+        # substituted arguments. One kernel for all four holds too many tiles at once.
+        for part in (need & 8, need & 7):
+            if not part:
+                continue
+            k = self.kernel("dbwd", part, have)
+            if k is None:
+                continue
+            written.update(self._run(k, tensors, {"d" + n: like[n] for n in names if "d" + n in k.meta.outputs}, cfg))
         # outputs with no contributing term (e.g. dg without cotangents) are zero
         return tuple(written.get("d" + n, torch.zeros_like(like[n])) if n in names else like[n].new_empty(0)
                      for n in "xywg")

@@ -57,6 +57,7 @@ class Plan:
         return self._kernels
 
 
+@functools.lru_cache(maxsize=1024)
 def spec_of(problem: TPProblem, layout: str) -> str:
     d = problem_to_spec(problem)
     d["layout"] = layout
@@ -213,7 +214,7 @@ def tp_dbwd(x: Tensor, y: Tensor, w: Tensor, g: Tensor, a: Tensor, b: Tensor, c:
             have: str, need: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     plan = plan_of(spec)
     a_, b_, c_ = (t if k in have else None for k, t in zip("abc", (a, b, c)))
-    if backend == "triton" and plan.generated("dbwd", need, have):
+    if backend == "triton" and all(plan.generated("dbwd", part, have) for part in (need & 8, need & 7) if part):
         return plan.kernels.double_backward(x, y, w, g, a_, b_, c_, need)
     tensors = {"x": x, "y": y, "w": w, "g": g, "a": a, "b": b, "c": c}
     names = "".join(n for bit, n in zip((1, 2, 4, 8), "xywg") if need & bit)
