@@ -154,19 +154,16 @@ def test_concurrent_cache_writers(tmp_path):
 @pytest.mark.parametrize("name", list(standard_problems()))
 def test_standard_problems_gpu(name):
     p = catalog_problem(name)
-    for layout in ("mul_ir", "ir_mul"):
-        for dtype in (torch.float32, torch.float64):
-            check_against_reference(p, rows=1000, dtype=dtype, layout=layout, device="cuda")
+    for layout, dtype in (("mul_ir", torch.float64), ("ir_mul", torch.float32)):
+        check_against_reference(p, rows=1000, dtype=dtype, layout=layout, device="cuda")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", MODES)
 def test_random_problems_gpu(mode):
-    for seed in range(3):
-        p = random_problem(100 + seed, mode)
-        for layout in ("mul_ir", "ir_mul"):
-            check_against_reference(p, rows=333, dtype=torch.float64, layout=layout, device="cuda")
-            check_against_reference(p, rows=333, dtype=torch.float32, layout=layout, device="cuda")
+    p = random_problem(100, mode)
+    check_against_reference(p, rows=333, dtype=torch.float64, layout="mul_ir", device="cuda")
+    check_against_reference(p, rows=333, dtype=torch.float32, layout="ir_mul", device="cuda")
 
 
 @pytest.mark.gpu

@@ -25,9 +25,15 @@ class LaunchConfig:
     num_stages: int = 1
 
 
-def default_config(kind: str, dtype: torch.dtype, device: torch.device) -> LaunchConfig:
+def default_config(kind: str, dtype: torch.dtype, problem=None) -> LaunchConfig:
+    """Heuristic launch configuration (measured on an H100, benchmarks/results/NOTES.md): 4 rows per
+    program; problems whose per-row weights dominate the row (uvw with per-row weights, e.g.
+    DiffDock) stream better with 8 rows forward and 1 row backward (fewer live weight tiles)."""
     env = os.environ.get(f"EQUIKERNELS_ROWS_{kind.upper()}") or os.environ.get("EQUIKERNELS_ROWS")
-    rows = int(env) if env else (4 if dtype == torch.float32 else 2)
+    rows = 4 if dtype == torch.float32 else 2
+    if problem is not None and not problem.shared_weights and problem.weight_numel > 4 * problem.dim_out:
+        rows = {"fwd": 8, "bwd": 1}.get(kind, rows)
+    rows = int(env) if env else rows
     warps = int(os.environ.get("EQUIKERNELS_WARPS", 4))
     return LaunchConfig(rows=rows, num_warps=warps)
 
@@ -73,7 +79,14 @@ class TPKernels:
     def __init__(self, plan):
         self.plan = plan
         self.problem = plan.problem
-        self._cache: Dict[tuple, _Kernel] = {}
+        self._cache: Dict[tuple, Optional[_Kernel]] = {}
+        self._configs: Dict[tuple, LaunchConfig] = {}
+
+    def _cfg(self, kind: str, dtype) -> LaunchConfig:
+        key = (kind, dtype)
+        if key not in self._configs:
+            self._configs[key] = default_config(kind, dtype, self.problem)
+        return self._configs[key]
 
     def _row_operands(self):
         rows = {"x", "y", "g", "a", "b"}
@@ -104,19 +117,19 @@ class TPKernels:
         return self._cache[key]
 
     def forward(self, x, y, w, cfg: Optional[LaunchConfig] = None):
-        cfg = cfg or default_config("fwd", x.dtype, x.device)
+        cfg = cfg or self._cfg("fwd", x.dtype)
         res = self._run(self.kernel("fwd"), {"x": x, "y": y, "w": w}, {"out": x.new_empty(0, self.problem.dim_out)}, cfg)
         return res["out"]
 
     def backward(self, x, y, w, g, need: int, cfg: Optional[LaunchConfig] = None):
-        cfg = cfg or default_config("bwd", x.dtype, x.device)
+        cfg = cfg or self._cfg("bwd", x.dtype)
         outs = {"g" + n: t for bit, n, t in ((NEED_X, "x", x), (NEED_Y, "y", y), (NEED_W, "w", w)) if need & bit}
         res = self._run(self.kernel("bwd", need), {"x": x, "y": y, "w": w, "g": g}, outs, cfg)
         return tuple(res.get("g" + n, t.new_empty(0)) for n, t in (("x", x), ("y", y), ("w", w)))
 
     def double_backward(self, x, y, w, g, a, b, c, need: int, cfg: Optional[LaunchConfig] = None):
         """(dx, dy, dw, dg) of the trilinear identity in one kernel; a, b, c may be None."""
-        cfg = cfg or default_config("dbwd", x.dtype, x.device)
+        cfg = cfg or self._cfg("dbwd", x.dtype)
         have = "".join(k for k, t in zip("abc", (a, b, c)) if t is not None)
         like = {"x": x, "y": y, "w": w, "g": g}
         names = [n for bit, n in zip((1, 2, 4, 8), "xywg") if need & bit]
