@@ -6,6 +6,7 @@ this object, so it holds plain tuples only and is independent of e3nn objects.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Tuple
@@ -102,6 +103,7 @@ class TPProblem:
     shared_weights: bool = True
     internal_weights: bool = False
     path_coefficients: Tuple[float, ...] = field(default=(), compare=False, repr=False)
+    spec_json: str = field(default="", compare=False, repr=False)
 
     @staticmethod
     def create(
@@ -146,6 +148,8 @@ class TPProblem:
             irrep_normalization, path_normalization, bool(shared_weights), bool(internal_weights),
         )
         object.__setattr__(p, "path_coefficients", p._normalisation())
+        # JSON form carried by the custom ops; precomputed so torch.compile sees a constant
+        object.__setattr__(p, "spec_json", json.dumps(problem_to_spec(p), separators=(",", ":")))
         return p
 
     def _normalisation(self) -> Tuple[float, ...]:

@@ -57,18 +57,17 @@ class Plan:
         return self._kernels
 
 
-@functools.lru_cache(maxsize=1024)
 def spec_of(problem: TPProblem, layout: str) -> str:
-    d = problem_to_spec(problem)
-    d["layout"] = layout
-    return json.dumps(d, separators=(",", ":"))
+    return problem.spec_json[:-1] + ',"layout":"' + layout + '"}'
 
 
 @functools.lru_cache(maxsize=None)
 def plan_of(spec: str) -> Plan:
     d = json.loads(spec)
     layout = d.pop("layout")
-    return Plan(problem_from_spec(d), layout)
+    # the tables are built from real CG tensors even when first asked for under a fake-tensor trace
+    with torch._subclasses.fake_tensor.unset_fake_temporarily():
+        return Plan(problem_from_spec(d), layout)
 
 
 def resolve_backend(backend: Optional[str], device: torch.device) -> str:
@@ -90,12 +89,16 @@ def triton_available() -> bool:
 
 
 # --- forward ------------------------------------------------------------------------------------
-@torch.library.custom_op("equikernels::tp_fwd", mutates_args=())
-def tp_fwd(x: Tensor, y: Tensor, w: Tensor, spec: str, backend: str) -> Tensor:
+def _fwd_impl(x: Tensor, y: Tensor, w: Tensor, spec: str, backend: str) -> Tensor:
     plan = plan_of(spec)
     if backend == "triton" and plan.generated("fwd"):
         return plan.kernels.forward(x, y, w)
     return reference.evaluate(plan.table, {"x": x, "y": y, "w": w}, plan.layout, rows=x.shape[0])
+
+
+@torch.library.custom_op("equikernels::tp_fwd", mutates_args=())
+def tp_fwd(x: Tensor, y: Tensor, w: Tensor, spec: str, backend: str) -> Tensor:
+    return _fwd_impl(x, y, w, spec, backend)
 
 
 @tp_fwd.register_fake
@@ -104,9 +107,8 @@ def _(x, y, w, spec, backend):
 
 
 # --- backward -----------------------------------------------------------------------------------
-@torch.library.custom_op("equikernels::tp_bwd", mutates_args=())
-def tp_bwd(x: Tensor, y: Tensor, w: Tensor, g: Tensor, spec: str, backend: str, need: int
-           ) -> Tuple[Tensor, Tensor, Tensor]:
+def _bwd_impl(x: Tensor, y: Tensor, w: Tensor, g: Tensor, spec: str, backend: str, need: int
+              ) -> Tuple[Tensor, Tensor, Tensor]:
     plan = plan_of(spec)
     if backend == "triton" and plan.generated("bwd", need):
         return plan.kernels.backward(x, y, w, g, need)
@@ -120,6 +122,12 @@ def tp_bwd(x: Tensor, y: Tensor, w: Tensor, g: Tensor, spec: str, backend: str, 
         else:
             res.append(like.new_empty(0))
     return tuple(res)
+
+
+@torch.library.custom_op("equikernels::tp_bwd", mutates_args=())
+def tp_bwd(x: Tensor, y: Tensor, w: Tensor, g: Tensor, spec: str, backend: str, need: int
+           ) -> Tuple[Tensor, Tensor, Tensor]:
+    return _bwd_impl(x, y, w, g, spec, backend, need)
 
 
 @tp_bwd.register_fake
@@ -140,7 +148,7 @@ def _fwd_backward(ctx, g):
     need = sum(bit for bit, n in zip((NEED_X, NEED_Y, NEED_W), ctx.needs_input_grad[:3]) if n)
     if need == 0:
         return None, None, None, None, None
-    gx, gy, gw = tp_bwd(x, y, w, g.contiguous(), ctx.spec, ctx.backend, need)
+    gx, gy, gw = bwd(x, y, w, g.contiguous(), ctx.spec, ctx.backend, need)
     return (gx if need & NEED_X else None, gy if need & NEED_Y else None, gw if need & NEED_W else None,
             None, None)
 
@@ -176,7 +184,7 @@ def _bwd_backward(ctx, ga, gb, gc):
         need = sum(bit for bit, n in zip((1, 2, 4, 8), (nx, ny, nw, ng)) if n)
         have = "".join(k for k, t in zip("abc", (a, b, c)) if t is not None)
         e = x.new_empty(0)
-        res = tp_dbwd(x, y, w, g, a if a is not None else e, b if b is not None else e,
+        res = dbwd(x, y, w, g, a if a is not None else e, b if b is not None else e,
                       c if c is not None else e, spec, be, have, need)
         return tuple(r if n else None for r, n in zip(res, (nx, ny, nw, ng))) + (None, None, None)
     dx = dy = dw = dg = None
@@ -187,17 +195,17 @@ def _bwd_backward(ctx, ga, gb, gc):
     if ng:
         for args in ((a, y, w), (x, b, w), (x, y, c)):
             if all(t is not None for t in args):
-                dg = acc(dg, tp_fwd(*args, spec, be))
+                dg = acc(dg, fwd(*args, spec, be))
     if b is not None and (nx or nw):  # from T(x, b, w): d/dx and d/dw
-        rx, _, rw = tp_bwd(x, b, w, g, spec, be, (NEED_X if nx else 0) | (NEED_W if nw else 0))
+        rx, _, rw = bwd(x, b, w, g, spec, be, (NEED_X if nx else 0) | (NEED_W if nw else 0))
         dx = acc(dx, rx) if nx else dx
         dw = acc(dw, rw) if nw else dw
     if c is not None and (nx or ny):  # from T(x, y, c)
-        rx, ry, _ = tp_bwd(x, y, c, g, spec, be, (NEED_X if nx else 0) | (NEED_Y if ny else 0))
+        rx, ry, _ = bwd(x, y, c, g, spec, be, (NEED_X if nx else 0) | (NEED_Y if ny else 0))
         dx = acc(dx, rx) if nx else dx
         dy = acc(dy, ry) if ny else dy
     if a is not None and (ny or nw):  # from T(a, y, w)
-        _, ry, rw = tp_bwd(a, y, w, g, spec, be, (NEED_Y if ny else 0) | (NEED_W if nw else 0))
+        _, ry, rw = bwd(a, y, w, g, spec, be, (NEED_Y if ny else 0) | (NEED_W if nw else 0))
         dy = acc(dy, ry) if ny else dy
         dw = acc(dw, rw) if nw else dw
     if ng and dg is None:
@@ -209,9 +217,8 @@ tp_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup)
 
 
 # --- fused double backward (not differentiable: used only when nothing records higher orders) ---
-@torch.library.custom_op("equikernels::tp_dbwd", mutates_args=())
-def tp_dbwd(x: Tensor, y: Tensor, w: Tensor, g: Tensor, a: Tensor, b: Tensor, c: Tensor, spec: str, backend: str,
-            have: str, need: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+def _dbwd_impl(x: Tensor, y: Tensor, w: Tensor, g: Tensor, a: Tensor, b: Tensor, c: Tensor, spec: str,
+               backend: str, have: str, need: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     plan = plan_of(spec)
     a_, b_, c_ = (t if k in have else None for k, t in zip("abc", (a, b, c)))
     if backend == "triton" and all(plan.generated("dbwd", part, have) for part in (need & 8, need & 7) if part):
@@ -231,10 +238,61 @@ def tp_dbwd(x: Tensor, y: Tensor, w: Tensor, g: Tensor, a: Tensor, b: Tensor, c:
     return tuple(res)
 
 
+@torch.library.custom_op("equikernels::tp_dbwd", mutates_args=())
+def tp_dbwd(x: Tensor, y: Tensor, w: Tensor, g: Tensor, a: Tensor, b: Tensor, c: Tensor, spec: str, backend: str,
+            have: str, need: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    return _dbwd_impl(x, y, w, g, a, b, c, spec, backend, have, need)
+
+
 @tp_dbwd.register_fake
 def _(x, y, w, g, a, b, c, spec, backend, have, need):
     return tuple(t.new_empty(t.shape) if need & bit else t.new_empty(0)
                  for bit, t in zip((1, 2, 4, 8), (x, y, w, g)))
+
+
+# --- eager fast path ------------------------------------------------------------------------------
+# torch.library dispatch costs tens of microseconds per call, which is most of the time of a small
+# product. Outside tracing the same implementations and autograd formulas run through plain
+# autograd.Functions; under torch.compile / export (or fake tensors) the custom ops are used.
+_PLAIN = (Tensor, torch.nn.Parameter)
+
+
+def _eager(*ts) -> bool:
+    return not torch.compiler.is_compiling() and all(t.__class__ in _PLAIN for t in ts)
+
+
+class _Fwd(torch.autograd.Function):
+    @staticmethod
+    def forward(x, y, w, spec, backend):
+        return _fwd_impl(x, y, w, spec, backend)
+
+    setup_context = staticmethod(_fwd_setup)
+    backward = staticmethod(_fwd_backward)
+
+
+class _Bwd(torch.autograd.Function):
+    @staticmethod
+    def forward(x, y, w, g, spec, backend, need):
+        return _bwd_impl(x, y, w, g, spec, backend, need)
+
+    setup_context = staticmethod(_bwd_setup)
+    backward = staticmethod(_bwd_backward)
+
+
+def fwd(x, y, w, spec, backend):
+    return _Fwd.apply(x, y, w, spec, backend) if _eager(x, y, w) else tp_fwd(x, y, w, spec, backend)
+
+
+def bwd(x, y, w, g, spec, backend, need):
+    if _eager(x, y, w, g):
+        return _Bwd.apply(x, y, w, g, spec, backend, need)
+    return tp_bwd(x, y, w, g, spec, backend, need)
+
+
+def dbwd(x, y, w, g, a, b, c, spec, backend, have, need):
+    if _eager(x, y, w, g, a, b, c):
+        return _dbwd_impl(x, y, w, g, a, b, c, spec, backend, have, need)
+    return tp_dbwd(x, y, w, g, a, b, c, spec, backend, have, need)
 
 
 # --- public entry point -------------------------------------------------------------------------
@@ -274,7 +332,7 @@ def tensor_product(problem: TPProblem, x: Tensor, y: Tensor, weight: Optional[Te
     xf = x.expand(batch + x.shape[-1:]).reshape(-1, x.shape[-1]).contiguous()
     yf = y.expand(batch + y.shape[-1:]).reshape(-1, y.shape[-1]).contiguous()
     be = resolve_backend(backend, x.device)
-    out = tp_fwd(xf, yf, w, spec_of(problem, layout), be)
+    out = fwd(xf, yf, w, spec_of(problem, layout), be)
     return out.reshape(batch + (problem.dim_out,))
 
 
