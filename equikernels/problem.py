@@ -76,7 +76,10 @@ def _as_instruction(ins, k: int) -> Instruction:
             f"instructions[{k}]: expected (i_in1, i_in2, i_out, mode, has_weight[, path_weight]), got {ins!r}"
         )
     i1, i2, io, mode, hw = ins[:5]
-    pw = float(ins[5]) if len(ins) == 6 else 1.0
+    try:
+        pw = float(ins[5]) if len(ins) == 6 else 1.0
+    except (TypeError, ValueError):
+        raise ValueError(f"instructions[{k}]: path_weight must be a number, got {ins[5]!r}") from None
     return Instruction(int(i1), int(i2), int(io), str(mode), bool(hw), pw)
 
 

@@ -232,7 +232,6 @@ def test_instruction_tuple_length():
         TPProblem.create("1x0e", "1x0e", "1x0e", [(0, 0, 0, "uvw")])
 
 
-@pytest.mark.xfail(strict=True, reason="reported: a non-numeric path_weight raises a bare float() error")
 def test_bad_path_weight_names_instruction():
     with pytest.raises(ValueError, match=r"instructions\[0\]"):
         TPProblem.create("1x0e", "1x0e", "1x0e", [(0, 0, 0, "uvw", True, "heavy")])
