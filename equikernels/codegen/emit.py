@@ -82,12 +82,10 @@ class KernelBuilder:
         self.exprs: Dict[str, str] = {}
         self.inputs: List[str] = []
         self.operand_dims: Dict[str, int] = {}
-        self.operand_segments: Dict[str, tuple] = {}
         for g in self.groups:
             for op in g.table.operands:
                 if op.name != g.table.output:
                     self.operand_dims[op.name] = op.dim
-                    self.operand_segments[op.name] = op.segments
 
     # --- small shared expressions ---------------------------------------------------------------
     def const(self, c: float) -> str:
@@ -402,7 +400,7 @@ class KernelBuilder:
         outs = tuple(g.out_ptr for g in self.groups)
         ins = tuple(self.inputs)
         args = ", ".join([f"{n}_ptr" for n in ins + outs] + ["N", "NBLK", "ROWS: tl.constexpr", "DT: tl.constexpr"])
-        src = [f"@triton.jit", f"def {self.name}({args}):"]
+        src = ["@triton.jit", f"def {self.name}({args}):"]
         src.append("    pid = tl.program_id(0)")
         src.append("    pid64 = pid.to(tl.int64)")
         src.append("    nprog = tl.num_programs(0)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 import torch
 import triton
@@ -12,7 +12,7 @@ import triton.language as tl
 
 from .cache import load_module
 from ..ir import double_backward_tables
-from .emit import Group, KernelMeta, Unsupported, generate
+from .emit import Group, generate
 
 _DT = {torch.float32: tl.float32, torch.float64: tl.float64}
 NEED_X, NEED_Y, NEED_W = 1, 2, 4

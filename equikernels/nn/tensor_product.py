@@ -139,9 +139,6 @@ class TensorProduct(nn.Module):
     # --- evaluation ------------------------------------------------------------------------------
     def _tp(self, x, y, weight):
         w = self._get_weights(weight)
-        out = _empty_batch(self.problem, x, y, w)
-        if out is not None:
-            return out
         return _tensor_product(self.problem, x, y, w, layout=self.layout, backend=self.backend)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, weight=None) -> torch.Tensor:
@@ -203,22 +200,6 @@ def _e3nn_constants(tp: "TensorProduct", specialized: Optional[bool]) -> Dict[st
         if mode in ("uvu<v", "u<vw") and f"_triu_indices_{m1}" not in consts:
             consts[f"_triu_indices_{m1}"] = torch.triu_indices(m1, m1, 1)
     return consts
-
-
-def _empty_batch(problem: TPProblem, x, y, w) -> Optional[torch.Tensor]:
-    """Zero-row inputs give a zero-row output (still attached to the autograd graph)."""
-    if not all(isinstance(t, torch.Tensor) for t in (x, y)) or (x.numel() and y.numel()):
-        return None
-    try:
-        batch = torch.broadcast_shapes(x.shape[:-1], y.shape[:-1],
-                                       w.shape[:-1] if w is not None and not problem.shared_weights else ())
-    except RuntimeError:
-        return None  # let the op report the mismatch
-    if math.prod(batch) != 0 or x.shape[-1:] != (problem.dim_in1,) or y.shape[-1:] != (problem.dim_in2,):
-        return None
-    out = x.new_zeros(batch + (problem.dim_out,))
-    anchor = x.sum() + y.sum() + (w.sum() if w is not None else 0)
-    return out + 0 * anchor
 
 
 def _filter(filter_ir_out, name="filter_ir_out"):

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from .. import reference
 from ..ir import Table, double_backward_tables, grad_table, tp_table
-from ..problem import TPProblem, problem_from_spec, problem_to_spec
+from ..problem import TPProblem, problem_from_spec
 
 BACKENDS = ("auto", "triton", "reference")
 LAYOUTS = reference.LAYOUTS
