@@ -13,7 +13,6 @@ Methodology (mirrors /work/shared/ANCHORS.md, "Timing"):
 """
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import gc
 import hashlib
@@ -244,15 +243,7 @@ def peak_gib(device: torch.device) -> Optional[float]:
     return torch.cuda.max_memory_allocated(device) / GIB
 
 
-@contextlib.contextmanager
-def default_dtype(dtype: torch.dtype):
-    """e3nn computes CG tables in the default dtype at construction: build under the target dtype."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
+from equikernels._compat import default_dtype  # noqa: E402,F401  (re-exported)
 
 
 # --- environment --------------------------------------------------------------------------------

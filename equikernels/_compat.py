@@ -4,6 +4,8 @@ e3nn 0.4.4 (pinned by mace-torch) calls ``torch.load`` on its bundled constants 
 with torch >= 2.6 (``weights_only=True`` by default) that fails unless ``slice`` is an allowed
 global. We register it before the first e3nn import so users never see the error.
 """
+import contextlib
+
 import torch
 
 _add = getattr(getattr(torch, "serialization", None), "add_safe_globals", None)
@@ -15,4 +17,18 @@ from e3nn import o3  # noqa: E402
 
 E3NN_VERSION = tuple(int(p) for p in e3nn.__version__.split(".")[:3] if p.isdigit())
 
-__all__ = ["o3", "e3nn", "E3NN_VERSION"]
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """e3nn builds its CG buffers in the default dtype at construction (DESIGN §8): build e3nn
+    references under the dtype they will run in."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+__all__ = ["o3", "e3nn", "E3NN_VERSION", "default_dtype"]

@@ -6,7 +6,6 @@ shared and per-row weights, random variances, path weights and shared output seg
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import random
@@ -28,15 +27,7 @@ MAX_UVUV_OUT = 40  # keep mul_in1 * mul_in2 small for uvuv outputs
 
 
 # --- e3nn ---------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def default_dtype(dtype: torch.dtype):
-    """e3nn builds its CG buffers in the default dtype at construction (DESIGN §8)."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
+from equikernels._compat import default_dtype  # noqa: E402,F401  (re-exported)
 
 
 def e3nn_tp(kwargs: dict, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
