@@ -198,3 +198,24 @@ def test_double_backward_matches_e3nn(mode):
     ref = _double_backward(e3, x, y, w)
     for name, a, b in zip("xyw", ours, ref):
         assert _rel(a, b) <= 1e-10, f"d/d{name}: {_rel(a, b):.2e}"
+
+
+@pytest.mark.parametrize("name", ["nequip-water", "tetris-poly-1"])
+def test_problem_split_over_several_kernels(name, monkeypatch, tmp_path):
+    """Large problems are split into kernels of at most EQUIKERNELS_MAX_PATHS paths (compile time);
+    the parts add into one output, so every direction must still match the reference."""
+    from equikernels.ops import plan_of, spec_of
+    monkeypatch.setenv("EQUIKERNELS_MAX_PATHS", "3")
+    monkeypatch.setenv("EQUIKERNELS_CACHE_DIR", str(tmp_path))
+    p = catalog_problem(name)
+    plan_of.cache_clear()
+    try:
+        check_against_reference(p, rows=5, dtype=torch.float64, layout="mul_ir")
+        assert len(plan_of(spec_of(p, "mul_ir")).kernels.kernel("fwd").parts) > 2
+        x, y, w = (t.requires_grad_() for t in _inputs(p, 3, torch.float64, "cpu"))
+        ours = _double_backward(lambda a, b, c: tensor_product(p, a, b, c, backend="triton"), x, y, w)
+        ref = _double_backward(lambda a, b, c: tensor_product(p, a, b, c, backend="reference"), x, y, w)
+        for a, b in zip(ours, ref):
+            assert _rel(a, b) <= 1e-10
+    finally:
+        plan_of.cache_clear()

@@ -27,6 +27,7 @@ class Group:
     table: Table
     out_ptr: str          # kernel argument the output goes to
     reduce_rows: bool = False
+    accumulate: bool = False  # add into the output (a problem split over several kernels)
 
 
 @dataclass
@@ -79,6 +80,7 @@ class KernelBuilder:
         self.tiles: Dict[tuple, List[str]] = {}
         self.store_info: Dict[tuple, Optional[tuple]] = {}
         self.split = split
+        self.accumulate = {g.out_ptr for g in self.groups if g.accumulate and not g.reduce_rows}
         self.exprs: Dict[str, str] = {}
         self.inputs: List[str] = []
         self.operand_dims: Dict[str, int] = {}
@@ -330,6 +332,8 @@ class KernelBuilder:
             rows = self.rows(out_ptr, dims[out_ptr], nd)
             ptr = f"{out_ptr}_ptr + {rows} + " + " + ".join(addr)
             mask = " & ".join([self.rmask(nd)] + cmask)
+            if out_ptr in self.accumulate:
+                name = f"({name} + tl.load({ptr}, mask={mask}, other=0.0).to(DT))"
             to.emit(f"tl.store({ptr}, {name}.to({out_ptr}_ptr.dtype.element_ty), mask={mask})", indent)
 
     def _store_segment(self, keys, accs, out_dims):
@@ -348,6 +352,8 @@ class KernelBuilder:
             names = [accs[comps[c]] for c in range(d)] + [None] * (_pow2(d) - d)
             tile = self._join(names, p)
             ptr, mask = self._tile_ptr(out_ptr, off, d, ch, p, size)
+            if out_ptr in self.accumulate:
+                tile = f"({tile} + tl.load({ptr}, mask={mask}, other=0.0).to(DT))"
             self.body.emit(f"tl.store({ptr}, {tile}.to({out_ptr}_ptr.dtype.element_ty), mask={mask})")
             done.update(comps.values())
         for key in keys:

@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 
 from .cache import load_module
-from ..ir import double_backward_tables
-from .emit import Group, generate
+from ..ir import Table, double_backward_tables
+from .emit import Group, KernelMeta, generate
 
 _DT = {torch.float32: tl.float32, torch.float64: tl.float64}
 NEED_X, NEED_Y, NEED_W = 1, 2, 4
@@ -73,6 +73,53 @@ class _Kernel:
         return grid[0]
 
 
+def max_paths() -> int:
+    """Forward paths per generated kernel; larger problems are split so each kernel compiles fast."""
+    return int(os.environ.get("EQUIKERNELS_MAX_PATHS", 40))
+
+
+def _unit(p) -> int:
+    """The forward output segment a path belongs to (for derivative tables: the cotangent's)."""
+    return next((f.segment for f in p.factors if f.operand == "g"), p.output.segment)
+
+
+def _chunks(table, limit: int):
+    """Output segments grouped into runs of at most ``limit`` forward paths."""
+    count: Dict[int, int] = {}
+    for p in table.paths:
+        count[_unit(p)] = count.get(_unit(p), 0) + 1
+    chunks, cur, n = [], [], 0
+    for seg in sorted(count):
+        if cur and n + count[seg] > limit:
+            chunks.append(frozenset(cur))
+            cur, n = [], 0
+        cur.append(seg)
+        n += count[seg]
+    return chunks + [frozenset(cur)] if cur else chunks or [frozenset()]
+
+
+def _restrict(g: Group, chunk) -> Group:
+    """The part of a group's table in ``chunk``; per-row outputs then accumulate across parts."""
+    t = g.table
+    return Group(Table(t.operands, t.output, tuple(p for p in t.paths if _unit(p) in chunk)), g.out_ptr,
+                 g.reduce_rows, accumulate=True)
+
+
+class _KernelSet:
+    """A problem split over several kernels launched in sequence on one stream; they add into
+    zero-initialised outputs, so the result equals the single kernel's."""
+
+    def __init__(self, parts):
+        self.parts = parts
+        outs = tuple(dict.fromkeys(o for k in parts for o in k.meta.outputs))
+        self.meta = KernelMeta(parts[0].meta.name, tuple(dict.fromkeys(i for k in parts for i in k.meta.inputs)),
+                               outs, outs, tuple(dict.fromkeys(r for k in parts for r in k.meta.reduce_rows)))
+
+    def launch(self, tensors, outputs, n, cfg, dtype, programs=None):
+        for k in self.parts:
+            k.launch(tensors, outputs, n, cfg, dtype, programs)
+
+
 class TPKernels:
     """Forward and backward kernels of one Plan (problem + layout), built lazily per dtype/config."""
 
@@ -112,8 +159,15 @@ class TPKernels:
                 self._cache[key] = None  # nothing to compute (e.g. dg without cotangents)
                 return None
             name = f"tp_{kind}{need or ''}{have}_{self.problem.key()}_{p.layout}"
-            self._cache[key] = _Kernel(name, groups, p.layout, self._row_operands(),
-                                       f"{kind} of {self.problem.describe()} [{p.layout}]")
+            chunks = _chunks(p.table, max_paths())
+            if len(chunks) == 1:
+                self._cache[key] = _Kernel(name, groups, p.layout, self._row_operands(),
+                                           f"{kind} of {self.problem.describe()} [{p.layout}]")
+            else:
+                self._cache[key] = _KernelSet([
+                    _Kernel(f"{name}_part{j}", [_restrict(g, chunk) for g in groups], p.layout, self._row_operands(),
+                            f"{kind} of {self.problem.describe()} [{p.layout}], part {j + 1}/{len(chunks)}")
+                    for j, chunk in enumerate(chunks)])
         return self._cache[key]
 
     def forward(self, x, y, w, cfg: Optional[LaunchConfig] = None):
