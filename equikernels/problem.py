@@ -5,6 +5,7 @@ this object, so it holds plain tuples only and is independent of e3nn objects.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -179,19 +180,19 @@ class TPProblem:
         return tuple(coeffs)
 
     # --- derived sizes -------------------------------------------------------------------------
-    @property
+    @functools.cached_property
     def dim_in1(self) -> int:
         return irreps_dim(self.irreps_in1)
 
-    @property
+    @functools.cached_property
     def dim_in2(self) -> int:
         return irreps_dim(self.irreps_in2)
 
-    @property
+    @functools.cached_property
     def dim_out(self) -> int:
         return irreps_dim(self.irreps_out)
 
-    @property
+    @functools.cached_property
     def weight_numel(self) -> int:
         return sum(math.prod(i.path_shape(self)) for i in self.instructions if i.has_weight)
 

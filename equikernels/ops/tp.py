@@ -35,12 +35,16 @@ class Plan:
         self.grad_tables = {n: grad_table(self.table, n) for n in ("x", "y", "w")}
         self._kernels = None
         self._unsupported = set()
+        self._supported = set()
 
     def generated(self, kind: str, need: int = 0, have: str = "") -> bool:
         """Whether the generator can express this direction (else the reference runs, with a warning)."""
+        if (kind, need, have) in self._supported:
+            return True
         from ..codegen.emit import Unsupported
         try:
             self.kernels.kernel(kind, need, have)
+            self._supported.add((kind, need, have))
             return True
         except Unsupported as exc:
             if (kind, need) not in self._unsupported:
@@ -262,20 +266,21 @@ def _eager(*ts) -> bool:
 
 
 class _Fwd(torch.autograd.Function):
+    # ctx-style forward: a separate setup_context makes apply() bind arguments through inspect
     @staticmethod
-    def forward(x, y, w, spec, backend):
+    def forward(ctx, x, y, w, spec, backend):
+        _fwd_setup(ctx, (x, y, w, spec, backend), None)
         return _fwd_impl(x, y, w, spec, backend)
 
-    setup_context = staticmethod(_fwd_setup)
     backward = staticmethod(_fwd_backward)
 
 
 class _Bwd(torch.autograd.Function):
     @staticmethod
-    def forward(x, y, w, g, spec, backend, need):
+    def forward(ctx, x, y, w, g, spec, backend, need):
+        _bwd_setup(ctx, (x, y, w, g, spec, backend, need), None)
         return _bwd_impl(x, y, w, g, spec, backend, need)
 
-    setup_context = staticmethod(_bwd_setup)
     backward = staticmethod(_bwd_backward)
 
 
@@ -305,6 +310,14 @@ def tensor_product(problem: TPProblem, x: Tensor, y: Tensor, weight: Optional[Te
     _check_tensor("y", y, problem.dim_in2, "irreps_in2")
     _check_same("y", y, x)
     nw = problem.weight_numel
+    be = resolve_backend(backend, x.device)
+    spec = spec_of(problem, layout)
+    if x.dim() == 2 and y.dim() == 2 and x.shape[0] == y.shape[0] and (
+            nw == 0 or (isinstance(weight, Tensor) and weight.dtype == x.dtype and weight.device == x.device and (
+                weight.shape == ((nw,) if problem.shared_weights else (x.shape[0], nw))))):
+        # the common case (rows x features, matching weights): no broadcasting work on the hot path
+        w = x.new_empty(0) if nw == 0 else weight.contiguous()
+        return fwd(x.contiguous(), y.contiguous(), w, spec, be)
     try:
         batch = torch.broadcast_shapes(x.shape[:-1], y.shape[:-1])
     except RuntimeError:
@@ -331,8 +344,7 @@ def tensor_product(problem: TPProblem, x: Tensor, y: Tensor, weight: Optional[Te
             w = weight.expand(batch + (nw,)).reshape(-1, nw).contiguous()
     xf = x.expand(batch + x.shape[-1:]).reshape(-1, x.shape[-1]).contiguous()
     yf = y.expand(batch + y.shape[-1:]).reshape(-1, y.shape[-1]).contiguous()
-    be = resolve_backend(backend, x.device)
-    out = fwd(xf, yf, w, spec_of(problem, layout), be)
+    out = fwd(xf, yf, w, spec, be)
     return out.reshape(batch + (problem.dim_out,))
 
 
