@@ -76,20 +76,6 @@ class Table:
                 return op
         raise KeyError(name)
 
-    @property
-    def inputs(self) -> Tuple[str, ...]:
-        """Operand names read by the table, in first-use order."""
-        seen = []
-        for p in self.paths:
-            for f in p.factors + ((p.weight,) if p.weight else ()):
-                if f.operand not in seen:
-                    seen.append(f.operand)
-        return tuple(seen)
-
-    @property
-    def num_entries(self) -> int:
-        return sum(len(p.entries) for p in self.paths)
-
 
 def _segments(irreps) -> Tuple[Segment, ...]:
     segs, off = [], 0

@@ -70,7 +70,6 @@ class _Kernel:
         args = [tensors[k] for k in self.meta.inputs] + [outputs[k] for k in self.meta.outputs]
         self.fn[grid](*args, n, nblk, ROWS=cfg.rows, DT=_DT[dtype], num_warps=cfg.num_warps,
                       num_stages=cfg.num_stages)
-        return grid[0]
 
 
 def max_paths() -> int:

@@ -47,8 +47,8 @@ class Plan:
             self._supported.add((kind, need, have))
             return True
         except Unsupported as exc:
-            if (kind, need) not in self._unsupported:
-                self._unsupported.add((kind, need))
+            if (kind, need, have) not in self._unsupported:
+                self._unsupported.add((kind, need, have))
                 warnings.warn(f"equikernels: no generated kernel for {kind} of {self.problem.describe()} "
                               f"({exc}); using the PyTorch reference")
             return False
