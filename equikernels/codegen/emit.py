@@ -37,6 +37,7 @@ class KernelMeta:
     outputs: Tuple[str, ...]     # pointer arguments written, in order
     zero_init: Tuple[str, ...]   # outputs the kernel does not fully cover (launcher zero-fills)
     reduce_rows: Tuple[str, ...]  # outputs written as per-program partials [programs, dim]
+    min_rows: int = 1             # rows per program the kernel needs (tl.dot over rows: 16)
 
 
 def _pow2(n: int) -> int:
@@ -65,7 +66,7 @@ class _Writer:
 
 class KernelBuilder:
     def __init__(self, name: str, groups: Sequence[Group], layout: str, row_operands: Set[str],
-                 split: bool = True):
+                 split: bool = True, dot: bool = True):
         self.name, self.groups, self.layout = name, list(groups), layout
         self.row_operands = set(row_operands)  # operands with a row dimension (others are shared)
         self.pre = _Writer()    # before the row loop (constants, aranges, loop-carried accumulators)
@@ -80,6 +81,11 @@ class KernelBuilder:
         self.tiles: Dict[tuple, List[str]] = {}
         self.store_info: Dict[tuple, Optional[tuple]] = {}
         self.split = split
+        self.dot = dot
+        self.uses_dot = False
+        self.min_rows = 1
+        self.norows: Set[str] = set()  # row-free loop accumulators (tl.dot weight gradients)
+        self.accpre = self.pre          # where loop-carried accumulators are initialised
         self.accumulate = {g.out_ptr for g in self.groups if g.accumulate and not g.reduce_rows}
         self.exprs: Dict[str, str] = {}
         self.inputs: List[str] = []
@@ -234,6 +240,36 @@ class KernelBuilder:
         return name
 
     # --- one path ---------------------------------------------------------------------------------
+    def _dot_form(self, g: Group, p: Path, sizes, out_st) -> Tuple[Optional[str], Optional[List[str]]]:
+        """Whether channel mixing by a shared weight tile can go through ``tl.dot`` (DESIGN §3).
+
+        Forms (a, b the two block labels, both larger than 8 so the padded tile is >= 16 wide):
+        ``fwd``: out[r, a] = A[r, b] @ W[b, a]  (a an output label no other factor carries);
+        ``red2``: out[r] = sum_a F[r, a] (P[r, b] @ W[b, a])  (both labels summed);
+        ``outer``: gW[a, b] += A[r, a]^T @ B[r, b]  (gradient of shared weights, summed over rows).
+        """
+        if not self.dot:
+            return None, None
+        fl = [dict(f.strides) for f in p.factors]
+        w = p.weight
+        if w is not None and w.operand not in self.row_operands:
+            big = sorted((l for l, _ in w.strides if sizes[l] > 8), key=lambda l: -sizes[l])[:2]
+            if len(big) == 2 and not any(big[0] in st and big[1] in st for st in fl):
+                a, b = sorted(big, key=lambda l: l not in out_st)
+                if a in out_st and b not in out_st and not any(a in st for st in fl):
+                    return "fwd", [a, b]
+                if a not in out_st and b not in out_st:
+                    if not any(b in st for st in fl):
+                        a, b = b, a  # b (the dot's inner label) must be carried by a factor
+                    if any(b in st for st in fl):
+                        return "red2", [a, b]
+        if w is None and g.reduce_rows and p.output.operand not in self.row_operands:
+            big = sorted((l for l, _ in p.output.strides if sizes[l] > 8), key=lambda l: -sizes[l])[:2]
+            if len(big) == 2 and not any(big[0] in st and big[1] in st for st in fl) \
+                    and any(big[1] in st for st in fl):
+                return "outer", big
+        return None, None
+
     def path(self, g: Group, p: Path, accs: Dict[tuple, str], order: List[tuple]):
         t = g.table
         sizes = p.label_sizes
@@ -241,6 +277,18 @@ class KernelBuilder:
         cand = [l for l, n in p.labels if n > 1]
         cand.sort(key=lambda l: (l not in out_st, -out_st.get(l, 0), -sizes[l]))
         block = cand[:2]
+        # every path writing an output segment must use the same block shape for it: a dot form
+        # keeps the generic output labels, unrolled ones re-enter as one-hot columns (_add)
+        self.out_block = [l for l in block if l in out_st]
+        form, dblock = self._dot_form(g, p, sizes, out_st)
+        if form == "outer":
+            self.out_block = dblock  # the weight gradient of one path is written by that path only
+        if form is not None:
+            ob = [l for l in dblock if l in out_st]
+            if [l for l in self.out_block if l in ob] == ob:
+                block = dblock
+            else:
+                form = None
         unrolled = [l for l, _ in p.labels if l not in block]
         nd = len(block)
         # factor order for the nested sum: smallest broadcast shape innermost
@@ -249,11 +297,14 @@ class KernelBuilder:
             st = dict(f.strides)
             fsize.append((sum(1 for l in block if l in st) + (f.operand in self.row_operands), n))
         order_f = [n for _, n in sorted(fsize)]
+        by_k: Dict[int, list] = {}
+        for comps, k, c in p.entries:
+            by_k.setdefault(k, []).append((comps, c))
         for values in itertools.product(*[range(sizes[l]) for l in unrolled]):
             assign = dict(zip(unrolled, values))
-            by_k: Dict[int, list] = {}
-            for comps, k, c in p.entries:
-                by_k.setdefault(k, []).append((comps, c))
+            if form is not None:
+                self._dot_path(form, g, p, block, order_f, by_k, assign, sizes, accs, order)
+                continue
             w = self.load(t, p.weight, 0, assign, block, sizes) if p.weight is not None else None
             for k, ents in sorted(by_k.items()):
                 s = self._nested(t, p, ents, order_f, assign, block, sizes)
@@ -269,25 +320,116 @@ class KernelBuilder:
                         v = self.body.tmp("t")
                         self.body.emit(f"{v} = tl.sum({s}, axis={pos + 1})")
                         s = v
-                out_block = [l for l in block if l in out_st]
-                const, terms = self._address(t, p.output, k, assign, out_block)
-                key = (g.out_ptr, const, terms, tuple(sizes[out_block[pos]] for _, pos in terms), len(out_block))
-                self.store_info[key] = self._split_info(t, p.output, k, assign, out_block)
-                if key in accs:
-                    self.body.emit(f"{accs[key]} = {accs[key]} + {s}")
-                elif g.reduce_rows:
-                    # keep the row axis in the loop; one cross-row reduction after it
-                    name = self.pre.tmp("racc")
-                    shape = ["ROWS"] + [str(_pow2(sizes[l])) for l in out_block]
-                    self.pre.emit(f"{name} = tl.zeros([{', '.join(shape)}], DT)", 1)
-                    self.body.emit(f"{name} = {name} + {s}")
-                    accs[key] = name
-                    order.append(key)
-                else:
-                    name = self.body.tmp("acc")
-                    self.body.emit(f"{name} = {s}")
-                    accs[key] = name
-                    order.append(key)
+                self._add(g, p, k, s, assign, self.out_block, sizes, accs, order)
+
+    def _add(self, g: Group, p: Path, k: int, s: str, assign, have, sizes, accs, order, norows=False):
+        """Add block ``s`` (block labels ``have``) into the accumulator of output component ``k``,
+        shaped by ``self.out_block`` (created on first use)."""
+        t = g.table
+        out_block = self.out_block
+        if list(have) != list(out_block):
+            nd = len(out_block)
+            idx = ", ".join([":"] + [":" if l in have else "None" for l in out_block])
+            hot = [f"({self.arange(_pow2(sizes[l]), nd, pos)} == {assign[l]})"
+                   for pos, l in enumerate(out_block) if l not in have]
+            v = self.body.tmp("h")
+            self.body.emit(f"{v} = tl.where({' & '.join(hot)}, {s}[{idx}], 0.0)")
+            s = v
+            assign = {l: i for l, i in assign.items() if l not in out_block}
+        const, terms = self._address(t, p.output, k, assign, out_block)
+        key = (g.out_ptr, const, terms, tuple(sizes[out_block[pos]] for _, pos in terms), len(out_block))
+        self.store_info[key] = self._split_info(t, p.output, k, assign, out_block)
+        if key in accs:
+            self.body.emit(f"{accs[key]} = {accs[key]} + {s}")
+        elif g.reduce_rows:
+            # keep the row axis in the loop; one cross-row reduction after it
+            name = self.pre.tmp("racc")
+            shape = ([] if norows else ["ROWS"]) + [str(_pow2(sizes[l])) for l in out_block]
+            self.accpre.emit(f"{name} = tl.zeros([{', '.join(shape)}], DT)", 1)
+            self.body.emit(f"{name} = {name} + {s}")
+            if norows:
+                self.norows.add(name)
+            accs[key] = name
+            order.append(key)
+        else:
+            name = self.body.tmp("acc")
+            self.body.emit(f"{name} = {s}")
+            accs[key] = name
+            order.append(key)
+
+    def _tile(self, t: Table, f: Factor, assign, block, sizes) -> str:
+        """A shared (row-free) operand as a 2-D ``[P(block[0]), P(block[1])]`` tile, zero-padded."""
+        const, terms = self._address(t, f, 0, assign, block)
+        key = ("tile", f.operand, const, terms, tuple(sizes[l] for l in block))
+        if key not in self.loads:
+            if f.operand not in self.inputs:
+                self.inputs.append(f.operand)
+            name = self.body.tmp(f"{f.operand}_w")
+            addr = [str(const)] + [f"{coef} * {self.arange(_pow2(sizes[block[pos]]), 2, pos, rows=False)}"
+                                   for coef, pos in terms]
+            mask = [self.colmask(_pow2(sizes[l]), sizes[l], 2, pos, rows=False) for pos, l in enumerate(block)
+                    if _pow2(sizes[l]) != sizes[l]]
+            mask_s = f", mask={' & '.join(mask)}, other=0.0" if mask else ""
+            self.body.emit(f"{name} = tl.load({f.operand}_ptr + {' + '.join(addr)}{mask_s}).to(DT)")
+            self.loads[key] = name
+        return self.loads[key]
+
+    def _rowblock(self, s: str, n: int) -> str:
+        v = self.body.tmp("b")
+        self.body.emit(f"{v} = tl.broadcast_to({s}, [ROWS, {n}])")
+        return v
+
+    def _dot(self, lhs: str, rhs: str) -> str:
+        v = self.body.tmp("d")
+        self.body.emit(f"{v} = tl.dot({lhs}, {rhs}, input_precision=PREC)")
+        self.uses_dot = True
+        self.min_rows = 16  # an FMA/MMA tile needs M >= 16 rows to be efficient (and K >= 16 for "outer")
+        return v
+
+    def _dot_path(self, form, g, p, block, order_f, by_k, assign, sizes, accs, order):
+        t = g.table
+        a, b = block
+        pa, pb = _pow2(sizes[a]), _pow2(sizes[b])
+        fl = [dict(f.strides) for f in p.factors]
+        if form == "fwd":  # out_k[r, a] = (sum_e c prod F)[r, b] @ W[b, a]
+            wt = self._tile(t, p.weight, assign, [b, a], sizes)
+            for k, ents in sorted(by_k.items()):
+                s = self._nested(t, p, ents, order_f, assign, [b], sizes)
+                if s is not None:
+                    self._add(g, p, k, self._dot(self._rowblock(s, pb), wt), assign, [a], sizes, accs, order)
+            return
+        # red2 / outer: split the factors by which of the two labels they carry
+        on_b = [n for n in order_f if b in fl[n]]
+        on_a = [n for n in order_f if b not in fl[n]]
+        groups: Dict[tuple, Dict[int, list]] = {}
+        for k, ents in by_k.items():
+            for comps, c in ents:
+                groups.setdefault(tuple(comps[n] for n in on_b), {}).setdefault(k, []).append((comps, c))
+        if form == "red2":  # out_k[r] = sum_a F_a[r, a] * (P_b[r, b] @ W[b, a])
+            wt = self._tile(t, p.weight, assign, [b, a], sizes)
+            per_k: Dict[int, List[str]] = {}
+            for bc, ks in sorted(groups.items()):
+                pbk = self._nested(t, p, [(next(iter(ks.values()))[0][0], 1.0)], on_b, assign, [b], sizes)
+                d = self._dot(self._rowblock(pbk, pb), wt)
+                for k, ents in ks.items():
+                    inner = self._nested(t, p, ents, on_a, assign, [a], sizes) if on_a else \
+                        self.const(sum(c for _, c in ents))
+                    per_k.setdefault(k, []).append(f"{d} * {inner}")
+            for k, terms in sorted(per_k.items()):
+                v = self.body.tmp("t")
+                self.body.emit(f"{v} = tl.sum({' + '.join(terms)}, axis=1)")
+                self._add(g, p, k, v, assign, [], sizes, accs, order)
+            return
+        # outer: gW[a, b] += (sum_e c prod F_a)[r, a]^T @ P_b[r, b], accumulated over row blocks
+        for bc, ks in sorted(groups.items()):
+            pbk = self._nested(t, p, [(next(iter(ks.values()))[0][0], 1.0)], on_b, assign, [b], sizes)
+            pbk = self._rowblock(pbk, pb)
+            for k, ents in sorted(ks.items()):
+                inner = self._nested(t, p, ents, on_a, assign, [a], sizes) if on_a else \
+                    f"({self.const(sum(c for _, c in ents))} * tl.full([ROWS, 1], 1.0, DT))"
+                lhs = self.body.tmp("l")
+                self.body.emit(f"{lhs} = tl.trans({self._rowblock(inner, pa)})")
+                self._add(g, p, k, self._dot(lhs, pbk), assign, [a, b], sizes, accs, order, norows=True)
 
     def _nested(self, t, p, ents, order_f, assign, block, sizes) -> Optional[str]:
         """sum_e c_e * prod_f F_f[comp_f], factored so the largest factor multiplies last."""
@@ -327,7 +469,8 @@ class KernelBuilder:
                   for (coef, pos), sz in zip(terms, tsizes) if _pow2(sz) != sz]
             ptr = f"{out_ptr}_ptr + pid64 * {dims[out_ptr]} + " + " + ".join(addr)
             mask = f", mask={' & '.join(cm)}" if cm else ""
-            to.emit(f"tl.store({ptr}, tl.sum({name}, axis=0).to({out_ptr}_ptr.dtype.element_ty){mask})", indent)
+            val = name if name in self.norows else f"tl.sum({name}, axis=0)"
+            to.emit(f"tl.store({ptr}, {val}.to({out_ptr}_ptr.dtype.element_ty){mask})", indent)
         else:
             rows = self.rows(out_ptr, dims[out_ptr], nd)
             ptr = f"{out_ptr}_ptr + {rows} + " + " + ".join(addr)
@@ -384,8 +527,12 @@ class KernelBuilder:
         last = {unit(gi, p): n for n, (gi, p) in enumerate(items)}
         pending: Dict[tuple, List[tuple]] = {}
         stored: Set[tuple] = set()
+        deferred = []
         for n, (gi, p) in enumerate(items):
             g = self.groups[gi]
+            if g.reduce_rows and self._dot_form(g, p, p.label_sizes, dict(p.output.strides))[0] == "outer":
+                deferred.append((gi, p))  # its [A, B] accumulator gets a row loop of its own
+                continue
             before = set(accs)
             self.path(g, p, accs, order)
             if stored & set(accs):
@@ -398,27 +545,46 @@ class KernelBuilder:
                 stored.update(keys)
                 for k in keys:  # stored blocks are dead; a later write must start a new block
                     del accs[k]
+        main, sections = self.body.lines, []
+        units: Dict[tuple, list] = {}
+        for gi, p in deferred:  # paths writing the same weight slice (e.g. two double-backward terms)
+            units.setdefault(unit(gi, p), []).append((gi, p))
+        for paths in units.values():
+            # one row loop per weight-gradient slice: only its [A, B] accumulators are live
+            self.body.lines, self.accpre = [], _Writer()
+            self.loads, self.tiles, self.rowexpr, self.rowmask, self.exprs = {}, {}, {}, {}, {}
+            start = len(order)
+            for gi, p in paths:
+                self.path(self.groups[gi], p, accs, order)
+            post = _Writer()
+            for key in order[start:]:
+                self.store(key, accs[key], True, out_dims, post, 1)
+            sections.append((self.accpre.lines, self.body.lines, post.lines))
+        done = {k for k in order if accs.get(k) in self.norows}
         for key in order:
-            if reduce[key[0]]:
+            if reduce[key[0]] and key not in done:
                 self.store(key, accs[key], True, out_dims, self.post, 1)
             self._cover(key, coverage)
         zero_init = tuple(g.out_ptr for g in self.groups if len(coverage[g.out_ptr]) < out_dims[g.out_ptr])
         outs = tuple(g.out_ptr for g in self.groups)
         ins = tuple(self.inputs)
-        args = ", ".join([f"{n}_ptr" for n in ins + outs] + ["N", "NBLK", "ROWS: tl.constexpr", "DT: tl.constexpr"])
+        args = ", ".join([f"{n}_ptr" for n in ins + outs] + ["N", "NBLK", "ROWS: tl.constexpr", "DT: tl.constexpr",
+                                                              "PREC: tl.constexpr"])
         src = ["@triton.jit", f"def {self.name}({args}):"]
         src.append("    pid = tl.program_id(0)")
         src.append("    pid64 = pid.to(tl.int64)")
         src.append("    nprog = tl.num_programs(0)")
         src.append("    rr = tl.arange(0, ROWS)")
         src += self.pre.lines
-        src.append("    for blk in range(pid, NBLK, nprog):")
-        src.append("        r = blk * ROWS + rr")
-        src.append("        rmask = r < N")
-        src.append("        r64 = r.to(tl.int64)")
-        src += self.body.lines or ["        pass"]
+        loop = ["    for blk in range(pid, NBLK, nprog):", "        r = blk * ROWS + rr", "        rmask = r < N",
+                "        r64 = r.to(tl.int64)"]
+        if main or not sections:
+            src += loop + (main or ["        pass"])
+        for init, body, post in sections:
+            src += init + loop + body + post
         src += self.post.lines
-        meta = KernelMeta(self.name, ins, outs, zero_init, tuple(g.out_ptr for g in self.groups if g.reduce_rows))
+        meta = KernelMeta(self.name, ins, outs, zero_init, tuple(g.out_ptr for g in self.groups if g.reduce_rows),
+                          self.min_rows)
         return "\n".join(src) + "\n", meta
 
     def _cover(self, key, coverage):
@@ -435,5 +601,5 @@ class KernelBuilder:
 
 
 def generate(name: str, groups: Sequence[Group], layout: str, row_operands: Set[str],
-             split: bool = True) -> Tuple[str, KernelMeta]:
-    return KernelBuilder(name, groups, layout, row_operands, split).build()
+             split: bool = True, dot: bool = True) -> Tuple[str, KernelMeta]:
+    return KernelBuilder(name, groups, layout, row_operands, split, dot).build()

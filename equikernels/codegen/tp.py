@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 from dataclasses import dataclass
 from typing import Dict, Optional
@@ -23,6 +24,7 @@ class LaunchConfig:
     rows: int = 4          # rows per program
     num_warps: int = 4
     num_stages: int = 1
+    tf32: bool = False     # tl.dot channel mixing in tf32 (opt-in; default ieee fp32 for e3nn parity)
 
 
 def default_config(kind: str, dtype: torch.dtype, problem=None) -> LaunchConfig:
@@ -34,8 +36,12 @@ def default_config(kind: str, dtype: torch.dtype, problem=None) -> LaunchConfig:
     if problem is not None and not problem.shared_weights and problem.weight_numel > 4 * problem.dim_out:
         rows = {"fwd": 8, "bwd": 1}.get(kind, rows)
     rows = int(env) if env else rows
-    warps = int(os.environ.get("EQUIKERNELS_WARPS", 4))
-    return LaunchConfig(rows=rows, num_warps=warps)
+    # warps along the row axis keep the channel reductions (tl.sum over a [ROWS, MUL] block) inside
+    # a warp; a warp split over channels makes every reduction a shared-memory round trip
+    # (measured on an H100: mace-large backward 1.20 ms with 4 rows x 4 warps, 2.55 ms with 8 warps)
+    warps = 4 if rows == 1 else min(4, rows)
+    warps = int(os.environ.get("EQUIKERNELS_WARPS", warps))
+    return LaunchConfig(rows=rows, num_warps=warps, tf32=os.environ.get("EQUIKERNELS_TF32") == "1")
 
 
 def _alloc(shape, like: torch.Tensor, zero: bool) -> torch.Tensor:
@@ -68,7 +74,8 @@ class _Kernel:
         nblk = triton.cdiv(n, cfg.rows)
         grid = (max(1, min(nblk, programs)) if programs else max(1, nblk),)
         args = [tensors[k] for k in self.meta.inputs] + [outputs[k] for k in self.meta.outputs]
-        self.fn[grid](*args, n, nblk, ROWS=cfg.rows, DT=_DT[dtype], num_warps=cfg.num_warps,
+        prec = "tf32" if cfg.tf32 and dtype == torch.float32 else "ieee"
+        self.fn[grid](*args, n, nblk, ROWS=cfg.rows, DT=_DT[dtype], PREC=prec, num_warps=cfg.num_warps,
                       num_stages=cfg.num_stages)
 
 
@@ -97,22 +104,58 @@ def _chunks(table, limit: int):
     return chunks + [frozenset(cur)] if cur else chunks or [frozenset()]
 
 
-def _restrict(g: Group, chunk) -> Group:
-    """The part of a group's table in ``chunk``; per-row outputs then accumulate across parts."""
+def _restrict(g: Group, chunk, accumulate: bool) -> Group:
+    """The part of a group's table in ``chunk``."""
     t = g.table
     return Group(Table(t.operands, t.output, tuple(p for p in t.paths if _unit(p) in chunk)), g.out_ptr,
-                 g.reduce_rows, accumulate=True)
+                 g.reduce_rows, accumulate=accumulate)
+
+
+def _elements(table, chunk) -> set:
+    """(segment, channel, component) of every output element the paths of ``chunk`` write."""
+    out = set()
+    for p in table.paths:
+        if _unit(p) not in chunk:
+            continue
+        sizes = p.label_sizes
+        st = p.output.strides
+        comps = {k for _, k, _ in p.entries}
+        for idx in itertools.product(*[range(sizes[l]) for l, _ in st]):
+            ch = p.output.base + sum(s * i for (_, s), i in zip(st, idx))
+            out.update((p.output.segment, ch, k) for k in comps)
+    return out
+
+
+def _split_groups(groups, chunks):
+    """Per chunk, its part of every group. A group's output accumulates across parts (read-add-
+    store into a zero-filled buffer) only where two parts write the same element: a forward split
+    by output segment writes each element once, so it pays no extra traffic."""
+    parts = [[] for _ in chunks]
+    zero = set()
+    for g in groups:
+        sets = [_elements(g.table, c) for c in chunks]
+        total = sum(len(s) for s in sets)
+        union = set().union(*sets)
+        acc = total != len(union)
+        out = g.table.operand(g.table.output)
+        full = sum(seg.mul * seg.dim for seg in out.segments)
+        if acc or len(union) < full or g.reduce_rows:
+            zero.add(g.out_ptr)
+        for j, c in enumerate(chunks):
+            parts[j].append(_restrict(g, c, acc))
+    return parts, zero
 
 
 class _KernelSet:
     """A problem split over several kernels launched in sequence on one stream; they add into
     zero-initialised outputs, so the result equals the single kernel's."""
 
-    def __init__(self, parts):
+    def __init__(self, parts, zero_init):
         self.parts = parts
         outs = tuple(dict.fromkeys(o for k in parts for o in k.meta.outputs))
         self.meta = KernelMeta(parts[0].meta.name, tuple(dict.fromkeys(i for k in parts for i in k.meta.inputs)),
-                               outs, outs, tuple(dict.fromkeys(r for k in parts for r in k.meta.reduce_rows)))
+                               outs, tuple(o for o in outs if o in zero_init), tuple(dict.fromkeys(r for k in parts for r in k.meta.reduce_rows)),
+                               max(k.meta.min_rows for k in parts))
 
     def launch(self, tensors, outputs, n, cfg, dtype, programs=None):
         for k in self.parts:
@@ -163,10 +206,11 @@ class TPKernels:
                 self._cache[key] = _Kernel(name, groups, p.layout, self._row_operands(),
                                            f"{kind} of {self.problem.describe()} [{p.layout}]")
             else:
+                split, zero = _split_groups(groups, chunks)
                 self._cache[key] = _KernelSet([
-                    _Kernel(f"{name}_part{j}", [_restrict(g, chunk) for g in groups], p.layout, self._row_operands(),
+                    _Kernel(f"{name}_part{j}", gs, p.layout, self._row_operands(),
                             f"{kind} of {self.problem.describe()} [{p.layout}], part {j + 1}/{len(chunks)}")
-                    for j, chunk in enumerate(chunks)])
+                    for j, gs in enumerate(split)], zero)
         return self._cache[key]
 
     def forward(self, x, y, w, cfg: Optional[LaunchConfig] = None):
@@ -189,8 +233,11 @@ class TPKernels:
         tensors = {"x": x, "y": y, "w": w, "g": g, "a": a, "b": b, "c": c}
         written = {}
         # two kernels (DESIGN §3): dg = three forward products; dx, dy, dw = backward passes with
-        # substituted arguments. One kernel for all four holds too many tiles at once.
-        for part in (need & 8, need & 7):
+        # substituted arguments. One kernel for all four holds too many tiles at once. A shared
+        # weight's gradient (loop-carried, row-summed accumulators) gets a third kernel of its own:
+        # it reads only the small row operands again and frees the registers of the dx/dy kernel.
+        parts = (need & 8, need & 3, need & 4) if self.problem.shared_weights else (need & 8, need & 7)
+        for part in parts:
             if not part:
                 continue
             k = self.kernel("dbwd", part, have)
@@ -205,6 +252,8 @@ class TPKernels:
         """Allocate outputs shaped like ``outputs[name]`` (rows from x), launch, reduce partials."""
         x = tensors["x"]
         n = x.shape[0]
+        if cfg.rows < k.meta.min_rows:
+            cfg = LaunchConfig(k.meta.min_rows, cfg.num_warps, cfg.num_stages, cfg.tf32)
         res, partial = {}, {}
         for name, like in outputs.items():
             shape = (n,) + tuple(like.shape[1:]) if like.dim() == 2 else tuple(like.shape)
