@@ -49,6 +49,8 @@ def item(spec):
     parts = spec.split(":")
     if parts[0] == "host":
         return host(parts[1])
+    if parts[0] == "hostbwd":
+        return host_bwd(parts[1])
     name, kind = parts[0], parts[1]
     p = get_problem(name)
     plan = plan_of(spec_of(p, os.environ.get("LAYOUT", "ir_mul")))
@@ -112,6 +114,36 @@ def host(name):
         torch.cuda.synchronize()
         res[label] = round((t1 - t0) / 500 * 1e6, 1)
     return dict(item=f"host:{name}", us_per_call=res)
+
+
+def host_bwd(name):
+    """Wall time per backward call (tiny inputs): autograd through equikernels vs the kernel call
+    alone vs autograd through a plain torch op (the engine's own cost)."""
+    p = get_problem(name)
+    n = 64
+    x = torch.randn(n, p.dim_in1, device=dev, requires_grad=True)
+    y = torch.randn(n, p.dim_in2, device=dev, requires_grad=True)
+    w = torch.randn(n, p.weight_numel, device=dev, requires_grad=True)
+    out = tensor_product(p, x, y, w, layout="ir_mul")
+    g = torch.randn_like(out)
+    plain = (x * 2.0)
+    ks = plan_of(spec_of(p, "ir_mul")).kernels
+    res = {}
+    for label, fn in (
+        ("autograd.grad(tp)", lambda: torch.autograd.grad(out, (x, y, w), g, retain_graph=True)),
+        ("kernels.backward", lambda: ks.backward(x.detach(), y.detach(), w.detach(), g, 7)),
+        ("autograd.grad(x*2)", lambda: torch.autograd.grad(plain, (x,), plain, retain_graph=True)),
+    ):
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(300):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        res[label] = round((t1 - t0) / 300 * 1e6, 1)
+    return dict(item=f"hostbwd:{name}", us_per_call=res)
 
 
 if __name__ == "__main__":

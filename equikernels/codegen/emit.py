@@ -86,6 +86,7 @@ class KernelBuilder:
         self.min_rows = 1
         self.norows: Set[str] = set()  # row-free loop accumulators (tl.dot weight gradients)
         self.accpre = self.pre          # where loop-carried accumulators are initialised
+        self.only: Optional[tuple] = None  # emit only this assignment of a path's unrolled labels
         self.accumulate = {g.out_ptr for g in self.groups if g.accumulate and not g.reduce_rows}
         self.exprs: Dict[str, str] = {}
         self.inputs: List[str] = []
@@ -301,6 +302,8 @@ class KernelBuilder:
         for comps, k, c in p.entries:
             by_k.setdefault(k, []).append((comps, c))
         for values in itertools.product(*[range(sizes[l]) for l in unrolled]):
+            if self.only is not None and values != self.only:
+                continue
             assign = dict(zip(unrolled, values))
             if form is not None:
                 self._dot_path(form, g, p, block, order_f, by_k, assign, sizes, accs, order)
@@ -548,14 +551,20 @@ class KernelBuilder:
         main, sections = self.body.lines, []
         units: Dict[tuple, list] = {}
         for gi, p in deferred:  # paths writing the same weight slice (e.g. two double-backward terms)
-            units.setdefault(unit(gi, p), []).append((gi, p))
+            sizes = p.label_sizes
+            _, block = self._dot_form(self.groups[gi], p, sizes, dict(p.output.strides))
+            labels = [l for l, _ in p.labels if l not in block]
+            for values in itertools.product(*[range(sizes[l]) for l in labels]):
+                units.setdefault((unit(gi, p), values), []).append((gi, p, values))
         for paths in units.values():
-            # one row loop per weight-gradient slice: only its [A, B] accumulators are live
+            # one row loop per [A, B] weight-gradient tile: only its accumulator is live
             self.body.lines, self.accpre = [], _Writer()
             self.loads, self.tiles, self.rowexpr, self.rowmask, self.exprs = {}, {}, {}, {}, {}
             start = len(order)
-            for gi, p in paths:
+            for gi, p, values in paths:
+                self.only = values
                 self.path(self.groups[gi], p, accs, order)
+            self.only = None
             post = _Writer()
             for key in order[start:]:
                 self.store(key, accs[key], True, out_dims, post, 1)
