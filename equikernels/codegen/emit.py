@@ -66,7 +66,7 @@ class _Writer:
 
 class KernelBuilder:
     def __init__(self, name: str, groups: Sequence[Group], layout: str, row_operands: Set[str],
-                 split: bool = True, dot: bool = True):
+                 split: bool = True, dot: bool = True, in1_major: bool = False):
         self.name, self.groups, self.layout = name, list(groups), layout
         self.row_operands = set(row_operands)  # operands with a row dimension (others are shared)
         self.pre = _Writer()    # before the row loop (constants, aranges, loop-carried accumulators)
@@ -82,6 +82,7 @@ class KernelBuilder:
         self.store_info: Dict[tuple, Optional[tuple]] = {}
         self.split = split
         self.dot = dot
+        self.in1_major = in1_major
         self.uses_dot = False
         self.min_rows = 1
         self.norows: Set[str] = set()  # row-free loop accumulators (tl.dot weight gradients)
@@ -520,7 +521,15 @@ class KernelBuilder:
 
         def visit_key(item):
             gi, p = item
-            return (next((f.segment for f in p.factors if f.operand == "g"), p.output.segment), gi)
+            gseg = next((f.segment for f in p.factors if f.operand == "g"), p.output.segment)
+            if not self.in1_major:
+                return (gseg, gi)
+            # first-input-major: a segment's x (or a) tiles and its gx (or dx) accumulators live
+            # only while its paths run; with one forward path per output segment every g tile is
+            # still loaded once
+            s1 = next((f.segment for f in p.factors if f.operand in ("x", "a")),
+                      p.output.segment if p.output.operand == "x" else -1)
+            return (s1, gseg, gi)
 
         def unit(gi, p):  # weights: every path owns its slice, so each path is its own unit
             seg = self.groups[gi].table.operand(p.output.operand).segments[p.output.segment]
@@ -610,5 +619,5 @@ class KernelBuilder:
 
 
 def generate(name: str, groups: Sequence[Group], layout: str, row_operands: Set[str],
-             split: bool = True, dot: bool = True) -> Tuple[str, KernelMeta]:
-    return KernelBuilder(name, groups, layout, row_operands, split, dot).build()
+             split: bool = True, dot: bool = True, in1_major: bool = False) -> Tuple[str, KernelMeta]:
+    return KernelBuilder(name, groups, layout, row_operands, split, dot, in1_major).build()

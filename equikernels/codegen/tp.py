@@ -61,8 +61,8 @@ def _num_sms(device: torch.device) -> int:
 
 
 class _Kernel:
-    def __init__(self, name: str, groups, layout: str, row_operands, describe: str):
-        body, self.meta = generate(name, groups, layout, row_operands)
+    def __init__(self, name: str, groups, layout: str, row_operands, describe: str, in1_major: bool = False):
+        body, self.meta = generate(name, groups, layout, row_operands, in1_major=in1_major)
         header = f"# {describe}\nimport triton\nimport triton.language as tl\n\n\n"
         digest = hashlib.sha256((header + body).encode()).hexdigest()[:12]
         self.module = load_module(f"{name}_{digest}", header + body)
@@ -84,16 +84,20 @@ def max_paths() -> int:
     return int(os.environ.get("EQUIKERNELS_MAX_PATHS", 40))
 
 
-def _unit(p) -> int:
-    """The forward output segment a path belongs to (for derivative tables: the cotangent's)."""
+def _unit(p, in1: bool = False) -> int:
+    """The segment a path is split by: the forward output segment (for derivative tables: the
+    cotangent's), or with ``in1`` the first input's segment (x or a; for its gradient: the output)."""
+    if in1:
+        return next((f.segment for f in p.factors if f.operand in ("x", "a")),
+                    p.output.segment if p.output.operand == "x" else -1)
     return next((f.segment for f in p.factors if f.operand == "g"), p.output.segment)
 
 
-def _chunks(table, limit: int):
+def _chunks(table, limit: int, in1: bool = False):
     """Output segments grouped into runs of at most ``limit`` forward paths."""
     count: Dict[int, int] = {}
     for p in table.paths:
-        count[_unit(p)] = count.get(_unit(p), 0) + 1
+        count[_unit(p, in1)] = count.get(_unit(p, in1), 0) + 1
     chunks, cur, n = [], [], 0
     for seg in sorted(count):
         if cur and n + count[seg] > limit:
@@ -104,18 +108,20 @@ def _chunks(table, limit: int):
     return chunks + [frozenset(cur)] if cur else chunks or [frozenset()]
 
 
-def _restrict(g: Group, chunk, accumulate: bool) -> Group:
+def _restrict(g: Group, chunk, accumulate: bool, in1: bool) -> Group:
     """The part of a group's table in ``chunk``."""
     t = g.table
-    return Group(Table(t.operands, t.output, tuple(p for p in t.paths if _unit(p) in chunk)), g.out_ptr,
+    if any(_unit(p, in1) < 0 for p in t.paths):
+        raise AssertionError(f"a path of {t.output}'s table has no split unit")
+    return Group(Table(t.operands, t.output, tuple(p for p in t.paths if _unit(p, in1) in chunk)), g.out_ptr,
                  g.reduce_rows, accumulate=accumulate)
 
 
-def _elements(table, chunk) -> set:
+def _elements(table, chunk, in1: bool) -> set:
     """(segment, channel, component) of every output element the paths of ``chunk`` write."""
     out = set()
     for p in table.paths:
-        if _unit(p) not in chunk:
+        if _unit(p, in1) not in chunk:
             continue
         sizes = p.label_sizes
         st = p.output.strides
@@ -126,14 +132,14 @@ def _elements(table, chunk) -> set:
     return out
 
 
-def _split_groups(groups, chunks):
+def _split_groups(groups, chunks, in1: bool):
     """Per chunk, its part of every group. A group's output accumulates across parts (read-add-
     store into a zero-filled buffer) only where two parts write the same element: a forward split
     by output segment writes each element once, so it pays no extra traffic."""
     parts = [[] for _ in chunks]
     zero = set()
     for g in groups:
-        sets = [_elements(g.table, c) for c in chunks]
+        sets = [_elements(g.table, c, in1) for c in chunks]
         total = sum(len(s) for s in sets)
         union = set().union(*sets)
         acc = total != len(union)
@@ -142,7 +148,7 @@ def _split_groups(groups, chunks):
         if acc or len(union) < full or g.reduce_rows:
             zero.add(g.out_ptr)
         for j, c in enumerate(chunks):
-            parts[j].append(_restrict(g, c, acc))
+            parts[j].append(_restrict(g, c, acc, in1))
     return parts, zero
 
 
@@ -177,6 +183,16 @@ class TPKernels:
             self._configs[key] = default_config(kind, dtype, self.problem)
         return self._configs[key]
 
+    def _in1_major(self) -> bool:
+        """Visit paths by first-input segment when every output segment has exactly one forward path
+        (MACE/NequIP channel-wise products): fewer live tiles, each g tile still loaded once.
+        EQUIKERNELS_VISIT=out|in1 overrides."""
+        env = os.environ.get("EQUIKERNELS_VISIT")
+        if env in ("out", "in1"):
+            return env == "in1"
+        segs = [p.output.segment for p in self.plan.table.paths]
+        return len(segs) == len(set(segs))
+
     def _row_operands(self):
         rows = {"x", "y", "g", "a", "b"}
         if not self.problem.shared_weights:
@@ -201,15 +217,16 @@ class TPKernels:
                 self._cache[key] = None  # nothing to compute (e.g. dg without cotangents)
                 return None
             name = f"tp_{kind}{need or ''}{have}_{self.problem.key()}_{p.layout}"
-            chunks = _chunks(p.table, max_paths())
+            in1 = self._in1_major()
+            chunks = _chunks(p.table, max_paths(), in1)
             if len(chunks) == 1:
                 self._cache[key] = _Kernel(name, groups, p.layout, self._row_operands(),
-                                           f"{kind} of {self.problem.describe()} [{p.layout}]")
+                                           f"{kind} of {self.problem.describe()} [{p.layout}]", in1)
             else:
-                split, zero = _split_groups(groups, chunks)
+                split, zero = _split_groups(groups, chunks, in1)
                 self._cache[key] = _KernelSet([
                     _Kernel(f"{name}_part{j}", gs, p.layout, self._row_operands(),
-                            f"{kind} of {self.problem.describe()} [{p.layout}], part {j + 1}/{len(chunks)}")
+                            f"{kind} of {self.problem.describe()} [{p.layout}], part {j + 1}/{len(chunks)}", in1)
                     for j, gs in enumerate(split)], zero)
         return self._cache[key]
 
