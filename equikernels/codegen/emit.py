@@ -387,7 +387,7 @@ class KernelBuilder:
         v = self.body.tmp("d")
         self.body.emit(f"{v} = tl.dot({lhs}, {rhs}, input_precision=PREC)")
         self.uses_dot = True
-        self.min_rows = 16  # an FMA/MMA tile needs M >= 16 rows to be efficient (and K >= 16 for "outer")
+
         return v
 
     def _dot_path(self, form, g, p, block, order_f, by_k, assign, sizes, accs, order):
@@ -431,6 +431,7 @@ class KernelBuilder:
             for k, ents in sorted(ks.items()):
                 inner = self._nested(t, p, ents, on_a, assign, [a], sizes) if on_a else \
                     f"({self.const(sum(c for _, c in ents))} * tl.full([ROWS, 1], 1.0, DT))"
+                self.min_rows = 16  # the row axis is this dot's inner (K) dimension
                 lhs = self.body.tmp("l")
                 self.body.emit(f"{lhs} = tl.trans({self._rowblock(inner, pa)})")
                 self._add(g, p, k, self._dot(lhs, pbk), assign, [a, b], sizes, accs, order, norows=True)

@@ -238,8 +238,22 @@ class TPKernels:
     def backward(self, x, y, w, g, need: int, cfg: Optional[LaunchConfig] = None):
         cfg = cfg or self._cfg("bwd", x.dtype)
         outs = {"g" + n: t for bit, n, t in ((NEED_X, "x", x), (NEED_Y, "y", y), (NEED_W, "w", w)) if need & bit}
-        res = self._run(self.kernel("bwd", need), {"x": x, "y": y, "w": w, "g": g}, outs, cfg)
+        res = {}
+        # a tl.dot weight gradient sums over 16-row tiles: its own kernel, so gx/gy keep their rows
+        parts = (need & 3, need & 4) if self._dot_weight_grad() else (need,)
+        for part in parts:
+            if part:
+                names = {"g" + n for bit, n in ((NEED_X, "x"), (NEED_Y, "y"), (NEED_W, "w")) if part & bit}
+                res.update(self._run(self.kernel("bwd", part), {"x": x, "y": y, "w": w, "g": g},
+                                     {k: v for k, v in outs.items() if k in names}, cfg))
         return tuple(res.get("g" + n, t.new_empty(0)) for n, t in (("x", x), ("y", y), ("w", w)))
+
+    def _dot_weight_grad(self) -> bool:
+        """Shared weights with a path whose weight has two labels larger than 8 (tl.dot tiles)."""
+        if not self.problem.shared_weights:
+            return False
+        return any(p.weight is not None and sum(p.label_sizes[l] > 8 for l, _ in p.weight.strides) >= 2
+                   for p in self.plan.table.paths)
 
     def double_backward(self, x, y, w, g, a, b, c, need: int, cfg: Optional[LaunchConfig] = None):
         """(dx, dy, dw, dg) of the trilinear identity in one kernel; a, b, c may be None."""

@@ -290,6 +290,8 @@ def fwd(x, y, w, spec, backend):
 
 def bwd(x, y, w, g, spec, backend, need):
     if _eager(x, y, w, g):
+        if not torch.is_grad_enabled():  # a plain backward: nothing to record, skip Function.apply
+            return _bwd_impl(x, y, w, g, spec, backend, need)
         return _Bwd.apply(x, y, w, g, spec, backend, need)
     return tp_bwd(x, y, w, g, spec, backend, need)
 
