@@ -88,6 +88,8 @@ class KernelBuilder:
         self.norows: Set[str] = set()  # row-free loop accumulators (tl.dot weight gradients)
         self.accpre = self.pre          # where loop-carried accumulators are initialised
         self.only: Optional[tuple] = None  # emit only this assignment of a path's unrolled labels
+        self.bounds: Dict[str, Tuple[int, int]] = {}  # label -> [lo, hi) of the path being emitted
+        self.path_bounds: Dict[int, Dict[str, Tuple[int, int]]] = {}
         self.accumulate = {g.out_ptr for g in self.groups if g.accumulate and not g.reduce_rows}
         self.exprs: Dict[str, str] = {}
         self.inputs: List[str] = []
@@ -117,11 +119,12 @@ class KernelBuilder:
             self.aranges[key] = name
         return self.aranges[key]
 
-    def colmask(self, p: int, size: int, nd: int, pos: int, rows: bool = True) -> str:
-        key = (p, size, nd, pos, rows)
+    def colmask(self, p: int, size: int, nd: int, pos: int, rows: bool = True, lo: int = 0) -> str:
+        key = (p, size, nd, pos, rows, lo)
         if key not in self.masks:
-            name = f"m{p}_{size}_{nd}{pos}{'' if rows else 'n'}"
-            self.pre.emit(f"{name} = {self.arange(p, nd, pos, rows)} < {size}", 1)
+            name = f"m{p}_{size}_{nd}{pos}{'' if rows else 'n'}{f'_{lo}' if lo else ''}"
+            i = self.arange(p, nd, pos, rows)
+            self.pre.emit(f"{name} = {i} < {size}" if not lo else f"{name} = ({i} >= {lo}) & ({i} < {size})", 1)
             self.masks[key] = name
         return self.masks[key]
 
@@ -158,7 +161,7 @@ class KernelBuilder:
     def _split_info(self, table: Table, f: Factor, comp: int, assign, block):
         """(segment offset, dim, channel base, comp) when a mul_ir block can move as one
         [ROWS, MUL, DIM] tile (one contiguous access instead of one strided access per component)."""
-        if not self.split or self.layout != "mul_ir" or len(block) != 1:
+        if not self.split or self.layout != "mul_ir" or len(block) != 1 or self.bounds:
             return None
         seg = table.operand(f.operand).segments[f.segment]
         st = dict(f.strides)
@@ -221,7 +224,8 @@ class KernelBuilder:
             return self.tiles[tkey][comp]
         const, terms = self._address(table, f, comp, assign, block)
         has_rows = f.operand in self.row_operands
-        key = (f.operand, const, terms, tuple(sizes[block[pos]] for _, pos in terms), nd, has_rows)
+        bounds = tuple(self.bounds.get(block[pos]) for _, pos in terms)
+        key = (f.operand, const, terms, tuple(sizes[block[pos]] for _, pos in terms), nd, has_rows, bounds)
         if key in self.loads:
             return self.loads[key]
         if f.operand not in self.inputs:
@@ -229,7 +233,9 @@ class KernelBuilder:
         name = self.body.tmp(f"{f.operand}_")
         addr = [str(const)] + [f"{coef} * {self.arange(_pow2(sizes[block[pos]]), nd, pos)}" for coef, pos in terms]
         mask = [self.colmask(_pow2(sizes[block[pos]]), sizes[block[pos]], nd, pos) for _, pos in terms
-                if _pow2(sizes[block[pos]]) != sizes[block[pos]]]
+                if _pow2(sizes[block[pos]]) != sizes[block[pos]] and block[pos] not in self.bounds]
+        mask += [self.colmask(_pow2(sizes[block[pos]]), self.bounds[block[pos]][1], nd, pos, lo=self.bounds[block[pos]][0])
+                 for _, pos in terms if block[pos] in self.bounds]
         ptr = f"{f.operand}_ptr + " + " + ".join(addr)
         if has_rows:
             ptr = f"{f.operand}_ptr + {self.rows(f.operand, self.operand_dims[f.operand], nd)} + " + " + ".join(addr)
@@ -250,7 +256,7 @@ class KernelBuilder:
         ``red2``: out[r] = sum_a F[r, a] (P[r, b] @ W[b, a])  (both labels summed);
         ``outer``: gW[a, b] += A[r, a]^T @ B[r, b]  (gradient of shared weights, summed over rows).
         """
-        if not self.dot:
+        if not self.dot or self.bounds:
             return None, None
         fl = [dict(f.strides) for f in p.factors]
         w = p.weight
@@ -273,6 +279,13 @@ class KernelBuilder:
         return None, None
 
     def path(self, g: Group, p: Path, accs: Dict[tuple, str], order: List[tuple]):
+        self.bounds = self.path_bounds.get(id(p), {})
+        try:
+            self._path(g, p, accs, order)
+        finally:
+            self.bounds = {}
+
+    def _path(self, g: Group, p: Path, accs: Dict[tuple, str], order: List[tuple]):
         t = g.table
         sizes = p.label_sizes
         out_st = dict(p.output.strides)
@@ -508,6 +521,38 @@ class KernelBuilder:
             if key not in done:
                 self.store(key, accs[key], False, out_dims, self.body, 2)
 
+    def _widen(self, t: Table, p: Path, gi: int) -> Path:
+        """Give a path whose output channels are a sub-range [b, b+n) of its segment (the per-u
+        sub-paths of the triangular modes, seen from y) a block over the whole segment, masked to
+        [b, b+n): every path writing that segment then uses one block shape."""
+        if not hasattr(self, "_seg_shapes"):
+            self._seg_shapes: Dict[tuple, Set[tuple]] = {}
+            for gj, g in enumerate(self.groups):
+                for q in g.table.paths:
+                    self._seg_shapes.setdefault((gj, q.output.segment), set()).add(
+                        (q.output.base, q.output.strides, tuple(q.label_sizes[l] for l, _ in q.output.strides)))
+        seg = t.operand(p.output.operand).segments[p.output.segment]
+        if len(p.output.strides) != 1 or p.output.strides[0][1] != 1:
+            return p
+        (l, s), = p.output.strides
+        b, n = p.output.base, p.label_sizes[l]
+        # only where another path writes an overlapping, differently shaped channel range
+        # (weight slices never overlap, so weight gradients keep their own blocks)
+        others = [(ob, on[0]) for ob, ost, on in self._seg_shapes[(gi, p.output.segment)]
+                  if len(ost) == 1 and ost[0][1] == 1 and (ob, on[0]) != (b, n)]
+        if not any(ob < b + n and b < ob + on for ob, on in others) or (b == 0 and n == seg.mul):
+            return p
+
+        def shift(f):
+            st = {} if f is None else dict(f.strides)
+            return f if l not in st else Factor(f.operand, f.segment, f.base - st[l] * b, f.strides)
+
+        q = Path(tuple(shift(f) for f in p.factors), shift(p.weight), shift(p.output),
+                 tuple((k, seg.mul if k == l else m) for k, m in p.labels), p.entries)
+        self.path_bounds[id(q)] = {l: (b, b + n)}
+        self._keep = getattr(self, "_keep", []) + [q]  # ids stay valid while the builder lives
+        return q
+
     def build(self) -> Tuple[str, KernelMeta]:
         accs: Dict[tuple, str] = {}
         order: List[tuple] = []
@@ -518,7 +563,7 @@ class KernelBuilder:
         # Visit paths grouped by the segment of the cotangent / output they read or write, all groups
         # interleaved: a backward then uses each g tile for gx, gy and gw while it is in registers,
         # and every output block is stored (and dies) right after the last path that writes it.
-        items = [(gi, p) for gi, g in enumerate(self.groups) for p in g.table.paths]
+        items = [(gi, self._widen(g.table, p, gi)) for gi, g in enumerate(self.groups) for p in g.table.paths]
 
         def visit_key(item):
             gi, p = item
