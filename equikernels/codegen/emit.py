@@ -40,6 +40,16 @@ class KernelMeta:
     min_rows: int = 1             # rows per program the kernel needs (tl.dot over rows: 16)
 
 
+def path_segment(p: Path, in1: bool = False) -> int:
+    """The segment a path is visited and split by: the forward output segment (for derivative
+    tables: the cotangent g's), or with ``in1`` the first input's (x or a; for its gradient, whose
+    table outputs operand x: the output's). -1 when the path has none."""
+    if in1:
+        return next((f.segment for f in p.factors if f.operand in ("x", "a")),
+                    p.output.segment if p.output.operand == "x" else -1)
+    return next((f.segment for f in p.factors if f.operand == "g"), p.output.segment)
+
+
 def _pow2(n: int) -> int:
     p = 1
     while p < n:
@@ -83,13 +93,11 @@ class KernelBuilder:
         self.split = split
         self.dot = dot
         self.in1_major = in1_major
-        self.uses_dot = False
         self.min_rows = 1
         self.norows: Set[str] = set()  # row-free loop accumulators (tl.dot weight gradients)
         self.accpre = self.pre          # where loop-carried accumulators are initialised
         self.only: Optional[tuple] = None  # emit only this assignment of a path's unrolled labels
         self.bounds: Dict[str, Tuple[int, int]] = {}  # label -> [lo, hi) of the path being emitted
-        self.path_bounds: Dict[int, Dict[str, Tuple[int, int]]] = {}
         self.accumulate = {g.out_ptr for g in self.groups if g.accumulate and not g.reduce_rows}
         self.exprs: Dict[str, str] = {}
         self.inputs: List[str] = []
@@ -128,20 +136,23 @@ class KernelBuilder:
             self.masks[key] = name
         return self.masks[key]
 
+    @staticmethod
+    def _row_axis(nd: int) -> str:
+        """Index expression giving a [ROWS] vector ``nd`` trailing unit axes."""
+        return "" if nd == 0 else "[:, " + ", ".join(["None"] * nd) + "]"
+
     def rows(self, operand: str, dim: int, nd: int) -> str:
         key = (operand, nd)
         if key not in self.rowexpr:
             name = f"{operand}_r{nd}"
-            idx = "" if nd == 0 else "[:, " + ", ".join(["None"] * nd) + "]"
-            self.body.emit(f"{name} = r64{idx} * {dim}")
+            self.body.emit(f"{name} = r64{self._row_axis(nd)} * {dim}")
             self.rowexpr[key] = name
         return self.rowexpr[key]
 
     def rmask(self, nd: int) -> str:
         if nd not in self.rowmask:
             name = f"rm{nd}"
-            idx = "" if nd == 0 else "[:, " + ", ".join(["None"] * nd) + "]"
-            self.body.emit(f"{name} = rmask{idx}")
+            self.body.emit(f"{name} = rmask{self._row_axis(nd)}")
             self.rowmask[nd] = name
         return self.rowmask[nd]
 
@@ -278,8 +289,8 @@ class KernelBuilder:
                 return "outer", big
         return None, None
 
-    def path(self, g: Group, p: Path, accs: Dict[tuple, str], order: List[tuple]):
-        self.bounds = self.path_bounds.get(id(p), {})
+    def path(self, g: Group, p: Path, accs: Dict[tuple, str], order: List[tuple], bounds=None):
+        self.bounds = bounds or {}
         try:
             self._path(g, p, accs, order)
         finally:
@@ -399,8 +410,6 @@ class KernelBuilder:
     def _dot(self, lhs: str, rhs: str) -> str:
         v = self.body.tmp("d")
         self.body.emit(f"{v} = tl.dot({lhs}, {rhs}, input_precision=PREC)")
-        self.uses_dot = True
-
         return v
 
     def _dot_path(self, form, g, p, block, order_f, by_k, assign, sizes, accs, order):
@@ -521,27 +530,29 @@ class KernelBuilder:
             if key not in done:
                 self.store(key, accs[key], False, out_dims, self.body, 2)
 
-    def _widen(self, t: Table, p: Path, gi: int) -> Path:
+    @staticmethod
+    def _ranges(t: Table) -> Dict[int, Set[Tuple[int, int]]]:
+        """Output segment -> (base, size) of the channel ranges its single-label paths write."""
+        res: Dict[int, Set[Tuple[int, int]]] = {}
+        for q in t.paths:
+            if len(q.output.strides) == 1 and q.output.strides[0][1] == 1:
+                res.setdefault(q.output.segment, set()).add((q.output.base, q.label_sizes[q.output.strides[0][0]]))
+        return res
+
+    def _widen(self, t: Table, p: Path, ranges) -> Tuple[Path, Dict[str, Tuple[int, int]]]:
         """Give a path whose output channels are a sub-range [b, b+n) of its segment (the per-u
         sub-paths of the triangular modes, seen from y) a block over the whole segment, masked to
-        [b, b+n): every path writing that segment then uses one block shape."""
-        if not hasattr(self, "_seg_shapes"):
-            self._seg_shapes: Dict[tuple, Set[tuple]] = {}
-            for gj, g in enumerate(self.groups):
-                for q in g.table.paths:
-                    self._seg_shapes.setdefault((gj, q.output.segment), set()).add(
-                        (q.output.base, q.output.strides, tuple(q.label_sizes[l] for l, _ in q.output.strides)))
+        [b, b+n), when another path writes an overlapping range of another width: every path
+        writing that segment then uses one block shape. Returns the path and its label bounds."""
         seg = t.operand(p.output.operand).segments[p.output.segment]
         if len(p.output.strides) != 1 or p.output.strides[0][1] != 1:
-            return p
-        (l, s), = p.output.strides
+            return p, {}
+        (l, _), = p.output.strides
         b, n = p.output.base, p.label_sizes[l]
-        # only where another path writes an overlapping, differently shaped channel range
         # (weight slices never overlap, so weight gradients keep their own blocks)
-        others = [(ob, on[0]) for ob, ost, on in self._seg_shapes[(gi, p.output.segment)]
-                  if len(ost) == 1 and ost[0][1] == 1 and (ob, on[0]) != (b, n)]
-        if not any(ob < b + n and b < ob + on for ob, on in others) or (b == 0 and n == seg.mul):
-            return p
+        if (b == 0 and n == seg.mul) or not any(ob < b + n and b < ob + on and (ob, on) != (b, n)
+                                                for ob, on in ranges[p.output.segment]):
+            return p, {}
 
         def shift(f):
             st = {} if f is None else dict(f.strides)
@@ -549,9 +560,7 @@ class KernelBuilder:
 
         q = Path(tuple(shift(f) for f in p.factors), shift(p.weight), shift(p.output),
                  tuple((k, seg.mul if k == l else m) for k, m in p.labels), p.entries)
-        self.path_bounds[id(q)] = {l: (b, b + n)}
-        self._keep = getattr(self, "_keep", []) + [q]  # ids stay valid while the builder lives
-        return q
+        return q, {l: (b, b + n)}
 
     def build(self) -> Tuple[str, KernelMeta]:
         accs: Dict[tuple, str] = {}
@@ -563,36 +572,36 @@ class KernelBuilder:
         # Visit paths grouped by the segment of the cotangent / output they read or write, all groups
         # interleaved: a backward then uses each g tile for gx, gy and gw while it is in registers,
         # and every output block is stored (and dies) right after the last path that writes it.
-        items = [(gi, self._widen(g.table, p, gi)) for gi, g in enumerate(self.groups) for p in g.table.paths]
+        items = []
+        for gi, g in enumerate(self.groups):
+            ranges = self._ranges(g.table)
+            items += [(gi,) + self._widen(g.table, p, ranges) for p in g.table.paths]
 
         def visit_key(item):
-            gi, p = item
-            gseg = next((f.segment for f in p.factors if f.operand == "g"), p.output.segment)
-            if not self.in1_major:
-                return (gseg, gi)
+            gi, p, _ = item
             # first-input-major: a segment's x (or a) tiles and its gx (or dx) accumulators live
             # only while its paths run; with one forward path per output segment every g tile is
             # still loaded once
-            s1 = next((f.segment for f in p.factors if f.operand in ("x", "a")),
-                      p.output.segment if p.output.operand == "x" else -1)
-            return (s1, gseg, gi)
+            gseg = path_segment(p)
+            return (path_segment(p, True), gseg, gi) if self.in1_major else (gseg, gi)
 
         def unit(gi, p):  # weights: every path owns its slice, so each path is its own unit
             seg = self.groups[gi].table.operand(p.output.operand).segments[p.output.segment]
             return (gi, p.output.segment, p.output.base if seg.dim == 1 else None)
 
         items.sort(key=visit_key)
-        last = {unit(gi, p): n for n, (gi, p) in enumerate(items)}
+        last = {unit(gi, p): n for n, (gi, p, _) in enumerate(items)}
         pending: Dict[tuple, List[tuple]] = {}
         stored: Set[tuple] = set()
         deferred = []
-        for n, (gi, p) in enumerate(items):
+        for n, (gi, p, bounds) in enumerate(items):
             g = self.groups[gi]
-            if g.reduce_rows and self._dot_form(g, p, p.label_sizes, dict(p.output.strides))[0] == "outer":
-                deferred.append((gi, p))  # its [A, B] accumulator gets a row loop of its own
+            form, dblock = self._dot_form(g, p, p.label_sizes, dict(p.output.strides)) if not bounds else (None, None)
+            if form == "outer":
+                deferred.append((gi, p, dblock))  # its [A, B] accumulator gets a row loop of its own
                 continue
             before = set(accs)
-            self.path(g, p, accs, order)
+            self.path(g, p, accs, order, bounds)
             if stored & set(accs):
                 raise Unsupported("an output block is written again after it was stored")
             u = unit(gi, p)
@@ -605,9 +614,8 @@ class KernelBuilder:
                     del accs[k]
         main, sections = self.body.lines, []
         units: Dict[tuple, list] = {}
-        for gi, p in deferred:  # paths writing the same weight slice (e.g. two double-backward terms)
+        for gi, p, block in deferred:  # paths writing the same weight slice (e.g. two double-backward terms)
             sizes = p.label_sizes
-            _, block = self._dot_form(self.groups[gi], p, sizes, dict(p.output.strides))
             labels = [l for l, _ in p.labels if l not in block]
             for values in itertools.product(*[range(sizes[l]) for l in labels]):
                 units.setdefault((unit(gi, p), values), []).append((gi, p, values))

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .cache import load_module
 from ..ir import Table, double_backward_tables
-from .emit import Group, KernelMeta, generate
+from .emit import Group, KernelMeta, generate, path_segment
 
 _DT = {torch.float32: tl.float32, torch.float64: tl.float64}
 NEED_X, NEED_Y, NEED_W = 1, 2, 4
@@ -84,20 +84,11 @@ def max_paths() -> int:
     return int(os.environ.get("EQUIKERNELS_MAX_PATHS", 40))
 
 
-def _unit(p, in1: bool = False) -> int:
-    """The segment a path is split by: the forward output segment (for derivative tables: the
-    cotangent's), or with ``in1`` the first input's segment (x or a; for its gradient: the output)."""
-    if in1:
-        return next((f.segment for f in p.factors if f.operand in ("x", "a")),
-                    p.output.segment if p.output.operand == "x" else -1)
-    return next((f.segment for f in p.factors if f.operand == "g"), p.output.segment)
-
-
 def _chunks(table, limit: int, in1: bool = False):
     """Output segments grouped into runs of at most ``limit`` forward paths."""
     count: Dict[int, int] = {}
     for p in table.paths:
-        count[_unit(p, in1)] = count.get(_unit(p, in1), 0) + 1
+        count[path_segment(p, in1)] = count.get(path_segment(p, in1), 0) + 1
     chunks, cur, n = [], [], 0
     for seg in sorted(count):
         if cur and n + count[seg] > limit:
@@ -111,9 +102,9 @@ def _chunks(table, limit: int, in1: bool = False):
 def _restrict(g: Group, chunk, accumulate: bool, in1: bool) -> Group:
     """The part of a group's table in ``chunk``."""
     t = g.table
-    if any(_unit(p, in1) < 0 for p in t.paths):
+    if any(path_segment(p, in1) < 0 for p in t.paths):
         raise AssertionError(f"a path of {t.output}'s table has no split unit")
-    return Group(Table(t.operands, t.output, tuple(p for p in t.paths if _unit(p, in1) in chunk)), g.out_ptr,
+    return Group(Table(t.operands, t.output, tuple(p for p in t.paths if path_segment(p, in1) in chunk)), g.out_ptr,
                  g.reduce_rows, accumulate=accumulate)
 
 
@@ -121,7 +112,7 @@ def _elements(table, chunk, in1: bool) -> set:
     """(segment, channel, component) of every output element the paths of ``chunk`` write."""
     out = set()
     for p in table.paths:
-        if _unit(p, in1) not in chunk:
+        if path_segment(p, in1) not in chunk:
             continue
         sizes = p.label_sizes
         st = p.output.strides
@@ -153,8 +144,9 @@ def _split_groups(groups, chunks, in1: bool):
 
 
 class _KernelSet:
-    """A problem split over several kernels launched in sequence on one stream; they add into
-    zero-initialised outputs, so the result equals the single kernel's."""
+    """A problem split over several kernels launched in sequence on one stream. Outputs that two
+    parts write are zero-filled first and added into (see _split_groups), so the result equals the
+    single kernel's."""
 
     def __init__(self, parts, zero_init):
         self.parts = parts
@@ -239,8 +231,11 @@ class TPKernels:
         cfg = cfg or self._cfg("bwd", x.dtype)
         outs = {"g" + n: t for bit, n, t in ((NEED_X, "x", x), (NEED_Y, "y", y), (NEED_W, "w", w)) if need & bit}
         res = {}
-        # a tl.dot weight gradient sums over 16-row tiles: its own kernel, so gx/gy keep their rows
-        parts = (need & 3, need & 4) if self._dot_weight_grad() else (need,)
+        # a weight gradient summed by tl.dot over 16-row tiles gets its own kernel, so gx/gy keep
+        # the default rows per program
+        split = need & NEED_W and need & 3 and self.problem.shared_weights \
+            and self.kernel("bwd", NEED_W).meta.min_rows > cfg.rows
+        parts = (need & 3, need & NEED_W) if split else (need,)
         for part in parts:
             if part:
                 names = {"g" + n for bit, n in ((NEED_X, "x"), (NEED_Y, "y"), (NEED_W, "w")) if part & bit}
@@ -248,15 +243,8 @@ class TPKernels:
                                      {k: v for k, v in outs.items() if k in names}, cfg))
         return tuple(res.get("g" + n, t.new_empty(0)) for n, t in (("x", x), ("y", y), ("w", w)))
 
-    def _dot_weight_grad(self) -> bool:
-        """Shared weights with a path whose weight has two labels larger than 8 (tl.dot tiles)."""
-        if not self.problem.shared_weights:
-            return False
-        return any(p.weight is not None and sum(p.label_sizes[l] > 8 for l, _ in p.weight.strides) >= 2
-                   for p in self.plan.table.paths)
-
     def double_backward(self, x, y, w, g, a, b, c, need: int, cfg: Optional[LaunchConfig] = None):
-        """(dx, dy, dw, dg) of the trilinear identity in one kernel; a, b, c may be None."""
+        """(dx, dy, dw, dg) of the trilinear identity; a, b, c may be None."""
         cfg = cfg or self._cfg("dbwd", x.dtype)
         have = "".join(k for k, t in zip("abc", (a, b, c)) if t is not None)
         like = {"x": x, "y": y, "w": w, "g": g}
