@@ -4,14 +4,15 @@ Light at import: Triton is imported only when a CUDA kernel is first built.
 """
 from . import nn
 from .nn import (AccelerateReport, ChannelWiseTensorProduct, ElementwiseTensorProduct, FullTensorProduct,
-                 FullyConnectedTensorProduct, Linear, SphericalHarmonics, TensorProduct, accelerate, from_e3nn)
+                 FullyConnectedTensorProduct, Linear, TensorProductConv, SphericalHarmonics, TensorProduct, accelerate, from_e3nn)
+from .ops.conv import ConvGraph
 from .problem import TPProblem
 
 __version__ = "0.1.0"
 
 __all__ = ["TensorProduct", "FullyConnectedTensorProduct", "ElementwiseTensorProduct", "FullTensorProduct",
-           "ChannelWiseTensorProduct", "Linear", "SphericalHarmonics", "from_e3nn", "accelerate",
-           "AccelerateReport", "TPProblem", "__version__"]
+           "ChannelWiseTensorProduct", "TensorProductConv", "Linear", "SphericalHarmonics", "from_e3nn", "accelerate",
+           "AccelerateReport", "ConvGraph", "TPProblem", "__version__"]
 if "TensorSquare" in nn.__all__:
     from .nn import TensorSquare  # noqa: F401
     __all__.append("TensorSquare")

@@ -22,6 +22,7 @@ def pytest_configure(config):
     # also declared in pyproject.toml; repeated here so the markers exist when run from elsewhere
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
     config.addinivalue_line("markers", "slow: long-running test")
+    config.addinivalue_line("markers", "mace: needs mace-torch")
 
 
 def pytest_collection_modifyitems(config, items):

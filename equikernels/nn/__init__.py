@@ -1,5 +1,6 @@
 """e3nn-compatible modules (same constructor arguments, weights and state_dict keys as e3nn's)."""
 from .._compat import o3
+from .conv import TensorProductConv
 from .convert import AccelerateReport, accelerate, from_e3nn
 from .linear import Linear
 from .spherical_harmonics import SphericalHarmonics
@@ -7,7 +8,7 @@ from .tensor_product import (ChannelWiseTensorProduct, ElementwiseTensorProduct,
                              FullyConnectedTensorProduct, TensorProduct, TensorSquare)
 
 __all__ = ["TensorProduct", "FullyConnectedTensorProduct", "ElementwiseTensorProduct", "FullTensorProduct",
-           "ChannelWiseTensorProduct", "Linear", "SphericalHarmonics", "from_e3nn", "accelerate",
+           "ChannelWiseTensorProduct", "TensorProductConv", "Linear", "SphericalHarmonics", "from_e3nn", "accelerate",
            "AccelerateReport"]
 if hasattr(o3, "TensorSquare"):  # exported only where the installed e3nn has it
     __all__.append("TensorSquare")

@@ -1,5 +1,6 @@
 """Custom ops (torch.library) with autograd; Triton on CUDA, the reference elsewhere."""
+from .conv import DATAFLOWS, ConvGraph, tensor_product_conv
 from .tp import BACKENDS, LAYOUTS, Plan, plan_of, resolve_backend, spec_of, tensor_product, tp_bwd, tp_fwd
 
-__all__ = ["BACKENDS", "LAYOUTS", "Plan", "plan_of", "resolve_backend", "spec_of", "tensor_product",
+__all__ = ["DATAFLOWS", "ConvGraph", "tensor_product_conv", "BACKENDS", "LAYOUTS", "Plan", "plan_of", "resolve_backend", "spec_of", "tensor_product",
            "tp_bwd", "tp_fwd"]

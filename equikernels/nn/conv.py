@@ -1,0 +1,34 @@
+"""``TensorProductConv``: a TensorProduct evaluated over graph edges and summed onto nodes."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..ops.conv import ConvGraph, tensor_product_conv
+from .tensor_product import TensorProduct
+
+
+class TensorProductConv(TensorProduct):
+    """out[n] = sum_{e: dst[e] = n} TP(x[src[e]], y[e], weight[e]).
+
+    Same constructor as ``TensorProduct`` (and so the same problem and weight layout), plus
+    ``dataflow`` ("auto", "atomic", "deterministic", "unfused") and ``deterministic``. The per-edge
+    [E, dim_out] message tensor is never materialised by the fused dataflows.
+    """
+
+    def __init__(self, *args, dataflow: str = "auto", deterministic: Optional[bool] = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.dataflow = dataflow
+        self.deterministic = deterministic
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, weight=None, src: Optional[torch.Tensor] = None,
+                dst: Optional[torch.Tensor] = None, num_nodes: Optional[int] = None,
+                graph: Optional[ConvGraph] = None) -> torch.Tensor:
+        if graph is None and (src is None or dst is None):
+            raise ValueError("src and dst: required (or pass graph=ConvGraph.build(src, dst, num_nodes))")
+        if graph is not None:
+            src, dst = graph.src, graph.dst
+        return tensor_product_conv(self.problem, x, y, self._get_weights(weight), src, dst, num_nodes, graph=graph,
+                                   layout=self.layout, backend=self.backend, dataflow=self.dataflow,
+                                   deterministic=self.deterministic)

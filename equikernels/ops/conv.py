@@ -1,0 +1,149 @@
+"""Graph convolution: out[dst[e]] += TP(x[src[e]], y[e], W[e]) over all edges (DESIGN §4).
+
+Public entry: ``tensor_product_conv``. A ``ConvGraph`` holds the sorted orders and CSR offsets of
+one graph; build it once (``ConvGraph.build``) and pass it to every layer.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..problem import TPProblem
+from .tp import LAYOUTS, resolve_backend, tensor_product
+
+DATAFLOWS = ("auto", "atomic", "deterministic", "unfused")
+
+
+@dataclass
+class ConvGraph:
+    """Edges (src -> dst) of a graph with ``num_nodes`` nodes, plus the orders the kernels need.
+
+    ``perm_dst``: edge order sorted by (dst, src) (stable); ``ptr_dst[n]:ptr_dst[n+1]`` are the
+    positions in that order of node n's incoming edges. ``perm_src`` / ``ptr_src`` likewise by src
+    (the backward for x gathers by source; the graph need not be symmetric).
+    """
+    src: Tensor
+    dst: Tensor
+    num_nodes: int
+    perm_dst: Tensor
+    ptr_dst: Tensor
+    perm_src: Tensor
+    ptr_src: Tensor
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.src.shape[0])
+
+    @staticmethod
+    def build(src: Tensor, dst: Tensor, num_nodes: int, validate: bool = True) -> "ConvGraph":
+        src, dst = _check_index("src", src), _check_index("dst", dst)
+        if src.shape != dst.shape:
+            raise ValueError(f"src and dst: expected the same shape [E], got {tuple(src.shape)} and {tuple(dst.shape)}")
+        if src.device != dst.device:
+            raise ValueError(f"src and dst: on different devices ({src.device}, {dst.device})")
+        if not isinstance(num_nodes, int) or num_nodes < 0:
+            raise ValueError(f"num_nodes: expected a non-negative int, got {num_nodes!r}")
+        if validate and src.numel():
+            for name, t in (("src", src), ("dst", dst)):
+                lo, hi = int(t.min()), int(t.max())
+                if lo < 0 or hi >= num_nodes:
+                    raise IndexError(f"{name}: node indices must lie in [0, {num_nodes}), got values in [{lo}, {hi}]")
+        src64, dst64 = src.long(), dst.long()
+        perm_dst, ptr_dst = _order(dst64, src64, num_nodes)
+        perm_src, ptr_src = _order(src64, dst64, num_nodes)
+        return ConvGraph(src64.contiguous(), dst64.contiguous(), num_nodes, perm_dst, ptr_dst, perm_src, ptr_src)
+
+
+def _check_index(name: str, t) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor of node indices, got {type(t).__name__}")
+    if t.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name}: expected an int32 or int64 tensor, got {t.dtype}")
+    if t.dim() != 1:
+        raise ValueError(f"{name}: expected shape [E], got {tuple(t.shape)}")
+    return t
+
+
+def _order(key: Tensor, tie: Tensor, n: int):
+    """Permutation sorting edges by (key, tie) and CSR offsets of key; deterministic."""
+    if key.numel() == 0:
+        return key.new_zeros(0), key.new_zeros(n + 1)
+    composite = key * (int(tie.max()) + 1 if tie.numel() else 1) + tie
+    perm = torch.sort(composite, stable=True).indices
+    counts = torch.bincount(key, minlength=n)
+    ptr = torch.zeros(n + 1, dtype=torch.long, device=key.device)
+    ptr[1:] = torch.cumsum(counts, 0)
+    return perm, ptr
+
+
+def resolve_dataflow(dataflow: str, deterministic: Optional[bool], backend: str) -> str:
+    if dataflow not in DATAFLOWS:
+        raise ValueError(f"dataflow: expected one of {DATAFLOWS}, got {dataflow!r}")
+    det = deterministic if deterministic is not None else torch.are_deterministic_algorithms_enabled()
+    if det and dataflow == "atomic":
+        raise ValueError("dataflow='atomic' is not deterministic; use 'deterministic' or 'auto' with deterministic=True")
+    if backend != "triton":
+        return "unfused"
+    if dataflow == "auto":
+        env = os.environ.get("EQUIKERNELS_CONV_DATAFLOW")
+        if env:
+            return resolve_dataflow(env, deterministic, backend)
+        return "deterministic" if det else "deterministic"
+    return dataflow
+
+
+def tensor_product_conv(problem: TPProblem, x: Tensor, y: Tensor, weight: Optional[Tensor], src: Tensor,
+                        dst: Tensor, num_nodes: Optional[int] = None, *, graph: Optional[ConvGraph] = None,
+                        layout: str = "mul_ir", backend: Optional[str] = None, dataflow: str = "auto",
+                        deterministic: Optional[bool] = None, validate: bool = True) -> Tensor:
+    """out[n] = sum over edges e with dst[e] == n of TP(x[src[e]], y[e], weight[e] or weight).
+
+    x: [N, dim_in1] node features; y: [E, dim_in2] edge features; weight: [E, weight_numel] per
+    edge or [weight_numel] shared; src, dst: [E] int32/int64 node indices; num_nodes: rows of the
+    output (default x.shape[0]). ``graph`` (from ``ConvGraph.build``) reuses sorted orders across
+    layers. Differentiable to any order in x, y and weight.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    for name, t, dim in (("x", x, problem.dim_in1), ("y", y, problem.dim_in2)):
+        if not isinstance(t, Tensor) or t.dim() != 2 or t.shape[1] != dim:
+            raise ValueError(f"{name}: expected a tensor of shape [rows, {dim}], got "
+                             f"{tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__}")
+    n_out = x.shape[0] if num_nodes is None else num_nodes
+    if graph is None:
+        graph = ConvGraph.build(src, dst, n_out, validate)
+    else:
+        if graph.num_nodes != n_out:
+            raise ValueError(f"graph: built for {graph.num_nodes} nodes, but num_nodes is {n_out}")
+        if graph.num_edges != y.shape[0]:
+            raise ValueError(f"graph: has {graph.num_edges} edges, but y has {y.shape[0]} rows")
+    if graph.num_edges != y.shape[0]:
+        raise ValueError(f"y: expected one row per edge ({graph.num_edges}), got {y.shape[0]}")
+    if validate and graph.num_edges and int(graph.src.max()) >= x.shape[0]:
+        raise IndexError(f"src: indices must be < x.shape[0] = {x.shape[0]}, got {int(graph.src.max())}")
+    nw = problem.weight_numel
+    if nw:
+        if weight is None:
+            raise ValueError("weight: this tensor product has weights; pass weight")
+        want = (nw,) if problem.shared_weights else (graph.num_edges, nw)
+        if tuple(weight.shape) != want:
+            raise ValueError(f"weight: expected shape {want}, got {tuple(weight.shape)}")
+    be = resolve_backend(backend, x.device)
+    flow = resolve_dataflow(dataflow, deterministic, be)
+    if flow == "unfused":
+        msgs = tensor_product(problem, x.index_select(0, graph.src), y, weight, layout=layout, backend=be)
+        return _segment_sum(msgs, graph, n_out)
+    from .conv_fused import fused_conv  # noqa: PLC0415 (Triton-backed path, imported on demand)
+    return fused_conv(problem, x, y, weight, graph, layout, be, flow)
+
+
+def _segment_sum(msgs: Tensor, graph: ConvGraph, n: int) -> Tensor:
+    """sum of edge rows per destination, in a fixed order (sorted by dst), differentiable."""
+    out = msgs.new_zeros(n, msgs.shape[1])
+    if graph.num_edges == 0:
+        return out
+    return out.index_add(0, graph.dst, msgs)
