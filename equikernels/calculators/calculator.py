@@ -1,0 +1,197 @@
+"""ASE calculator for MACE models (ours or mace-torch's): energy, forces, stress, per-atom energies.
+
+Per step the host does little: positions go to the device once, the neighbour list is reused
+while no atom moved more than half the skin (vesin runs on the model's device when it is rebuilt),
+the one-hot element table, batch vector and cell stay on the device until they change, and all
+results come back in one transfer. CUDA graphs are not used: the edge count changes between
+steps, and mace-torch models compute forces with ``torch.autograd.grad`` inside their forward.
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Optional, Sequence, Union
+
+import numpy as np
+import torch
+from ase import Atoms
+from ase.calculators.calculator import Calculator, all_changes
+from ase.stress import full_3x3_to_voigt_6_stress
+
+from .graph import ElementTable, single_graph
+from .loading import model_heads, resolve_device, resolve_dtype, resolve_head, resolve_model
+from .neighbors import DEFAULT_SKIN, SkinNeighborList, pbc_tensor, vesin_pairs
+
+MIN_VOLUME = 1e-8  # A^3: below this the cell has no volume and stress is undefined
+
+
+def _check_atoms(atoms, what: str = "atoms") -> None:
+    if not isinstance(atoms, Atoms):
+        raise TypeError(f"{what} must be an ase.Atoms, got {type(atoms).__name__}")
+    if len(atoms) == 0:
+        raise ValueError(f"{what} is empty: the calculator needs at least one atom")
+
+
+def _check_stress_cell(atoms: Atoms, what: str = "atoms") -> None:
+    if abs(atoms.cell.volume) < MIN_VOLUME:
+        raise ValueError(f"stress was requested but {what} has a cell without volume ({atoms.cell.array.tolist()}); "
+                         "stress needs a 3-D cell (set atoms.cell, or do not ask for stress)")
+
+
+class MACECalculator(Calculator):
+    """ASE calculator running a MACE model on the device.
+
+    Args:
+        model: a ``torch.nn.Module`` with mace-torch's call interface, a model file (our format
+            through ``equikernels.models.load``, or a mace-torch ``.model`` file), or None for the
+            bundled default model.
+        device: torch device; default CUDA when available, else CPU.
+        default_dtype: "float64" or "float32"; None keeps the model's dtype. The model is
+            converted in place (as mace-torch's calculator does), and its parameters frozen.
+        head: which head of a multi-head model; default the only head or the one called 'default'.
+        skin: Verlet skin in Angstrom (0 rebuilds the neighbour list every step).
+
+    ``energies`` are per-atom energies (including the isolated-atom reference energies E0),
+    ``stress`` is Voigt (xx, yy, zz, yz, xz, xy) in eV/A^3 and is computed only when asked for.
+    """
+
+    implemented_properties = ["energy", "free_energy", "energies", "forces", "stress"]
+
+    def __init__(self, model: Union[None, str, os.PathLike, torch.nn.Module] = None, device=None,
+                 default_dtype: Optional[str] = None, head: Optional[str] = None, skin: float = DEFAULT_SKIN,
+                 **kwargs):
+        Calculator.__init__(self, **kwargs)
+        self.device = resolve_device(device)
+        model = resolve_model(model, self.device)
+        self.dtype = resolve_dtype(default_dtype, model)
+        model = model.to(device=self.device, dtype=self.dtype)
+        model.eval()
+        for param in model.parameters():
+            param.requires_grad_(False)
+        self.model = model
+        self.r_max = float(model.r_max)
+        self.heads = model_heads(model)
+        self.head = self.heads[resolve_head(head, self.heads)]
+        self._head = torch.tensor([self.heads.index(self.head)], dtype=torch.int64, device=self.device)
+        self.elements = ElementTable([int(z) for z in model.atomic_numbers], self.device)
+        self.neighbors = SkinNeighborList(self.r_max, skin)
+        self._numbers: Optional[np.ndarray] = None   # cached per-structure device state
+        self._cell_np: Optional[np.ndarray] = None
+        self._pbc_np: Optional[np.ndarray] = None
+
+    # ---- per-structure state, refreshed only when it changes -------------------------------
+    def _sync_structure(self, atoms: Atoms) -> None:
+        numbers = atoms.numbers
+        if self._numbers is None or not np.array_equal(numbers, self._numbers):
+            self.elements.check(numbers)
+            self._node_attrs = self.elements.one_hot(numbers, self.dtype)
+            n = len(numbers)
+            self._batch = torch.zeros(n, dtype=torch.int64, device=self.device)
+            self._ptr = torch.tensor([0, n], dtype=torch.int64, device=self.device)
+            self._numbers = numbers.copy()
+            self.neighbors.reset()
+        cell = atoms.cell.array
+        if self._cell_np is None or not np.array_equal(cell, self._cell_np):
+            self._cell = torch.as_tensor(cell, dtype=self.dtype).to(self.device)
+            self._cell_np = cell.copy()
+        pbc = atoms.pbc
+        if self._pbc_np is None or not np.array_equal(pbc, self._pbc_np):
+            self._pbc = pbc_tensor(pbc, self.device)
+            self._pbc_np = pbc.copy()
+
+    def graph(self, atoms: Atoms) -> Dict[str, torch.Tensor]:
+        """The model input for ``atoms`` (updates the cached neighbour list)."""
+        _check_atoms(atoms)
+        self._sync_structure(atoms)
+        positions = torch.as_tensor(atoms.positions, dtype=self.dtype).to(self.device)
+        edges = self.neighbors.update(positions, self._cell, self._pbc)
+        return single_graph(positions, self._node_attrs, edges, self._cell, self._head, self._batch, self._ptr)
+
+    # ---- ASE interface ---------------------------------------------------------------------
+    def calculate(self, atoms=None, properties=None, system_changes=all_changes):
+        properties = list(properties) if properties else ["energy"]
+        Calculator.calculate(self, atoms, properties, system_changes)
+        atoms = self.atoms
+        compute_stress = "stress" in properties
+        if compute_stress:
+            _check_stress_cell(atoms)
+        data = self.graph(atoms)
+        out = self.model(data, compute_force=True, compute_stress=compute_stress, training=False)
+        self.results = _results(out, [len(atoms)], compute_stress)[0]
+
+    # ---- many structures in one model call -------------------------------------------------
+    def batch_evaluate(self, atoms_list: Sequence[Atoms], properties: Sequence[str] = ("energy", "forces"),
+                       max_atoms_per_batch: Optional[int] = None) -> List[Dict[str, np.ndarray]]:
+        """Evaluate many structures with as few model calls as possible (torch-geometric batching:
+        nodes concatenated, edge indices offset, one graph index per atom). Returns one results
+        dict per structure (the keys of ``self.results``). ``max_atoms_per_batch`` bounds the
+        atoms per model call (device memory); by default everything goes in one call."""
+        from torch_geometric.data import Batch, Data
+
+        atoms_list = list(atoms_list)
+        if not atoms_list:
+            return []
+        if max_atoms_per_batch is not None and max_atoms_per_batch < 1:
+            raise ValueError(f"max_atoms_per_batch must be a positive integer or None, got {max_atoms_per_batch!r}")
+        unknown = set(properties) - set(self.implemented_properties)
+        if unknown:
+            raise ValueError(f"unknown properties {sorted(unknown)}; available: {self.implemented_properties}")
+        compute_stress = "stress" in properties
+        for k, atoms in enumerate(atoms_list):
+            _check_atoms(atoms, f"atoms_list[{k}]")
+            self.elements.check(atoms.numbers)
+            if compute_stress:
+                _check_stress_cell(atoms, f"atoms_list[{k}]")
+
+        results: List[Dict[str, np.ndarray]] = []
+        for chunk in _chunks(atoms_list, max_atoms_per_batch):
+            graphs = []
+            for atoms in chunk:
+                positions = torch.as_tensor(atoms.positions, dtype=self.dtype).to(self.device)
+                cell = torch.as_tensor(atoms.cell.array, dtype=self.dtype).to(self.device)
+                i, j, unit_shifts = vesin_pairs(positions, cell, pbc_tensor(atoms.pbc, self.device), self.r_max)
+                graphs.append(Data(num_nodes=len(atoms), positions=positions,
+                                   node_attrs=self.elements.one_hot(atoms.numbers, self.dtype),
+                                   edge_index=torch.stack((i, j)), unit_shifts=unit_shifts,
+                                   shifts=unit_shifts @ cell, cell=cell, head=self._head[0]))
+            batch = Batch.from_data_list(graphs)
+            data = {key: batch[key] for key in ("positions", "node_attrs", "edge_index", "shifts", "unit_shifts",
+                                                "cell", "batch", "ptr", "head")}
+            out = self.model(data, compute_force=True, compute_stress=compute_stress, training=False)
+            results.extend(_results(out, [len(a) for a in chunk], compute_stress))
+        return results
+
+
+def _chunks(atoms_list: List[Atoms], max_atoms: Optional[int]):
+    if max_atoms is None:
+        yield atoms_list
+        return
+    chunk, count = [], 0
+    for atoms in atoms_list:
+        if chunk and count + len(atoms) > max_atoms:
+            yield chunk
+            chunk, count = [], 0
+        chunk.append(atoms)
+        count += len(atoms)
+    yield chunk
+
+
+def _results(out: Dict[str, torch.Tensor], sizes: List[int], compute_stress: bool) -> List[Dict[str, np.ndarray]]:
+    """Split a (batched) model output into per-structure ASE results, with one device->host copy."""
+    pieces = [out["energy"].reshape(-1), out["node_energy"].reshape(-1), out["forces"].reshape(-1)]
+    if compute_stress:
+        pieces.append(out["stress"].reshape(-1))
+    flat = torch.cat([p.detach().to(torch.float64) for p in pieces]).cpu().numpy()
+    num_graphs, num_atoms = len(sizes), sum(sizes)
+    energy, flat = flat[:num_graphs], flat[num_graphs:]
+    node_energy, flat = flat[:num_atoms], flat[num_atoms:]
+    forces, flat = flat[:3 * num_atoms].reshape(num_atoms, 3), flat[3 * num_atoms:]
+    stress = flat.reshape(num_graphs, 3, 3) if compute_stress else None
+    results, start = [], 0
+    for g, n in enumerate(sizes):
+        res = {"energy": float(energy[g]), "free_energy": float(energy[g]),
+               "energies": node_energy[start:start + n].copy(), "forces": forces[start:start + n].copy()}
+        if compute_stress:
+            res["stress"] = full_3x3_to_voigt_6_stress(stress[g])
+        results.append(res)
+        start += n
+    return results

@@ -1,0 +1,109 @@
+"""Resolve the calculator's model argument: a module, a file, or the bundled default model.
+
+Models follow mace-torch's call interface (``model(data, compute_force=..., compute_stress=...,
+training=False) -> dict``) and expose ``r_max``, ``atomic_numbers`` and optionally ``heads``.
+``equikernels.models`` is imported lazily: calculators sit above models, and a missing or
+partial models package only disables what needs it.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from typing import List, Optional, Union
+
+import torch
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_device(device) -> torch.device:
+    if device is None:
+        return default_device()
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device must be a torch device such as 'cpu' or 'cuda', got {device!r}") from exc
+
+
+def resolve_dtype(default_dtype, model: torch.nn.Module) -> torch.dtype:
+    """``None`` keeps the model's own dtype."""
+    if default_dtype is None:
+        param = next(model.parameters(), None)
+        return param.dtype if param is not None else torch.get_default_dtype()
+    if isinstance(default_dtype, torch.dtype) and default_dtype in DTYPES.values():
+        return default_dtype
+    if default_dtype in DTYPES:
+        return DTYPES[default_dtype]
+    raise ValueError(f"default_dtype must be one of {sorted(DTYPES)} (or None for the model's dtype), "
+                     f"got {default_dtype!r}")
+
+
+def _models_attr(name: str):
+    """``equikernels.models.<name>`` or None while the models package does not provide it."""
+    try:
+        mod = importlib.import_module("equikernels.models")
+    except ModuleNotFoundError as exc:
+        if exc.name and "equikernels.models".startswith(exc.name):
+            return None
+        raise
+    return getattr(mod, name, None)
+
+
+def default_model_path() -> str:
+    finder = _models_attr("default_model_path")
+    path = finder() if finder is not None else None
+    if path is None or not os.path.exists(str(path)):
+        raise FileNotFoundError(
+            "no default model is bundled with this installation of equikernels "
+            "(equikernels.models.default_model_path() is not available or points to a missing file); "
+            "pass model=<path to a model file> or model=<torch.nn.Module>")
+    return str(path)
+
+
+def load_model_file(path, device: torch.device) -> torch.nn.Module:
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"model file {path!r} does not exist")
+    loader = _models_attr("load")
+    if loader is not None:
+        return loader(path)
+    # mace-torch files are pickled whole modules (unpickling needs mace-torch installed)
+    return torch.load(path, map_location=device, weights_only=False)
+
+
+def resolve_model(model: Union[None, str, os.PathLike, torch.nn.Module], device: torch.device) -> torch.nn.Module:
+    if model is None:
+        model = default_model_path()
+    if isinstance(model, (str, os.PathLike)):
+        model = load_model_file(model, device)
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be None (the bundled default), a file path or a torch.nn.Module, "
+                        f"got {type(model).__name__}")
+    missing = [name for name in ("r_max", "atomic_numbers") if not hasattr(model, name)]
+    if missing:
+        raise TypeError(f"model must expose r_max and atomic_numbers like a mace-torch MACE model; "
+                        f"{type(model).__name__} lacks {', '.join(missing)}")
+    return model
+
+
+def model_heads(model: torch.nn.Module) -> List[str]:
+    heads = getattr(model, "heads", None)
+    return list(heads) if heads else ["Default"]
+
+
+def resolve_head(head: Optional[str], heads: List[str]) -> int:
+    """Index of ``head``; with no head given, the only head or the one called 'default'."""
+    if head is None:
+        if len(heads) == 1:
+            return 0
+        defaults = [k for k, name in enumerate(heads) if str(name).lower() == "default"]
+        if not defaults:
+            raise ValueError(f"the model has several heads and none is called 'default': pass head=, one of {heads}")
+        return defaults[0]
+    if head not in heads:
+        raise ValueError(f"head {head!r} is not one of the model's heads {heads}")
+    return heads.index(head)

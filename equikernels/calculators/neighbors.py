@@ -1,0 +1,110 @@
+"""Neighbour lists for the calculator: vesin-torch on the model's device, with a Verlet skin.
+
+The list is built with vesin at ``cutoff + skin`` and reused while no atom has moved more than
+half the skin since the build (then no pair can have crossed the cutoff unseen). Every call
+returns exactly the pairs within ``cutoff`` (the candidates are filtered by their current
+distance), so results equal a fresh list at every step, whatever the model does with edges
+beyond its cutoff. Conventions are mace-torch's: ``sender = i``, ``receiver = j``,
+``vector = x[j] - x[i] + S @ cell``, self-pairs only across periodic images.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+DEFAULT_SKIN = 0.5  # Angstrom: typical MD moves atoms < 0.01 A per fs, so rebuilds every ~20+ steps
+
+
+@dataclass
+class Edges:
+    """The pairs within the cutoff, as tensors on the positions' device."""
+    sender: torch.Tensor       # [E] int64
+    receiver: torch.Tensor     # [E] int64
+    unit_shifts: torch.Tensor  # [E, 3] positions' dtype (integer values)
+    shifts: torch.Tensor       # [E, 3] positions' dtype, unit_shifts @ cell
+
+    @property
+    def edge_index(self) -> torch.Tensor:
+        return torch.stack((self.sender, self.receiver))
+
+
+def _vesin_neighbor_list(cutoff: float):
+    try:
+        from vesin_torch import NeighborList  # vesin-torch >= 0.4
+    except ImportError:  # older releases only ship the vesin.torch alias
+        from vesin.torch import NeighborList
+    return NeighborList(cutoff=cutoff, full_list=True)
+
+
+def vesin_pairs(positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor, cutoff: float):
+    """All pairs within ``cutoff`` from vesin (no skin): i, j (int64) and integer shifts S (as the
+    positions' dtype), on the positions' device. Non-periodic directions may have a zero cell row."""
+    nl = _vesin_neighbor_list(cutoff)
+    i, j, shifts = nl.compute(positions.detach(), cell.detach(), pbc, "ijS")
+    return i.to(torch.int64), j.to(torch.int64), shifts.to(positions.dtype)
+
+
+class SkinNeighborList:
+    """Verlet neighbour list for one structure.
+
+    ``update(positions, cell, pbc)`` returns the current :class:`Edges`. The candidate list is
+    rebuilt when the structure changes (number of atoms, cell, pbc) or when any atom moved more
+    than ``skin / 2`` since the last build. A changing cell (NPT) rebuilds every step: the
+    displacement bound alone does not hold when the periodic images move.
+    ``num_builds`` counts vesin calls (tests and logs use it).
+    """
+
+    def __init__(self, cutoff: float, skin: float = DEFAULT_SKIN):
+        if not cutoff > 0:
+            raise ValueError(f"cutoff must be a positive number of Angstrom, got {cutoff!r}")
+        if not skin >= 0:
+            raise ValueError(f"skin must be a non-negative number of Angstrom, got {skin!r}")
+        self.cutoff = float(cutoff)
+        self.skin = float(skin)
+        self.num_builds = 0
+        self._ref_positions: Optional[torch.Tensor] = None
+        self._ref_cell: Optional[torch.Tensor] = None
+        self._ref_pbc: Optional[torch.Tensor] = None
+        self._candidates = None  # (i, j, S) within cutoff + skin at the last build
+
+    def reset(self) -> None:
+        self._ref_positions = None
+        self._candidates = None
+
+    def _needs_rebuild(self, positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor) -> bool:
+        ref = self._ref_positions
+        if ref is None or ref.shape != positions.shape or ref.device != positions.device or ref.dtype != positions.dtype:
+            return True
+        if not torch.equal(self._ref_pbc, pbc) or not torch.equal(self._ref_cell, cell):
+            return True
+        if self.skin == 0.0:
+            return True
+        # one reduction and one host sync per step
+        max_sq = (positions - ref).square().sum(dim=1).max()
+        return bool(max_sq > (0.5 * self.skin) ** 2)
+
+    def update(self, positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor) -> Edges:
+        positions = positions.detach()
+        cell = cell.detach()
+        if self._needs_rebuild(positions, cell, pbc):
+            self._candidates = vesin_pairs(positions, cell, pbc, self.cutoff + self.skin)
+            self._ref_positions = positions.clone()
+            self._ref_cell = cell.clone()
+            self._ref_pbc = pbc.clone()
+            self.num_builds += 1
+        i, j, unit_shifts = self._candidates
+        shifts = unit_shifts @ cell
+        if self.skin > 0.0:
+            vec = positions[j] - positions[i] + shifts
+            keep = torch.nonzero(vec.square().sum(dim=1) < self.cutoff ** 2).squeeze(1)
+            i, j, unit_shifts, shifts = i[keep], j[keep], unit_shifts[keep], shifts[keep]
+        return Edges(i, j, unit_shifts, shifts)
+
+
+def pbc_tensor(pbc, device) -> torch.Tensor:
+    """ASE's pbc (bool or 3 bools) as a bool tensor of 3 on ``device``."""
+    arr = np.broadcast_to(np.asarray(pbc, dtype=bool), (3,))
+    return torch.tensor(arr.tolist(), dtype=torch.bool, device=device)
