@@ -12,7 +12,7 @@ program, which the launcher sums in float64.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from ..ir import Factor, Path, Table
@@ -38,6 +38,33 @@ class KernelMeta:
     zero_init: Tuple[str, ...]   # outputs the kernel does not fully cover (launcher zero-fills)
     reduce_rows: Tuple[str, ...]  # outputs written as per-program partials [programs, dim]
     min_rows: int = 1             # rows per program the kernel needs (tl.dot over rows: 16)
+
+
+@dataclass
+class Rowing:
+    """How kernel rows map to tensor rows (DESIGN §4: a sparse kernel is the dense one with other
+    row pointers).
+
+    ``mode``: "rows" (row i of every row operand), "edges" (rows are edges; an operand named in
+    ``rowvar`` is addressed through an index loaded per edge, e.g. x through src[e]) or "nodes"
+    (each program owns nodes; a node's edges, found through ``perm``/``nptr`` CSR arrays, are
+    visited ROWS at a time in one loop per output segment; outputs are carried across that loop
+    and reduced once per node, in a fixed order). ``index``: row variable -> pointer argument it is
+    loaded from (per edge). ``scatter``: outputs added with atomics (edge-parallel node outputs).
+    """
+    mode: str = "rows"
+    rowvar: Dict[str, str] = field(default_factory=dict)
+    index: Dict[str, str] = field(default_factory=dict)
+    scatter: Tuple[str, ...] = ()
+
+    @property
+    def args(self) -> Tuple[str, ...]:
+        extra = ("perm", "nptr") if self.mode == "nodes" else ()
+        return extra + tuple(dict.fromkeys(self.index.values()))
+
+    def prologue(self, indent: str) -> List[str]:
+        return [f"{indent}{var} = tl.load({ptr}_ptr + r64, mask=rmask, other=0).to(tl.int64)"
+                for var, ptr in self.index.items()]
 
 
 def path_segment(p: Path, in1: bool = False) -> int:
@@ -76,8 +103,10 @@ class _Writer:
 
 class KernelBuilder:
     def __init__(self, name: str, groups: Sequence[Group], layout: str, row_operands: Set[str],
-                 split: bool = True, dot: bool = True, in1_major: bool = False):
+                 split: bool = True, dot: bool = True, in1_major: bool = False,
+                 rowing: Optional["Rowing"] = None):
         self.name, self.groups, self.layout = name, list(groups), layout
+        self.rowing = rowing or Rowing()
         self.row_operands = set(row_operands)  # operands with a row dimension (others are shared)
         self.pre = _Writer()    # before the row loop (constants, aranges, loop-carried accumulators)
         self.body = _Writer()   # inside the row loop
@@ -145,7 +174,8 @@ class KernelBuilder:
         key = (operand, nd)
         if key not in self.rowexpr:
             name = f"{operand}_r{nd}"
-            self.body.emit(f"{name} = r64{self._row_axis(nd)} * {dim}")
+            var = self.rowing.rowvar.get(operand, "r64")
+            self.body.emit(f"{name} = {var}{self._row_axis(nd)} * {dim}")
             self.rowexpr[key] = name
         return self.rowexpr[key]
 
@@ -369,7 +399,7 @@ class KernelBuilder:
         self.store_info[key] = self._split_info(t, p.output, k, assign, out_block)
         if key in accs:
             self.body.emit(f"{accs[key]} = {accs[key]} + {s}")
-        elif g.reduce_rows:
+        elif g.reduce_rows or self.rowing.mode == "nodes":
             # keep the row axis in the loop; one cross-row reduction after it
             name = self.pre.tmp("racc")
             shape = ([] if norows else ["ROWS"]) + [str(_pow2(sizes[l])) for l in out_block]
@@ -494,14 +524,20 @@ class KernelBuilder:
                                    for (coef, pos), sz in zip(terms, tsizes)]
             cm = [self.colmask(_pow2(sz), sz, nd, pos, rows=False)
                   for (coef, pos), sz in zip(terms, tsizes) if _pow2(sz) != sz]
-            ptr = f"{out_ptr}_ptr + pid64 * {dims[out_ptr]} + " + " + ".join(addr)
+            prow = "noderow" if self.rowing.mode == "nodes" else "pid64"
+            ptr = f"{out_ptr}_ptr + {prow} * {dims[out_ptr]} + " + " + ".join(addr)
             mask = f", mask={' & '.join(cm)}" if cm else ""
             val = name if name in self.norows else f"tl.sum({name}, axis=0)"
+            if out_ptr in self.accumulate:
+                val = f"({val} + tl.load({ptr}{mask}{', other=0.0' if cm else ''}).to(DT))"
             to.emit(f"tl.store({ptr}, {val}.to({out_ptr}_ptr.dtype.element_ty){mask})", indent)
         else:
             rows = self.rows(out_ptr, dims[out_ptr], nd)
             ptr = f"{out_ptr}_ptr + {rows} + " + " + ".join(addr)
             mask = " & ".join([self.rmask(nd)] + cmask)
+            if out_ptr in self.rowing.scatter:  # edge-parallel node output: atomics
+                to.emit(f"tl.atomic_add({ptr}, {name}.to({out_ptr}_ptr.dtype.element_ty), mask={mask})", indent)
+                return
             if out_ptr in self.accumulate:
                 name = f"({name} + tl.load({ptr}, mask={mask}, other=0.0).to(DT))"
             to.emit(f"tl.store({ptr}, {name}.to({out_ptr}_ptr.dtype.element_ty), mask={mask})", indent)
@@ -522,6 +558,10 @@ class KernelBuilder:
             names = [accs[comps[c]] for c in range(d)] + [None] * (_pow2(d) - d)
             tile = self._join(names, p)
             ptr, mask = self._tile_ptr(out_ptr, off, d, ch, p, size)
+            if out_ptr in self.rowing.scatter:
+                self.body.emit(f"tl.atomic_add({ptr}, {tile}.to({out_ptr}_ptr.dtype.element_ty), mask={mask})")
+                done.update(comps.values())
+                continue
             if out_ptr in self.accumulate:
                 tile = f"({tile} + tl.load({ptr}, mask={mask}, other=0.0).to(DT))"
             self.body.emit(f"tl.store({ptr}, {tile}.to({out_ptr}_ptr.dtype.element_ty), mask={mask})")
@@ -590,6 +630,11 @@ class KernelBuilder:
             return (gi, p.output.segment, p.output.base if seg.dim == 1 else None)
 
         items.sort(key=visit_key)
+        if self.rowing.mode == "nodes":
+            if any(g.reduce_rows for g in self.groups):
+                raise Unsupported("row-summed outputs in a node-parallel kernel")
+            return self._assemble(*self._node_sections(items, accs, order, out_dims), accs, order, out_dims,
+                                  reduce, coverage)
         last = {unit(gi, p): n for n, (gi, p, _) in enumerate(items)}
         pending: Dict[tuple, List[tuple]] = {}
         stored: Set[tuple] = set()
@@ -632,7 +677,30 @@ class KernelBuilder:
             for key in order[start:]:
                 self.store(key, accs[key], True, out_dims, post, 1)
             sections.append((self.accpre.lines, self.body.lines, post.lines))
-        done = {k for k in order if accs.get(k) in self.norows}
+        return self._assemble(main, sections, set(), accs, order, out_dims, reduce, coverage)
+
+    def _node_sections(self, items, accs, order, out_dims):
+        """Node-parallel kernels: one edge loop per output segment, so only that segment's carried
+        accumulators are live; each is reduced over its ROWS edge slots once per node."""
+        units: Dict[tuple, list] = {}
+        for gi, p, bounds in items:
+            units.setdefault((gi, p.output.segment), []).append((gi, p, bounds))
+        sections, stored = [], set()
+        for paths in units.values():
+            self.body.lines, self.accpre = [], _Writer()
+            self.loads, self.tiles, self.rowexpr, self.rowmask, self.exprs = {}, {}, {}, {}, {}
+            start = len(order)
+            for gi, p, bounds in paths:
+                self.path(self.groups[gi], p, accs, order, bounds)
+            post = _Writer()
+            for key in order[start:]:
+                self.store(key, accs[key], True, out_dims, post, 1)
+                stored.add(key)
+            sections.append((self.accpre.lines, self.body.lines, post.lines))
+        return [], sections, stored
+
+    def _assemble(self, main, sections, stored, accs, order, out_dims, reduce, coverage):
+        done = {k for k in order if accs.get(k) in self.norows} | stored
         for key in order:
             if reduce[key[0]] and key not in done:
                 self.store(key, accs[key], True, out_dims, self.post, 1)
@@ -640,8 +708,8 @@ class KernelBuilder:
         zero_init = tuple(g.out_ptr for g in self.groups if len(coverage[g.out_ptr]) < out_dims[g.out_ptr])
         outs = tuple(g.out_ptr for g in self.groups)
         ins = tuple(self.inputs)
-        args = ", ".join([f"{n}_ptr" for n in ins + outs] + ["N", "NBLK", "ROWS: tl.constexpr", "DT: tl.constexpr",
-                                                              "PREC: tl.constexpr"])
+        args = ", ".join([f"{n}_ptr" for n in ins + outs + self.rowing.args]
+                         + ["N", "NBLK", "ROWS: tl.constexpr", "DT: tl.constexpr", "PREC: tl.constexpr"])
         src = ["@triton.jit", f"def {self.name}({args}):"]
         src.append("    pid = tl.program_id(0)")
         src.append("    pid64 = pid.to(tl.int64)")
@@ -649,11 +717,23 @@ class KernelBuilder:
         src.append("    rr = tl.arange(0, ROWS)")
         src += self.pre.lines
         loop = ["    for blk in range(pid, NBLK, nprog):", "        r = blk * ROWS + rr", "        rmask = r < N",
-                "        r64 = r.to(tl.int64)"]
-        if main or not sections:
-            src += loop + (main or ["        pass"])
-        for init, body, post in sections:
-            src += init + loop + body + post
+                "        r64 = r.to(tl.int64)"] + self.rowing.prologue("        ")
+        if self.rowing.mode == "nodes":
+            # N nodes; node n's edges are perm[nptr[n]:nptr[n+1]] (r64 = edge id in the loop)
+            src += ["    for node in range(pid, N, nprog):", "        noderow = tl.full([1], 0, tl.int64) + node",
+                    "        e0 = tl.load(nptr_ptr + node)", "        e1 = tl.load(nptr_ptr + node + 1)"]
+            inner = ["        for k0 in range(e0, e1, ROWS):", "            r = k0 + rr", "            rmask = r < e1",
+                     "            r64 = tl.load(perm_ptr + r, mask=rmask, other=0).to(tl.int64)"]
+            inner += self.rowing.prologue("            ")
+            for init, body, post in sections:
+                src += ["    " + ln for ln in init] + inner + ["    " + ln for ln in body] + ["    " + ln for ln in post]
+            if not sections:
+                src.append("        pass")
+        else:
+            if main or not sections:
+                src += loop + (main or ["        pass"])
+            for init, body, post in sections:
+                src += init + loop + body + post
         src += self.post.lines
         meta = KernelMeta(self.name, ins, outs, zero_init, tuple(g.out_ptr for g in self.groups if g.reduce_rows),
                           self.min_rows)
@@ -673,5 +753,6 @@ class KernelBuilder:
 
 
 def generate(name: str, groups: Sequence[Group], layout: str, row_operands: Set[str],
-             split: bool = True, dot: bool = True, in1_major: bool = False) -> Tuple[str, KernelMeta]:
-    return KernelBuilder(name, groups, layout, row_operands, split, dot, in1_major).build()
+             split: bool = True, dot: bool = True, in1_major: bool = False,
+             rowing: Optional[Rowing] = None) -> Tuple[str, KernelMeta]:
+    return KernelBuilder(name, groups, layout, row_operands, split, dot, in1_major, rowing).build()

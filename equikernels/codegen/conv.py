@@ -1,0 +1,201 @@
+"""Generated Triton kernels for the fused graph convolution (DESIGN §4): build, cache, launch.
+
+The kernels are the batched-TP kernels of ``emit.py`` with other row pointers:
+- *edges*: rows are edges; node operands are read through src[e] / dst[e]; node outputs are added
+  with atomics (the ``atomic`` dataflow), edge outputs (gy, gw, dy, dw) stored per edge.
+- *nodes*: each program owns nodes and walks their edges in CSR order (by dst for out / dg, by src
+  for gx / dx), carrying [ROWS, MUL] partial sums and reducing them once per node: no atomics, a
+  fixed summation order, every node row written once (the ``deterministic`` dataflow).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Dict, Optional
+
+import torch
+import triton
+
+from ..ir import double_backward_tables
+from .cache import load_module
+from .emit import Group, Rowing, generate
+from .tp import _DT, LaunchConfig, _alloc, _num_sms
+
+# which graph side each operand / output lives on (everything else is per edge)
+SRC_SIDE = ("x", "a", "gx", "dx")
+DST_SIDE = ("out", "g", "dg")
+EDGE_OUTPUTS = ("gy", "gw", "dy", "dw")
+
+
+def conv_config(kind: str, dtype: torch.dtype) -> LaunchConfig:
+    """Edges per program step: 4 (fp32) / 2 (fp64), warps along the edge axis (as the batched TP).
+    EQUIKERNELS_CONV_ROWS and EQUIKERNELS_CONV_WARPS override."""
+    rows = int(os.environ.get("EQUIKERNELS_CONV_ROWS", 4 if dtype == torch.float32 else 2))
+    warps = int(os.environ.get("EQUIKERNELS_CONV_WARPS", min(4, rows)))
+    return LaunchConfig(rows=rows, num_warps=warps, tf32=os.environ.get("EQUIKERNELS_TF32") == "1")
+
+
+def _rowing(mode: str, operands, owner: Optional[str] = None) -> Rowing:
+    rowvar, index = {}, {}
+    for name in operands:
+        side = "src" if name in SRC_SIDE else "dst" if name in DST_SIDE else None
+        if side is None:
+            continue
+        if side == owner:
+            rowvar[name] = "noderow"
+        else:
+            var = "srcrow" if side == "src" else "dstrow"
+            rowvar[name] = var
+            index[var] = side
+    scatter = tuple(n for n in operands if mode == "edges" and n in ("out", "dg", "gx", "dx"))
+    return Rowing(mode, rowvar, index, scatter)
+
+
+class _ConvKernel:
+    def __init__(self, name: str, groups, layout: str, row_operands, rowing: Rowing, describe: str, in1: bool,
+                 owner: Optional[str]):
+        self.owner = owner
+        body, self.meta = generate(name, groups, layout, row_operands, in1_major=in1, rowing=rowing)
+        self.rowing = rowing
+        header = f"# {describe}\nimport triton\nimport triton.language as tl\n\n\n"
+        digest = hashlib.sha256((header + body).encode()).hexdigest()[:12]
+        self.module = load_module(f"{name}_{digest}", header + body)
+        self.fn = getattr(self.module, name)
+        self.source_path = self.module.__file__
+
+    def launch(self, tensors: Dict[str, torch.Tensor], outputs: Dict[str, torch.Tensor], graph, cfg: LaunchConfig,
+               dtype: torch.dtype, programs: Optional[int] = None):
+        idx = {"src": graph.src, "dst": graph.dst}
+        if self.rowing.mode == "nodes":
+            idx["perm"], idx["nptr"] = ((graph.perm_dst, graph.ptr_dst) if self.owner == "dst"
+                                        else (graph.perm_src, graph.ptr_src))
+            n = graph.num_nodes
+            grid = (max(1, n),)
+        else:
+            n = graph.num_edges
+            nblk = triton.cdiv(n, cfg.rows)
+            grid = (max(1, min(nblk, programs)) if programs else max(1, nblk),)
+        args = [tensors[k] for k in self.meta.inputs] + [outputs[k] for k in self.meta.outputs]
+        args += [idx[k] for k in self.rowing.args]
+        prec = "tf32" if cfg.tf32 and dtype == torch.float32 else "ieee"
+        self.fn[grid](*args, n, triton.cdiv(n, cfg.rows), ROWS=cfg.rows, DT=_DT[dtype], PREC=prec,
+                      num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+class ConvKernels:
+    """Forward, backward and double-backward kernels of one Plan for one dataflow."""
+
+    def __init__(self, plan, flow: str):
+        if flow not in ("atomic", "deterministic"):
+            raise ValueError(f"flow: expected 'atomic' or 'deterministic', got {flow!r}")
+        self.plan, self.flow = plan, flow
+        self.problem = plan.problem
+        self._cache: Dict[tuple, object] = {}
+
+    def _row_operands(self):
+        rows = {"x", "y", "g", "a", "b"}
+        if not self.problem.shared_weights:
+            rows |= {"w", "c"}
+        return rows
+
+    def _in1_major(self) -> bool:
+        segs = [p.output.segment for p in self.plan.table.paths]
+        return len(segs) == len(set(segs))
+
+    def _kernel(self, tag: str, groups, mode: str, owner: Optional[str] = None):
+        key = (tag, mode, owner)
+        if key not in self._cache:
+            ops = set()
+            for g in groups:
+                ops.add(g.out_ptr)
+                ops.update(o.name for o in g.table.operands if o.name != g.table.output)
+            rowing = _rowing(mode, ops, owner)
+            name = f"conv_{tag}_{mode}_{self.problem.key()}_{self.plan.layout}"
+            self._cache[key] = _ConvKernel(name, groups, self.plan.layout, self._row_operands(), rowing,
+                                           f"{tag} of the convolution of {self.problem.describe()} "
+                                           f"[{self.plan.layout}, {mode}]", self._in1_major(), owner)
+        return self._cache[key]
+
+    def _groups(self, kind: str, names, have: str = ""):
+        p, shared = self.plan, self.problem.shared_weights
+        if kind == "fwd":
+            return [Group(p.table, "out")]
+        if kind == "bwd":
+            return [Group(p.grad_tables[n], "g" + n, reduce_rows=(n == "w" and shared)) for n in names]
+        tables = double_backward_tables(p.table, have, "".join(names))
+        return [Group(tables[n], "d" + n, reduce_rows=(n == "w" and shared)) for n in names if n in tables]
+
+    def _run(self, kind: str, names, tensors, like, graph, cfg, have: str = "") -> Dict[str, torch.Tensor]:
+        """Launch the kernels computing outputs ``names`` (x, y, w, g / out) of one direction."""
+        node_names = [n for n in names if n in ("x", "g", "out")]
+        edge_names = [n for n in names if n not in node_names]
+        plans = []  # (kernel tag, names, mode, owner)
+        if self.flow == "atomic":
+            if kind == "dbwd":  # dg alone; dx, dy, dw together (fewer live tiles, as the batched TP)
+                plans += [(f"{kind}{have}_{n}", [n], "edges", None) for n in names if n == "g"]
+                rest = [n for n in names if n != "g"]
+                if rest:
+                    plans.append((f"{kind}{have}_{''.join(rest)}", rest, "edges", None))
+            else:
+                plans.append((f"{kind}{have}_{''.join(names)}", list(names), "edges", None))
+        else:
+            for n in node_names:
+                owner = "dst" if n in ("out", "g") else "src"
+                plans.append((f"{kind}{have}_{n}", [n], "nodes", owner))
+            if edge_names:
+                plans.append((f"{kind}{have}_{''.join(edge_names)}", edge_names, "edges", None))
+        res = {}
+        for tag, ns, mode, owner in plans:
+            groups = self._groups(kind, [n for n in ns if n != "out"], have)
+            if not groups:
+                continue
+            k = self._kernel(tag, groups, mode, owner)
+            outs = {}
+            for g in groups:
+                t = like[g.out_ptr]
+                if g.reduce_rows:
+                    outs[g.out_ptr] = None
+                else:
+                    outs[g.out_ptr] = _alloc(t.shape, t, g.out_ptr in k.meta.zero_init or g.out_ptr in k.rowing.scatter)
+            res.update(self._launch(k, tensors, outs, like, graph, cfg))
+        return res
+
+    def _launch(self, k: _ConvKernel, tensors, outs, like, graph, cfg):
+        rows_needed = max(cfg.rows, k.meta.min_rows)
+        if rows_needed != cfg.rows:
+            cfg = LaunchConfig(rows_needed, cfg.num_warps, cfg.num_stages, cfg.tf32)
+        dtype = tensors["y"].dtype
+        programs = None
+        partial = [n for n, t in outs.items() if t is None]
+        if partial:
+            programs = min(triton.cdiv(max(graph.num_edges, 1), cfg.rows), 4 * _num_sms(tensors["y"].device))
+            for n in partial:
+                outs[n] = _alloc((programs, like[n].shape[-1]), like[n], True)
+        if graph.num_edges == 0 and k.rowing.mode == "edges":
+            for n in partial:
+                outs[n] = torch.zeros_like(like[n])
+            return outs
+        k.launch(tensors, outs, graph, cfg, dtype, programs)
+        for n in partial:  # deterministic, no precision loss
+            outs[n] = outs[n].sum(0, dtype=torch.float64).to(like[n].dtype)
+        return outs
+
+    # --- directions -------------------------------------------------------------------------------
+    def forward(self, x, y, w, graph, cfg: Optional[LaunchConfig] = None):
+        cfg = cfg or conv_config("fwd", y.dtype)
+        like = {"out": x.new_empty(graph.num_nodes, self.problem.dim_out)}
+        return self._run("fwd", ["out"], {"x": x, "y": y, "w": w}, like, graph, cfg)["out"]
+
+    def backward(self, x, y, w, g, graph, names, cfg: Optional[LaunchConfig] = None):
+        """Gradients ``names`` (subset of "xyw") as a dict gx/gy/gw."""
+        cfg = cfg or conv_config("bwd", y.dtype)
+        like = {"gx": x, "gy": y, "gw": w}
+        return self._run("bwd", list(names), {"x": x, "y": y, "w": w, "g": g}, like, graph, cfg)
+
+    def double_backward(self, x, y, w, g, a, b, c, graph, names, cfg: Optional[LaunchConfig] = None):
+        """dx/dy/dw/dg of the trilinear identity for ``names`` (subset of "xywg"); a, b, c may be None."""
+        cfg = cfg or conv_config("dbwd", y.dtype)
+        have = "".join(k for k, t in zip("abc", (a, b, c)) if t is not None)
+        tensors = {"x": x, "y": y, "w": w, "g": g, "a": a, "b": b, "c": c}
+        like = {"dx": x, "dy": y, "dw": w, "dg": g}
+        return self._run("dbwd", list(names), tensors, like, graph, cfg, have)
