@@ -1,0 +1,68 @@
+"""Checkpoints written atomically (temporary file in the same directory, fsync, rename), so a run
+killed at any moment leaves either the previous or the new checkpoint, never a torn one."""
+from __future__ import annotations
+
+import glob
+import os
+import random
+import re
+from typing import Any, Dict, Optional
+
+import numpy as np
+import torch
+
+_NAME = "checkpoint-{:09d}.pt"
+_PATTERN = re.compile(r"checkpoint-(\d{9})\.pt$")
+
+
+def atomic_torch_save(obj: Any, path: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save(obj, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def rng_states() -> Dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_states(state: Dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save(directory: str, step: int, state: Dict[str, Any], keep: int) -> str:
+    path = os.path.join(directory, _NAME.format(step))
+    atomic_torch_save(state, path)
+    for old in list_checkpoints(directory)[:-keep]:
+        os.remove(old)
+    return path
+
+
+def list_checkpoints(directory: str):
+    found = [p for p in glob.glob(os.path.join(directory, "checkpoint-*.pt")) if _PATTERN.search(p)]
+    return sorted(found, key=lambda p: int(_PATTERN.search(p).group(1)))
+
+
+def latest(directory: str) -> Optional[str]:
+    found = list_checkpoints(directory)
+    return found[-1] if found else None
+
+
+def load(path: str) -> Dict[str, Any]:
+    # our own files: they hold numpy/python RNG states, which weights_only cannot restore
+    return torch.load(path, map_location="cpu", weights_only=False)

@@ -1,0 +1,123 @@
+"""All training options in one place: a dataclass that a YAML file, CLI flags or Python fill in.
+Unknown or ill-typed options are rejected with the option's name."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Union
+
+LR_SCHEDULES = ("cosine", "plateau", "constant")
+E0_MODES = ("foundation", "average")  # or a {symbol or Z: energy} mapping
+LOSSES = ("mse", "huber")
+
+
+@dataclass
+class DataKeys:
+    """Where labels live in each ASE frame (atoms.info / atoms.arrays / calculator results)."""
+    energy: str = "REF_energy"
+    forces: str = "REF_forces"
+    stress: str = "REF_stress"
+    virials: str = "REF_virials"
+    head: str = "head"
+    weight: str = "config_weight"
+
+
+@dataclass
+class TrainConfig:
+    # data
+    train_file: Optional[str] = None
+    valid_file: Optional[str] = None
+    valid_fraction: float = 0.1
+    keys: DataKeys = field(default_factory=DataKeys)
+    # model: a model file to fine-tune (mace-torch .model or ours), or None to build `new_model`
+    model: Optional[str] = None
+    new_model: Optional[Dict[str, Any]] = None  # hyper-parameters of a model trained from scratch
+    model_backend: str = "auto"   # "auto" | "equikernels" | "mace"
+    dtype: Optional[str] = None   # "float32" | "float64"; default: the model's own
+    device: Optional[str] = None  # default: cuda:LOCAL_RANK when available, else cpu
+    freeze: List[str] = field(default_factory=list)  # parameter-name prefixes kept fixed
+    e0s: Union[str, Dict[Any, float]] = "foundation"
+    # loss
+    loss: str = "mse"
+    huber_delta: float = 0.01
+    energy_weight: float = 1.0
+    forces_weight: float = 10.0
+    stress_weight: float = 1.0
+    # optimisation
+    epochs: int = 10
+    max_steps: Optional[int] = None  # stop after this many optimiser steps in total
+    batch_size: int = 4              # structures per process and step
+    lr: float = 1e-3
+    weight_decay: float = 5e-7
+    lr_schedule: str = "cosine"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.01       # cosine floor, as a fraction of lr
+    plateau_factor: float = 0.8
+    plateau_patience: int = 5
+    ema_decay: Optional[float] = 0.99  # None disables EMA
+    clip_grad_norm: Optional[float] = 10.0
+    # bookkeeping
+    seed: int = 0
+    out_dir: str = "fine_tune_out"
+    checkpoint_every: int = 100      # optimiser steps between checkpoints
+    keep_checkpoints: int = 2
+    eval_every_epochs: int = 1
+    patience: Optional[int] = None   # early stopping: evaluations without improvement
+    save_best: bool = True           # final model = best validation loss (else: the last)
+    progress: bool = True
+    plot: bool = True
+
+    def validate(self) -> "TrainConfig":
+        def need(cond: bool, msg: str):
+            if not cond:
+                raise ValueError(msg)
+
+        need(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
+        need(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        need(self.lr > 0, f"lr must be > 0, got {self.lr}")
+        need(self.max_steps is None or self.max_steps >= 1, f"max_steps must be >= 1, got {self.max_steps}")
+        need(self.lr_schedule in LR_SCHEDULES, f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
+        need(self.loss in LOSSES, f"loss must be one of {LOSSES}, got {self.loss!r}")
+        need(self.model_backend in ("auto", "equikernels", "mace"),
+             f"model_backend must be 'auto', 'equikernels' or 'mace', got {self.model_backend!r}")
+        need(self.dtype in (None, "float32", "float64"), f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
+        need(isinstance(self.e0s, dict) or self.e0s in E0_MODES,
+             f"e0s must be one of {E0_MODES} or a mapping element -> energy, got {self.e0s!r}")
+        need(self.ema_decay is None or 0.0 <= self.ema_decay < 1.0, f"ema_decay must be in [0, 1), got {self.ema_decay}")
+        need(self.checkpoint_every >= 1, f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
+        need(self.keep_checkpoints >= 1, f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+        need(self.patience is None or self.patience >= 1, f"patience must be >= 1, got {self.patience}")
+        for name in ("energy_weight", "forces_weight", "stress_weight", "huber_delta", "weight_decay"):
+            need(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
+        need(self.train_file is not None, "train_file is required (the structures to train on)")
+        need(self.model is not None or self.new_model is not None,
+             "give a model file to fine-tune (model) or the hyper-parameters of a new one (new_model)")
+        return self
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Dict[str, Any]) -> "TrainConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ValueError(f"unknown training option(s) {unknown}; known: {sorted(names)}")
+        values = dict(values)
+        if isinstance(values.get("keys"), dict):
+            key_names = {f.name for f in dataclasses.fields(DataKeys)}
+            bad = sorted(set(values["keys"]) - key_names)
+            if bad:
+                raise ValueError(f"unknown data key option(s) {bad}; known: {sorted(key_names)}")
+            values["keys"] = DataKeys(**values["keys"])
+        return cls(**values)
+
+
+def load_yaml(path: str) -> Dict[str, Any]:
+    import yaml
+
+    with open(path) as fh:
+        values = yaml.safe_load(fh) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a mapping of training options, got {type(values).__name__}")
+    return values

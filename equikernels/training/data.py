@@ -1,0 +1,293 @@
+"""Training data: read labelled structures from any ASE-readable file, check them, and turn them
+into torch-geometric graphs with mace-torch's keys.
+
+Every check names the file and the frame index, because a bad frame in a 10,000-frame extxyz is
+otherwise impossible to find. Units are ASE's (eV, Å, eV/Å^3); stress follows ASE's sign
+convention (the same as mace-torch's ``stress`` output)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .config import DataKeys
+
+
+class DataError(ValueError):
+    """A training structure that cannot be used; the message names the file and the frame."""
+
+
+@dataclass
+class Config:
+    """One labelled structure, checked, in float64 numpy arrays."""
+    atomic_numbers: np.ndarray          # [N] int
+    positions: np.ndarray               # [N, 3]
+    cell: np.ndarray                    # [3, 3]
+    pbc: np.ndarray                     # [3] bool
+    energy: Optional[float] = None
+    forces: Optional[np.ndarray] = None  # [N, 3]
+    stress: Optional[np.ndarray] = None  # [3, 3], ASE sign convention
+    weight: float = 1.0
+    head: str = "Default"
+    source: str = ""                    # "file, frame i" for error messages
+
+    @property
+    def num_atoms(self) -> int:
+        return int(len(self.atomic_numbers))
+
+
+def _where(path: str, index: int) -> str:
+    return f"{path}, frame {index}"
+
+
+def _lookup(atoms, key: str):
+    """A label from atoms.info / atoms.arrays, or from an attached calculator's results (ASE's
+    extxyz reader moves keys named energy/forces/stress there)."""
+    if key in atoms.info:
+        return atoms.info[key]
+    if key in atoms.arrays:
+        return atoms.arrays[key]
+    calc = getattr(atoms, "calc", None)
+    results = getattr(calc, "results", None) or {}
+    return results.get(key)
+
+
+def _as_float_array(value, what: str, where: str) -> np.ndarray:
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise DataError(f"{where}: {what} is not numeric ({value!r})") from exc
+    if not np.all(np.isfinite(arr)):
+        raise DataError(f"{where}: {what} contains NaN or infinite values")
+    return arr
+
+
+def _stress_3x3(value, what: str, where: str) -> np.ndarray:
+    arr = _as_float_array(value, what, where).reshape(-1)
+    if arr.size == 9:
+        return arr.reshape(3, 3)
+    if arr.size == 6:  # Voigt order xx, yy, zz, yz, xz, xy
+        xx, yy, zz, yz, xz, xy = arr
+        return np.array([[xx, xy, xz], [xy, yy, yz], [xz, yz, zz]])
+    raise DataError(f"{where}: {what} has {arr.size} values; expected 6 (Voigt) or 9 (3x3)")
+
+
+def config_from_atoms(atoms, keys: DataKeys, where: str) -> Config:
+    """Check one ASE Atoms and extract its labels."""
+    n = len(atoms)
+    if n == 0:
+        raise DataError(f"{where}: the structure has no atoms")
+    positions = _as_float_array(atoms.get_positions(), "positions", where)
+    cell = _as_float_array(atoms.get_cell().array, "cell", where)
+    pbc = np.asarray(atoms.get_pbc(), dtype=bool)
+
+    energy = _lookup(atoms, keys.energy)
+    if energy is not None:
+        e = _as_float_array(energy, f"energy '{keys.energy}'", where).reshape(-1)
+        if e.size != 1:
+            raise DataError(f"{where}: energy '{keys.energy}' has {e.size} values; expected one number")
+        energy = float(e[0])
+
+    forces = _lookup(atoms, keys.forces)
+    if forces is not None:
+        forces = _as_float_array(forces, f"forces '{keys.forces}'", where)
+        if forces.shape != (n, 3):
+            raise DataError(f"{where}: forces '{keys.forces}' have shape {tuple(forces.shape)}; "
+                            f"expected ({n}, 3) for {n} atoms")
+
+    stress = _lookup(atoms, keys.stress)
+    if stress is not None:
+        stress = _stress_3x3(stress, f"stress '{keys.stress}'", where)
+    else:
+        virials = _lookup(atoms, keys.virials)
+        if virials is not None:
+            virials = _stress_3x3(virials, f"virials '{keys.virials}'", where)
+            volume = abs(np.linalg.det(cell))
+            if not pbc.all() or volume <= 0:
+                raise DataError(f"{where}: virials '{keys.virials}' given for a structure without "
+                                "a periodic cell of nonzero volume")
+            stress = -virials / volume  # mace-torch: virials = -stress * volume
+    if stress is not None and not pbc.all():
+        stress = None  # a stress is meaningless without a periodic cell; never fit it
+
+    weight = atoms.info.get(keys.weight, 1.0)
+    weight = float(_as_float_array(weight, f"weight '{keys.weight}'", where).reshape(-1)[0])
+    if weight < 0:
+        raise DataError(f"{where}: weight '{keys.weight}' is {weight}; expected >= 0")
+    head = str(atoms.info.get(keys.head, "Default"))
+    return Config(atomic_numbers=np.asarray(atoms.get_atomic_numbers(), dtype=np.int64),
+                  positions=positions, cell=cell, pbc=pbc, energy=energy, forces=forces,
+                  stress=stress, weight=weight, head=head, source=where)
+
+
+def read_configs(path: str, keys: DataKeys, *, index: str = ":") -> List[Config]:
+    """Every frame of an ASE-readable file, checked."""
+    import ase.io
+
+    try:
+        frames = ase.io.read(path, index=index)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"training data file {path!r} does not exist") from None
+    except Exception as exc:  # ASE raises many types for unreadable files
+        raise DataError(f"{path}: cannot be read by ase.io.read ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(frames, list):
+        frames = [frames]
+    if not frames:
+        raise DataError(f"{path}: contains no structures")
+    return [config_from_atoms(a, keys, _where(path, i)) for i, a in enumerate(frames)]
+
+
+def check_labels(configs: Sequence[Config], path: str, *, need_energy: bool, need_forces: bool,
+                 need_stress: bool) -> None:
+    """Labels the loss needs must be there. Energy and forces: in every frame; stress: in at least
+    one periodic frame (molecules in a mixed set have none)."""
+    if need_energy:
+        for c in configs:
+            if c.energy is None:
+                raise DataError(f"{c.source}: no energy label (looked for the energy key in "
+                                "atoms.info and the calculator results); set the energy key or "
+                                "energy_weight: 0")
+    if need_forces:
+        for c in configs:
+            if c.forces is None:
+                raise DataError(f"{c.source}: no forces label (looked for the forces key in "
+                                "atoms.arrays and the calculator results); set the forces key or "
+                                "forces_weight: 0")
+    if need_stress and configs and all(c.stress is None for c in configs):
+        raise DataError(f"{path}: no frame has a stress or virials label (and a periodic cell), "
+                        "but the stress loss weight is nonzero; set the stress/virials key or "
+                        "stress_weight: 0")
+
+
+def check_elements(configs: Sequence[Config], atomic_numbers: Sequence[int]) -> None:
+    from ase.data import chemical_symbols
+
+    known = set(int(z) for z in atomic_numbers)
+    for c in configs:
+        unknown = sorted(set(int(z) for z in c.atomic_numbers) - known)
+        if unknown:
+            names = ", ".join(f"{chemical_symbols[z]} (Z={z})" for z in unknown)
+            have = " ".join(chemical_symbols[z] for z in sorted(known))
+            raise DataError(f"{c.source}: element(s) {names} unknown to the model, which knows: {have}")
+
+
+def check_heads(configs: Sequence[Config], heads: Sequence[str]) -> None:
+    for c in configs:
+        if c.head not in heads and not (len(heads) == 1 and c.head == "Default"):
+            raise DataError(f"{c.source}: head {c.head!r} is not one of the model's heads {list(heads)}")
+
+
+def usable_cell(cell: np.ndarray, pbc: np.ndarray) -> np.ndarray:
+    """The cell, with zero rows along non-periodic directions filled in so that its volume is
+    nonzero. Those rows never enter an edge vector (their integer shifts are 0) but a zero volume
+    would put NaNs into the stress (virial / volume) and from there into every gradient."""
+    cell = np.array(cell, dtype=np.float64)
+    if abs(np.linalg.det(cell)) > 1e-8:
+        return cell
+    if not pbc.any():
+        return np.eye(3)
+    for k in range(3):
+        if not pbc[k] and np.linalg.norm(cell[k]) < 1e-8:
+            a, b = cell[(k + 1) % 3], cell[(k + 2) % 3]
+            normal = np.cross(a, b)
+            norm = np.linalg.norm(normal)
+            cell[k] = normal / norm if norm > 1e-8 else np.eye(3)[k]
+    if abs(np.linalg.det(cell)) <= 1e-8:
+        raise DataError("the periodic cell vectors are degenerate (zero volume)")
+    return cell
+
+
+def neighbour_graph(positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, cutoff: float):
+    """[sender, receiver] edges within ``cutoff`` and their integer cell shifts, with mace-torch's
+    convention vec = pos[receiver] - pos[sender] + unit_shifts @ cell."""
+    from vesin import NeighborList
+
+    i, j, s = NeighborList(cutoff=float(cutoff), full_list=True).compute(
+        points=positions, box=cell, periodic=[bool(p) for p in pbc], quantities="ijS")
+    # a fixed edge order makes every run (and every resumed run) sum in the same order
+    order = np.lexsort((s[:, 2], s[:, 1], s[:, 0], i, j))
+    edge_index = np.stack([i[order], j[order]]).astype(np.int64)
+    return edge_index, s[order].astype(np.float64)
+
+
+def config_to_data(config: Config, z_table: Sequence[int], cutoff: float, heads: Sequence[str]):
+    """A torch-geometric ``Data`` with the keys mace-torch models read, plus labels and per-graph
+    loss weights (0 where a label is missing)."""
+    from torch_geometric.data import Data
+
+    index = {int(z): k for k, z in enumerate(z_table)}
+    n = config.num_atoms
+    one_hot = torch.zeros(n, len(z_table), dtype=torch.float64)
+    one_hot[torch.arange(n), torch.tensor([index[int(z)] for z in config.atomic_numbers])] = 1.0
+    try:
+        fixed_cell = usable_cell(config.cell, config.pbc)
+    except DataError as exc:
+        raise DataError(f"{config.source}: {exc}") from None
+    edge_index, unit_shifts = neighbour_graph(config.positions, fixed_cell, config.pbc, cutoff)
+    cell = torch.tensor(fixed_cell, dtype=torch.float64)
+    unit_shifts_t = torch.tensor(unit_shifts, dtype=torch.float64)
+    head = heads.index(config.head) if config.head in heads else 0
+    f64 = dict(dtype=torch.float64)
+    return Data(
+        num_nodes=n,
+        positions=torch.tensor(config.positions, **f64),
+        node_attrs=one_hot,
+        edge_index=torch.tensor(edge_index),
+        unit_shifts=unit_shifts_t,
+        shifts=unit_shifts_t @ cell,
+        cell=cell,
+        head=torch.tensor(head, dtype=torch.long),
+        weight=torch.tensor(config.weight, **f64),
+        energy=torch.tensor(config.energy if config.energy is not None else 0.0, **f64),
+        forces=torch.tensor(config.forces if config.forces is not None else np.zeros((n, 3)), **f64),
+        stress=torch.tensor(config.stress if config.stress is not None else np.zeros((3, 3)), **f64).unsqueeze(0),
+        energy_weight=torch.tensor(float(config.energy is not None), **f64),
+        forces_weight=torch.tensor(float(config.forces is not None), **f64),
+        stress_weight=torch.tensor(float(config.stress is not None), **f64),
+    )
+
+
+@dataclass
+class GraphDataset:
+    """Graphs ready for batching, and the configs they came from."""
+    graphs: List = field(default_factory=list)
+    configs: List[Config] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.graphs)
+
+
+def build_dataset(configs: Sequence[Config], z_table: Sequence[int], cutoff: float,
+                  heads: Sequence[str]) -> GraphDataset:
+    check_elements(configs, z_table)
+    check_heads(configs, heads)
+    return GraphDataset([config_to_data(c, z_table, cutoff, heads) for c in configs], list(configs))
+
+
+def collate(graphs: Sequence, dtype: torch.dtype, device) -> Dict[str, torch.Tensor]:
+    """One torch-geometric ``Batch`` as the dict a mace-torch-style model reads."""
+    from torch_geometric.data import Batch
+
+    batch = Batch.from_data_list(list(graphs))
+    out = {}
+    for key, value in batch.to_dict().items():
+        if torch.is_tensor(value):
+            value = value.to(device=device, dtype=dtype if value.is_floating_point() else value.dtype)
+        out[key] = value
+    return out
+
+
+def split_train_valid(configs: List[Config], fraction: float, seed: int):
+    """A reproducible random split: ``fraction`` of the frames (at least one) become validation."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"valid_fraction must be in (0, 1), got {fraction}")
+    if len(configs) < 2:
+        raise ValueError(f"cannot split {len(configs)} structure(s) into training and validation sets")
+    perm = np.random.default_rng(seed).permutation(len(configs))
+    n_valid = min(max(1, int(round(fraction * len(configs)))), len(configs) - 1)
+    valid_idx = set(perm[:n_valid].tolist())
+    train = [c for i, c in enumerate(configs) if i not in valid_idx]
+    valid = [c for i, c in enumerate(configs) if i in valid_idx]
+    return train, valid

@@ -1,0 +1,193 @@
+"""A thin layer between the trainer and the model: load a foundation model file, build a new
+small MACE, read/write E0s, freeze layers, save the result.
+
+Two kinds of model share one call interface (mace-torch's: ``model(data, training=...,
+compute_force=..., compute_stress=...) -> dict``): equikernels' own MACE (``equikernels.models``)
+and mace-torch's. Ours is preferred when present; mace-torch is imported only when a mace-torch
+model is needed, so the package works without it."""
+from __future__ import annotations
+
+import importlib
+import os
+import warnings
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+# hyper-parameters of a small MACE trained from scratch (overridden by TrainConfig.new_model)
+DEFAULT_NEW_MODEL: Dict[str, Any] = dict(
+    r_max=5.0, num_bessel=8, num_polynomial_cutoff=5, max_ell=2, num_interactions=2,
+    hidden_irreps="16x0e+16x1o", MLP_irreps="16x0e", correlation=3, radial_MLP=[32, 32],
+    interaction="RealAgnosticResidualInteractionBlock",
+    interaction_first="RealAgnosticResidualInteractionBlock",
+)
+
+
+def ours():
+    """``equikernels.models`` when it is importable and offers load/save, else None."""
+    try:
+        mod = importlib.import_module("equikernels.models")
+    except ImportError:
+        return None
+    if all(hasattr(mod, name) for name in ("load", "save")):
+        return mod
+    return None
+
+
+def resolve_backend(backend: str) -> str:
+    if backend == "auto":
+        return "equikernels" if ours() is not None and hasattr(ours(), "from_mace") else "mace"
+    if backend == "equikernels" and ours() is None:
+        raise RuntimeError("model_backend 'equikernels' needs equikernels.models, which is not available")
+    return backend
+
+
+def _is_ours(model: torch.nn.Module) -> bool:
+    return type(model).__module__.startswith("equikernels.")
+
+
+def _mace_torch_load(path: str) -> torch.nn.Module:
+    try:
+        importlib.import_module("mace")
+    except ImportError as exc:
+        raise RuntimeError(f"{path} is not an equikernels model file and mace-torch, needed to read "
+                           "a mace-torch model, is not installed (pip install mace-torch)") from exc
+    model = torch.load(path, map_location="cpu", weights_only=False)
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"{path}: expected a pickled mace-torch model, found a {type(model).__name__}")
+    return model
+
+
+def load_model(path: str, backend: str = "auto") -> torch.nn.Module:
+    """A foundation model from a file (ours or a mace-torch ``.model``), converted to ``backend``."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"model file {path!r} does not exist")
+    backend = resolve_backend(backend)
+    mod = ours()
+    model = None
+    if mod is not None:
+        try:
+            model = mod.load(path)
+        except Exception as exc:  # not our format: try mace-torch's below
+            ours_error = exc
+    if model is None:
+        try:
+            model = _mace_torch_load(path)
+        except Exception as exc:
+            if mod is not None:
+                raise ValueError(f"{path}: not readable as an equikernels model ({ours_error}) "
+                                 f"nor as a mace-torch model ({exc})") from exc
+            raise
+    return convert(model, backend)
+
+
+def convert(model: torch.nn.Module, backend: str) -> torch.nn.Module:
+    backend = resolve_backend(backend)
+    if backend == "equikernels" and not _is_ours(model):
+        mod = ours()
+        if not hasattr(mod, "from_mace"):
+            raise RuntimeError("equikernels.models has no from_mace; cannot convert a mace-torch model")
+        return mod.from_mace(model)
+    return model
+
+
+def _mace_class(name: str):
+    import mace.modules as mm
+
+    if not hasattr(mm, name):
+        raise ValueError(f"unknown mace-torch interaction block {name!r}")
+    return getattr(mm, name)
+
+
+def build_new_model(hparams: Optional[Dict[str, Any]], atomic_numbers: Sequence[int],
+                    e0s: np.ndarray, avg_num_neighbors: float, scale: float, shift: float,
+                    heads: Sequence[str] = ("Default",), backend: str = "auto") -> torch.nn.Module:
+    """A fresh ScaleShiftMACE (built with mace-torch, converted to ours when available)."""
+    import mace.modules as mm
+    from equikernels._compat import o3
+
+    hp = dict(DEFAULT_NEW_MODEL)
+    unknown = sorted(set(hparams or {}) - set(hp))
+    if unknown:
+        raise ValueError(f"unknown new_model option(s) {unknown}; known: {sorted(hp)}")
+    hp.update(hparams or {})
+    model = mm.ScaleShiftMACE(
+        r_max=float(hp["r_max"]), num_bessel=int(hp["num_bessel"]),
+        num_polynomial_cutoff=int(hp["num_polynomial_cutoff"]), max_ell=int(hp["max_ell"]),
+        interaction_cls=_mace_class(hp["interaction"]),
+        interaction_cls_first=_mace_class(hp["interaction_first"]),
+        num_interactions=int(hp["num_interactions"]), num_elements=len(atomic_numbers),
+        hidden_irreps=o3.Irreps(hp["hidden_irreps"]), MLP_irreps=o3.Irreps(hp["MLP_irreps"]),
+        atomic_energies=np.asarray(e0s, dtype=np.float64), avg_num_neighbors=float(avg_num_neighbors),
+        atomic_numbers=[int(z) for z in atomic_numbers], correlation=int(hp["correlation"]),
+        gate=torch.nn.functional.silu, radial_MLP=list(hp["radial_MLP"]), heads=list(heads),
+        atomic_inter_scale=float(scale), atomic_inter_shift=float(shift),
+    )
+    return convert(model, backend)
+
+
+# ---- introspection shared by both kinds (same attribute names as mace-torch) -------------------
+
+def atomic_numbers(model: torch.nn.Module) -> List[int]:
+    return [int(z) for z in model.atomic_numbers]
+
+
+def r_max(model: torch.nn.Module) -> float:
+    return float(model.r_max)
+
+
+def heads(model: torch.nn.Module) -> List[str]:
+    return list(getattr(model, "heads", None) or ["Default"])
+
+
+def model_dtype(model: torch.nn.Module) -> torch.dtype:
+    return next(model.parameters()).dtype
+
+
+def get_e0s(model: torch.nn.Module) -> torch.Tensor:
+    """E0s as [n_heads, n_elements]."""
+    return torch.atleast_2d(model.atomic_energies_fn.atomic_energies.detach().clone())
+
+
+def set_e0s(model: torch.nn.Module, e0s: torch.Tensor) -> None:
+    buf = model.atomic_energies_fn.atomic_energies
+    with torch.no_grad():
+        buf.copy_(torch.as_tensor(e0s, dtype=buf.dtype).reshape(buf.shape))
+
+
+def freeze(model: torch.nn.Module, prefixes: Sequence[str]) -> List[str]:
+    """Keep every parameter whose name starts with one of ``prefixes`` fixed; returns their names."""
+    names = [n for n, _ in model.named_parameters()]
+    frozen = []
+    for prefix in prefixes:
+        hit = [n for n in names if n == prefix or n.startswith(prefix + ".")]
+        if not hit:
+            tops = sorted({n.split(".")[0] for n in names})
+            raise ValueError(f"freeze: {prefix!r} matches no parameter; top-level modules: {tops} "
+                             "(use e.g. 'interactions.0')")
+        frozen.extend(hit)
+    for n, p in model.named_parameters():
+        if n in frozen:
+            p.requires_grad_(False)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError("freeze: every parameter is frozen, nothing left to train")
+    return frozen
+
+
+def save_model(model: torch.nn.Module, path: str) -> str:
+    """Save in equikernels' format when ``equikernels.models`` is available, else as a pickled
+    mace-torch model. Returns the path written."""
+    mod = ours()
+    model = model.cpu()
+    if mod is not None:
+        if not _is_ours(model):
+            model = convert(model, "equikernels")
+        mod.save(model, path)
+        return path
+    warnings.warn("equikernels.models is not available: saving a mace-torch model instead of "
+                  "equikernels' format", stacklevel=2)
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save(model, tmp)
+    os.replace(tmp, path)
+    return path
