@@ -17,7 +17,7 @@ def _label(atoms, keys_prefix: str = "REF_"):
     atoms.calc = EMT()
     energy = atoms.get_potential_energy()
     forces = atoms.get_forces()
-    stress = atoms.get_stress(voigt=False) if atoms.pbc.all() else None
+    stress = atoms.get_stress(voigt=True) if atoms.pbc.all() else None  # xx yy zz yz xz xy
     atoms.calc = None
     atoms.info.pop("adsorbate_info", None)  # a dict the extxyz writer cannot store
     atoms.info[f"{keys_prefix}energy"] = float(energy)

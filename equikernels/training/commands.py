@@ -1,0 +1,105 @@
+"""``equikernels fine-tune``: train or fine-tune a MACE from a YAML file and/or flags (flags win).
+Under ``torchrun --nproc_per_node N`` it trains on N devices with DDP."""
+from __future__ import annotations
+
+import argparse
+
+# flag -> TrainConfig field, for the plain one-value options
+_SIMPLE = {
+    "model": "model", "train": "train_file", "valid": "valid_file", "valid_fraction": "valid_fraction",
+    "epochs": "epochs", "max_steps": "max_steps", "out": "out_dir", "lr": "lr",
+    "batch_size": "batch_size", "energy_weight": "energy_weight", "forces_weight": "forces_weight",
+    "stress_weight": "stress_weight", "loss": "loss", "huber_delta": "huber_delta",
+    "lr_schedule": "lr_schedule", "warmup_steps": "warmup_steps", "ema_decay": "ema_decay",
+    "clip_grad_norm": "clip_grad_norm", "checkpoint_every": "checkpoint_every", "patience": "patience",
+    "seed": "seed", "device": "device", "dtype": "dtype", "backend": "model_backend",
+}
+_KEYS = {"energy_key": "energy", "forces_key": "forces", "stress_key": "stress",
+         "virials_key": "virials", "head_key": "head"}
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "fine-tune", help="fine-tune (or train) a MACE potential on ASE-readable data",
+        description="Fine-tune a MACE model (mace-torch .model or equikernels) on labelled structures. "
+                    "Options come from --config (YAML, keys as in equikernels.training.TrainConfig) "
+                    "and are overridden by flags. Multi-GPU: torchrun --nproc_per_node N -m equikernels.cli fine-tune ...")
+    a = p.add_argument
+    a("--config", help="YAML file of training options")
+    a("--model", help="model file to fine-tune (default: the bundled default model)")
+    a("--train", help="training structures (extxyz or any ASE-readable file)")
+    a("--valid", help="validation structures (default: a random --valid-fraction of --train)")
+    a("--valid-fraction", type=float, help="fraction of --train held out for validation (default 0.1)")
+    a("--epochs", type=int, help="number of epochs (default 10)")
+    a("--max-steps", type=int, help="stop after this many optimiser steps in total")
+    a("--out", help="output directory: checkpoints, model.pt, metrics.json, training.png (default fine_tune_out)")
+    a("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    a("--lr", type=float, help="AdamW learning rate (default 1e-3)")
+    a("--batch-size", type=int, help="structures per device and step (default 4)")
+    a("--energy-weight", type=float, help="loss weight of energy per atom (default 1)")
+    a("--forces-weight", type=float, help="loss weight of forces (default 10)")
+    a("--stress-weight", type=float, help="loss weight of stress (default 1)")
+    a("--loss", choices=("mse", "huber"), help="penalty (default mse)")
+    a("--huber-delta", type=float, help="Huber delta (default 0.01)")
+    a("--lr-schedule", choices=("cosine", "plateau", "constant"), help="default cosine")
+    a("--warmup-steps", type=int, help="linear learning-rate warm-up steps (default 0)")
+    a("--ema-decay", type=float, help="EMA decay of the weights (default 0.99)")
+    a("--no-ema", action="store_true", help="evaluate and save the raw weights, not an EMA")
+    a("--clip-grad-norm", type=float, help="gradient-norm clipping (default 10)")
+    a("--checkpoint-every", type=int, help="optimiser steps between checkpoints (default 100)")
+    a("--patience", type=int, help="early stopping after this many evaluations without improvement")
+    a("--e0s", help="'foundation' (keep the model's), 'average' (least squares on --train) or "
+                     "a YAML mapping such as '{Cu: -3.5, Ni: -4.1}'")
+    a("--freeze", action="append", metavar="PREFIX",
+      help="keep parameters whose name starts with PREFIX fixed (repeatable), e.g. interactions.0")
+    a("--seed", type=int, help="random seed (default 0)")
+    a("--device", help="torch device (default cuda:LOCAL_RANK when available, else cpu)")
+    a("--dtype", choices=("float32", "float64"), help="training precision (default: the model's)")
+    a("--backend", choices=("auto", "equikernels", "mace"),
+      help="model implementation to train (default auto: equikernels' when available)")
+    for flag in _KEYS:
+        a("--" + flag.replace("_", "-"), help=f"label key for {_KEYS[flag]} (default REF_{_KEYS[flag]})")
+    a("--no-progress", action="store_true", help="no progress bar")
+    a("--no-plot", action="store_true", help="no training.png")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace):
+    import yaml
+
+    from .config import TrainConfig, load_yaml
+
+    values = load_yaml(args.config) if args.config else {}
+    for flag, name in _SIMPLE.items():
+        if getattr(args, flag, None) is not None:
+            values[name] = getattr(args, flag)
+    keys = dict(values.get("keys") or {})
+    for flag, name in _KEYS.items():
+        if getattr(args, flag, None) is not None:
+            keys[name] = getattr(args, flag)
+    if keys:
+        values["keys"] = keys
+    if args.e0s is not None:
+        e0s = yaml.safe_load(args.e0s)
+        values["e0s"] = e0s
+    if args.freeze:
+        values["freeze"] = list(values.get("freeze") or []) + args.freeze
+    if args.no_ema:
+        values["ema_decay"] = None
+    if args.no_progress:
+        values["progress"] = False
+    if args.no_plot:
+        values["plot"] = False
+    if values.get("model") is None and values.get("new_model") is None:
+        from equikernels.default_model import default_model_path
+
+        values["model"] = default_model_path()
+    return TrainConfig.from_dict(values).validate()
+
+
+def run(args: argparse.Namespace) -> int:
+    from . import fine_tune
+
+    cfg = config_from_args(args)
+    fine_tune(cfg, resume=args.resume)
+    return 0
