@@ -1,0 +1,14 @@
+"""Accelerated MACE: mace-torch's models built from equikernels ops (DESIGN §6).
+
+``from_mace(model)`` converts a mace-torch model object, ``load(path)`` reads a mace-torch
+``.model`` file or our own format, ``save(model, path)`` writes our format (loads without
+mace-torch). ``atoms_to_data`` / ``atoms_list_to_data`` turn ASE Atoms into the data dict that
+``MACE.forward`` (and mace-torch's models) take.
+"""
+from .data import atoms_list_to_data, atoms_to_data
+from .io import build, config_from_mace, from_mace, load, save
+from .mace import MACE, ScaleShiftMACE
+from .symmetric_contraction import SymmetricContraction, contraction_table
+
+__all__ = ["MACE", "ScaleShiftMACE", "from_mace", "load", "save", "build", "config_from_mace", "atoms_to_data",
+           "atoms_list_to_data", "SymmetricContraction", "contraction_table"]

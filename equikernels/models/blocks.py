@@ -1,0 +1,127 @@
+"""MACE layers built from equikernels components: interaction blocks (message passing through
+``tensor_product_conv``), the product-basis block (symmetric contraction + linear + skip) and the
+readouts. Node features stay in one ``layout`` (``ir_mul`` by default) from layer to layer."""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from ..nn.linear import Linear
+from ..ops.conv import ConvGraph, tensor_product_conv
+from ..problem import TPProblem
+from .element_linear import ElementGroups, ElementLinear
+from .radial import GATES, RadialMLP
+from .symmetric_contraction import SymmetricContraction
+from .._compat import e3nn  # noqa: F401
+from e3nn.math import normalize2mom  # noqa: E402
+
+INTERACTIONS = {
+    # name: (residual skip on the input features, density normalisation instead of avg_num_neighbors)
+    "RealAgnosticInteractionBlock": (False, False),
+    "RealAgnosticResidualInteractionBlock": (True, False),
+    "RealAgnosticDensityInteractionBlock": (False, True),
+    "RealAgnosticDensityResidualInteractionBlock": (True, True),
+}
+
+
+class InteractionBlock(nn.Module):
+    """One MACE interaction: linear_up, the edge convolution (uvu TP, weights from the radial MLP,
+    messages gathered from senders and summed onto receivers), linear, normalisation, and the
+    element-indexed skip (on the input for the residual kinds, on the message otherwise)."""
+
+    def __init__(self, cfg: dict, num_elements: int, sh_irreps: str, num_radial: int, layout: str) -> None:
+        super().__init__()
+        kind = cfg["type"]
+        if kind not in INTERACTIONS:
+            raise ValueError(f"interaction type: expected one of {tuple(INTERACTIONS)}, got {kind!r}")
+        self.kind, self.layout = kind, layout
+        self.residual, self.density = INTERACTIONS[kind]
+        self.avg_num_neighbors = float(cfg["avg_num_neighbors"])
+        self.linear_up = Linear(cfg["node_feats_irreps"], cfg["edge_irreps"], layout=layout)
+        self.problem = TPProblem.create(cfg["edge_irreps"], sh_irreps, cfg["irreps_mid"],
+                                        [tuple(i) for i in cfg["instructions"]], shared_weights=False,
+                                        internal_weights=False)
+        self.radial_mlp = RadialMLP([num_radial] + list(cfg["radial_mlp"]) + [self.problem.weight_numel], "silu")
+        self.linear = Linear(cfg["irreps_mid"], cfg["target_irreps"], layout=layout)
+        if self.residual:
+            self.skip = ElementLinear(cfg["node_feats_irreps"], num_elements, cfg["hidden_irreps"], layout)
+        else:
+            self.skip = ElementLinear(cfg["target_irreps"], num_elements, cfg["target_irreps"], layout)
+        if self.density:
+            self.density_fn = RadialMLP([num_radial, 1], "silu")
+
+    def forward(self, node_feats: torch.Tensor, groups: ElementGroups, edge_attrs: torch.Tensor,
+                edge_feats: torch.Tensor, cutoff: Optional[torch.Tensor], graph: ConvGraph
+                ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        sc = self.skip(node_feats, groups) if self.residual else None
+        h = self.linear_up(node_feats)
+        w = self.radial_mlp(edge_feats)
+        if cutoff is not None:
+            w = w * cutoff
+        msg = tensor_product_conv(self.problem, h, edge_attrs, w, graph.src, graph.dst, graph.num_nodes, graph=graph,
+                                  layout=self.layout, validate=False)
+        if self.density:
+            d = torch.tanh(self.density_fn(edge_feats) ** 2)
+            if cutoff is not None:
+                d = d * cutoff
+            density = d.new_zeros(graph.num_nodes, 1).index_add(0, graph.dst, d)
+            msg = self.linear(msg) / (density + 1)
+        else:
+            msg = self.linear(msg) / self.avg_num_neighbors
+        if not self.residual:
+            msg = self.skip(msg, groups)
+        return msg, sc
+
+
+class ProductBlock(nn.Module):
+    """Symmetric contraction (element-indexed weights) -> linear (+ skip)."""
+
+    def __init__(self, cfg: dict, layout: str, u_matrices=None) -> None:
+        super().__init__()
+        self.use_sc = bool(cfg["use_sc"])
+        self.symmetric_contraction = SymmetricContraction(
+            cfg["channels"], cfg["ls_in"], cfg["ls_out"], cfg["correlation"], cfg["num_elements"],
+            u_matrices if u_matrices is not None else _zeros_like_shapes(cfg["u_shapes"]), layout)
+        self.linear = Linear(cfg["hidden_irreps"], cfg["hidden_irreps"], layout=layout)
+
+    def forward(self, x: torch.Tensor, sc: Optional[torch.Tensor], element: torch.Tensor) -> torch.Tensor:
+        out = self.linear(self.symmetric_contraction(x, element))
+        return out + sc if self.use_sc and sc is not None else out
+
+
+def _zeros_like_shapes(shapes: Sequence[Sequence[Sequence[int]]]) -> List[List[torch.Tensor]]:
+    return [[torch.zeros(s) for s in per_out] for per_out in shapes]
+
+
+class LinearReadout(nn.Module):
+    def __init__(self, cfg: dict, layout: str) -> None:
+        super().__init__()
+        self.linear = Linear(cfg["irreps_in"], cfg["irreps_out"], layout=layout)
+
+    def forward(self, x: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
+class NonLinearReadout(nn.Module):
+    """linear -> normalised gate on the scalars -> (keep each node's head block) -> linear."""
+
+    def __init__(self, cfg: dict, layout: str) -> None:
+        super().__init__()
+        gate = cfg["gate"]
+        if gate not in GATES:
+            raise ValueError(f"readout gate: expected one of {tuple(GATES)}, got {gate!r}")
+        self.num_heads = int(cfg["num_heads"])
+        self.linear_1 = Linear(cfg["irreps_in"], cfg["mlp_irreps"], layout=layout)
+        self.act = normalize2mom(GATES[gate]) if GATES[gate] is not None else None
+        self.linear_2 = Linear(cfg["mlp_irreps"], cfg["irreps_out"], layout=layout)
+
+    def forward(self, x: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+        x = self.linear_1(x)
+        if self.act is not None:
+            x = self.act(x)
+        if self.num_heads > 1:
+            keep = torch.arange(self.num_heads, device=x.device)[None, :] == heads[:, None]  # [N, heads]
+            x = (x.view(x.shape[0], self.num_heads, -1) * keep[:, :, None].to(x.dtype)).view(x.shape)
+        return self.linear_2(x)

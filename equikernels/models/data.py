@@ -1,0 +1,104 @@
+"""ASE Atoms -> the data dict MACE models take (mace-torch's conventions, exactly).
+
+Edges come from vesin's neighbour list: ``edge_index = [sender, receiver]`` with
+``vec = pos[receiver] - pos[sender] + shifts``, ``shifts = unit_shifts @ cell``; self pairs
+without a periodic shift are dropped. As in mace-torch, cell vectors of non-periodic directions
+are replaced by a long axis vector (``(max|pos| + 1) * 5 * r_max``), and that is the ``cell``
+returned (it only enters the stress through the volume). Several structures batch
+torch_geometric-style: node indices offset per graph, ``batch`` (graph of each node) and ``ptr``
+(node offsets), ``cell`` stacked as [3 * num_graphs, 3].
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+NON_PERIODIC_CELL_FACTOR = 5  # mace-torch: non-periodic cell vectors = (max|pos| + 1) * 5 * r_max
+
+
+def neighbour_list(positions: np.ndarray, cell: np.ndarray, pbc: Sequence[bool], r_max: float
+                   ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(edge_index [2, E], shifts [E, 3], unit_shifts [E, 3], cell used [3, 3]) within ``r_max``."""
+    import vesin  # noqa: PLC0415 (only needed to build graphs)
+
+    pbc = tuple(bool(p) for p in pbc)
+    cell = np.array(cell, dtype=np.float64).reshape(3, 3)
+    if not cell.any():
+        cell = np.identity(3)
+    for k in range(3):
+        if pbc[k] and not cell[k].any():
+            raise ValueError(f"atoms: periodic along axis {k} but its cell vector is zero")
+    extent = (np.max(np.abs(positions)) if len(positions) else 0.0) + 1
+    for k in range(3):
+        if not pbc[k]:
+            cell[k] = extent * NON_PERIODIC_CELL_FACTOR * r_max * np.eye(3)[k]
+    nl = vesin.NeighborList(cutoff=float(r_max), full_list=True)
+    i, j, s = nl.compute(points=np.asarray(positions, dtype=np.float64), box=cell, periodic=list(pbc), quantities="ijS")
+    keep = ~((i == j) & np.all(s == 0, axis=1))
+    i, j, s = i[keep], j[keep], s[keep]
+    edge_index = np.stack((i, j)).astype(np.int64)
+    return edge_index, s.astype(np.float64) @ cell, s.astype(np.float64), cell
+
+
+def atoms_to_data(atoms, r_max: float, atomic_numbers: Union[Sequence[int], torch.Tensor],
+                  device: Union[str, torch.device, None] = None, dtype: Optional[torch.dtype] = None,
+                  head: Union[int, str, None] = None, heads: Optional[Sequence[str]] = None) -> Dict[str, torch.Tensor]:
+    """One structure as a batch of one graph. ``atomic_numbers``: the model's element table (the
+    one-hot order); ``head``: index or name (with ``heads``) of the model head to evaluate."""
+    return atoms_list_to_data([atoms], r_max, atomic_numbers, device, dtype, head, heads)
+
+
+def _head_index(head, heads) -> int:
+    if head is None:
+        return 0
+    if isinstance(head, str):
+        if heads is None or head not in list(heads):
+            raise ValueError(f"head: {head!r} is not one of the model's heads {list(heads or [])}")
+        return list(heads).index(head)
+    if not isinstance(head, int) or head < 0 or (heads is not None and head >= len(heads)):
+        raise ValueError(f"head: expected a head name or an index < {len(heads) if heads else '?'}, got {head!r}")
+    return head
+
+
+def atoms_list_to_data(atoms_list, r_max: float, atomic_numbers: Union[Sequence[int], torch.Tensor],
+                       device: Union[str, torch.device, None] = None, dtype: Optional[torch.dtype] = None,
+                       head: Union[int, str, None] = None, heads: Optional[Sequence[str]] = None
+                       ) -> Dict[str, torch.Tensor]:
+    """Several structures as one batch (torch_geometric ``Batch`` of per-structure graphs)."""
+    from ase import Atoms  # noqa: PLC0415
+    from torch_geometric.data import Batch, Data  # noqa: PLC0415
+
+    if isinstance(atoms_list, Atoms) or not len(atoms_list):
+        raise ValueError("atoms_list: expected a non-empty list of ase.Atoms")
+    if not (isinstance(r_max, (int, float)) and r_max > 0):
+        raise ValueError(f"r_max: expected a positive number, got {r_max!r}")
+    dtype = dtype or torch.get_default_dtype()
+    table = [int(z) for z in (atomic_numbers.tolist() if isinstance(atomic_numbers, torch.Tensor) else atomic_numbers)]
+    index_of = {z: k for k, z in enumerate(table)}
+    h = _head_index(head, heads)
+    graphs = []
+    for n, atoms in enumerate(atoms_list):
+        if not isinstance(atoms, Atoms):
+            raise TypeError(f"atoms_list[{n}]: expected ase.Atoms, got {type(atoms).__name__}")
+        unknown = sorted(set(int(z) for z in atoms.numbers) - set(index_of))
+        if unknown:
+            raise ValueError(f"atoms_list[{n}]: atomic numbers {unknown} are not in the model's table {table}")
+        pos = atoms.get_positions()
+        edge_index, shifts, unit_shifts, cell = neighbour_list(pos, atoms.get_cell().array, atoms.get_pbc(), r_max)
+        idx = torch.tensor([index_of[int(z)] for z in atoms.numbers], dtype=torch.long)
+        graphs.append(Data(
+            positions=torch.tensor(pos, dtype=dtype),
+            node_attrs=torch.nn.functional.one_hot(idx, len(table)).to(dtype),
+            edge_index=torch.from_numpy(edge_index),
+            shifts=torch.tensor(shifts, dtype=dtype),
+            unit_shifts=torch.tensor(unit_shifts, dtype=dtype),
+            cell=torch.tensor(cell, dtype=dtype),
+            head=torch.tensor([h], dtype=torch.long),
+            num_nodes=len(atoms),
+        ))
+    batch = Batch.from_data_list(graphs)
+    data = {k: batch[k] for k in ("positions", "node_attrs", "edge_index", "shifts", "unit_shifts", "cell", "head")}
+    data["batch"], data["ptr"] = batch.batch, batch.ptr
+    return {k: v.to(device) if device is not None else v for k, v in data.items()}

@@ -1,0 +1,318 @@
+"""Import from mace-torch and our own storage format.
+
+- ``from_mace(model)``: reads the structure of a mace-torch ``MACE``/``ScaleShiftMACE`` (irreps,
+  instructions, radial settings, readouts...) into a JSON-able config, builds our model and copies
+  every weight and buffer (U tensors included) through an explicit key map.
+- ``save(model, path)`` / ``load(path)``: our format is one ``torch.save`` file holding the config
+  as a JSON string and the state dict (plain tensors only, so it loads with ``weights_only=True``
+  and without mace-torch); when ``path`` is a directory, ``config.json`` + ``weights.pt`` inside
+  it. ``load`` also accepts mace-torch ``.model`` files (pickled modules: needs mace-torch, and
+  unpickling runs code from the file, so load only files you trust).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, Optional, Union
+
+import torch
+
+from .._compat import default_dtype
+from .blocks import INTERACTIONS
+from .mace import CONFIG_VERSION, MACE, ScaleShiftMACE
+
+FORMAT = "equikernels.models.MACE"
+CONFIG_FILE, WEIGHTS_FILE = "config.json", "weights.pt"
+_GATE_NAMES = {"silu": "silu", "tanh": "tanh", "abs": "abs"}
+_RADIAL = {"BesselBasis": "bessel", "GaussianBasis": "gaussian", "ChebychevBasis": "chebyshev"}
+_TRANSFORMS = {"AgnesiTransform": "Agnesi", "SoftTransform": "Soft"}
+
+
+def _irreps(x) -> str:
+    return str(x)
+
+
+def _gate_name(act) -> Optional[str]:
+    if act is None:
+        return "None"
+    f = getattr(act, "f", act)
+    name = getattr(f, "__name__", type(f).__name__).lower()
+    if name not in _GATE_NAMES:
+        raise ValueError(f"readout gate {name!r} is not supported (expected one of {tuple(_GATE_NAMES)} or None)")
+    return _GATE_NAMES[name]
+
+
+def _check_plain_e3nn(model) -> None:
+    for name, mod in model.named_modules():
+        cls = type(mod)
+        if cls.__module__.split(".")[0] in ("cuequivariance_torch", "cuequivariance", "openequivariance"):
+            raise ValueError(f"mace_model: module {name!r} is a {cls.__module__}.{cls.__name__}; convert the model back "
+                             "to e3nn first (mace.cli.convert_cueq_e3nn / convert_oeq_e3nn)")
+
+
+def config_from_mace(model) -> dict:
+    """The JSON-able structure of a mace-torch ``MACE``/``ScaleShiftMACE``."""
+    from mace import modules as mm  # noqa: PLC0415 (optional dependency)
+
+    if type(model) not in (mm.MACE, mm.ScaleShiftMACE):
+        raise TypeError(f"mace_model: expected a mace-torch MACE or ScaleShiftMACE, got {type(model).__name__}")
+    _check_plain_e3nn(model)
+    if hasattr(model, "joint_embedding"):
+        raise ValueError("mace_model: models with embedding_specs (joint embeddings) are not supported")
+    if getattr(model, "lammps_mliap", False):
+        raise ValueError("mace_model: LAMMPS ML-IAP models are not supported")
+    re = model.radial_embedding
+    basis = type(re.bessel_fn).__name__
+    if basis not in _RADIAL:
+        raise ValueError(f"mace_model: radial basis {basis} is not supported")
+    transform = "None"
+    if hasattr(re, "distance_transform"):
+        name = type(re.distance_transform).__name__
+        if name not in _TRANSFORMS:
+            raise ValueError(f"mace_model: distance transform {name} is not supported")
+        transform = _TRANSFORMS[name]
+    sh = model.spherical_harmonics
+    if not (sh.normalize and sh.normalization == "component"):
+        raise ValueError("mace_model: expected spherical harmonics with normalize=True, normalization='component'")
+    cfg = {
+        "version": CONFIG_VERSION,
+        "model": type(model).__name__,
+        "layout": "ir_mul",
+        "r_max": float(model.r_max),
+        "num_bessel": int(re.out_dim),
+        "num_polynomial_cutoff": int(re.cutoff_fn.p),
+        "radial_type": _RADIAL[basis],
+        "distance_transform": transform,
+        "apply_cutoff": bool(getattr(re, "apply_cutoff", True)),
+        "pair_repulsion": bool(getattr(model, "pair_repulsion", False)),
+        "sh_irreps": _irreps(sh.irreps_out),
+        "atomic_numbers": [int(z) for z in model.atomic_numbers.tolist()],
+        "heads": list(getattr(model, "heads", None) or ["Default"]),
+        "num_elements": int(model.node_embedding.linear.irreps_in.dim),
+        "node_feats_irreps": _irreps(model.node_embedding.linear.irreps_out),
+        "atomic_energies_shape": list(model.atomic_energies_fn.atomic_energies.shape),
+        "use_agnostic_product": bool(getattr(model, "use_agnostic_product", False)),
+        "interactions": [_interaction_config(i) for i in model.interactions],
+        "products": [_product_config(p) for p in model.products],
+        "readouts": [_readout_config(r) for r in model.readouts],
+    }
+    if cfg["model"] == "ScaleShiftMACE":
+        cfg["scale_shift_shape"] = list(model.scale_shift.scale.shape)
+    return cfg
+
+
+def _interaction_config(inter) -> dict:
+    kind = type(inter).__name__
+    if kind not in INTERACTIONS:
+        raise ValueError(f"mace_model: interaction block {kind} is not supported (supported: {tuple(INTERACTIONS)})")
+    tp = inter.conv_tp
+    if getattr(inter, "conv_fusion", None):
+        raise ValueError("mace_model: fused-convolution (cuEquivariance/OpenEquivariance) blocks are not supported")
+    instructions = [(i.i_in1, i.i_in2, i.i_out, i.connection_mode, bool(i.has_weight)) for i in tp.instructions]
+    return {
+        "type": kind,
+        "node_feats_irreps": _irreps(inter.linear_up.irreps_in),
+        "edge_irreps": _irreps(inter.linear_up.irreps_out),
+        "irreps_mid": _irreps(tp.irreps_out),
+        "instructions": instructions,
+        "target_irreps": _irreps(inter.linear.irreps_out),
+        "hidden_irreps": _irreps(inter.skip_tp.irreps_out),
+        "radial_mlp": list(inter.conv_tp_weights.hs[1:-1]),
+        "avg_num_neighbors": float(inter.avg_num_neighbors),
+    }
+
+
+def _product_config(prod) -> dict:
+    sc = prod.symmetric_contractions
+    contractions = list(sc.contractions)
+    channels = contractions[0].num_features
+    for mul, ir in sc.irreps_in:
+        if mul != channels:
+            raise ValueError(f"mace_model: symmetric contraction input {sc.irreps_in} has non-uniform multiplicities")
+    return {
+        "channels": int(channels),
+        "ls_in": [ir.l for _, ir in sc.irreps_in],
+        "ls_out": [ir.l for _, ir in sc.irreps_out],
+        "correlation": [int(c.correlation) for c in contractions],
+        "num_elements": int(contractions[0].weights_max.shape[0]),
+        "use_sc": bool(prod.use_sc),
+        "hidden_irreps": _irreps(prod.linear.irreps_out),
+        "u_shapes": [[list(c.U_tensors(nu).shape) for nu in range(1, c.correlation + 1)] for c in contractions],
+    }
+
+
+def _readout_config(r) -> dict:
+    kind = type(r).__name__
+    if kind == "LinearReadoutBlock":
+        return {"type": "linear", "irreps_in": _irreps(r.linear.irreps_in), "irreps_out": _irreps(r.linear.irreps_out)}
+    if kind == "NonLinearReadoutBlock":
+        acts = list(r.non_linearity.acts)
+        if len(acts) != 1 or any(ir.l != 0 for _, ir in r.linear_1.irreps_out):
+            raise ValueError(f"mace_model: readout MLP irreps {r.linear_1.irreps_out} must be a single block of scalars")
+        return {"type": "nonlinear", "irreps_in": _irreps(r.linear_1.irreps_in),
+                "mlp_irreps": _irreps(r.linear_1.irreps_out), "gate": _gate_name(acts[0]),
+                "irreps_out": _irreps(r.linear_2.irreps_out), "num_heads": int(getattr(r, "num_heads", 1))}
+    raise ValueError(f"mace_model: readout {kind} is not supported (LinearReadoutBlock, NonLinearReadoutBlock)")
+
+
+def _state_from_mace(model, cfg: dict) -> Dict[str, torch.Tensor]:
+    """Our state dict keys -> the mace-torch tensors they come from."""
+    src = model.state_dict()
+    out: Dict[str, torch.Tensor] = {}
+
+    def take(ours: str, theirs: str, optional: bool = False) -> None:
+        if theirs in src:
+            out[ours] = src[theirs]
+        elif not optional:
+            raise KeyError(f"mace_model: expected state entry {theirs!r}")
+
+    def linear(ours: str, theirs: str) -> None:
+        for k in ("weight", "bias", "output_mask"):
+            take(f"{ours}.{k}", f"{theirs}.{k}")
+
+    for k in ("atomic_numbers", "r_max", "num_interactions"):
+        take(k, k)
+    take("atomic_energies", "atomic_energies_fn.atomic_energies")
+    linear("node_embedding", "node_embedding.linear")
+    basis = {"bessel": ("bessel_weights", "prefactor"), "gaussian": ("gaussian_weights",), "chebyshev": ("n",)}
+    for k in basis[cfg["radial_type"]]:
+        take(f"radial_embedding.basis.{k}", f"radial_embedding.bessel_fn.{k}")
+    for k in ("p", "r_max"):
+        take(f"radial_embedding.cutoff.{k}", f"radial_embedding.cutoff_fn.{k}")
+    if cfg["distance_transform"] != "None":
+        keys = ("q", "p", "a", "covalent_radii") if cfg["distance_transform"] == "Agnesi" else ("alpha", "covalent_radii")
+        for k in keys:
+            take(f"radial_embedding.transform.{k}", f"radial_embedding.distance_transform.{k}")
+    if cfg["pair_repulsion"]:
+        for k in ("c", "p", "covalent_radii", "a_exp", "a_prefactor"):
+            take(f"pair_repulsion.{k}", f"pair_repulsion_fn.{k}")
+    for i, ic in enumerate(cfg["interactions"]):
+        p = f"interactions.{i}"
+        linear(f"{p}.linear_up", f"{p}.linear_up")
+        linear(f"{p}.linear", f"{p}.linear")
+        take(f"{p}.skip.weight", f"{p}.skip_tp.weight")
+        for j in range(len(ic["radial_mlp"]) + 1):
+            take(f"{p}.radial_mlp.layers.{j}.weight", f"{p}.conv_tp_weights.layer{j}.weight")
+        if INTERACTIONS[ic["type"]][1]:
+            take(f"{p}.density_fn.layers.0.weight", f"{p}.density_fn.layer0.weight")
+    for i, pc in enumerate(cfg["products"]):
+        p = f"products.{i}"
+        for o, corr in enumerate(pc["correlation"]):
+            c = f"{p}.symmetric_contractions.contractions.{o}"
+            for nu in range(1, corr + 1):
+                take(f"{p}.symmetric_contraction.U_{o}_{nu}", f"{c}.U_matrix_{nu}")
+                theirs = f"{c}.weights_max" if nu == corr else f"{c}.weights.{corr - 1 - nu}"
+                take(f"{p}.symmetric_contraction.weights.{o}.{nu - 1}", theirs)
+        linear(f"{p}.linear", f"{p}.linear")
+    for i, rc in enumerate(cfg["readouts"]):
+        p = f"readouts.{i}"
+        if rc["type"] == "linear":
+            linear(f"{p}.linear", f"{p}.linear")
+        else:
+            linear(f"{p}.linear_1", f"{p}.linear_1")
+            linear(f"{p}.linear_2", f"{p}.linear_2")
+    if cfg["model"] == "ScaleShiftMACE":
+        take("scale", "scale_shift.scale")
+        take("shift", "scale_shift.shift")
+    return out
+
+
+def _model_dtype(state: Dict[str, torch.Tensor]) -> torch.dtype:
+    t = state.get("atomic_energies")
+    return t.dtype if t is not None and t.is_floating_point() else torch.get_default_dtype()
+
+
+def build(config: dict, state_dict: Dict[str, torch.Tensor]) -> MACE:
+    """Our model from a config and a full state dict (in the state dict's dtype)."""
+    cls = {"MACE": MACE, "ScaleShiftMACE": ScaleShiftMACE}.get(config.get("model"))
+    if cls is None:
+        raise ValueError(f"config['model']: expected 'MACE' or 'ScaleShiftMACE', got {config.get('model')!r}")
+    with default_dtype(_model_dtype(state_dict)):
+        model = cls(config)
+    model.load_state_dict(state_dict, strict=True)
+    return model
+
+
+def from_mace(mace_model) -> MACE:
+    """Rebuild a mace-torch ``MACE``/``ScaleShiftMACE`` (object) as an equikernels model with the
+    same weights; returned in the same dtype, on the same device, in the same train/eval mode."""
+    cfg = config_from_mace(mace_model)
+    state = _state_from_mace(mace_model, cfg)
+    model = build(cfg, {k: v.detach().clone() for k, v in state.items()})
+    for theirs, inter in zip(mace_model.interactions, model.interactions):
+        got = inter.problem.path_coefficients
+        want = [float(i.path_weight) for i in theirs.conv_tp.instructions]
+        if any(abs(a - b) > 1e-6 * max(1.0, abs(b)) for a, b in zip(got, want)):
+            raise ValueError("mace_model: its conv_tp normalisation differs from e3nn's defaults; not supported")
+    device = next(iter(state.values())).device
+    return model.to(device).train(mace_model.training)
+
+
+def save(model: MACE, path: Union[str, os.PathLike]) -> None:
+    """Write ``model`` in our format: one file, or ``config.json`` + ``weights.pt`` if ``path`` is a directory."""
+    if not isinstance(model, MACE):
+        raise TypeError(f"model: expected an equikernels.models.MACE/ScaleShiftMACE, got {type(model).__name__}")
+    path = os.fspath(path)
+    config = json.dumps(model.config, indent=1)
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    if os.path.isdir(path):
+        _atomic_write_text(os.path.join(path, CONFIG_FILE), config)
+        _atomic_torch_save(os.path.join(path, WEIGHTS_FILE), state)
+    else:
+        _atomic_torch_save(path, {"format": FORMAT, "config": config, "state_dict": state})
+
+
+def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] = None,
+         dtype: Optional[torch.dtype] = None) -> MACE:
+    """Load our format (no mace-torch needed) or a mace-torch ``.model`` file (needs mace-torch)."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        cfg_path, w_path = os.path.join(path, CONFIG_FILE), os.path.join(path, WEIGHTS_FILE)
+        if not (os.path.isfile(cfg_path) and os.path.isfile(w_path)):
+            raise FileNotFoundError(f"path: directory {path!r} lacks {CONFIG_FILE} and {WEIGHTS_FILE}")
+        with open(cfg_path) as f:
+            config = json.load(f)
+        model = build(config, torch.load(w_path, map_location="cpu", weights_only=True))
+    elif not os.path.isfile(path):
+        raise FileNotFoundError(f"path: no such file or directory: {path!r}")
+    else:
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:  # a pickled module (mace-torch checkpoint): not loadable with weights_only
+            obj = None
+        if isinstance(obj, dict) and obj.get("format") == FORMAT:
+            model = build(json.loads(obj["config"]), obj["state_dict"])
+        else:
+            model = from_mace(_load_mace_file(path))
+    if dtype is not None:
+        model = model.to(dtype)
+    if device is not None:
+        model = model.to(device)
+    return model.eval()
+
+
+def _load_mace_file(path: str):
+    try:
+        import mace  # noqa: F401,PLC0415  (registers the classes the pickle refers to)
+    except ImportError:
+        raise ImportError(f"path: {path!r} is not an equikernels model file; loading a mace-torch .model file "
+                          "needs mace-torch (pip install mace-torch)") from None
+    from .._compat import o3  # noqa: F401,PLC0415  (e3nn import that works on torch >= 2.6)
+    obj = torch.load(path, map_location="cpu", weights_only=False)
+    if not isinstance(obj, torch.nn.Module):
+        raise ValueError(f"path: {path!r} holds a {type(obj).__name__}, expected a mace-torch model or an "
+                         "equikernels model file")
+    return obj
+
+
+def _atomic_torch_save(path: str, obj) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _atomic_write_text(path: str, text: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

@@ -1,0 +1,312 @@
+"""``MACE`` and ``ScaleShiftMACE``: mace-torch's models (0.3.16 conventions, DESIGN §6) built
+from equikernels components, with mace-torch's call interface.
+
+``forward(data, training=False, compute_force=True, compute_virials=False, compute_stress=False,
+compute_displacement=False, ...)`` takes the same data dict (positions, node_attrs, edge_index,
+shifts, unit_shifts, cell, batch, ptr, optional head) and returns the same keys, so calculators
+and training loops written for mace-torch models run unchanged.
+
+The structure comes from a JSON-able config (``from_mace`` writes it from a mace-torch model);
+numbers (weights, U tensors, E0, scale/shift) live in the state dict.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Dict, List, Optional
+
+import torch
+from torch import nn
+
+from .._compat import o3
+from ..nn.linear import Linear
+from ..nn.spherical_harmonics import SphericalHarmonics, ir_mul_permutation
+from ..ops.conv import ConvGraph
+from ..problem import parse_irreps
+from .blocks import InteractionBlock, LinearReadout, NonLinearReadout, ProductBlock
+from .element_linear import ElementGroups
+from .radial import RadialEmbedding, ZBLRepulsion, node_atomic_numbers
+
+CONFIG_VERSION = 1
+REQUIRED_KEYS = ("positions", "node_attrs", "edge_index", "shifts", "batch", "ptr")
+
+
+class MACE(nn.Module):
+    """MACE with E = sum E0[z] (+ ZBL) + sum of readouts; see ``ScaleShiftMACE`` for the scaled kind.
+
+    ``config``: the structure (see ``equikernels.models.io.config_from_mace``); ``u_matrices``:
+    per product block, per output irrep, per degree nu the U tensors (default: taken from the
+    state dict loaded afterwards, as ``load`` and ``from_mace`` do).
+    """
+
+    def __init__(self, config: dict, u_matrices: Optional[list] = None) -> None:
+        super().__init__()
+        config = copy.deepcopy(config)
+        if config.get("version", CONFIG_VERSION) != CONFIG_VERSION:
+            raise ValueError(f"config: version {config.get('version')} is not supported (expected {CONFIG_VERSION})")
+        self.config = config
+        layout = config.get("layout", "ir_mul")
+        if layout not in ("ir_mul", "mul_ir"):
+            raise ValueError(f"config['layout']: expected 'ir_mul' or 'mul_ir', got {layout!r}")
+        self.layout = layout
+        self.heads: List[str] = list(config["heads"])
+        self.num_elements = int(config["num_elements"])
+        self.register_buffer("atomic_numbers", torch.tensor(config["atomic_numbers"], dtype=torch.int64))
+        self.register_buffer("r_max", torch.tensor(float(config["r_max"])))
+        self.register_buffer("num_interactions", torch.tensor(len(config["interactions"]), dtype=torch.int64))
+        self.register_buffer("atomic_energies", torch.zeros(config["atomic_energies_shape"]))
+        self.node_embedding = Linear(f"{self.num_elements}x0e", config["node_feats_irreps"], layout=layout)
+        self.radial_embedding = RadialEmbedding(config["r_max"], config["num_bessel"], config["num_polynomial_cutoff"],
+                                                config.get("radial_type", "bessel"),
+                                                config.get("distance_transform", "None"),
+                                                config.get("apply_cutoff", True))
+        self.pair_repulsion = ZBLRepulsion(config["num_polynomial_cutoff"]) if config.get("pair_repulsion") else None
+        self.spherical_harmonics = SphericalHarmonics(config["sh_irreps"], normalize=True, normalization="component",
+                                                      layout=layout)
+        self.interactions = nn.ModuleList(
+            InteractionBlock(c, self.num_elements, config["sh_irreps"], self.radial_embedding.out_dim, layout)
+            for c in config["interactions"])
+        self.products = nn.ModuleList(
+            ProductBlock(c, layout, None if u_matrices is None else u_matrices[i])
+            for i, c in enumerate(config["products"]))
+        self._u_ready = u_matrices is not None
+        self.readouts = nn.ModuleList(
+            (LinearReadout if c["type"] == "linear" else NonLinearReadout)(c, layout) for c in config["readouts"])
+        self.use_agnostic_product = bool(config.get("use_agnostic_product", False))
+        # mul_ir <-> ir_mul of each product's output, for the "node_feats" output (mace's layout)
+        self._to_mul_ir = [None if layout == "mul_ir" else _inverse(ir_mul_permutation(c["hidden_irreps"]))
+                           for c in config["products"]]
+
+    # --- loading ---------------------------------------------------------------------------------
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        self._u_ready = True  # the product blocks rebuild their tables from the loaded U buffers
+
+    # --- graph preparation -----------------------------------------------------------------------
+    def _check_data(self, data: Dict[str, torch.Tensor]) -> None:
+        if not isinstance(data, dict):
+            raise TypeError(f"data: expected a dict of tensors (mace-torch's batch format), got {type(data).__name__}")
+        missing = [k for k in REQUIRED_KEYS if k not in data]
+        if missing:
+            raise KeyError(f"data: missing keys {missing} (expected {list(REQUIRED_KEYS)} and, for stress, "
+                           "'unit_shifts' and 'cell')")
+        dtype = self.atomic_energies.dtype
+        pos, attrs, ei = data["positions"], data["node_attrs"], data["edge_index"]
+        n = pos.shape[0]
+        if pos.dim() != 2 or pos.shape[1] != 3:
+            raise ValueError(f"data['positions']: expected shape [num_atoms, 3], got {tuple(pos.shape)}")
+        if pos.dtype != dtype:
+            raise TypeError(f"data['positions']: dtype {pos.dtype} does not match the model's {dtype} "
+                            f"(convert the model with .to({pos.dtype}) or the data)")
+        if attrs.shape != (n, self.num_elements):
+            raise ValueError(f"data['node_attrs']: expected one-hot [num_atoms={n}, num_elements="
+                             f"{self.num_elements}], got {tuple(attrs.shape)}")
+        if ei.dim() != 2 or ei.shape[0] != 2 or ei.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"data['edge_index']: expected an integer tensor [2, num_edges], got "
+                             f"{tuple(ei.shape)} {ei.dtype}")
+        if data["shifts"].shape != (ei.shape[1], 3):
+            raise ValueError(f"data['shifts']: expected shape [num_edges={ei.shape[1]}, 3], got "
+                             f"{tuple(data['shifts'].shape)}")
+        if data["batch"].shape != (n,):
+            raise ValueError(f"data['batch']: expected shape [num_atoms={n}], got {tuple(data['batch'].shape)}")
+        if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= n):
+            raise IndexError(f"data['edge_index']: node indices must lie in [0, {n})")
+        for k in ("positions", "node_attrs", "edge_index", "shifts", "batch"):
+            if data[k].device != self.atomic_energies.device:
+                raise ValueError(f"data[{k!r}]: on {data[k].device}, the model is on {self.atomic_energies.device}")
+        if not self._u_ready:
+            raise RuntimeError("this MACE has no U tensors yet: build it with equikernels.models.from_mace or load(), "
+                               "or pass u_matrices")
+
+    def _element_index(self, node_attrs: torch.Tensor) -> torch.Tensor:
+        element = torch.argmax(node_attrs, dim=1)
+        return element
+
+    # --- forward ---------------------------------------------------------------------------------
+    def _features(self, data, compute_virials, compute_stress, compute_displacement):
+        positions = data["positions"]
+        if positions.is_leaf and not positions.requires_grad:
+            positions.requires_grad_(True)
+        batch, ptr, edge_index = data["batch"], data["ptr"], data["edge_index"]
+        num_graphs = int(ptr.numel() - 1)
+        sender, receiver = edge_index[0], edge_index[1]
+        node_heads = data["head"][batch] if "head" in data else torch.zeros_like(batch)
+        node_heads = node_heads.to(torch.int64)
+        displacement = torch.zeros((num_graphs, 3, 3), dtype=positions.dtype, device=positions.device)
+        cell = data.get("cell")
+        pos, shifts = positions, data["shifts"]
+        if compute_virials or compute_stress or compute_displacement:
+            if "unit_shifts" not in data or cell is None:
+                raise KeyError("data: 'unit_shifts' and 'cell' are required for virials/stress/displacement")
+            displacement = data.get("displacement")
+            if displacement is None:
+                displacement = torch.zeros((num_graphs, 3, 3), dtype=positions.dtype, device=positions.device)
+                displacement = displacement + positions.sum() * 0.0  # in the graph, so it gets a gradient
+            sym = 0.5 * (displacement + displacement.transpose(-1, -2))
+            pos = positions + torch.einsum("be,bec->bc", positions, sym[batch])
+            c = cell.view(-1, 3, 3)
+            c = c + torch.matmul(c, sym)
+            shifts = torch.einsum("be,bec->bc", data["unit_shifts"], c[batch[sender]])
+        vectors = pos[receiver] - pos[sender] + shifts
+        lengths = torch.linalg.norm(vectors, dim=-1, keepdim=True)
+        return positions, vectors, lengths, displacement, cell, node_heads, num_graphs
+
+    def _interactions(self, data, vectors, lengths, node_heads):
+        """Runs every layer; returns per-node readout energies [per readout] and node features."""
+        node_attrs = data["node_attrs"]
+        n = node_attrs.shape[0]
+        sender, receiver = data["edge_index"][0], data["edge_index"][1]
+        element = self._element_index(node_attrs)
+        groups = ElementGroups.build(element, self.num_elements)
+        graph = ConvGraph.build(sender, receiver, n, validate=False)  # one graph, reused by every layer
+        node_z = node_atomic_numbers(self.atomic_numbers, node_attrs)
+        node_feats = self.node_embedding(node_attrs)
+        edge_attrs = self.spherical_harmonics(vectors)
+        edge_feats, cutoff = self.radial_embedding(lengths, node_z, sender, receiver)
+        pair = None
+        if self.pair_repulsion is not None:
+            pair = self.pair_repulsion(lengths, node_z, sender, receiver, n)
+        prod_element = torch.zeros_like(element) if self.use_agnostic_product else element
+        feats = []
+        for interaction, product in zip(self.interactions, self.products):
+            node_feats, sc = interaction(node_feats, groups, edge_attrs, edge_feats, cutoff, graph)
+            node_feats = product(node_feats, sc, prod_element)
+            feats.append(node_feats)
+        arange = torch.arange(n, device=node_attrs.device)
+        node_es = []
+        for i, readout in enumerate(self.readouts):
+            x = feats[-1] if len(self.readouts) == 1 else feats[i]
+            node_es.append(readout(x, node_heads)[arange, node_heads])
+        mul_ir = [f if p is None else f.index_select(1, p.to(f.device)) for f, p in zip(feats, self._to_mul_ir)]
+        return node_es, pair, torch.cat(mul_ir, dim=-1)
+
+    def _node_e0(self, data, node_heads, dtype):
+        e0_table = torch.atleast_2d(self.atomic_energies).T.to(dtype=data["node_attrs"].dtype)
+        n = data["node_attrs"].shape[0]
+        return (data["node_attrs"] @ e0_table)[torch.arange(n, device=node_heads.device), node_heads]
+
+    def forward(self, data: Dict[str, torch.Tensor], training: bool = False, compute_force: bool = True,
+                compute_virials: bool = False, compute_stress: bool = False, compute_displacement: bool = False,
+                compute_hessian: bool = False, compute_edge_forces: bool = False,
+                compute_atomic_stresses: bool = False, lammps_mliap: bool = False) -> Dict[str, Optional[torch.Tensor]]:
+        if lammps_mliap:
+            raise NotImplementedError("lammps_mliap: the LAMMPS ML-IAP interface is not supported")
+        self._check_data(data)
+        positions, vectors, lengths, displacement, cell, node_heads, num_graphs = self._features(
+            data, compute_virials, compute_stress, compute_displacement)
+        batch = data["batch"]
+        node_e0 = self._node_e0(data, node_heads, vectors.dtype)
+        e0 = _scatter(node_e0, batch, num_graphs).to(vectors.dtype)
+        node_es, pair, node_feats = self._interactions(data, vectors, lengths, node_heads)
+        pair_node = pair if pair is not None else torch.zeros_like(node_e0)
+        energies = [e0, _scatter(pair_node, batch, num_graphs) if pair is not None else torch.zeros_like(e0)]
+        node_energies = [node_e0, pair_node]
+        for es in node_es:
+            energies.append(_scatter(es, batch, num_graphs))
+            node_energies.append(es)
+        contributions = torch.stack(energies, dim=-1)
+        total = torch.sum(contributions, dim=-1)
+        node_energy = torch.sum(torch.stack(node_energies, dim=-1), dim=-1)
+        out = _outputs(total, positions, displacement, vectors, cell, data, training, compute_force,
+                       compute_virials, compute_stress, compute_hessian, compute_edge_forces, compute_atomic_stresses)
+        return {"energy": total, "node_energy": node_energy, "contributions": contributions, **out,
+                "displacement": displacement, "node_feats": node_feats}
+
+
+class ScaleShiftMACE(MACE):
+    """MACE with E = sum E0[z] + sum_i (scale[head] * (ZBL_i + sum readouts_i) + shift[head])."""
+
+    def __init__(self, config: dict, u_matrices: Optional[list] = None) -> None:
+        super().__init__(config, u_matrices)
+        shape = config.get("scale_shift_shape", [])
+        self.register_buffer("scale", torch.ones(shape))
+        self.register_buffer("shift", torch.zeros(shape))
+
+    def forward(self, data: Dict[str, torch.Tensor], training: bool = False, compute_force: bool = True,
+                compute_virials: bool = False, compute_stress: bool = False, compute_displacement: bool = False,
+                compute_hessian: bool = False, compute_edge_forces: bool = False,
+                compute_atomic_stresses: bool = False, lammps_mliap: bool = False) -> Dict[str, Optional[torch.Tensor]]:
+        if lammps_mliap:
+            raise NotImplementedError("lammps_mliap: the LAMMPS ML-IAP interface is not supported")
+        self._check_data(data)
+        positions, vectors, lengths, displacement, cell, node_heads, num_graphs = self._features(
+            data, compute_virials, compute_stress, compute_displacement)
+        batch = data["batch"]
+        node_e0 = self._node_e0(data, node_heads, vectors.dtype)
+        e0 = _scatter(node_e0, batch, num_graphs).to(vectors.dtype)
+        node_es, pair, node_feats = self._interactions(data, vectors, lengths, node_heads)
+        pair_node = pair if pair is not None else torch.zeros_like(node_e0)
+        node_inter = torch.sum(torch.stack([pair_node] + node_es, dim=0), dim=0)
+        node_inter = torch.atleast_1d(self.scale)[node_heads] * node_inter + torch.atleast_1d(self.shift)[node_heads]
+        inter_e = _scatter(node_inter, batch, num_graphs)
+        total = e0 + inter_e
+        node_energy = node_e0.clone().double() + node_inter.clone().double()  # float64, as mace-torch
+        out = _outputs(inter_e, positions, displacement, vectors, cell, data, training, compute_force,
+                       compute_virials, compute_stress, compute_hessian, compute_edge_forces,
+                       compute_atomic_stresses)
+        return {"energy": total, "node_energy": node_energy, "interaction_energy": inter_e, **out,
+                "displacement": displacement, "node_feats": node_feats}
+
+
+def _inverse(perm: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    if perm is None:
+        return None
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.numel())
+    return inv
+
+
+def _scatter(src: torch.Tensor, index: torch.Tensor, size: int) -> torch.Tensor:
+    return src.new_zeros((size,) + src.shape[1:]).index_add(0, index, src)
+
+
+def _grad(outputs, inputs, create: bool):
+    return torch.autograd.grad([outputs], inputs, grad_outputs=[torch.ones_like(outputs)], retain_graph=create,
+                               create_graph=create, allow_unused=True)
+
+
+def _outputs(energy, positions, displacement, vectors, cell, data, training, compute_force, compute_virials,
+             compute_stress, compute_hessian, compute_edge_forces, compute_atomic_stresses) -> dict:
+    """forces = -dE/dpos; virials = -dE/d(strain); stress = dE/d(strain) / volume (mace-torch's signs)."""
+    keep = training or compute_hessian or compute_edge_forces or compute_atomic_stresses
+    forces = virials = stress = hessian = edge_forces = atomic_virials = atomic_stresses = None
+    if compute_virials or compute_stress:
+        f, v = _grad(energy, [positions, displacement], keep)
+        stress = torch.zeros_like(displacement)
+        if compute_stress and v is not None:
+            volume = torch.linalg.det(cell.view(-1, 3, 3)).abs().unsqueeze(-1)
+            stress = v / volume.view(-1, 1, 1)
+            stress = torch.where(torch.abs(stress) < 1e10, stress, torch.zeros_like(stress))
+        forces = -1 * (f if f is not None else torch.zeros_like(positions))
+        virials = -1 * (v if v is not None else torch.zeros((1, 3, 3)))
+    elif compute_force:
+        (f,) = _grad(energy, [positions], keep)
+        forces = -1 * (f if f is not None else torch.zeros_like(positions))
+    if compute_hessian:
+        if forces is None:
+            raise ValueError("compute_hessian: needs compute_force=True")
+        rows = []
+        flat = forces.reshape(-1)
+        for k in range(flat.numel()):
+            (g,) = torch.autograd.grad(-flat[k], positions, retain_graph=True, allow_unused=True)
+            rows.append(torch.zeros_like(positions) if g is None else g.detach())
+        hessian = torch.stack(rows) if rows else positions.new_zeros(0, *positions.shape)
+    if compute_edge_forces or compute_atomic_stresses:
+        (g,) = _grad(energy, [vectors], training or compute_hessian)
+        edge_forces = (g if g is not None else torch.zeros_like(vectors))  # -(-dE/dvec): LAMMPS sign convention
+        if compute_atomic_stresses:
+            atomic_virials, atomic_stresses = _atomic_virials(edge_forces, data, vectors, positions.shape[0], cell)
+        if not compute_edge_forces:
+            edge_forces = edge_forces  # mace-torch returns them whenever atomic stresses are asked
+    return {"forces": forces, "edge_forces": edge_forces, "virials": virials, "stress": stress,
+            "atomic_virials": atomic_virials, "atomic_stresses": atomic_stresses, "hessian": hessian}
+
+
+def _atomic_virials(edge_forces, data, vectors, num_atoms, cell):
+    ei = data["edge_index"]
+    ev = torch.einsum("zi,zj->zij", edge_forces, vectors)
+    v = (_scatter(ev, ei[0], num_atoms) + _scatter(ev, ei[1], num_atoms)) / 2
+    v = (v + v.transpose(-1, -2)) / 2
+    volume = torch.linalg.det(cell.view(-1, 3, 3)).abs().unsqueeze(-1)
+    s = v / volume[data["batch"]].view(-1, 1, 1)
+    s = torch.where(torch.abs(s) < 1e10, s, torch.zeros_like(s))
+    return -1 * v, s

@@ -1,0 +1,199 @@
+"""Edge-length features of MACE: radial bases, the polynomial envelope, distance transforms, the
+radial MLP and the ZBL pair repulsion.
+
+Every formula follows mace-torch 0.3.16 term by term (including which operands are integer or
+python scalars), because operand types decide the rounding and the parity tests compare at 1e-8.
+Constants live in buffers so a checkpoint's values (and dtypes) are carried over exactly.
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional
+
+import torch
+from torch import nn
+
+from .._compat import e3nn  # noqa: F401  (safe e3nn import before e3nn.math)
+from e3nn.math import normalize2mom  # noqa: E402
+
+RADIAL_TYPES = ("bessel", "gaussian", "chebyshev")
+DISTANCE_TRANSFORMS = ("None", "Agnesi", "Soft")
+GATES = {"silu": torch.nn.functional.silu, "tanh": torch.tanh, "abs": torch.abs, "None": None}
+
+
+def _covalent_radii() -> torch.Tensor:
+    from ase.data import covalent_radii  # noqa: PLC0415 (ase only needed when a model uses it)
+    return torch.tensor(covalent_radii, dtype=torch.get_default_dtype())
+
+
+def node_atomic_numbers(atomic_numbers: torch.Tensor, node_attrs: torch.Tensor) -> torch.Tensor:
+    return atomic_numbers[torch.argmax(node_attrs, dim=1)].unsqueeze(-1)
+
+
+class BesselBasis(nn.Module):
+    """sqrt(2/r_max) * sin(n pi r / r_max) / r, n = 1..num_basis."""
+
+    def __init__(self, r_max: float, num_basis: int) -> None:
+        super().__init__()
+        self.register_buffer("bessel_weights", math.pi / r_max * torch.linspace(1.0, num_basis, num_basis))
+        self.register_buffer("prefactor", torch.tensor(math.sqrt(2.0 / r_max)))
+
+    def forward(self, r: torch.Tensor) -> torch.Tensor:
+        return self.prefactor * (torch.sin(self.bessel_weights * r) / r)
+
+
+class GaussianBasis(nn.Module):
+    def __init__(self, r_max: float, num_basis: int) -> None:
+        super().__init__()
+        self.register_buffer("gaussian_weights", torch.linspace(0.0, r_max, num_basis))
+        self.coeff = -0.5 / (r_max / (num_basis - 1)) ** 2
+
+    def forward(self, r: torch.Tensor) -> torch.Tensor:
+        return torch.exp(self.coeff * torch.pow(r - self.gaussian_weights, 2))
+
+
+class ChebyshevBasis(nn.Module):
+    def __init__(self, r_max: float, num_basis: int) -> None:
+        super().__init__()
+        self.register_buffer("n", torch.arange(1, num_basis + 1, dtype=torch.get_default_dtype()).unsqueeze(0))
+        self.num_basis = num_basis
+
+    def forward(self, r: torch.Tensor) -> torch.Tensor:
+        return torch.special.chebyshev_polynomial_t(r.repeat(1, self.num_basis), self.n.repeat(len(r), 1))
+
+
+def polynomial_envelope(r: torch.Tensor, r_max, p) -> torch.Tensor:
+    """1 - (p+1)(p+2)/2 x^p + p(p+2) x^(p+1) - p(p+1)/2 x^(p+2), x = r/r_max; 0 beyond r_max."""
+    x = r / r_max
+    env = (1.0 - ((p + 1.0) * (p + 2.0) / 2.0) * torch.pow(x, p) + p * (p + 2.0) * torch.pow(x, p + 1)
+           - (p * (p + 1.0) / 2) * torch.pow(x, p + 2))
+    return env * (r < r_max)
+
+
+class PolynomialCutoff(nn.Module):
+    def __init__(self, r_max: float, p: int) -> None:
+        super().__init__()
+        self.register_buffer("p", torch.tensor(p, dtype=torch.int))
+        self.register_buffer("r_max", torch.tensor(r_max))
+
+    def forward(self, r: torch.Tensor) -> torch.Tensor:
+        return polynomial_envelope(r, self.r_max, self.p.to(torch.int))
+
+
+class AgnesiTransform(nn.Module):
+    """r -> 1 / (1 + a (r/r0)^q / (1 + (r/r0)^(q-p))), r0 = mean covalent radius of the pair."""
+
+    def __init__(self, q: float = 0.9183, p: float = 4.5791, a: float = 1.0805) -> None:
+        super().__init__()
+        self.register_buffer("q", torch.tensor(q))
+        self.register_buffer("p", torch.tensor(p))
+        self.register_buffer("a", torch.tensor(a))
+        self.register_buffer("covalent_radii", _covalent_radii())
+
+    def forward(self, r, node_z, sender, receiver):
+        z_u, z_v = node_z[sender].to(torch.int64), node_z[receiver].to(torch.int64)
+        r0 = 0.5 * (self.covalent_radii[z_u] + self.covalent_radii[z_v])
+        x = r / r0
+        return (1 + (self.a * torch.pow(x, self.q) / (1 + torch.pow(x, self.q - self.p)))).reciprocal_()
+
+
+class SoftTransform(nn.Module):
+    """Smooth clamp of short distances: p0 + (r - p0) * (1 + tanh(alpha (r - m))) / 2."""
+
+    def __init__(self, alpha: float = 4.0) -> None:
+        super().__init__()
+        self.register_buffer("alpha", torch.tensor(alpha))
+        self.register_buffer("covalent_radii", _covalent_radii())
+
+    def forward(self, r, node_z, sender, receiver):
+        z_u, z_v = node_z[sender].to(torch.int64), node_z[receiver].to(torch.int64)
+        r0 = self.covalent_radii[z_u] + self.covalent_radii[z_v]
+        p0, p1 = (3 / 4) * r0, (4 / 3) * r0
+        m = 0.5 * (p0 + p1)
+        alpha = self.alpha / (p1 - p0)
+        return p0 + (r - p0) * (0.5 * (1.0 + torch.tanh(alpha * (r - m))))
+
+
+class RadialEmbedding(nn.Module):
+    """Edge lengths [E, 1] -> (radial features [E, num_basis], cutoff [E, 1] or None).
+
+    With ``apply_cutoff`` the envelope is folded into the features (cutoff returned as None);
+    otherwise the interaction blocks multiply their weights by it.
+    """
+
+    def __init__(self, r_max: float, num_bessel: int, num_polynomial_cutoff: int, radial_type: str = "bessel",
+                 distance_transform: str = "None", apply_cutoff: bool = True) -> None:
+        super().__init__()
+        if radial_type not in RADIAL_TYPES:
+            raise ValueError(f"radial_type: expected one of {RADIAL_TYPES}, got {radial_type!r}")
+        if distance_transform not in DISTANCE_TRANSFORMS:
+            raise ValueError(f"distance_transform: expected one of {DISTANCE_TRANSFORMS}, got {distance_transform!r}")
+        self.basis = {"bessel": BesselBasis, "gaussian": GaussianBasis, "chebyshev": ChebyshevBasis}[radial_type](
+            r_max, num_bessel)
+        self.transform = {"None": None, "Agnesi": AgnesiTransform, "Soft": SoftTransform}[distance_transform]
+        if self.transform is not None:
+            self.transform = self.transform()
+        self.cutoff = PolynomialCutoff(r_max, num_polynomial_cutoff)
+        self.apply_cutoff = apply_cutoff
+        self.out_dim = num_bessel
+
+    def forward(self, lengths, node_z, sender, receiver):
+        cutoff = self.cutoff(lengths)
+        if self.transform is not None:
+            lengths = self.transform(lengths, node_z, sender, receiver)
+        radial = self.basis(lengths)
+        if not self.apply_cutoff:
+            return radial, cutoff
+        return radial * cutoff, None
+
+
+class ZBLRepulsion(nn.Module):
+    """Ziegler-Biersack-Littmark pair repulsion, enveloped at the sum of covalent radii; returns
+    one energy per receiver node (half of each pair's energy per directed edge)."""
+
+    def __init__(self, p: int) -> None:
+        super().__init__()
+        self.register_buffer("c", torch.tensor([0.1818, 0.5099, 0.2802, 0.02817]))
+        self.register_buffer("p", torch.tensor(p, dtype=torch.int))
+        self.register_buffer("covalent_radii", _covalent_radii())
+        self.register_buffer("a_exp", torch.tensor(0.300))
+        self.register_buffer("a_prefactor", torch.tensor(0.4543))
+
+    def forward(self, r, node_z, sender, receiver, num_nodes: int) -> torch.Tensor:
+        z_u, z_v = node_z[sender].to(torch.int64), node_z[receiver].to(torch.int64)
+        a = self.a_prefactor * 0.529 / (torch.pow(z_u, self.a_exp) + torch.pow(z_v, self.a_exp))
+        x = r / a
+        c = self.c
+        phi = (c[0] * torch.exp(-3.2 * x) + c[1] * torch.exp(-0.9423 * x) + c[2] * torch.exp(-0.4028 * x)
+               + c[3] * torch.exp(-0.2016 * x))
+        v = (14.3996 * z_u * z_v) / r * phi
+        env = polynomial_envelope(r, self.covalent_radii[z_u] + self.covalent_radii[z_v], self.p)
+        v = 0.5 * v * env
+        out = v.new_zeros((num_nodes,) + v.shape[1:]).index_add(0, receiver, v)
+        return out.squeeze(-1)
+
+
+class RadialMLP(nn.Module):
+    """e3nn ``FullyConnectedNet(hs, act)``: bias-free layers ``x @ W / sqrt(fan_in)``, the
+    activation scaled to unit second moment between layers, none after the last. The parameters
+    are named ``layer{i}.weight`` as in e3nn, so checkpoints map one to one."""
+
+    def __init__(self, hs: List[int], act: Optional[str] = "silu") -> None:
+        super().__init__()
+        self.hs = list(hs)
+        if act not in GATES:
+            raise ValueError(f"act: expected one of {tuple(GATES)}, got {act!r}")
+        self.act = normalize2mom(GATES[act]) if GATES[act] is not None else None
+        self.layers = nn.ModuleList()
+        for h_in, h_out in zip(self.hs, self.hs[1:]):
+            layer = nn.Module()
+            layer.weight = nn.Parameter(torch.randn(h_in, h_out))
+            self.layers.append(layer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x = x @ (layer.weight / self.hs[i] ** 0.5)
+            if i < last and self.act is not None:
+                x = self.act(x)
+        return x
