@@ -67,6 +67,14 @@ class TrainConfig:
     progress: bool = True
     plot: bool = True
 
+    def __post_init__(self):
+        if isinstance(self.keys, dict):
+            key_names = {f.name for f in dataclasses.fields(DataKeys)}
+            bad = sorted(set(self.keys) - key_names)
+            if bad:
+                raise ValueError(f"unknown data key option(s) {bad}; known: {sorted(key_names)}")
+            self.keys = DataKeys(**self.keys)
+
     def validate(self) -> "TrainConfig":
         def need(cond: bool, msg: str):
             if not cond:
@@ -103,13 +111,6 @@ class TrainConfig:
         unknown = sorted(set(values) - names)
         if unknown:
             raise ValueError(f"unknown training option(s) {unknown}; known: {sorted(names)}")
-        values = dict(values)
-        if isinstance(values.get("keys"), dict):
-            key_names = {f.name for f in dataclasses.fields(DataKeys)}
-            bad = sorted(set(values["keys"]) - key_names)
-            if bad:
-                raise ValueError(f"unknown data key option(s) {bad}; known: {sorted(key_names)}")
-            values["keys"] = DataKeys(**values["keys"])
         return cls(**values)
 
 

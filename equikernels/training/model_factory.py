@@ -43,7 +43,7 @@ def resolve_backend(backend: str) -> str:
     return backend
 
 
-def _is_ours(model: torch.nn.Module) -> bool:
+def is_ours(model: torch.nn.Module) -> bool:
     return type(model).__module__.startswith("equikernels.")
 
 
@@ -60,31 +60,24 @@ def _mace_torch_load(path: str) -> torch.nn.Module:
 
 
 def load_model(path: str, backend: str = "auto") -> torch.nn.Module:
-    """A foundation model from a file (ours or a mace-torch ``.model``), converted to ``backend``."""
+    """A foundation model from a file, as ``backend``: 'equikernels' reads our format and
+    mace-torch ``.model`` files (converted); 'mace' needs a mace-torch ``.model`` file."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"model file {path!r} does not exist")
     backend = resolve_backend(backend)
-    mod = ours()
-    model = None
-    if mod is not None:
-        try:
-            model = mod.load(path)
-        except Exception as exc:  # not our format: try mace-torch's below
-            ours_error = exc
-    if model is None:
-        try:
-            model = _mace_torch_load(path)
-        except Exception as exc:
-            if mod is not None:
-                raise ValueError(f"{path}: not readable as an equikernels model ({ours_error}) "
-                                 f"nor as a mace-torch model ({exc})") from exc
-            raise
-    return convert(model, backend)
+    if backend == "equikernels":
+        return ours().load(path)
+    try:
+        return _mace_torch_load(path)
+    except Exception as exc:
+        hint = (" (it may be in equikernels' format, which only model_backend 'equikernels' can train)"
+                if ours() is not None else "")
+        raise ValueError(f"model_backend 'mace': cannot read {path} as a mace-torch model{hint}: {exc}") from exc
 
 
 def convert(model: torch.nn.Module, backend: str) -> torch.nn.Module:
     backend = resolve_backend(backend)
-    if backend == "equikernels" and not _is_ours(model):
+    if backend == "equikernels" and not is_ours(model):
         mod = ours()
         if not hasattr(mod, "from_mace"):
             raise RuntimeError("equikernels.models has no from_mace; cannot convert a mace-torch model")
@@ -145,13 +138,21 @@ def model_dtype(model: torch.nn.Module) -> torch.dtype:
     return next(model.parameters()).dtype
 
 
+def _e0_buffer(model: torch.nn.Module) -> torch.Tensor:
+    if hasattr(model, "atomic_energies_fn"):  # mace-torch
+        return model.atomic_energies_fn.atomic_energies
+    if isinstance(getattr(model, "atomic_energies", None), torch.Tensor):  # equikernels
+        return model.atomic_energies
+    raise TypeError(f"{type(model).__name__} has no atomic energies (E0s) buffer")
+
+
 def get_e0s(model: torch.nn.Module) -> torch.Tensor:
     """E0s as [n_heads, n_elements]."""
-    return torch.atleast_2d(model.atomic_energies_fn.atomic_energies.detach().clone())
+    return torch.atleast_2d(_e0_buffer(model).detach().clone())
 
 
 def set_e0s(model: torch.nn.Module, e0s: torch.Tensor) -> None:
-    buf = model.atomic_energies_fn.atomic_energies
+    buf = _e0_buffer(model)
     with torch.no_grad():
         buf.copy_(torch.as_tensor(e0s, dtype=buf.dtype).reshape(buf.shape))
 
@@ -175,19 +176,24 @@ def freeze(model: torch.nn.Module, prefixes: Sequence[str]) -> List[str]:
     return frozen
 
 
+def save_mace_torch(model: torch.nn.Module, path: str) -> str:
+    """A mace-torch model as mace-torch's own file (a pickled module), written atomically."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save(model, tmp)
+    os.replace(tmp, path)
+    return path
+
+
 def save_model(model: torch.nn.Module, path: str) -> str:
-    """Save in equikernels' format when ``equikernels.models`` is available, else as a pickled
-    mace-torch model. Returns the path written."""
+    """Save in equikernels' format when ``equikernels.models`` is available (converting a
+    mace-torch model), else as a pickled mace-torch model. Returns the path written."""
     mod = ours()
     model = model.cpu()
     if mod is not None:
-        if not _is_ours(model):
+        if not is_ours(model):
             model = convert(model, "equikernels")
         mod.save(model, path)
         return path
     warnings.warn("equikernels.models is not available: saving a mace-torch model instead of "
                   "equikernels' format", stacklevel=2)
-    tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(model, tmp)
-    os.replace(tmp, path)
-    return path
+    return save_mace_torch(model, path)

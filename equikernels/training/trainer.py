@@ -349,8 +349,9 @@ class Trainer:
         summary.update(step=self.step, epochs_completed=self.epoch, stopped_early=self.stopped_early,
                        best_step=self.best["step"])
         if self.dist.is_main:
-            model_path = os.path.join(cfg.out_dir, "model.pt")
-            summary["model_path"] = mf.save_model(final, model_path)
+            summary["model_path"] = mf.save_model(final, os.path.join(cfg.out_dir, "model.pt"))
+            if not mf.is_ours(final):  # also keep it usable by mace-torch's own tools
+                summary["mace_model_path"] = mf.save_mace_torch(final.cpu(), os.path.join(cfg.out_dir, "mace.model"))
             with open(os.path.join(cfg.out_dir, "metrics.json"), "w") as fh:
                 json.dump({"summary": summary, "history": self.history}, fh, indent=1)
             if cfg.plot and self.history["train"]:
