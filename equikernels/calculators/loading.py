@@ -71,8 +71,13 @@ def load_model_file(path, device: torch.device) -> torch.nn.Module:
     loader = _models_attr("load")
     if loader is not None:
         return loader(path)
-    # mace-torch files are pickled whole modules (unpickling needs mace-torch installed)
-    return torch.load(path, map_location=device, weights_only=False)
+    # mace-torch files are pickled whole modules: unpickling needs the classes' package
+    try:
+        return torch.load(path, map_location=device, weights_only=False)
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(f"loading model file {path!r} needs the Python package {exc.name!r} "
+                                  f"(mace-torch files are pickled mace-torch modules: pip install mace-torch, "
+                                  f"or convert the model with `equikernels convert`)", name=exc.name) from exc
 
 
 def resolve_model(model: Union[None, str, os.PathLike, torch.nn.Module], device: torch.device) -> torch.nn.Module:

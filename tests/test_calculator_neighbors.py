@@ -1,0 +1,113 @@
+"""Skin neighbour list: the same pairs as an independent list (ASE's) for any cell and pbc, at
+every step of a random walk across many rebuilds; rebuilds only when needed. No mace-torch."""
+import numpy as np
+import pytest
+import torch
+from ase import Atoms
+from ase.build import bulk, fcc111, molecule
+from ase.neighborlist import neighbor_list
+
+from equikernels.calculators.neighbors import SkinNeighborList, pbc_tensor
+
+CUTOFF = 4.0
+
+
+def pair_set(i, j, shifts):
+    """(i, j, S) pairs as a set of tuples, so lists in any order compare equal."""
+    arr = np.concatenate([np.asarray(i)[:, None], np.asarray(j)[:, None], np.rint(np.asarray(shifts)).astype(int)], 1)
+    return set(map(tuple, arr.tolist()))
+
+
+def ase_pairs(atoms, cutoff=CUTOFF):
+    i, j, S = neighbor_list("ijS", atoms, cutoff)
+    return pair_set(i, j, S)
+
+
+def ours(nl, atoms, dtype=torch.float64):
+    edges = nl.update(torch.tensor(atoms.positions, dtype=dtype), torch.tensor(atoms.cell.array, dtype=dtype),
+                      pbc_tensor(atoms.pbc, "cpu"))
+    # shifts must be unit_shifts @ cell (the model's displacement-based stress relies on both)
+    np.testing.assert_allclose(edges.shifts.numpy(), edges.unit_shifts.numpy() @ atoms.cell.array, atol=1e-5)
+    return pair_set(edges.sender.numpy(), edges.receiver.numpy(), edges.unit_shifts.numpy())
+
+
+def triclinic():
+    atoms = bulk("Cu", "fcc", a=3.61).repeat((2, 2, 2))  # primitive fcc: a triclinic cell
+    atoms.set_cell(atoms.cell.array @ np.array([[1.0, 0.05, 0.0], [0.0, 1.0, 0.1], [0.0, 0.0, 1.02]]), scale_atoms=True)
+    return atoms
+
+
+def slab(zero_cell_row):
+    atoms = fcc111("Cu", (2, 2, 3), vacuum=4.0)
+    atoms.pbc = [True, True, False]
+    if zero_cell_row:
+        atoms.cell[2] = 0.0
+    return atoms
+
+
+def structures():
+    mol = molecule("CH3CH2OH")
+    small = bulk("Cu", "fcc", a=3.61)  # one atom, cell much smaller than the cutoff: many images
+    wire = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((1, 1, 3))
+    wire.pbc = [False, False, True]
+    return {"molecule": mol, "primitive-1-atom": small, "triclinic": triclinic(), "slab-vacuum": slab(False),
+            "slab-zero-row": slab(True), "wire": wire}
+
+
+@pytest.mark.parametrize("name", sorted(structures()))
+def test_matches_ase_neighbor_list(name):
+    atoms = structures()[name]
+    atoms.rattle(0.05, seed=3)
+    expected = ase_pairs(atoms)
+    assert expected, "the structure should have neighbours"
+    for skin in (0.0, 0.7):
+        assert ours(SkinNeighborList(CUTOFF, skin=skin), atoms) == expected
+
+
+@pytest.mark.parametrize("name", ["triclinic", "slab-vacuum", "molecule"])
+def test_correct_at_every_step_across_rebuilds(name):
+    atoms = structures()[name]
+    rng = np.random.default_rng(0)
+    nl = SkinNeighborList(CUTOFF, skin=0.6)
+    steps = 120
+    for _ in range(steps):
+        atoms.positions += rng.normal(scale=0.04, size=atoms.positions.shape)  # ~0.07 A per step per atom
+        assert ours(nl, atoms) == ase_pairs(atoms)
+    assert 3 < nl.num_builds < steps, f"expected a few skin rebuilds, got {nl.num_builds} in {steps} steps"
+
+
+def test_rebuilds_only_past_half_the_skin():
+    atoms = triclinic()
+    nl = SkinNeighborList(CUTOFF, skin=1.0)
+    ours(nl, atoms)
+    assert nl.num_builds == 1
+    atoms.positions[3] += [0.45, 0.0, 0.0]  # < skin/2: reuse
+    ours(nl, atoms)
+    assert nl.num_builds == 1
+    atoms.positions[3] += [0.1, 0.0, 0.0]  # 0.55 > skin/2 from the reference: rebuild
+    ours(nl, atoms)
+    assert nl.num_builds == 2
+    atoms.set_cell(atoms.cell.array * 1.001, scale_atoms=True)  # a changed cell always rebuilds
+    assert ours(nl, atoms) == ase_pairs(atoms)
+    assert nl.num_builds == 3
+    atoms.pbc = [True, False, True]  # and so does a changed pbc
+    assert ours(nl, atoms) == ase_pairs(atoms)
+    assert nl.num_builds == 4
+
+
+def test_float32_positions():
+    atoms = triclinic()
+    atoms.rattle(0.05, seed=1)
+    assert ours(SkinNeighborList(CUTOFF, skin=0.5), atoms, torch.float32) == ase_pairs(atoms)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="cutoff"):
+        SkinNeighborList(0.0)
+    with pytest.raises(ValueError, match="skin"):
+        SkinNeighborList(4.0, skin=-1.0)
+
+
+def test_empty_neighbourhood():
+    atoms = Atoms("H2", positions=[[0, 0, 0], [0, 0, 10.0]])
+    assert ours(SkinNeighborList(CUTOFF, skin=0.5), atoms) == set()
