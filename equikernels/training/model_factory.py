@@ -21,6 +21,7 @@ DEFAULT_NEW_MODEL: Dict[str, Any] = dict(
     hidden_irreps="16x0e+16x1o", MLP_irreps="16x0e", correlation=3, radial_MLP=[32, 32],
     interaction="RealAgnosticResidualInteractionBlock",
     interaction_first="RealAgnosticResidualInteractionBlock",
+    builder="auto",  # "mace": mace-torch's constructor (then converted); "equikernels": ours
 )
 
 
@@ -93,19 +94,42 @@ def _mace_class(name: str):
     return getattr(mm, name)
 
 
+def _have_mace() -> bool:
+    try:
+        importlib.import_module("mace")
+    except ImportError:
+        return False
+    return True
+
+
 def build_new_model(hparams: Optional[Dict[str, Any]], atomic_numbers: Sequence[int],
                     e0s: np.ndarray, avg_num_neighbors: float, scale: float, shift: float,
                     heads: Sequence[str] = ("Default",), backend: str = "auto") -> torch.nn.Module:
-    """A fresh ScaleShiftMACE (built with mace-torch, converted to ours when available)."""
-    import mace.modules as mm
-    from equikernels._compat import o3
-
+    """A fresh ScaleShiftMACE in the current default dtype. Built by mace-torch's constructor
+    when it is installed (its initialisation and symmetric-contraction basis), converted to ours
+    for backend 'equikernels'; without mace-torch, built by ``equikernels.models.builder``."""
     hp = dict(DEFAULT_NEW_MODEL)
     unknown = sorted(set(hparams or {}) - set(hp))
     if unknown:
         raise ValueError(f"unknown new_model option(s) {unknown}; known: {sorted(hp)}")
     hp.update(hparams or {})
-    model = mm.ScaleShiftMACE(
+    builder = hp.pop("builder")
+    if builder not in ("auto", "mace", "equikernels"):
+        raise ValueError(f"new_model builder must be 'auto', 'mace' or 'equikernels', got {builder!r}")
+    if builder == "auto":
+        builder = "mace" if _have_mace() or ours() is None else "equikernels"
+    if builder == "equikernels":
+        if resolve_backend(backend) == "mace":
+            raise ValueError("new_model builder 'equikernels' cannot make a model for model_backend 'mace'")
+        return _build_ours(hp, atomic_numbers, e0s, avg_num_neighbors, scale, shift, heads)
+    return convert(_build_mace(hp, atomic_numbers, e0s, avg_num_neighbors, scale, shift, heads), backend)
+
+
+def _build_mace(hp, atomic_numbers, e0s, avg_num_neighbors, scale, shift, heads):
+    import mace.modules as mm
+    from equikernels._compat import o3
+
+    return mm.ScaleShiftMACE(
         r_max=float(hp["r_max"]), num_bessel=int(hp["num_bessel"]),
         num_polynomial_cutoff=int(hp["num_polynomial_cutoff"]), max_ell=int(hp["max_ell"]),
         interaction_cls=_mace_class(hp["interaction"]),
@@ -117,7 +141,26 @@ def build_new_model(hparams: Optional[Dict[str, Any]], atomic_numbers: Sequence[
         gate=torch.nn.functional.silu, radial_MLP=list(hp["radial_MLP"]), heads=list(heads),
         atomic_inter_scale=float(scale), atomic_inter_shift=float(shift),
     )
-    return convert(model, backend)
+
+
+def _build_ours(hp, atomic_numbers, e0s, avg_num_neighbors, scale, shift, heads):
+    from equikernels.models import builder
+
+    config = builder.mace_config(
+        r_max=float(hp["r_max"]), num_bessel=int(hp["num_bessel"]),
+        num_polynomial_cutoff=int(hp["num_polynomial_cutoff"]), max_ell=int(hp["max_ell"]),
+        interaction=hp["interaction"], interaction_first=hp["interaction_first"],
+        num_interactions=int(hp["num_interactions"]), atomic_numbers=[int(z) for z in atomic_numbers],
+        hidden_irreps=hp["hidden_irreps"], MLP_irreps=hp["MLP_irreps"],
+        avg_num_neighbors=float(avg_num_neighbors), correlation=int(hp["correlation"]),
+        radial_MLP=list(hp["radial_MLP"]), heads=list(heads))
+    # weights drawn from the global RNG, so the run's seed decides them
+    model = builder.random_model(config, seed=int(torch.randint(0, 2**31 - 1, ()).item()))
+    set_e0s(model, torch.as_tensor(np.asarray(e0s, dtype=np.float64)).expand(len(heads), -1))
+    with torch.no_grad():
+        model.scale.fill_(float(scale))
+        model.shift.fill_(float(shift))
+    return model
 
 
 # ---- introspection shared by both kinds (same attribute names as mace-torch) -------------------
