@@ -155,16 +155,15 @@ def _readout_config(r) -> dict:
     raise ValueError(f"mace_model: readout {kind} is not supported (LinearReadoutBlock, NonLinearReadoutBlock)")
 
 
-def _state_from_mace(model, cfg: dict) -> Dict[str, torch.Tensor]:
-    """Our state dict keys -> the mace-torch tensors they come from."""
+def mace_key_map(model, cfg: dict) -> Dict[str, str]:
+    """Our state dict keys -> the mace-torch state dict keys they come from."""
     src = model.state_dict()
-    out: Dict[str, torch.Tensor] = {}
+    out: Dict[str, str] = {}
 
-    def take(ours: str, theirs: str, optional: bool = False) -> None:
-        if theirs in src:
-            out[ours] = src[theirs]
-        elif not optional:
+    def take(ours: str, theirs: str) -> None:
+        if theirs not in src:
             raise KeyError(f"mace_model: expected state entry {theirs!r}")
+        out[ours] = theirs
 
     def linear(ours: str, theirs: str) -> None:
         for k in ("weight", "bias", "output_mask"):
@@ -237,7 +236,8 @@ def from_mace(mace_model) -> MACE:
     """Rebuild a mace-torch ``MACE``/``ScaleShiftMACE`` (object) as an equikernels model with the
     same weights; returned in the same dtype, on the same device, in the same train/eval mode."""
     cfg = config_from_mace(mace_model)
-    state = _state_from_mace(mace_model, cfg)
+    src = mace_model.state_dict()
+    state = {ours: src[theirs] for ours, theirs in mace_key_map(mace_model, cfg).items()}
     model = build(cfg, {k: v.detach().clone() for k, v in state.items()})
     for theirs, inter in zip(mace_model.interactions, model.interactions):
         got = inter.problem.path_coefficients

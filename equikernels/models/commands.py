@@ -1,0 +1,31 @@
+"""``equikernels convert IN OUT``: a mace-torch ``.model`` file (or one of ours) -> our format."""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("convert", help="convert a mace-torch .model file to equikernels' MACE format",
+                              description="Convert a mace-torch MACE/ScaleShiftMACE checkpoint (needs mace-torch) "
+                                          "into equikernels' format (config JSON + weights), which loads without "
+                                          "mace-torch. OUT is a file, or a directory to hold config.json and "
+                                          "weights.pt.")
+    p.add_argument("input", metavar="IN", help="mace-torch .model file (or an equikernels model file)")
+    p.add_argument("output", metavar="OUT", help="output file, or an existing directory")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="convert the weights to this dtype")
+    p.set_defaults(func=_convert)
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from .io import load, save  # noqa: PLC0415 (keeps `equikernels --help` light)
+
+    model = load(args.input, device="cpu", dtype=DTYPES[args.dtype] if args.dtype else None)
+    save(model, args.output)
+    n = sum(p.numel() for p in model.parameters())
+    print(f"converted {args.input} -> {args.output}: {type(model).__name__}, {len(model.interactions)} interactions, "
+          f"{n} parameters, {model.atomic_energies.dtype}, heads {model.heads}")
+    return 0
