@@ -236,7 +236,7 @@ def config_to_data(config: Config, z_table: Sequence[int], cutoff: float, heads:
         node_attrs=one_hot,
         edge_index=torch.tensor(edge_index),
         unit_shifts=unit_shifts_t,
-        shifts=unit_shifts_t @ cell,
+        shifts=torch.tensor(unit_shifts @ fixed_cell, **f64),  # numpy: tiny torch matmuls are slow on busy CPUs
         cell=cell,
         head=torch.tensor(head, dtype=torch.long),
         weight=torch.tensor(config.weight, **f64),
