@@ -12,6 +12,7 @@ not a mace-torch checkpoint: use it for tests and benchmarks; import real models
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import List, Optional, Sequence
 
 import torch
@@ -37,6 +38,12 @@ def _conv_irreps_and_instructions(irreps1: o3.Irreps, irreps2: o3.Irreps, target
 
 def coupled_u_matrices(irreps_in, irreps_out, correlation: int) -> List[List[torch.Tensor]]:
     """U tensors [2L+1, d, .., d, K] (nu = 1..correlation) per output irrep; d = sum of input dims."""
+    cached = _coupled_u(str(o3.Irreps(irreps_in)), str(o3.Irreps(irreps_out)), int(correlation))
+    return [[u.clone() for u in per] for per in cached]
+
+
+@functools.lru_cache(maxsize=32)
+def _coupled_u(irreps_in: str, irreps_out: str, correlation: int):
     irreps_in, irreps_out = o3.Irreps(irreps_in), o3.Irreps(irreps_out)
     irs = [ir for _, ir in irreps_in]
     offs, d = [], 0
@@ -79,7 +86,7 @@ def _couplings(irs: Sequence[o3.Irrep], ir_out: o3.Irrep):
         for ir_a, t in states:
             for ir_c in ir_a * ir:
                 cg = o3.wigner_3j(ir_a.l, ir.l, ir_c.l, dtype=torch.float64)  # [a, b, c]
-                nxt.append((ir_c, torch.einsum("a...,abc->c...b", t, cg)))
+                nxt.append((ir_c, torch.tensordot(t, cg, dims=([0], [0])).movedim(-1, 0)))  # [c, d1.., b]
         states = nxt
     out = []
     for ir, t in states:
