@@ -26,7 +26,7 @@ class StandIn(torch.nn.Module):
 
 @pytest.fixture
 def no_default_model(monkeypatch):
-    monkeypatch.setattr(loading, "_models_attr", lambda name: None)
+    monkeypatch.setattr(loading, "_default_model_finder", lambda: None)
 
 
 def test_no_default_model(no_default_model):

@@ -106,13 +106,21 @@ def test_stress_is_strain_derivative(model, name):
 
 @pytest.mark.parametrize("name", ["crystal", "mixed-pbc", "molecule"])
 @pytest.mark.parametrize("dtype,rtol", [("float64", 1e-10), ("float32", 1e-5)])
-def test_identical_to_mace_calculator(model, name, dtype, rtol):
+@pytest.mark.parametrize("backend", ["mace-torch", "equikernels"])
+def test_identical_to_mace_calculator(model, name, dtype, rtol, backend):
+    """Our calculator running the mace-torch model itself, or it converted to equikernels.models,
+    against mace-torch's calculator running the mace-torch model."""
     from mace.calculators import MACECalculator as MaceTorchCalculator
 
     atoms = STRUCTURES[name]()
     periodic = atoms.pbc.all()
     props = ["energy", "forces", "energies"] + (["stress"] if periodic else [])
-    ours = calc(model, default_dtype=dtype)
+    if backend == "equikernels":
+        from equikernels.models import from_mace
+        from equikernels.calculators import MACECalculator
+        ours = MACECalculator(from_mace(copy.deepcopy(model)), device="cpu", default_dtype=dtype)
+    else:
+        ours = calc(model, default_dtype=dtype)
     theirs = MaceTorchCalculator(models=copy.deepcopy(model), device="cpu", default_dtype=dtype)
     # two steps: the second reuses our cached neighbour list and device state
     for step in range(2):

@@ -53,13 +53,30 @@ def _models_attr(name: str):
     return getattr(mod, name, None)
 
 
-def default_model_path() -> str:
+def _default_model_finder():
     finder = _models_attr("default_model_path")
-    path = finder() if finder is not None else None
+    if finder is None:  # the fine-tuning work ships it beside the models package
+        try:
+            finder = getattr(importlib.import_module("equikernels.default_model"), "default_model_path", None)
+        except ModuleNotFoundError:
+            finder = None
+    return finder
+
+
+def default_model_path() -> str:
+    finder = _default_model_finder()
+    reason = "no default_model_path() is provided"
+    path = None
+    if finder is not None:
+        try:
+            path = finder()
+        except FileNotFoundError as exc:
+            reason = str(exc)
+        else:
+            reason = f"{path!r} does not exist"
     if path is None or not os.path.exists(str(path)):
         raise FileNotFoundError(
-            "no default model is bundled with this installation of equikernels "
-            "(equikernels.models.default_model_path() is not available or points to a missing file); "
+            f"no default model is bundled with this installation of equikernels ({reason}); "
             "pass model=<path to a model file> or model=<torch.nn.Module>")
     return str(path)
 
@@ -69,8 +86,8 @@ def load_model_file(path, device: torch.device) -> torch.nn.Module:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"model file {path!r} does not exist")
     loader = _models_attr("load")
-    if loader is not None:
-        return loader(path)
+    if loader is not None:  # our format, or a mace-torch file converted to our accelerated model
+        return loader(path, device=device)
     # mace-torch files are pickled whole modules: unpickling needs the classes' package
     try:
         return torch.load(path, map_location=device, weights_only=False)

@@ -1,6 +1,7 @@
-"""Randomly initialised mace-torch models, for examples, tests and benchmarks when no trained model
-is at hand (needs mace-torch; imported lazily). They give smooth, conservative but unphysical
-potential energy surfaces: fine for exercising and timing the calculator, not for science."""
+"""Randomly initialised MACE models, for examples, tests and benchmarks when no trained model is at
+hand: mace-torch's own classes (needs mace-torch, imported lazily) or equikernels' models built
+without mace-torch. They give smooth, conservative but unphysical potential energy surfaces: fine
+for exercising and timing the calculator, not for science."""
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -49,3 +50,23 @@ def random_mace_model(atomic_numbers: Sequence[int], *, r_max: float, num_bessel
 def small_random_mace_model(atomic_numbers: Sequence[int], seed: int = 0, dtype: torch.dtype = torch.float64,
                             **overrides) -> torch.nn.Module:
     return random_mace_model(atomic_numbers, **{**SMALL, "seed": seed, "dtype": dtype, **overrides})
+
+
+def small_random_model(atomic_numbers: Sequence[int], seed: int = 0, dtype: torch.dtype = torch.float64,
+                       backend: str = "equikernels") -> torch.nn.Module:
+    """The SMALL model with random weights: ``backend="equikernels"`` builds an
+    ``equikernels.models`` model (no mace-torch needed), ``"mace-torch"`` a mace-torch one."""
+    if backend == "mace-torch":
+        return small_random_mace_model(atomic_numbers, seed=seed, dtype=dtype)
+    if backend != "equikernels":
+        raise ValueError(f"backend must be 'equikernels' or 'mace-torch', got {backend!r}")
+    from equikernels.models.builder import mace_config, random_model
+
+    cfg = mace_config(r_max=SMALL["r_max"], num_bessel=SMALL["num_bessel"],
+                      num_polynomial_cutoff=SMALL["num_polynomial_cutoff"], max_ell=SMALL["max_ell"],
+                      interaction="RealAgnosticResidualInteractionBlock",
+                      interaction_first="RealAgnosticInteractionBlock", num_interactions=SMALL["num_interactions"],
+                      atomic_numbers=sorted(int(z) for z in atomic_numbers), hidden_irreps=SMALL["hidden_irreps"],
+                      MLP_irreps=SMALL["mlp_irreps"], avg_num_neighbors=12.0, correlation=SMALL["correlation"],
+                      radial_MLP=SMALL["radial_mlp"], pair_repulsion=True)
+    return random_model(cfg, seed=seed, dtype=dtype)
