@@ -1,0 +1,113 @@
+"""MACECalculator with equikernels' own models (random weights, built without mace-torch): forces
+and stress against finite differences, per-atom energies, batching and a short NVE run. These
+run in CI's main stage, where mace-torch is absent."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+from ase import units
+from ase.build import bulk, fcc111, molecule
+from ase.md.verlet import VelocityVerlet
+from ase.stress import voigt_6_to_full_3x3_stress
+
+from equikernels.calculators import MACECalculator
+from equikernels.calculators.md import initialise_velocities
+
+ELEMENTS = [1, 6, 8, 29]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(single_thread):
+    yield
+
+
+@pytest.fixture(scope="module")
+def model():
+    from equikernels.calculators.random_models import small_random_model
+    return small_random_model(ELEMENTS, seed=3, backend="equikernels")
+
+
+def energy_at(calc, atoms, positions=None, cell=None):
+    displaced = atoms.copy()
+    if cell is not None:
+        displaced.set_cell(cell, scale_atoms=True)
+    if positions is not None:
+        displaced.positions = positions
+    return calc.get_potential_energy(displaced)
+
+
+def crystal():
+    atoms = bulk("Cu", "fcc", a=3.61).repeat((2, 2, 1))
+    atoms.set_cell(atoms.cell.array @ np.array([[1.0, 0.03, 0.0], [0.0, 1.0, 0.05], [0.0, 0.0, 1.02]]),
+                   scale_atoms=True)
+    atoms.rattle(0.1, seed=7)
+    return atoms
+
+
+def slab():
+    atoms = fcc111("Cu", (2, 2, 2), vacuum=4.0)
+    atoms.pbc = [True, True, False]
+    atoms.rattle(0.1, seed=8)
+    return atoms
+
+
+@pytest.mark.parametrize("make", [crystal, slab, lambda: molecule("CH3OH")], ids=["crystal", "slab", "molecule"])
+def test_forces_and_energies(model, make):
+    atoms = make()
+    atoms.rattle(0.05, seed=9)
+    calc = MACECalculator(model, device="cpu")
+    calc.calculate(atoms, ["energy", "forces", "energies"])
+    forces, results = calc.results["forces"], dict(calc.results)
+    assert results["energies"].sum() == pytest.approx(results["energy"], rel=1e-12)
+    assert results["free_energy"] == results["energy"]
+    rng, h = np.random.default_rng(1), 2e-5
+    for v in rng.normal(size=(3, len(atoms), 3)):
+        v /= np.linalg.norm(v)
+        slope = (energy_at(calc, atoms, atoms.positions + h * v) - energy_at(calc, atoms, atoms.positions - h * v)) / (2 * h)
+        assert -np.sum(forces * v) == pytest.approx(slope, rel=1e-6, abs=1e-8)
+
+
+def test_stress(model):
+    atoms = crystal()
+    calc = MACECalculator(model, device="cpu")
+    stress = voigt_6_to_full_3x3_stress(calc.get_stress(atoms))
+    h, volume = 1e-5, atoms.get_volume()
+    for i, j in ((0, 0), (1, 2), (0, 1)):
+        energies = []
+        for sign in (1, -1):
+            eps = np.eye(3)
+            eps[i, j] += sign * h / 2
+            eps[j, i] += sign * h / 2
+            energies.append(energy_at(calc, atoms, cell=atoms.cell.array @ eps))
+        assert stress[i, j] == pytest.approx((energies[0] - energies[1]) / (2 * h) / volume, rel=1e-5, abs=1e-9)
+
+
+def test_batch_evaluate(model):
+    calc = MACECalculator(model, device="cpu")
+    structures = [crystal(), molecule("CH3OH"), slab()]
+    for atoms, res in zip(structures, calc.batch_evaluate(structures, properties=("energy", "forces"))):
+        calc.calculate(atoms, ["energy", "forces"])
+        assert res["energy"] == pytest.approx(calc.results["energy"], rel=1e-12)
+        np.testing.assert_allclose(res["forces"], calc.results["forces"], rtol=1e-10, atol=1e-12)
+
+
+def test_short_nve(model):
+    """200 steps (the 1,000-step bound is tested with a faster mace-torch model in test_md_mace.py)."""
+    atoms = bulk("Cu", "fcc", a=3.61, cubic=True)
+    atoms.calc = MACECalculator(model, device="cpu", default_dtype="float64")
+    initialise_velocities(atoms, 300.0, seed=0)
+    dyn = VelocityVerlet(atoms, timestep=2.0 * units.fs)
+    energies = []
+    dyn.attach(lambda: energies.append(atoms.get_total_energy()), interval=1)
+    dyn.run(200)
+    assert np.abs(np.array(energies) - energies[0]).max() / len(atoms) < 5e-5
+
+
+def test_float32(model):
+    atoms = crystal()
+    ref = MACECalculator(model, device="cpu", default_dtype="float64").get_forces(atoms)
+    forces = MACECalculator(copy.deepcopy(model), device="cpu", default_dtype="float32").get_forces(atoms)
+    assert forces.dtype == np.float64  # ASE gets float64 whatever the model's precision
+    np.testing.assert_allclose(forces, ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
+    assert torch.get_default_dtype() == torch.float32  # the calculator leaves the global default alone
