@@ -50,6 +50,7 @@ def main() -> None:
     p.add_argument("--n-test", type=int, default=60)
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--threads", type=int, default=2, help="CPU threads for torch")
+    p.add_argument("--device", default="cpu", help="torch device to train on (cpu, cuda)")
     p.add_argument("--out", default=os.path.join(HERE, "default_model_run"))
     p.add_argument("--data", default=DATA, help="where the extxyz files are (re)generated")
     p.add_argument("--regenerate", action="store_true", help="rebuild the data files even if present")
@@ -72,7 +73,7 @@ def main() -> None:
         model_backend=backend, dtype="float64", epochs=args.epochs, batch_size=8, lr=1e-2,
         lr_schedule="cosine", warmup_steps=20, min_lr_ratio=0.02, ema_decay=0.99, clip_grad_norm=10.0,
         energy_weight=1.0, forces_weight=10.0, stress_weight=10.0, weight_decay=5e-7, seed=7,
-        out_dir=args.out, checkpoint_every=100, device="cpu")
+        out_dir=args.out, checkpoint_every=100, device=args.device)
     trainer = Trainer(cfg)
     t1 = time.time()
     summary = trainer.fit()
@@ -82,7 +83,7 @@ def main() -> None:
     final = mf.load_model(summary["model_path"], "equikernels") if mf.ours() else trainer.final_model()
     test_set = build_dataset(read_configs(files["test"], DataKeys()), mf.atomic_numbers(final),
                              mf.r_max(final), mf.heads(final))
-    live, trainer.model, trainer.dtype = trainer.model, final.to(torch.float64), torch.float64
+    live, trainer.model, trainer.dtype = trainer.model, final.to(trainer.device, torch.float64), torch.float64
     summary["test"] = trainer.evaluate(test_set)
     trainer.model = live
     print("test  " + "  ".join(f"{k} {1000 * v:.2f}" for k, v in summary["test"].items() if k != "loss"))
@@ -99,8 +100,9 @@ def main() -> None:
         "metrics": {s: summary[s] for s in ("train", "valid", "test")},
         "steps": summary["step"], "best_step": summary["best_step"],
         "seconds": {"data": round(t_data, 1), "train": round(t_train, 1)},
-        "host": {"torch": torch.__version__, "threads": args.threads, "machine": platform.machine(),
-                 "processor": platform.processor()},
+        "host": {"torch": torch.__version__, "device": args.device, "threads": args.threads,
+                 "machine": platform.machine(), "processor": platform.processor(),
+                 "gpu": torch.cuda.get_device_name() if torch.device(args.device).type == "cuda" else None},
     }
     with open(os.path.join(args.out, "default_model_metrics.json"), "w") as fh:
         json.dump(record, fh, indent=1)

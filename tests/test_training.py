@@ -154,3 +154,23 @@ def test_equikernels_and_mace_torch_train_alike(data_files, foundation, tmp_path
     for s in (s_ours, s_theirs):  # both shipped in our format, loadable without mace-torch
         assert type(models.load(s["model_path"])).__module__.startswith("equikernels.models")
     assert os.path.isfile(s_theirs["mace_model_path"])
+
+
+def test_early_stopping_huber_plateau(data_files, foundation, tmp_path, single_thread):
+    """Validation loss that stops improving ends the run after `patience` evaluations; the best
+    (first) weights are the ones shipped."""
+    from equikernels.training import Trainer
+
+    trainer = Trainer(_cfg(data_files, foundation, tmp_path, epochs=6, patience=2, loss="huber",
+                           lr_schedule="plateau", plateau_patience=0, plateau_factor=0.5), log=None)
+    losses = iter([1.0, 1.5, 2.0, 0.5, 0.1, 0.1])  # improves only at the first evaluation
+    real = trainer.evaluate
+    trainer.evaluate = lambda ds, batch_size=None: {**real(ds), "loss": next(losses)} if ds is trainer.valid_set else real(ds)
+    summary = trainer.fit()
+    assert summary["stopped_early"] and summary["epochs_completed"] == 3
+    assert summary["best_step"] == trainer.steps_per_epoch
+    assert [r["loss"] for r in trainer.history["valid"]] == [1.0, 1.5, 2.0]
+    lrs = [r["lr"] for r in trainer.history["train"]]
+    # halved after each evaluation without improvement (ReduceLROnPlateau, patience 0)
+    assert lrs[0] == 1e-2 and lrs[-1] == pytest.approx(5e-3)
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(2.5e-3)
