@@ -147,7 +147,9 @@ def test_outputs_only_when_asked_and_training_graph():
 
 def test_edge_forces_atomic_virials_and_hessian():
     model = _model()
-    data = _one(_molecule())
+    import ase.build
+
+    data = _one(ase.build.molecule("H2O"))
     out = model(dict(data), compute_stress=True, compute_edge_forces=True, compute_atomic_stresses=True,
                 compute_hessian=True)
     n = data["positions"].shape[0]
@@ -348,3 +350,25 @@ def test_cuda_matches_cpu():
     out = gpu({k: v.cuda() for k, v in data.items()}, compute_stress=True)
     for k in ("energy", "forces", "stress"):
         assert torch.allclose(out[k].cpu(), ref[k], rtol=1e-9, atol=1e-10), k
+
+
+def test_symmetric_contraction_gradcheck_to_second_order():
+    from equikernels.models.symmetric_contraction import SymmetricContraction
+
+    C, corr = 1, 3
+    us = coupled_u_matrices(f"{C}x0e+{C}x1o", f"{C}x0e+{C}x1o", corr)
+    with default_dtype(torch.float64):
+        sc = SymmetricContraction(C, [0, 1], [0, 1], [corr, corr], 2, us, layout="ir_mul")
+    elem = torch.tensor([1, 0])
+    x = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
+    wt = sc.weight_table().detach()[elem].clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, w: sc.op({"x": x, "w": w}), (x, wt))
+    # second order in x with the weights live: d/dw of (dE/dx) is what force training needs
+    assert torch.autograd.gradgradcheck(lambda x: sc(x, elem), (x,))
+    (gx,) = torch.autograd.grad(sc.op({"x": x, "w": wt}).pow(2).sum(), x, create_graph=True)
+    (gw,) = torch.autograd.grad(gx.pow(2).sum(), wt)
+    h, dw = 1e-6, torch.zeros_like(wt)
+    dw[1, 3] = h
+    fd = [torch.autograd.grad(sc.op({"x": x, "w": wt.detach() + s * dw}).pow(2).sum(), x)[0].pow(2).sum()
+          for s in (1, -1)]
+    assert abs(float((fd[0] - fd[1]) / (2 * h)) - float(gw[1, 3])) < 1e-6 * max(1.0, abs(float(gw[1, 3])))

@@ -24,7 +24,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 from torch import nn
 
-from ..ir import Factor, Operand, Path, Segment, Table
+from ..ir import Factor, Operand, Path, Segment, Table, grad_table
 from ..reference import evaluate
 
 U_ZERO_TOL = 0.0  # U entries are kept exactly (a checkpoint's zeros are exact zeros)
@@ -87,6 +87,57 @@ def contraction_table(channels: int, ls_in: Sequence[int], ls_out: Sequence[int]
     return Table(operands, "out", tuple(paths)), sizes
 
 
+class TableOp:
+    """A path table evaluated with ``equikernels.reference.evaluate`` under an autograd Function
+    whose backward is the evaluation of the gradient tables (``ir.grad_table``) through the same
+    Function, so every order of derivative works while only the inputs are saved: the per-path
+    einsum intermediates are transient, which keeps force (and force-training) memory at the
+    size of the inputs instead of the sum of every path's intermediates."""
+
+    def __init__(self, table: Table, layout: str, level: int = 0) -> None:
+        self.table, self.layout, self.level = table, layout, level
+        used = {f.operand for p in table.paths for f in p.factors + ((p.weight,) if p.weight else ())}
+        self.names = tuple(o.name for o in table.operands if o.name in used)  # d/dx still reads x
+        self._grads: Dict[str, "TableOp"] = {}
+
+    def grad(self, wrt: str) -> "TableOp":
+        if wrt not in self._grads:
+            gt = grad_table(self.table, wrt, f"g{self.level}")
+            # the gradient's output gets a name of its own: it is x-shaped but x stays an input
+            out = f"d{self.level}_{wrt}"
+            target = gt.operand(wrt)
+            paths = tuple(Path(p.factors, p.weight, Factor(out, p.output.segment, p.output.base, p.output.strides),
+                               p.labels, p.entries) for p in gt.paths)
+            gt = Table(gt.operands + (Operand(out, target.dim, target.segments),), out, paths)
+            self._grads[wrt] = TableOp(gt, self.layout, self.level + 1)
+        return self._grads[wrt]
+
+    def __call__(self, tensors: Dict[str, torch.Tensor]) -> torch.Tensor:
+        return _TableFn.apply(self, *(tensors[n] for n in self.names))
+
+
+class _TableFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, op: TableOp, *tensors):
+        ctx.op = op
+        ctx.save_for_backward(*tensors)
+        return evaluate(op.table, dict(zip(op.names, tensors)), op.layout, rows=tensors[0].shape[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        op, tensors = ctx.op, ctx.saved_tensors
+        named = dict(zip(op.names, tensors))
+        grads = []
+        for name, needed in zip(op.names, ctx.needs_input_grad[1:]):
+            if needed:
+                gop = op.grad(name)
+                grads.append(gop({**named, f"g{op.level}": g.contiguous()}) if gop.table.paths
+                             else torch.zeros_like(named[name]))
+            else:
+                grads.append(None)
+        return (None, *grads)
+
+
 class SymmetricContraction(nn.Module):
     """Element-indexed symmetric contraction of MACE (one ``Contraction`` per output irrep).
 
@@ -123,6 +174,7 @@ class SymmetricContraction(nn.Module):
 
     def _build_table(self) -> None:
         self.table, self.weight_sizes = contraction_table(self.channels, self.ls_in, self.ls_out, self.u_matrices())
+        self.op = TableOp(self.table, self.layout)
 
     def _load_from_state_dict(self, *args, **kwargs):
         super()._load_from_state_dict(*args, **kwargs)
@@ -139,7 +191,9 @@ class SymmetricContraction(nn.Module):
 
     def forward(self, x: torch.Tensor, element: torch.Tensor) -> torch.Tensor:
         w = self.weight_table().index_select(0, element)
-        return evaluate(self.table, {"x": x, "w": w}, self.layout)
+        if self.op.layout != self.layout:  # layout changed after construction
+            self.op = TableOp(self.table, self.layout)
+        return self.op({"x": x, "w": w})
 
     def extra_repr(self) -> str:
         return (f"channels={self.channels}, ls_in={self.ls_in}, ls_out={self.ls_out}, correlation={self.correlation},"
