@@ -70,3 +70,25 @@ def small_random_model(atomic_numbers: Sequence[int], seed: int = 0, dtype: torc
                       MLP_irreps=SMALL["mlp_irreps"], avg_num_neighbors=12.0, correlation=SMALL["correlation"],
                       radial_MLP=SMALL["radial_mlp"], pair_repulsion=True)
     return random_model(cfg, seed=seed, dtype=dtype)
+
+
+def example_model(atomic_numbers: Sequence[int], model=None, seed: int = 0):
+    """The model for the examples: ``model`` when given; else the bundled default model when it
+    exists and knows every element of ``atomic_numbers``; else a small random equikernels model.
+    Returns ``(model or path, description)``."""
+    if model is not None:
+        return model, f"model {model}"
+    from .loading import default_model_path, load_model_file
+
+    needed = {int(z) for z in atomic_numbers}
+    try:
+        path = default_model_path()
+    except FileNotFoundError:
+        reason = "no default model is installed"
+    else:
+        known = {int(z) for z in load_model_file(path, torch.device("cpu")).atomic_numbers}
+        if needed <= known:
+            return path, f"the bundled default model ({path})"
+        reason = f"the default model does not know elements {sorted(needed - known)}"
+    return (small_random_model(sorted(needed), seed=seed),
+            f"a small MACE with random weights ({reason}; pass --model for a real one)")

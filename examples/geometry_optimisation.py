@@ -1,0 +1,51 @@
+"""Geometry optimisation: relax the atoms and the cell of a strained, rattled copper crystal with
+ASE's BFGS and FrechetCellFilter (forces and stress from the calculator), then a Cu(111) slab.
+
+    python examples/geometry_optimisation.py          # CPU, seconds
+    python examples/geometry_optimisation.py --model my.model
+"""
+import argparse
+
+import numpy as np
+from ase.build import bulk, fcc111
+from ase.filters import FrechetCellFilter
+from ase.optimize import BFGS
+
+from equikernels.calculators import MACECalculator
+from equikernels.calculators.random_models import example_model
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--fmax", type=float, default=0.01, help="force convergence, eV/A")
+    args = parser.parse_args()
+
+    crystal = bulk("Cu", "fcc", a=3.75, cubic=True).repeat(2)  # 4 % too large, and rattled
+    crystal.rattle(0.05, seed=0)
+    model, description = example_model(crystal.numbers, args.model)
+    print(f"model: {description}")
+    calc = MACECalculator(model, device=args.device, default_dtype="float64")
+
+    crystal.calc = calc
+    e0 = crystal.get_potential_energy()
+    BFGS(FrechetCellFilter(crystal), logfile=None).run(fmax=args.fmax, steps=300)
+    a = np.cbrt(crystal.get_volume() / len(crystal) * 4)
+    print(f"bulk: energy {e0:.4f} -> {crystal.get_potential_energy():.4f} eV, lattice constant 3.750 -> {a:.3f} A, "
+          f"max force {np.abs(crystal.get_forces()).max():.4f} eV/A, "
+          f"max stress {np.abs(crystal.get_stress()).max():.2e} eV/A^3")
+
+    slab = fcc111("Cu", (2, 2, 4), a=a, vacuum=6.0)  # periodic in x, y only
+    slab.pbc = [True, True, False]
+    slab.calc = calc
+    z0 = slab.positions[:, 2].copy()
+    opt = BFGS(slab, logfile=None)
+    opt.run(fmax=args.fmax, steps=300)
+    top = z0 > z0.max() - 0.1
+    print(f"Cu(111) slab: {opt.nsteps} BFGS steps, top layer moved {np.mean(slab.positions[top, 2] - z0[top]):+.3f} A, "
+          f"max force {np.abs(slab.get_forces()).max():.4f} eV/A")
+
+
+if __name__ == "__main__":
+    main()
