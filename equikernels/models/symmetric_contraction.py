@@ -14,12 +14,18 @@ Permutations of the same input segments are merged into one path (the factors ar
 which divides the number of degree-3 paths by up to six. The per-row weights are W[z] gathered by
 each node's element. ``equikernels.reference.evaluate`` evaluates the table on any device and is
 differentiable to any order (forces, and force-trained parameters).
+
+On CUDA (backend "triton") the same tables -- the forward and every gradient table -- go through
+the project's Triton generator (``equikernels.codegen``) unchanged: each table becomes unrolled
+kernels (at most ``EQUIKERNELS_MAX_PATHS`` paths each, adding into one output). A table the
+generator cannot express falls back to the reference, with a warning.
 """
 from __future__ import annotations
 
-import itertools
+import os
+import warnings
 from collections import defaultdict
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -94,8 +100,9 @@ class TableOp:
     einsum intermediates are transient, which keeps force (and force-training) memory at the
     size of the inputs instead of the sum of every path's intermediates."""
 
-    def __init__(self, table: Table, layout: str, level: int = 0) -> None:
-        self.table, self.layout, self.level = table, layout, level
+    def __init__(self, table: Table, layout: str, level: int = 0, backend: Optional[str] = None) -> None:
+        self.table, self.layout, self.level, self.backend = table, layout, level, backend
+        self._kernels: Dict[torch.dtype, Optional[_Generated]] = {}
         used = {f.operand for p in table.paths for f in p.factors + ((p.weight,) if p.weight else ())}
         self.names = tuple(o.name for o in table.operands if o.name in used)  # d/dx still reads x
         self._grads: Dict[str, "TableOp"] = {}
@@ -109,11 +116,62 @@ class TableOp:
             paths = tuple(Path(p.factors, p.weight, Factor(out, p.output.segment, p.output.base, p.output.strides),
                                p.labels, p.entries) for p in gt.paths)
             gt = Table(gt.operands + (Operand(out, target.dim, target.segments),), out, paths)
-            self._grads[wrt] = TableOp(gt, self.layout, self.level + 1)
+            self._grads[wrt] = TableOp(gt, self.layout, self.level + 1, self.backend)
         return self._grads[wrt]
 
     def __call__(self, tensors: Dict[str, torch.Tensor]) -> torch.Tensor:
         return _TableFn.apply(self, *(tensors[n] for n in self.names))
+
+    def evaluate(self, named: Dict[str, torch.Tensor]) -> torch.Tensor:
+        """Plain (non-recording) evaluation: generated kernels on the triton backend, else the reference."""
+        from ..ops.tp import resolve_backend  # noqa: PLC0415
+
+        ref = next(iter(named.values()))
+        rows = ref.shape[0]
+        if resolve_backend(self.backend, ref.device) == "triton":
+            gen = self._generated(ref.dtype)
+            if gen is not None:
+                return gen({k: v.contiguous() for k, v in named.items()}, rows)
+        return evaluate(self.table, named, self.layout, rows=rows)
+
+    def _generated(self, dtype: torch.dtype) -> Optional["_Generated"]:
+        if dtype not in self._kernels:
+            try:
+                self._kernels[dtype] = _Generated(self.table, self.layout, dtype, f"sc{self.level}")
+            except Exception as exc:  # the generator's Unsupported, or a compile problem: stay correct
+                warnings.warn(f"symmetric contraction: no generated kernel for a level-{self.level} table "
+                              f"({type(exc).__name__}: {exc}); using the reference", RuntimeWarning)
+                self._kernels[dtype] = None
+        return self._kernels[dtype]
+
+
+class _Generated:
+    """A table as generated Triton kernels (``equikernels.codegen``), split into runs of at most
+    ``EQUIKERNELS_MAX_PATHS`` paths that add into one zero-filled output."""
+
+    def __init__(self, table: Table, layout: str, dtype: torch.dtype, name: str) -> None:
+        from ..codegen.emit import Group  # noqa: PLC0415 (Triton only when a CUDA kernel is built)
+        from ..codegen.tp import _Kernel, default_config  # noqa: PLC0415
+
+        limit = int(os.environ.get("EQUIKERNELS_MAX_PATHS", 40))
+        chunks = [table.paths[i:i + limit] for i in range(0, len(table.paths), limit)] or [()]
+        rows_ops = {o.name for o in table.operands}
+        self.out = table.operand(table.output)
+        self.kernels = [_Kernel(f"{name}_{k}", [Group(Table(table.operands, table.output, paths), table.output,
+                                                      accumulate=len(chunks) > 1)],
+                                layout, rows_ops, f"symmetric contraction table part {k + 1}/{len(chunks)}")
+                        for k, paths in enumerate(chunks)]
+        self.zero = len(chunks) > 1 or any(k.meta.zero_init for k in self.kernels)
+        self.cfg, self.dtype = default_config("fwd", dtype), dtype
+
+    def __call__(self, named: Dict[str, torch.Tensor], rows: int) -> torch.Tensor:
+        like = next(iter(named.values()))
+        alloc = torch.zeros if self.zero else torch.empty
+        out = alloc(rows, self.out.dim, dtype=like.dtype, device=like.device)
+        if rows:
+            for k in self.kernels:
+                k.launch(named, {self.out.name: out}, rows, self.cfg, self.dtype)
+        return out
 
 
 class _TableFn(torch.autograd.Function):
@@ -121,7 +179,7 @@ class _TableFn(torch.autograd.Function):
     def forward(ctx, op: TableOp, *tensors):
         ctx.op = op
         ctx.save_for_backward(*tensors)
-        return evaluate(op.table, dict(zip(op.names, tensors)), op.layout, rows=tensors[0].shape[0])
+        return op.evaluate(dict(zip(op.names, tensors)))
 
     @staticmethod
     def backward(ctx, g):
@@ -147,12 +205,13 @@ class SymmetricContraction(nn.Module):
     """
 
     def __init__(self, channels: int, ls_in: Sequence[int], ls_out: Sequence[int], correlation: Sequence[int],
-                 num_elements: int, u_matrices=None, layout: str = "ir_mul") -> None:
+                 num_elements: int, u_matrices=None, layout: str = "ir_mul", backend: Optional[str] = None) -> None:
         super().__init__()
         if len(correlation) != len(ls_out):
             raise ValueError(f"correlation: expected one degree per output irrep ({len(ls_out)}), got {correlation}")
         self.channels, self.ls_in, self.ls_out = channels, list(ls_in), list(ls_out)
         self.correlation, self.num_elements, self.layout = list(correlation), num_elements, layout
+        self.backend = backend  # None: EQUIKERNELS_BACKEND / automatic (triton on CUDA)
         d = sum(2 * l + 1 for l in ls_in)
         self.weights = nn.ModuleList()
         for o, (l_out, corr) in enumerate(zip(ls_out, correlation)):
@@ -174,7 +233,7 @@ class SymmetricContraction(nn.Module):
 
     def _build_table(self) -> None:
         self.table, self.weight_sizes = contraction_table(self.channels, self.ls_in, self.ls_out, self.u_matrices())
-        self.op = TableOp(self.table, self.layout)
+        self.op = TableOp(self.table, self.layout, backend=self.backend)
 
     def _load_from_state_dict(self, *args, **kwargs):
         super()._load_from_state_dict(*args, **kwargs)
@@ -192,7 +251,7 @@ class SymmetricContraction(nn.Module):
     def forward(self, x: torch.Tensor, element: torch.Tensor) -> torch.Tensor:
         w = self.weight_table().index_select(0, element)
         if self.op.layout != self.layout:  # layout changed after construction
-            self.op = TableOp(self.table, self.layout)
+            self.op = TableOp(self.table, self.layout, backend=self.backend)
         return self.op({"x": x, "w": w})
 
     def extra_repr(self) -> str:
