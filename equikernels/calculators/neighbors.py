@@ -54,7 +54,9 @@ class SkinNeighborList:
     rebuilt when the structure changes (number of atoms, cell, pbc) or when any atom moved more
     than ``skin / 2`` since the last build. A changing cell (NPT) rebuilds every step: the
     displacement bound alone does not hold when the periodic images move.
-    ``num_builds`` counts vesin calls (tests and logs use it).
+    ``num_builds`` counts vesin calls (tests and logs use it). Pass new ``cell``/``pbc`` tensors
+    when they change rather than modifying the previous ones in place (an unchanged object is
+    taken as an unchanged value, which saves a device sync per step).
     """
 
     def __init__(self, cutoff: float, skin: float = DEFAULT_SKIN):
@@ -68,6 +70,8 @@ class SkinNeighborList:
         self._ref_positions: Optional[torch.Tensor] = None
         self._ref_cell: Optional[torch.Tensor] = None
         self._ref_pbc: Optional[torch.Tensor] = None
+        self._ref_cell_src: Optional[torch.Tensor] = None
+        self._ref_pbc_src: Optional[torch.Tensor] = None
         self._candidates = None  # (i, j, S) within cutoff + skin at the last build
 
     def reset(self) -> None:
@@ -78,7 +82,11 @@ class SkinNeighborList:
         ref = self._ref_positions
         if ref is None or ref.shape != positions.shape or ref.device != positions.device or ref.dtype != positions.dtype:
             return True
-        if not torch.equal(self._ref_pbc, pbc) or not torch.equal(self._ref_cell, cell):
+        # the calculator passes the same tensor objects while cell and pbc are unchanged: skip the
+        # element-wise comparison (a device sync on CUDA) in that case
+        if cell is not self._ref_cell_src and not torch.equal(self._ref_cell, cell):
+            return True
+        if pbc is not self._ref_pbc_src and not torch.equal(self._ref_pbc, pbc):
             return True
         if self.skin == 0.0:
             return True
@@ -88,15 +96,14 @@ class SkinNeighborList:
 
     def update(self, positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor) -> Edges:
         positions = positions.detach()
-        cell = cell.detach()
         if self._needs_rebuild(positions, cell, pbc):
             self._candidates = vesin_pairs(positions, cell, pbc, self.cutoff + self.skin)
             self._ref_positions = positions.clone()
-            self._ref_cell = cell.clone()
-            self._ref_pbc = pbc.clone()
+            self._ref_cell, self._ref_cell_src = cell.detach().clone(), cell
+            self._ref_pbc, self._ref_pbc_src = pbc.clone(), pbc
             self.num_builds += 1
         i, j, unit_shifts = self._candidates
-        shifts = unit_shifts @ cell
+        shifts = unit_shifts @ cell.detach()
         if self.skin > 0.0:
             vec = positions[j] - positions[i] + shifts
             keep = torch.nonzero(vec.square().sum(dim=1) < self.cutoff ** 2).squeeze(1)
