@@ -1,4 +1,12 @@
-"""ASE calculator and molecular dynamics for MACE models (equikernels' or mace-torch's)."""
+"""ASE calculator and molecular dynamics for MACE models (equikernels' or mace-torch's).
+
+    from equikernels.calculators import MACECalculator
+    atoms.calc = MACECalculator()                      # the bundled default model, CUDA if available
+    atoms.calc = MACECalculator("my.model", default_dtype="float32", device="cuda")
+    results = atoms.calc.batch_evaluate(list_of_atoms)  # many structures per model call
+
+``equikernels md`` (``commands.py``) runs MD from the command line; ``md.run_md`` from Python.
+"""
 from .calculator import MACECalculator
 from .neighbors import DEFAULT_SKIN, SkinNeighborList
 
