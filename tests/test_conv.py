@@ -1,0 +1,248 @@
+"""Fused graph convolution: every dataflow against e3nn TP + index_add (float64 oracle).
+
+Graphs are random and awkward on purpose: not symmetric, duplicate edges, self-loops, isolated
+nodes, a node with many more edges than the others. Outputs are NaN-poisoned before each kernel
+runs, so unwritten elements show. The Triton kernels run in the interpreter on CPU.
+"""
+import pytest
+import torch
+
+import equikernels
+from equikernels import ConvGraph
+from equikernels.catalog import problem as catalog_problem
+from equikernels.ops import tensor_product_conv
+from equikernels.problem import TPProblem
+from problems import e3nn_tp, ir_mul_to_mul_ir, mul_ir_to_ir_mul, rel_err
+
+FLOWS = ["atomic", "deterministic", "unfused"]
+
+
+@pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    monkeypatch.setenv("EQUIKERNELS_POISON", "1")
+
+
+def awkward_graph(n: int, e: int, seed: int = 0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, n, (e,), generator=g)
+    dst = torch.randint(0, max(1, n - 2), (e,), generator=g)  # the last two nodes receive nothing
+    dst[: e // 4] = 0                                         # one busy node
+    src[1], dst[1] = src[0], dst[0]                           # a duplicate edge
+    dst[2] = src[2]                                           # a self-loop
+    return src.to(device), dst.to(device)
+
+
+def channelwise(i1="3x0e+2x1o", i2="0e+1o+2e", filt="0e+1o+1e+2e", shared=False) -> dict:
+    kw = equikernels.ChannelWiseTensorProduct(i1, i2, filt, shared_weights=shared,
+                                              internal_weights=False)
+    return dict(irreps_in1=kw.irreps_in1, irreps_in2=kw.irreps_in2, irreps_out=kw.irreps_out,
+                instructions=[(i.i_in1, i.i_in2, i.i_out, i.connection_mode, i.has_weight, 1.0)
+                              for i in kw.instructions], shared_weights=shared, internal_weights=False)
+
+
+def _oracle(kw, x, y, w, src, dst, n):
+    """e3nn (float64-built) on gathered rows, then index_add onto dst."""
+    tp = e3nn_tp(kw)
+    msgs = tp(x.index_select(0, src), y, w)
+    return msgs.new_zeros(n, msgs.shape[1]).index_add(0, dst, msgs)
+
+
+def _inputs(p: TPProblem, n, e, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    x, y = mk(n, p.dim_in1), mk(e, p.dim_in2)
+    w = mk(p.weight_numel) if p.shared_weights else mk(e, p.weight_numel)
+    return x, y, w
+
+
+def check_conv(kw, flow, dtype, layout, n=7, e=15, seed=0, second_order=True):
+    p = TPProblem.create(**kw)
+    tol = 1e-10 if dtype == torch.float64 else 1e-5
+    src, dst = awkward_graph(n, e, seed)
+    x, y, w = _inputs(p, n, e, dtype, seed)
+    irr1, irr2, irro = (kw["irreps_in1"], kw["irreps_in2"], kw["irreps_out"])
+    to_l = (lambda t, irr: mul_ir_to_ir_mul(t, irr)) if layout == "ir_mul" else (lambda t, irr: t)
+    from_l = (lambda t, irr: ir_mul_to_mul_ir(t, irr)) if layout == "ir_mul" else (lambda t, irr: t)
+    # oracle in float64 from the same (rounded) inputs, e3nn layout
+    xr, yr, wr = (t.to(dtype).double().requires_grad_() for t in (x, y, w))
+    ref = _oracle(kw, xr, yr, wr, src, dst, n)
+    xk, yk, wk = (to_l(x, irr1).to(dtype).requires_grad_(), to_l(y, irr2).to(dtype).requires_grad_(),
+                  w.to(dtype).requires_grad_())
+    backend = "reference" if flow == "unfused" else "triton"
+    out = tensor_product_conv(p, xk, yk, wk, src, dst, layout=layout, backend=backend, dataflow=flow)
+    assert not out.isnan().any(), "unwritten output rows"
+    assert rel_err(from_l(out, irro), ref) <= tol, f"forward {rel_err(from_l(out, irro), ref):.1e}"
+    gen = torch.Generator().manual_seed(seed + 1)
+    g = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
+    grads_ref = torch.autograd.grad(ref, (xr, yr, wr), g, create_graph=True)
+    grads = torch.autograd.grad(out, (xk, yk, wk), to_l(g, irro).to(dtype), create_graph=second_order)
+    for name, a, b, irr in zip("xyw", grads, grads_ref, (irr1, irr2, None)):
+        a = from_l(a, irr) if irr is not None else a
+        assert not a.isnan().any(), f"grad {name}: unwritten elements"
+        assert rel_err(a, b) <= tol, f"grad {name}: {rel_err(a, b):.1e}"
+    if not second_order:
+        return
+    # double backward: L = <gx, Rx> + <gy, Ry> + <gw, Rw>, differentiated in x, y, w and g
+    rs = [torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in grads_ref]
+    gk = to_l(g, irro).to(dtype).requires_grad_()
+    g.requires_grad_()
+    grads_ref = torch.autograd.grad(ref, (xr, yr, wr), g, create_graph=True)
+    grads = torch.autograd.grad(out, (xk, yk, wk), gk, create_graph=True)
+    lr = sum((a * r).sum() for a, r in zip(grads_ref, rs))
+    lk = sum((a * to_l(r, irr).to(dtype) if irr is not None else a * r.to(dtype)).sum()
+             for a, r, irr in zip(grads, rs, (irr1, irr2, None)))
+    d_ref = torch.autograd.grad(lr, (xr, yr, wr, g))
+    d = torch.autograd.grad(lk, (xk, yk, wk, gk))
+    for name, a, b, irr in zip("xywg", d, d_ref, (irr1, irr2, None, irro)):
+        a = from_l(a, irr) if irr is not None else a
+        assert not a.isnan().any(), f"second-order grad {name}: unwritten elements"
+        assert rel_err(a, b) <= tol, f"second-order grad {name}: {rel_err(a, b):.1e}"
+
+
+@pytest.mark.parametrize("flow", FLOWS)
+@pytest.mark.parametrize("layout,dtype,second", [("mul_ir", torch.float64, True), ("ir_mul", torch.float32, False)])
+def test_channelwise_per_edge_weights(flow, layout, dtype, second):
+    check_conv(channelwise(), flow, dtype, layout, second_order=second)
+
+
+@pytest.mark.parametrize("flow", ["atomic", "deterministic"])
+def test_ir_mul_double_backward(flow):
+    check_conv(channelwise("2x0e+2x1o", "0e+1o", "0e+1o+1e"), flow, torch.float64, "ir_mul")
+
+
+@pytest.mark.parametrize("flow", ["atomic", "deterministic"])
+def test_shared_weights_fully_connected(flow):
+    kw = dict(irreps_in1="3x0e+2x1o", irreps_in2="1x0e+1x1o", irreps_out="2x0e+3x1o",
+              instructions=[(0, 0, 0, "uvw", True), (1, 1, 0, "uvw", True), (0, 1, 1, "uvw", True),
+                            (1, 0, 1, "uvw", True)], shared_weights=True, internal_weights=False)
+    check_conv(kw, flow, torch.float64, "mul_ir")
+
+
+@pytest.mark.parametrize("flow", ["atomic", "deterministic"])
+def test_mace_shaped_problem(flow):
+    """The MACE-MP medium layer-2 problem (10 paths, l up to 3), shrunk to few channels."""
+    check_conv(channelwise("3x0e+2x1o", "0e+1o+2e+3o", "0e+1o+2e+3o+1e+2o+3e"), flow, torch.float64, "ir_mul",
+               n=5, e=9, second_order=False)
+
+
+@pytest.mark.parametrize("flow", ["atomic", "deterministic"])
+def test_empty_graph_and_isolated_nodes(flow):
+    p = TPProblem.create(**channelwise())
+    x, y, w = _inputs(p, 5, 0, torch.float64)
+    e = torch.zeros(0, dtype=torch.long)
+    out = tensor_product_conv(p, x.requires_grad_(), y, w, e, e, backend="triton", dataflow=flow)
+    assert out.shape == (5, p.dim_out) and (out == 0).all()
+    out.sum().backward()
+    assert (x.grad == 0).all()
+
+
+def test_deterministic_is_bitwise_reproducible_and_order_independent():
+    kw = channelwise()
+    p = TPProblem.create(**kw)
+    n, e = 6, 16
+    src, dst = awkward_graph(n, e, 3)
+    # distinct (dst, src) pairs so that any permutation of the input edges sorts to one order
+    pairs = sorted(set(zip(dst.tolist(), src.tolist())))
+    dst = torch.tensor([d for d, _ in pairs])
+    src = torch.tensor([s for _, s in pairs])
+    x, y, w = _inputs(p, n, len(pairs), torch.float32, 3)
+    x, y, w = (t.float() for t in (x, y, w))
+
+    def run(perm):
+        xs, ys, ws = x.clone().requires_grad_(), y[perm].clone().requires_grad_(), w[perm].clone().requires_grad_()
+        out = tensor_product_conv(p, xs, ys, ws, src[perm], dst[perm], backend="triton", dataflow="deterministic")
+        gx, gy, gw = torch.autograd.grad(out, (xs, ys, ws), torch.ones_like(out))
+        inv = torch.argsort(perm)
+        return out, gx, gy[inv], gw[inv]
+
+    ident = torch.arange(len(pairs))
+    first = run(ident)
+    for perm in (ident, torch.randperm(len(pairs), generator=torch.Generator().manual_seed(1))):
+        again = run(perm)
+        for a, b in zip(first, again):
+            assert torch.equal(a, b)
+
+
+def test_gradcheck_and_gradgradcheck_fused():
+    kw = channelwise("2x0e+1x1o", "0e+1o", "0e+1o+1e")
+    p = TPProblem.create(**kw)
+    src, dst = awkward_graph(4, 5, 1)
+    x, y, w = (t.requires_grad_() for t in _inputs(p, 4, 5, torch.float64))
+    for flow in ("atomic", "deterministic"):
+        f = lambda a, b, c: tensor_product_conv(p, a, b, c, src, dst, backend="triton", dataflow=flow)  # noqa: E731
+        # fast mode (random projections): the full Jacobians cost minutes in the interpreter
+        assert torch.autograd.gradcheck(f, (x, y, w), fast_mode=True)
+        assert torch.autograd.gradgradcheck(f, (x, y, w), fast_mode=True)
+
+
+def test_third_order_does_not_crash():
+    p = TPProblem.create(**channelwise("2x0e+1x1o", "0e+1o", "0e+1o"))
+    src, dst = awkward_graph(4, 6, 2)
+    x, y, w = (t.requires_grad_() for t in _inputs(p, 4, 6, torch.float64))
+    out = tensor_product_conv(p, x, y, w, src, dst, backend="triton", dataflow="deterministic")
+    (gx,) = torch.autograd.grad(out.pow(2).sum(), x, create_graph=True)
+    (gy,) = torch.autograd.grad(gx.pow(2).sum(), y, create_graph=True)
+    (gw,) = torch.autograd.grad(gy.pow(2).sum(), w)
+    assert gw.abs().sum() > 0
+
+
+def test_int32_indices_and_graph_reuse():
+    p = TPProblem.create(**channelwise())
+    src, dst = awkward_graph(9, 20, 4)
+    x, y, w = _inputs(p, 9, 20, torch.float64)
+    graph = ConvGraph.build(src.int(), dst.int(), 9)
+    a = tensor_product_conv(p, x, y, w, src.int(), dst.int(), graph=graph, backend="triton", dataflow="deterministic")
+    b = tensor_product_conv(p, x, y, w, src, dst, backend="reference")
+    assert rel_err(a, b) < 1e-12
+
+
+def test_module_matches_functional():
+    conv = equikernels.TensorProductConv("3x0e+2x1o", "0e+1o", "3x0e+2x1o+2x0e",
+                                         [(0, 0, 0, "uvu", True), (1, 1, 2, "uvu", True), (1, 0, 1, "uvu", True)],
+                                         shared_weights=False, internal_weights=False)
+    src, dst = awkward_graph(5, 12)
+    x, y = torch.randn(5, 9), torch.randn(12, 4)
+    w = torch.randn(12, conv.weight_numel)
+    ref = tensor_product_conv(conv.problem, x, y, w, src, dst, backend="reference")
+    assert rel_err(conv(x, y, w, src, dst), ref) < 1e-6
+    assert rel_err(conv(x, y, w, graph=ConvGraph.build(src, dst, 5)), ref) < 1e-6
+
+
+def test_bad_input():
+    p = TPProblem.create(**channelwise())
+    x, y, w = _inputs(p, 5, 6, torch.float64)
+    src, dst = awkward_graph(5, 6)
+    with pytest.raises(IndexError, match="src"):
+        tensor_product_conv(p, x, y, w, src + 5, dst)
+    with pytest.raises(IndexError, match="dst"):
+        tensor_product_conv(p, x, y, w, src, dst - 10)
+    with pytest.raises(TypeError, match="int32 or int64"):
+        tensor_product_conv(p, x, y, w, src.float(), dst)
+    with pytest.raises(ValueError, match="same shape"):
+        tensor_product_conv(p, x, y, w, src[:-1], dst)
+    with pytest.raises(ValueError, match="one row per edge"):
+        tensor_product_conv(p, x, y[:-1], w, src, dst)
+    with pytest.raises(ValueError, match="weight"):
+        tensor_product_conv(p, x, y, w[:, :-1], src, dst)
+    with pytest.raises(ValueError, match="dataflow"):
+        tensor_product_conv(p, x, y, w, src, dst, dataflow="magic")
+    with pytest.raises(ValueError, match="not deterministic"):
+        tensor_product_conv(p, x, y, w, src, dst, dataflow="atomic", deterministic=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("flow", ["atomic", "deterministic"])
+@pytest.mark.parametrize("name", ["mace-mp-medium-L2", "nequip-water"])
+def test_standard_problems_gpu(name, flow):
+    p = catalog_problem(name)
+    n, e = 200, 3000
+    src, dst = awkward_graph(n, e, device="cuda")
+    x, y, w = (t.cuda() for t in _inputs(p, n, e, torch.float32))
+    xr, yr, wr = (t.double().requires_grad_() for t in (x, y, w))
+    x, y, w = (t.requires_grad_() for t in (x, y, w))
+    ref = tensor_product_conv(p, xr, yr, wr, src, dst, backend="reference", layout="ir_mul")
+    out = tensor_product_conv(p, x, y, w, src, dst, backend="triton", dataflow=flow, layout="ir_mul")
+    assert rel_err(out, ref) < 1e-5
+    g = torch.randn_like(ref)
+    for a, b in zip(torch.autograd.grad(out, (x, y, w), g.float()), torch.autograd.grad(ref, (xr, yr, wr), g)):
+        assert rel_err(a, b) < 1e-5
