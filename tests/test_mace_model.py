@@ -1,8 +1,6 @@
 """equikernels.models without mace-torch: random MACE models from the builder (coupled-CG U
 tensors) checked for physics (finite differences, invariance, energy sums), storage, layouts,
 the symmetric contraction and the element-indexed linear against independent oracles, and errors."""
-import math
-
 import numpy as np
 import pytest
 import torch

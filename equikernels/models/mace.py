@@ -17,11 +17,9 @@ from typing import Dict, List, Optional
 import torch
 from torch import nn
 
-from .._compat import o3
 from ..nn.linear import Linear
 from ..nn.spherical_harmonics import SphericalHarmonics, ir_mul_permutation
 from ..ops.conv import ConvGraph
-from ..problem import parse_irreps
 from .blocks import InteractionBlock, LinearReadout, NonLinearReadout, ProductBlock
 from .element_linear import ElementGroups
 from .radial import RadialEmbedding, ZBLRepulsion, node_atomic_numbers
@@ -73,8 +71,9 @@ class MACE(nn.Module):
             (LinearReadout if c["type"] == "linear" else NonLinearReadout)(c, layout) for c in config["readouts"])
         self.use_agnostic_product = bool(config.get("use_agnostic_product", False))
         # mul_ir <-> ir_mul of each product's output, for the "node_feats" output (mace's layout)
-        self._to_mul_ir = [None if layout == "mul_ir" else _inverse(ir_mul_permutation(c["hidden_irreps"]))
-                           for c in config["products"]]
+        for i, c in enumerate(config["products"]):
+            perm = None if layout == "mul_ir" else _inverse(ir_mul_permutation(c["hidden_irreps"]))
+            self.register_buffer(f"_to_mul_ir_{i}", perm, persistent=False)
 
     # --- loading ---------------------------------------------------------------------------------
     def _load_from_state_dict(self, *args, **kwargs):
@@ -117,10 +116,6 @@ class MACE(nn.Module):
             raise RuntimeError("this MACE has no U tensors yet: build it with equikernels.models.from_mace or load(), "
                                "or pass u_matrices")
 
-    def _element_index(self, node_attrs: torch.Tensor) -> torch.Tensor:
-        element = torch.argmax(node_attrs, dim=1)
-        return element
-
     # --- forward ---------------------------------------------------------------------------------
     def _features(self, data, compute_virials, compute_stress, compute_displacement):
         positions = data["positions"]
@@ -155,7 +150,7 @@ class MACE(nn.Module):
         node_attrs = data["node_attrs"]
         n = node_attrs.shape[0]
         sender, receiver = data["edge_index"][0], data["edge_index"][1]
-        element = self._element_index(node_attrs)
+        element = torch.argmax(node_attrs, dim=1)  # one-hot -> element index
         groups = ElementGroups.build(element, self.num_elements)
         graph = ConvGraph.build(sender, receiver, n, validate=False)  # one graph, reused by every layer
         node_z = node_atomic_numbers(self.atomic_numbers, node_attrs)
@@ -176,10 +171,11 @@ class MACE(nn.Module):
         for i, readout in enumerate(self.readouts):
             x = feats[-1] if len(self.readouts) == 1 else feats[i]
             node_es.append(readout(x, node_heads)[arange, node_heads])
-        mul_ir = [f if p is None else f.index_select(1, p.to(f.device)) for f, p in zip(feats, self._to_mul_ir)]
+        perms = [getattr(self, f"_to_mul_ir_{i}") for i in range(len(feats))]
+        mul_ir = [f if p is None else f.index_select(1, p) for f, p in zip(feats, perms)]
         return node_es, pair, torch.cat(mul_ir, dim=-1)
 
-    def _node_e0(self, data, node_heads, dtype):
+    def _node_e0(self, data, node_heads):
         e0_table = torch.atleast_2d(self.atomic_energies).T.to(dtype=data["node_attrs"].dtype)
         n = data["node_attrs"].shape[0]
         return (data["node_attrs"] @ e0_table)[torch.arange(n, device=node_heads.device), node_heads]
@@ -194,7 +190,7 @@ class MACE(nn.Module):
         positions, vectors, lengths, displacement, cell, node_heads, num_graphs = self._features(
             data, compute_virials, compute_stress, compute_displacement)
         batch = data["batch"]
-        node_e0 = self._node_e0(data, node_heads, vectors.dtype)
+        node_e0 = self._node_e0(data, node_heads)
         e0 = _scatter(node_e0, batch, num_graphs).to(vectors.dtype)
         node_es, pair, node_feats = self._interactions(data, vectors, lengths, node_heads)
         pair_node = pair if pair is not None else torch.zeros_like(node_e0)
@@ -231,7 +227,7 @@ class ScaleShiftMACE(MACE):
         positions, vectors, lengths, displacement, cell, node_heads, num_graphs = self._features(
             data, compute_virials, compute_stress, compute_displacement)
         batch = data["batch"]
-        node_e0 = self._node_e0(data, node_heads, vectors.dtype)
+        node_e0 = self._node_e0(data, node_heads)
         e0 = _scatter(node_e0, batch, num_graphs).to(vectors.dtype)
         node_es, pair, node_feats = self._interactions(data, vectors, lengths, node_heads)
         pair_node = pair if pair is not None else torch.zeros_like(node_e0)
@@ -292,11 +288,9 @@ def _outputs(energy, positions, displacement, vectors, cell, data, training, com
         hessian = torch.stack(rows) if rows else positions.new_zeros(0, *positions.shape)
     if compute_edge_forces or compute_atomic_stresses:
         (g,) = _grad(energy, [vectors], training or compute_hessian)
-        edge_forces = (g if g is not None else torch.zeros_like(vectors))  # -(-dE/dvec): LAMMPS sign convention
+        edge_forces = g if g is not None else torch.zeros_like(vectors)  # +dE/dvec (LAMMPS sign, as mace-torch)
         if compute_atomic_stresses:
             atomic_virials, atomic_stresses = _atomic_virials(edge_forces, data, vectors, positions.shape[0], cell)
-        if not compute_edge_forces:
-            edge_forces = edge_forces  # mace-torch returns them whenever atomic stresses are asked
     return {"forces": forces, "edge_forces": edge_forces, "virials": virials, "stress": stress,
             "atomic_virials": atomic_virials, "atomic_stresses": atomic_stresses, "hessian": hessian}
 
