@@ -35,7 +35,7 @@ def conv_config(kind: str, dtype: torch.dtype) -> LaunchConfig:
     return LaunchConfig(rows=rows, num_warps=warps, tf32=os.environ.get("EQUIKERNELS_TF32") == "1")
 
 
-def _rowing(mode: str, operands, owner: Optional[str] = None) -> Rowing:
+def _rowing(mode: str, operands, owner: Optional[str] = None, sections: str = "segment") -> Rowing:
     rowvar, index = {}, {}
     for name in operands:
         side = "src" if name in SRC_SIDE else "dst" if name in DST_SIDE else None
@@ -48,7 +48,7 @@ def _rowing(mode: str, operands, owner: Optional[str] = None) -> Rowing:
             rowvar[name] = var
             index[var] = side
     scatter = tuple(n for n in operands if mode == "edges" and n in ("out", "dg", "gx", "dx"))
-    return Rowing(mode, rowvar, index, scatter)
+    return Rowing(mode, sections, rowvar, index, scatter)
 
 
 class _ConvKernel:
@@ -102,58 +102,72 @@ class ConvKernels:
         segs = [p.output.segment for p in self.plan.table.paths]
         return len(segs) == len(set(segs))
 
-    def _kernel(self, tag: str, groups, mode: str, owner: Optional[str] = None):
-        key = (tag, mode, owner)
+    def _kernel(self, tag: str, groups, mode: str, owner: Optional[str] = None, sections: str = "segment"):
+        key = (tag, mode, owner, sections)
         if key not in self._cache:
             ops = set()
             for g in groups:
                 ops.add(g.out_ptr)
                 ops.update(o.name for o in g.table.operands if o.name != g.table.output)
-            rowing = _rowing(mode, ops, owner)
+            rowing = _rowing(mode, ops, owner, sections)
             name = f"conv_{tag}_{mode}_{self.problem.key()}_{self.plan.layout}"
             self._cache[key] = _ConvKernel(name, groups, self.plan.layout, self._row_operands(), rowing,
                                            f"{tag} of the convolution of {self.problem.describe()} "
                                            f"[{self.plan.layout}, {mode}]", self._in1_major(), owner)
         return self._cache[key]
 
-    def _groups(self, kind: str, names, have: str = ""):
+    def _groups(self, kind: str, names, have: str = "", carry=()):
+        """Groups computing ``names``; those in ``carry`` are node outputs of a node-parallel kernel
+        (marked reduce_rows: summed over the node's edges), a shared weight's gradient is summed
+        over all edges."""
         p, shared = self.plan, self.problem.shared_weights
+        red = lambda n: n in carry or (n == "w" and shared)  # noqa: E731
         if kind == "fwd":
-            return [Group(p.table, "out")]
+            return [Group(p.table, "out", reduce_rows=red("out"))]
         if kind == "bwd":
-            return [Group(p.grad_tables[n], "g" + n, reduce_rows=(n == "w" and shared)) for n in names]
+            return [Group(p.grad_tables[n], "g" + n, reduce_rows=red(n)) for n in names]
         tables = double_backward_tables(p.table, have, "".join(names))
-        return [Group(tables[n], "d" + n, reduce_rows=(n == "w" and shared)) for n in names if n in tables]
+        return [Group(tables[n], "d" + n, reduce_rows=red(n)) for n in names if n in tables]
 
     def _run(self, kind: str, names, tensors, like, graph, cfg, have: str = "") -> Dict[str, torch.Tensor]:
         """Launch the kernels computing outputs ``names`` (x, y, w, g / out) of one direction."""
-        node_names = [n for n in names if n in ("x", "g", "out")]
-        edge_names = [n for n in names if n not in node_names]
-        plans = []  # (kernel tag, names, mode, owner)
+        plans = []  # (kernel tag, names, mode, owner, sections)
+        tag = lambda ns, mode: f"{kind}{have}_{''.join(ns)}"  # noqa: E731
         if self.flow == "atomic":
             if kind == "dbwd":  # dg alone; dx, dy, dw together (fewer live tiles, as the batched TP)
-                plans += [(f"{kind}{have}_{n}", [n], "edges", None) for n in names if n == "g"]
+                plans += [(tag("g", 0), ["g"], "edges", None, "") for n in names if n == "g"]
                 rest = [n for n in names if n != "g"]
                 if rest:
-                    plans.append((f"{kind}{have}_{''.join(rest)}", rest, "edges", None))
+                    plans.append((tag(rest, 0), rest, "edges", None, ""))
             else:
-                plans.append((f"{kind}{have}_{''.join(names)}", list(names), "edges", None))
+                plans.append((tag(names, 0), list(names), "edges", None, ""))
         else:
-            for n in node_names:
-                owner = "dst" if n in ("out", "g") else "src"
-                plans.append((f"{kind}{have}_{n}", [n], "nodes", owner))
-            if edge_names:
-                plans.append((f"{kind}{have}_{''.join(edge_names)}", edge_names, "edges", None))
+            # dst side (out, dg: wide): one edge loop per output segment; src side (gx, dx) with the
+            # per-edge outputs (gy, gw, dy, dw) in one pass over each source node's edges, so the
+            # per-edge weights are read once; a shared weight's gradient in an edge kernel
+            if "out" in names or "g" in names:
+                n = "out" if "out" in names else "g"
+                plans.append((tag(n, 0), [n], "nodes", "dst", "segment"))
+            shared_w = ["w"] if "w" in names and self.problem.shared_weights else []
+            rest = [n for n in names if n in ("x", "y", "w") and n not in shared_w]
+            if "x" in rest:
+                plans.append((tag(rest, 0), rest, "nodes", "src", "one"))
+            elif rest or shared_w:
+                rest, shared_w = rest + shared_w, []
+                plans.append((tag(rest, 0), rest, "edges", None, ""))
+            if shared_w:
+                plans.append((tag(shared_w, 0), shared_w, "edges", None, ""))
         res = {}
-        for tag, ns, mode, owner in plans:
-            groups = self._groups(kind, [n for n in ns if n != "out"], have)
+        for tg, ns, mode, owner, sections in plans:
+            carry = [n for n in ns if n in ("out", "x", "g")] if mode == "nodes" else []
+            groups = self._groups(kind, [n for n in ns if n != "out"], have, carry)
             if not groups:
                 continue
-            k = self._kernel(tag, groups, mode, owner)
+            k = self._kernel(tg, groups, mode, owner, sections or "segment")
             outs = {}
             for g in groups:
                 t = like[g.out_ptr]
-                if g.reduce_rows:
+                if g.reduce_rows and mode == "edges":
                     outs[g.out_ptr] = None
                 else:
                     outs[g.out_ptr] = _alloc(t.shape, t, g.out_ptr in k.meta.zero_init or g.out_ptr in k.rowing.scatter)

@@ -48,11 +48,15 @@ class Rowing:
     ``mode``: "rows" (row i of every row operand), "edges" (rows are edges; an operand named in
     ``rowvar`` is addressed through an index loaded per edge, e.g. x through src[e]) or "nodes"
     (each program owns nodes; a node's edges, found through ``perm``/``nptr`` CSR arrays, are
-    visited ROWS at a time in one loop per output segment; outputs are carried across that loop
-    and reduced once per node, in a fixed order). ``index``: row variable -> pointer argument it is
+    visited ROWS at a time; groups marked ``reduce_rows`` are the node's outputs, carried across
+    the edge loop and reduced once per node in a fixed order; other groups are per-edge outputs
+    stored as in rows mode). With ``sections="segment"`` every output segment gets its own edge
+    loop (few live accumulators: wide node outputs), with "one" a single loop computes everything
+    (each edge operand read once). ``index``: row variable -> pointer argument it is
     loaded from (per edge). ``scatter``: outputs added with atomics (edge-parallel node outputs).
     """
     mode: str = "rows"
+    sections: str = "segment"  # nodes mode: one edge loop per output "segment", or "one" loop
     rowvar: Dict[str, str] = field(default_factory=dict)
     index: Dict[str, str] = field(default_factory=dict)
     scatter: Tuple[str, ...] = ()
@@ -399,7 +403,7 @@ class KernelBuilder:
         self.store_info[key] = self._split_info(t, p.output, k, assign, out_block)
         if key in accs:
             self.body.emit(f"{accs[key]} = {accs[key]} + {s}")
-        elif g.reduce_rows or self.rowing.mode == "nodes":
+        elif g.reduce_rows:
             # keep the row axis in the loop; one cross-row reduction after it
             name = self.pre.tmp("racc")
             shape = ([] if norows else ["ROWS"]) + [str(_pow2(sizes[l])) for l in out_block]
@@ -631,10 +635,10 @@ class KernelBuilder:
 
         items.sort(key=visit_key)
         if self.rowing.mode == "nodes":
-            if any(g.reduce_rows for g in self.groups):
-                raise Unsupported("row-summed outputs in a node-parallel kernel")
-            return self._assemble(*self._node_sections(items, accs, order, out_dims), accs, order, out_dims,
-                                  reduce, coverage)
+            if self.rowing.sections == "segment":
+                return self._assemble(*self._node_sections(items, accs, order, out_dims), accs, order, out_dims,
+                                      reduce, coverage)
+            self.accpre = _Writer()  # carried node accumulators start at zero for every node
         last = {unit(gi, p): n for n, (gi, p, _) in enumerate(items)}
         pending: Dict[tuple, List[tuple]] = {}
         stored: Set[tuple] = set()
@@ -658,6 +662,8 @@ class KernelBuilder:
                 for k in keys:  # stored blocks are dead; a later write must start a new block
                     del accs[k]
         main, sections = self.body.lines, []
+        if self.rowing.mode == "nodes" and deferred:
+            raise Unsupported("row-summed weight-gradient tiles in a node-parallel kernel")
         units: Dict[tuple, list] = {}
         for gi, p, block in deferred:  # paths writing the same weight slice (e.g. two double-backward terms)
             sizes = p.label_sizes
@@ -725,6 +731,9 @@ class KernelBuilder:
             inner = ["        for k0 in range(e0, e1, ROWS):", "            r = k0 + rr", "            rmask = r < e1",
                      "            r64 = tl.load(perm_ptr + r, mask=rmask, other=0).to(tl.int64)"]
             inner += self.rowing.prologue("            ")
+            if main:  # sections == "one": carried accumulators initialised per node, stored after
+                sections = [(self.accpre.lines, main, self.post.lines)]
+                self.post.lines = []
             for init, body, post in sections:
                 src += ["    " + ln for ln in init] + inner + ["    " + ln for ln in body] + ["    " + ln for ln in post]
             if not sections:
