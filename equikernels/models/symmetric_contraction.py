@@ -151,7 +151,7 @@ class _Generated:
 
     def __init__(self, table: Table, layout: str, dtype: torch.dtype, name: str) -> None:
         from ..codegen.emit import Group  # noqa: PLC0415 (Triton only when a CUDA kernel is built)
-        from ..codegen.tp import _Kernel, default_config  # noqa: PLC0415
+        from ..codegen.tp import LaunchConfig, _Kernel  # noqa: PLC0415
 
         limit = int(os.environ.get("EQUIKERNELS_MAX_PATHS", 40))
         chunks = [table.paths[i:i + limit] for i in range(0, len(table.paths), limit)] or [()]
@@ -162,7 +162,10 @@ class _Generated:
                                 layout, rows_ops, f"symmetric contraction table part {k + 1}/{len(chunks)}")
                         for k, paths in enumerate(chunks)]
         self.zero = len(chunks) > 1 or any(k.meta.zero_init for k in self.kernels)
-        self.cfg, self.dtype = default_config("fwd", dtype), dtype
+        # one row per program: a contraction keeps every component of x and of the per-row weights
+        # live (16 + 86 [rows, channels] tiles for MACE-MP medium), more rows would spill registers
+        rows = int(os.environ.get("EQUIKERNELS_ROWS_CONTRACTION", 1))
+        self.cfg, self.dtype = LaunchConfig(rows=rows, num_warps=4), dtype
 
     def __call__(self, named: Dict[str, torch.Tensor], rows: int) -> torch.Tensor:
         like = next(iter(named.values()))
