@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import shutil
+import sys
 import time
 
 import torch
@@ -49,6 +50,10 @@ def main() -> None:
     p.add_argument("--n-valid", type=int, default=60)
     p.add_argument("--n-test", type=int, default=60)
     p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--energy-weight", type=float, default=1.0)
+    p.add_argument("--forces-weight", type=float, default=10.0)
     p.add_argument("--threads", type=int, default=2, help="CPU threads for torch")
     p.add_argument("--device", default="cpu", help="torch device to train on (cpu, cuda)")
     p.add_argument("--out", default=os.path.join(HERE, "default_model_run"))
@@ -70,9 +75,9 @@ def main() -> None:
     backend = "mace" if mf._have_mace() else "equikernels"
     cfg = TrainConfig(
         train_file=files["train"], valid_file=files["valid"], new_model=SMALL_MACE, e0s="average",
-        model_backend=backend, dtype="float64", epochs=args.epochs, batch_size=8, lr=1e-2,
+        model_backend=backend, dtype="float64", epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
         lr_schedule="cosine", warmup_steps=20, min_lr_ratio=0.02, ema_decay=0.99, clip_grad_norm=10.0,
-        energy_weight=1.0, forces_weight=10.0, stress_weight=10.0, weight_decay=5e-7, seed=7,
+        energy_weight=args.energy_weight, forces_weight=args.forces_weight, stress_weight=10.0, weight_decay=5e-7, seed=7,
         out_dir=args.out, checkpoint_every=100, device=args.device)
     trainer = Trainer(cfg)
     t1 = time.time()
@@ -100,6 +105,7 @@ def main() -> None:
         "metrics": {s: summary[s] for s in ("train", "valid", "test")},
         "steps": summary["step"], "best_step": summary["best_step"],
         "seconds": {"data": round(t_data, 1), "train": round(t_train, 1)},
+        "command": "python examples/train_default_model.py " + " ".join(sys.argv[1:]),
         "host": {"torch": torch.__version__, "device": args.device, "threads": args.threads,
                  "machine": platform.machine(), "processor": platform.processor(),
                  "gpu": torch.cuda.get_device_name() if torch.device(args.device).type == "cuda" else None},
