@@ -102,6 +102,8 @@ CONFIGS = {
     "mp0b3-like": dict(first="RealAgnosticDensityResidualInteractionBlock",
                        inter="RealAgnosticDensityResidualInteractionBlock", pair_repulsion=True,
                        distance_transform="Agnesi", hidden="8x0e+8x1o", correlation=3),
+    "agnostic-product-last-readout": dict(use_agnostic_product=True, use_last_readout_only=True, correlation=2,
+                                          hidden="4x0e+4x1o"),
     "density-plain-3layers": dict(first="RealAgnosticDensityInteractionBlock",
                                   inter="RealAgnosticResidualInteractionBlock", num_interactions=3, correlation=2,
                                   hidden="4x0e+4x1o"),
