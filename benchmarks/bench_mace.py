@@ -154,10 +154,11 @@ def time_one(model, data, stress: bool, device, target_ms: float) -> Dict[str, o
         C.free_memory(device)
 
 
-def scan_largest(model, dtype, device, target_ms: float, start: int = 8, stop: int = 60) -> Dict[str, object]:
-    """Largest n (n x n x n cubic cells, 4 n^3 atoms) whose E+F step runs; grows n by 2."""
+def scan_largest(model, dtype, device, target_ms: float, start: int, stop: int = 80, step: int = 4
+                 ) -> Dict[str, object]:
+    """Largest n (n x n x n cubic cells, 4 n^3 atoms) whose E+F step runs, n = start, start + step, ..."""
     best = None
-    for n in range(start, stop + 1, 2):
+    for n in range(start, stop + 1, step):
         atoms = make_atoms((n, n, n), False)
         try:
             data = graph_data(atoms, dtype, device)
@@ -182,6 +183,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--impls", default=",".join(IMPLS))
     ap.add_argument("--target-ms", type=float, default=300.0, help="timed work per measurement")
     ap.add_argument("--scan", action="store_true", help="also find the largest Cu system equikernels runs (E+F)")
+    ap.add_argument("--scan-start", type=int, default=20, help="first n of the scan (4 n^3 atoms; 20 -> 32,000)")
     ap.add_argument("--tiny", action="store_true", help="8-channel model and 32-atom systems (debugging)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -206,6 +208,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         first = next(iter(systems.values()))
         nl = graph_data(first, torch.float64, "cpu")
         avg = nl["edge_index"].shape[1] / len(first)
+        print(f"[{dname}] building models (avg_num_neighbors {avg:.1f})", flush=True)
         impls = build_impls(make_mace_model(dtype, args.tiny, avg), dtype, device, wanted)
         for name, r in impls.items():
             if r["status"] != "ok":
@@ -229,7 +232,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             del data
             C.free_memory(device)
         if args.scan and impls.get("equikernels", {}).get("model") is not None:
-            report["scan"][dname] = scan_largest(impls["equikernels"]["model"], dtype, device, args.target_ms)
+            report["scan"][dname] = scan_largest(impls["equikernels"]["model"], dtype, device, args.target_ms,
+                                                 args.scan_start)
         del impls
         C.free_memory(device)
     _print_table(rows)
