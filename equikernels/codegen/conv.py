@@ -19,6 +19,7 @@ import triton
 from ..ir import double_backward_tables
 from .cache import load_module
 from .emit import Group, Rowing, generate
+from .segment import segment_sum
 from .tp import _DT, LaunchConfig, _alloc, _num_sms
 
 # which graph side each operand / output lives on (everything else is per edge)
@@ -142,25 +143,31 @@ class ConvKernels:
             else:
                 plans.append((tag(names, 0), list(names), "edges", None, ""))
         else:
-            # dst side (out, dg: wide): one edge loop per output segment; src side (gx, dx) with the
-            # per-edge outputs (gy, gw, dy, dw) in one pass over each source node's edges, so the
-            # per-edge weights are read once; a shared weight's gradient in an edge kernel
+            # Every kernel owns destination nodes and walks their edges in dst-sorted order.
+            # out / dg (wide node outputs): carried per node, one edge loop per first-input segment
+            # (few live accumulators, each x tile gathered once). Gradients: one pass in which the
+            # node's g row is loaded once (not gathered per edge), the per-edge outputs (gy, gw,
+            # dy, dw) are stored per edge, and gx / dx are written per edge and then summed per
+            # source node in sorted order (segment_sum): no atomics, a fixed order.
             if "out" in names or "g" in names:
                 n = "out" if "out" in names else "g"
-                plans.append((tag(n, 0), [n], "nodes", "dst", "segment"))
+                plans.append((tag(n, 0), [n], "nodes", "dst", "in1"))
             shared_w = ["w"] if "w" in names and self.problem.shared_weights else []
             rest = [n for n in names if n in ("x", "y", "w") and n not in shared_w]
-            if "x" in rest:
-                plans.append((tag(rest, 0), rest, "nodes", "src", "one"))
-            elif rest or shared_w:
-                rest, shared_w = rest + shared_w, []
-                plans.append((tag(rest, 0), rest, "edges", None, ""))
+            if rest:
+                plans.append((tag(rest, 0), rest, "nodes", "dst", "one"))
             if shared_w:
                 plans.append((tag(shared_w, 0), shared_w, "edges", None, ""))
         res = {}
         for tg, ns, mode, owner, sections in plans:
-            carry = [n for n in ns if n in ("out", "x", "g")] if mode == "nodes" else []
+            carry = [n for n in ns if n in ("out", "g")] if mode == "nodes" else []
+            per_edge_x = mode == "nodes" and "x" in ns  # gx / dx written per edge, summed after
             groups = self._groups(kind, [n for n in ns if n != "out"], have, carry)
+            if per_edge_x:
+                xo = "gx" if kind == "bwd" else "dx"
+                groups = [Group(g.table, xo + "e", g.reduce_rows, g.accumulate) if g.out_ptr == xo else g
+                          for g in groups]
+                like = dict(like, **{xo + "e": like[xo].new_empty(graph.num_edges, like[xo].shape[1])})
             if not groups:
                 continue
             k = self._kernel(tg, groups, mode, owner, sections or "segment")
@@ -172,6 +179,8 @@ class ConvKernels:
                 else:
                     outs[g.out_ptr] = _alloc(t.shape, t, g.out_ptr in k.meta.zero_init or g.out_ptr in k.rowing.scatter)
             res.update(self._launch(k, tensors, outs, like, graph, cfg))
+            if per_edge_x and xo + "e" in res:
+                res[xo] = segment_sum(res.pop(xo + "e"), graph.perm_src, graph.ptr_src, graph.num_nodes)
         return res
 
     def _launch(self, k: _ConvKernel, tensors, outs, like, graph, cfg):

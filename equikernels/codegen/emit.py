@@ -251,9 +251,27 @@ class KernelBuilder:
             mask.append(self.colmask(dd, d, 2, 1))
         return ptr, " & ".join(mask)
 
+    def _hoisted(self, operand: str) -> bool:
+        """An operand of the node a node-parallel program owns: loaded once per node, before the
+        edge loop (e.g. g[dst] in the backward over a destination's edges)."""
+        return self.rowing.mode == "nodes" and self.rowing.rowvar.get(operand) == "noderow"
+
+    def _load_hoisted(self, f: Factor, const: int, terms, sizes, block, nd: int) -> str:
+        name = self.body.tmp(f"{f.operand}_n")
+        addr = [str(const)] + [f"{coef} * {self.arange(_pow2(sizes[block[pos]]), nd, pos)}" for coef, pos in terms]
+        mask = [self.colmask(_pow2(sizes[block[pos]]), sizes[block[pos]], nd, pos) for _, pos in terms
+                if _pow2(sizes[block[pos]]) != sizes[block[pos]]]
+        used = {pos for _, pos in terms}
+        shape = ["ROWS"] + [str(_pow2(sizes[block[pos]])) if pos in used else "1" for pos in range(nd)]
+        ptr = f"{f.operand}_ptr + noderow{self._row_axis(nd)} * {self.operand_dims[f.operand]} + " + " + ".join(addr)
+        mask_s = f", mask={' & '.join(mask)}, other=0.0" if mask else ""
+        self.accpre.emit(f"{name} = tl.broadcast_to(tl.load({ptr}{mask_s}).to(DT), [{', '.join(shape)}])", 1)
+        return name
+
     def load(self, table: Table, f: Factor, comp: int, assign, block, sizes) -> str:
         nd = len(block)
-        info = self._split_info(table, f, comp, assign, block)
+        hoist = self._hoisted(f.operand)
+        info = None if hoist else self._split_info(table, f, comp, assign, block)
         if info is not None:
             off, d, ch, _ = info
             size = sizes[block[0]]
@@ -275,6 +293,9 @@ class KernelBuilder:
             return self.loads[key]
         if f.operand not in self.inputs:
             self.inputs.append(f.operand)
+        if hoist and not self.bounds:
+            self.loads[key] = self._load_hoisted(f, const, terms, sizes, block, nd)
+            return self.loads[key]
         name = self.body.tmp(f"{f.operand}_")
         addr = [str(const)] + [f"{coef} * {self.arange(_pow2(sizes[block[pos]]), nd, pos)}" for coef, pos in terms]
         mask = [self.colmask(_pow2(sizes[block[pos]]), sizes[block[pos]], nd, pos) for _, pos in terms
@@ -635,7 +656,7 @@ class KernelBuilder:
 
         items.sort(key=visit_key)
         if self.rowing.mode == "nodes":
-            if self.rowing.sections == "segment":
+            if self.rowing.sections in ("segment", "in1"):
                 return self._assemble(*self._node_sections(items, accs, order, out_dims), accs, order, out_dims,
                                       reduce, coverage)
             self.accpre = _Writer()  # carried node accumulators start at zero for every node
@@ -690,7 +711,8 @@ class KernelBuilder:
         accumulators are live; each is reduced over its ROWS edge slots once per node."""
         units: Dict[tuple, list] = {}
         for gi, p, bounds in items:
-            units.setdefault((gi, p.output.segment), []).append((gi, p, bounds))
+            seg = path_segment(p, True) if self.rowing.sections == "in1" else p.output.segment
+            units.setdefault((gi, seg), []).append((gi, p, bounds))
         sections, stored = [], set()
         for paths in units.values():
             self.body.lines, self.accpre = [], _Writer()
