@@ -131,7 +131,18 @@ class TableOp:
         if resolve_backend(self.backend, ref.device) == "triton":
             gen = self._generated(ref.dtype)
             if gen is not None:
-                return gen({k: v.contiguous() for k, v in named.items()}, rows)
+                if gen.compiled:
+                    return gen({k: v.contiguous() for k, v in named.items()}, rows)
+                try:  # Triton compiles on the first launch: a failure there falls back, later ones raise
+                    out = gen({k: v.contiguous() for k, v in named.items()}, rows)
+                    gen.compiled = True
+                    return out
+                except Exception as exc:
+                    if "out of memory" in str(exc).lower():
+                        raise
+                    warnings.warn(f"symmetric contraction: a level-{self.level} kernel failed to compile or run "
+                                  f"({type(exc).__name__}: {exc}); using the reference", RuntimeWarning)
+                    self._kernels[ref.dtype] = None
         return evaluate(self.table, named, self.layout, rows=rows)
 
     def _generated(self, dtype: torch.dtype) -> Optional["_Generated"]:
@@ -166,6 +177,7 @@ class _Generated:
         # live (16 + 86 [rows, channels] tiles for MACE-MP medium), more rows would spill registers
         rows = int(os.environ.get("EQUIKERNELS_ROWS_CONTRACTION", 1))
         self.cfg, self.dtype = LaunchConfig(rows=rows, num_warps=4), dtype
+        self.compiled = False
 
     def __call__(self, named: Dict[str, torch.Tensor], rows: int) -> torch.Tensor:
         like = next(iter(named.values()))
