@@ -85,7 +85,7 @@ def main() -> None:
     t_train = time.time() - t1
 
     # a held-out test set, never used for model selection
-    final = mf.load_model(summary["model_path"], "equikernels") if mf.ours() else trainer.final_model()
+    final = mf.load_model(summary["model_path"], "equikernels") if mf.ours() else trainer.model
     test_set = build_dataset(read_configs(files["test"], DataKeys()), mf.atomic_numbers(final),
                              mf.r_max(final), mf.heads(final))
     live, trainer.model, trainer.dtype = trainer.model, final.to(trainer.device, torch.float64), torch.float64

@@ -222,8 +222,12 @@ def freeze(model: torch.nn.Module, prefixes: Sequence[str]) -> List[str]:
 def save_mace_torch(model: torch.nn.Module, path: str) -> str:
     """A mace-torch model as mace-torch's own file (a pickled module), written atomically."""
     tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(model, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(model, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return path
 
 
@@ -231,7 +235,6 @@ def save_model(model: torch.nn.Module, path: str) -> str:
     """Save in equikernels' format when ``equikernels.models`` is available (converting a
     mace-torch model), else as a pickled mace-torch model. Returns the path written."""
     mod = ours()
-    model = model.cpu()
     if mod is not None:
         if not is_ours(model):
             model = convert(model, "equikernels")

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import random
+import warnings
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -327,31 +328,34 @@ class Trainer:
         self.step += 1
         return loss, parts
 
-    def final_model(self) -> torch.nn.Module:
-        """The model to ship: best validation weights (when tracked) else the EMA/last weights."""
-        model = copy.deepcopy(self.model)
+    def load_final_weights(self) -> torch.nn.Module:
+        """Put the weights to ship into the model, in place (training is over; continue a run
+        with a new Trainer and ``resume``): the best validation weights when tracked, else the
+        EMA weights, else the last ones. No copy of the model is made: some modules (e3nn's
+        generated code, compiled kernels) do not survive deepcopy/pickling on every setup."""
         if self.cfg.save_best and self.best["state"] is not None:
-            model.load_state_dict(self.best["state"])
+            self.model.load_state_dict(self.best["state"])
         elif self.ema is not None:
-            with self._ema_context():
-                model.load_state_dict(self.model.state_dict())
-        return model
+            with torch.no_grad():
+                for p, s in zip(self.ema.params, self.ema.shadow):
+                    p.copy_(s)
+        return self.model
 
     def _finish(self) -> Dict:
         cfg = self.cfg
-        final = self.final_model()
-        live = self.model
-        self.model = final  # evaluate the shipped weights
+        final = self.load_final_weights()
         summary = {"train": self.evaluate(self.train_set)}
         if len(self.valid_set):
             summary["valid"] = self.evaluate(self.valid_set)
-        self.model = live
         summary.update(step=self.step, epochs_completed=self.epoch, stopped_early=self.stopped_early,
                        best_step=self.best["step"])
         if self.dist.is_main:
             summary["model_path"] = mf.save_model(final, os.path.join(cfg.out_dir, "model.pt"))
             if not mf.is_ours(final):  # also keep it usable by mace-torch's own tools
-                summary["mace_model_path"] = mf.save_mace_torch(final.cpu(), os.path.join(cfg.out_dir, "mace.model"))
+                try:
+                    summary["mace_model_path"] = mf.save_mace_torch(final, os.path.join(cfg.out_dir, "mace.model"))
+                except Exception as exc:  # pickling whole modules is fragile; our format is the product
+                    warnings.warn(f"could not also save the mace-torch model file: {exc}", stacklevel=2)
             with open(os.path.join(cfg.out_dir, "metrics.json"), "w") as fh:
                 json.dump({"summary": summary, "history": self.history}, fh, indent=1)
             if cfg.plot and self.history["train"]:
