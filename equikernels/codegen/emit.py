@@ -710,8 +710,13 @@ class KernelBuilder:
         """Node-parallel kernels: one edge loop per output segment, so only that segment's carried
         accumulators are live; each is reduced over its ROWS edge slots once per node."""
         units: Dict[tuple, list] = {}
+        by_in1 = self.rowing.sections == "in1"
+        if by_in1:  # only when every output segment is written from one first-input segment
+            owner: Dict[tuple, int] = {}
+            by_in1 = all(owner.setdefault((gi, p.output.segment), path_segment(p, True)) == path_segment(p, True)
+                         for gi, p, _ in items)
         for gi, p, bounds in items:
-            seg = path_segment(p, True) if self.rowing.sections == "in1" else p.output.segment
+            seg = path_segment(p, True) if by_in1 else p.output.segment
             units.setdefault((gi, seg), []).append((gi, p, bounds))
         sections, stored = [], set()
         for paths in units.values():

@@ -92,7 +92,9 @@ def resolve_dataflow(dataflow: str, deterministic: Optional[bool], backend: str)
         env = os.environ.get("EQUIKERNELS_CONV_DATAFLOW")
         if env:
             return resolve_dataflow(env, deterministic, backend)
-        return "deterministic" if det else "deterministic"
+        # the deterministic (node-parallel) kernels measured fastest on an H100 in every direction
+        # (benchmarks/results/conv_20261123); the autotuner will revisit this per problem
+        return "deterministic"
     return dataflow
 
 
