@@ -100,6 +100,12 @@ def config_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from . import fine_tune
 
+    import torch.distributed as dist
+
     cfg = config_from_args(args)
-    fine_tune(cfg, resume=args.resume)
+    try:
+        fine_tune(cfg, resume=args.resume)
+    finally:
+        if dist.is_available() and dist.is_initialized():  # joined under torchrun
+            dist.destroy_process_group()
     return 0
