@@ -21,9 +21,11 @@ def random_mace_model(atomic_numbers: Sequence[int], *, r_max: float, num_bessel
                       max_ell: int, num_interactions: int, hidden_irreps: str, mlp_irreps: str, correlation: int,
                       radial_mlp: Sequence[int], avg_num_neighbors: float = 12.0, seed: int = 0,
                       dtype: torch.dtype = torch.float64, pair_repulsion: bool = True,
-                      atomic_energies: Optional[Sequence[float]] = None) -> torch.nn.Module:
+                      atomic_energies: Optional[Sequence[float]] = None,
+                      atomic_inter_scale: float = 1.0) -> torch.nn.Module:
     """A mace-torch ``ScaleShiftMACE`` with random weights. ``pair_repulsion`` adds mace-torch's ZBL
-    term, which keeps atoms from collapsing onto each other during MD with random weights."""
+    term, which keeps atoms from collapsing onto each other during MD with random weights;
+    ``atomic_inter_scale`` scales the interaction energy (random weights give a very flat surface)."""
     from equikernels._compat import default_dtype, o3  # registers e3nn's safe globals first
 
     from mace import modules
@@ -42,7 +44,7 @@ def random_mace_model(atomic_numbers: Sequence[int], *, r_max: float, num_bessel
             hidden_irreps=o3.Irreps(hidden_irreps), MLP_irreps=o3.Irreps(mlp_irreps),
             atomic_energies=np.asarray(atomic_energies, dtype=float), avg_num_neighbors=avg_num_neighbors,
             atomic_numbers=atomic_numbers, correlation=correlation, gate=torch.nn.functional.silu,
-            pair_repulsion=pair_repulsion, radial_MLP=list(radial_mlp), atomic_inter_scale=1.0,
+            pair_repulsion=pair_repulsion, radial_MLP=list(radial_mlp), atomic_inter_scale=atomic_inter_scale,
             atomic_inter_shift=0.0)
     return model.to(dtype)
 
