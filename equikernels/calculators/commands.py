@@ -29,7 +29,7 @@ def register(subparsers) -> None:
     p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--dtype", choices=("float64", "float32"), default=None,
                    help="model precision (default: the model's own)")
-    p.add_argument("--skin", type=float, default=None, help="neighbour-list skin in Angstrom")
+    p.add_argument("--skin", type=float, default=None, help="neighbour-list skin in Angstrom (default 0.5)")
     p.add_argument("--out", default="md_out", help="output directory (default md_out)")
     p.add_argument("--log-interval", type=int, default=10, help="steps between log lines (0: no log)")
     p.add_argument("--traj-interval", type=int, default=10, help="steps between trajectory frames (0: none)")
@@ -75,7 +75,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"equikernels md: {len(atoms)} atoms ({atoms.get_chemical_formula()}), {settings.ensemble}, "
           f"{settings.steps} steps of {settings.timestep_fs} fs at {settings.temperature_K} K on "
           f"{calc.device} ({str(calc.dtype).replace('torch.', '')}); output in {args.out}")
-    summary = run_md(atoms, settings, out_dir=args.out, progress=not args.no_progress)
+    try:
+        summary = run_md(atoms, settings, out_dir=args.out, progress=not args.no_progress)
+    except ValueError as exc:  # e.g. an element the model does not know, npt without a cell
+        raise SystemExit(f"equikernels md: {exc}") from exc
     print(f"equikernels md: done in {summary['wall_s']:.1f} s, {summary['ns_per_day']:.4f} ns/day, "
           f"{summary['neighbor_list_builds']} neighbour-list builds, final T {summary['temperature_end_K']:.1f} K")
     return 0
