@@ -107,7 +107,8 @@ class MACE(nn.Module):
                              f"{tuple(data['shifts'].shape)}")
         if data["batch"].shape != (n,):
             raise ValueError(f"data['batch']: expected shape [num_atoms={n}], got {tuple(data['batch'].shape)}")
-        if ei.numel() and (int(ei.min()) < 0 or int(ei.max()) >= n):
+        lo, hi = (torch.stack([ei.min(), ei.max()]).tolist() if ei.numel() else (0, 0))  # one host sync
+        if lo < 0 or (ei.numel() and hi >= n):
             raise IndexError(f"data['edge_index']: node indices must lie in [0, {n})")
         for k in ("positions", "node_attrs", "edge_index", "shifts", "batch"):
             if data[k].device != self.atomic_energies.device:
@@ -128,7 +129,6 @@ class MACE(nn.Module):
         node_heads = node_heads.to(torch.int64)
         displacement = torch.zeros((num_graphs, 3, 3), dtype=positions.dtype, device=positions.device)
         cell = data.get("cell")
-        pos, shifts = positions, data["shifts"]
         if compute_virials or compute_stress or compute_displacement:
             if "unit_shifts" not in data or cell is None:
                 raise KeyError("data: 'unit_shifts' and 'cell' are required for virials/stress/displacement")
@@ -137,11 +137,16 @@ class MACE(nn.Module):
                 displacement = torch.zeros((num_graphs, 3, 3), dtype=positions.dtype, device=positions.device)
                 displacement = displacement + positions.sum() * 0.0  # in the graph, so it gets a gradient
             sym = 0.5 * (displacement + displacement.transpose(-1, -2))
-            pos = positions + torch.einsum("be,bec->bc", positions, sym[batch])
-            c = cell.view(-1, 3, 3)
-            c = c + torch.matmul(c, sym)
-            shifts = torch.einsum("be,bec->bc", data["unit_shifts"], c[batch[sender]])
-        vectors = pos[receiver] - pos[sender] + shifts
+            # mace-torch strains positions and cell: pos (1 + S), shifts = unit_shifts cell (1 + S). Every
+            # edge vector is then vec0 (1 + S) with vec0 the unstrained vector, so the strain is applied
+            # to edge vectors directly: the same values, and the stress gradient is one reduction
+            # instead of the backward of per-node and per-edge gathers of S (slow with repeats)
+            shifts = torch.einsum("be,bec->bc", data["unit_shifts"], cell.view(-1, 3, 3)[batch[sender]])
+            vec0 = positions.index_select(0, receiver) - positions.index_select(0, sender) + shifts
+            vectors = vec0 + _strain(vec0, sym, batch, sender, num_graphs)
+        else:
+            # index_select: its backward is an index_add, not the sort-based backward of pos[idx]
+            vectors = positions.index_select(0, receiver) - positions.index_select(0, sender) + data["shifts"]
         lengths = torch.linalg.norm(vectors, dim=-1, keepdim=True)
         return positions, vectors, lengths, displacement, cell, node_heads, num_graphs
 
@@ -166,11 +171,10 @@ class MACE(nn.Module):
             node_feats, sc = interaction(node_feats, groups, edge_attrs, edge_feats, cutoff, graph)
             node_feats = product(node_feats, sc, prod_element)
             feats.append(node_feats)
-        arange = torch.arange(n, device=node_attrs.device)
         node_es = []
         for i, readout in enumerate(self.readouts):
             x = feats[-1] if len(self.readouts) == 1 else feats[i]
-            node_es.append(readout(x, node_heads)[arange, node_heads])
+            node_es.append(readout(x, node_heads).gather(1, node_heads[:, None]).squeeze(1))
         perms = [getattr(self, f"_to_mul_ir_{i}") for i in range(len(feats))]
         mul_ir = [f if p is None else f.index_select(1, p) for f, p in zip(feats, perms)]
         return node_es, pair, torch.cat(mul_ir, dim=-1)
@@ -241,6 +245,15 @@ class ScaleShiftMACE(MACE):
                        compute_atomic_stresses)
         return {"energy": total, "node_energy": node_energy, "interaction_energy": inter_e, **out,
                 "displacement": displacement, "node_feats": node_feats}
+
+
+def _strain(vec0: torch.Tensor, sym: torch.Tensor, batch: torch.Tensor, sender: torch.Tensor, num_graphs: int
+            ) -> torch.Tensor:
+    """vec0 @ S[graph of each edge]."""
+    if num_graphs == 1:
+        return vec0 @ sym[0]
+    s_edge = sym.index_select(0, batch.index_select(0, sender))  # backward: index_add, not a sort
+    return torch.einsum("ei,eij->ej", vec0, s_edge)
 
 
 def _inverse(perm: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
