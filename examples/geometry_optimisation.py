@@ -7,6 +7,7 @@ ASE's BFGS and FrechetCellFilter (forces and stress from the calculator), then a
 import argparse
 
 import numpy as np
+import torch
 from ase.build import bulk, fcc111
 from ase.filters import FrechetCellFilter
 from ase.optimize import BFGS
@@ -21,6 +22,8 @@ def main():
     parser.add_argument("--device", default=None)
     parser.add_argument("--fmax", type=float, default=0.01, help="force convergence, eV/A")
     args = parser.parse_args()
+    if args.device in (None, "cpu") and not torch.cuda.is_available():
+        torch.set_num_threads(1)  # a few dozen atoms: extra CPU threads cost more than they save
 
     crystal = bulk("Cu", "fcc", a=3.75, cubic=True).repeat(2)  # 4 % too large, and rattled
     crystal.rattle(0.05, seed=0)
@@ -30,16 +33,19 @@ def main():
 
     crystal.calc = calc
     e0 = crystal.get_potential_energy()
-    BFGS(FrechetCellFilter(crystal), logfile=None).run(fmax=args.fmax, steps=300)
+    opt = BFGS(FrechetCellFilter(crystal), logfile=None)
+    opt.run(fmax=args.fmax, steps=300)
     a = np.cbrt(crystal.get_volume() / len(crystal) * 4)
-    print(f"bulk: energy {e0:.4f} -> {crystal.get_potential_energy():.4f} eV, lattice constant 3.750 -> {a:.3f} A, "
+    print(f"bulk: {opt.nsteps} BFGS steps, energy {e0:.4f} -> {crystal.get_potential_energy():.4f} eV, "
+          f"lattice constant 3.750 -> {a:.3f} A, "
           f"max force {np.abs(crystal.get_forces()).max():.4f} eV/A, "
           f"max stress {np.abs(crystal.get_stress()).max():.2e} eV/A^3")
 
     slab = fcc111("Cu", (2, 2, 4), a=a, vacuum=6.0)  # periodic in x, y only
     slab.pbc = [True, True, False]
-    slab.calc = calc
     z0 = slab.positions[:, 2].copy()
+    slab.rattle(0.05, seed=1)
+    slab.calc = calc
     opt = BFGS(slab, logfile=None)
     opt.run(fmax=args.fmax, steps=300)
     top = z0 > z0.max() - 0.1

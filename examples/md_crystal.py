@@ -8,6 +8,7 @@ weights (which runs, but is not physics).
 """
 import argparse
 
+import torch
 from ase.build import bulk
 
 from equikernels.calculators import MACECalculator
@@ -23,6 +24,8 @@ def main():
     parser.add_argument("--device", default=None)
     parser.add_argument("--out", default=None, help="directory for md.traj / md.log / summary.json")
     args = parser.parse_args()
+    if args.device in (None, "cpu") and not torch.cuda.is_available():
+        torch.set_num_threads(1)  # a few dozen atoms: extra CPU threads cost more than they save
 
     atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat(args.repeat)
     model, description = example_model(atoms.numbers, args.model)

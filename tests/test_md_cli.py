@@ -35,3 +35,17 @@ def test_md_unknown_elements(cu_model, tmp_path):
     with pytest.raises(SystemExit, match="does not know: H, C, O"):
         main(["md", "ethanol", "--model", cu_model, "--steps", "1", "--out", str(tmp_path), "--no-progress",
               "--device", "cpu"])
+
+
+def test_md_out_of_the_box_with_the_default_model(tmp_path, single_thread):
+    """No structure, no model: the built-in Cu crystal with the bundled default model."""
+    from equikernels.calculators.loading import default_model_path
+
+    try:
+        default_model_path()
+    except FileNotFoundError:
+        pytest.skip("no default model is bundled in this checkout")
+    out = tmp_path / "run"
+    assert main(["md", "--steps", "3", "--out", str(out), "--no-progress", "--device", "cpu"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_atoms"] == 108 and summary["temperature_end_K"] > 0
