@@ -275,7 +275,8 @@ def test_coupled_u_matrices_are_equivariant():
     irr_in, irr_out = o3.Irreps("1x0e+1x1o+1x2e"), o3.Irreps("1x0e+1x1o")
     us = coupled_u_matrices(irr_in, irr_out, 3)
     R = o3.rand_matrix(dtype=torch.float64)
-    D_in, D_out = irr_in.D_from_matrix(R), [ir.D_from_matrix(R) for _, ir in irr_out]
+    with default_dtype(torch.float64):  # e3nn 0.6 builds D matrices in the default dtype
+        D_in, D_out = irr_in.D_from_matrix(R), [ir.D_from_matrix(R) for _, ir in irr_out]
     for o, per in enumerate(us):
         for nu, u in enumerate(per, start=1):
             u = u if o else u.unsqueeze(0)
