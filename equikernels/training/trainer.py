@@ -4,7 +4,9 @@ exact resume, early stopping, DDP.
 Exact resume: a checkpoint holds the model, optimiser, scheduler, EMA, best-model and
 early-stopping state, the history, every RNG state, and the position in the epoch. The order of
 structures in an epoch is a pure function of (seed, epoch), so a resumed run visits exactly the
-batches the uninterrupted run would have, and on the same device it reproduces it bit for bit."""
+batches the uninterrupted run would have, and reproduces it bit for bit wherever the model's own
+arithmetic is deterministic (CPU; on CUDA, atomic scatter-adds differ in the last bits from run
+to run, resumed or not)."""
 from __future__ import annotations
 
 import copy
