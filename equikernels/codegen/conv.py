@@ -138,15 +138,16 @@ class ConvKernels:
     def _run(self, kind: str, names, tensors, like, graph, cfg, have: str = "") -> Dict[str, torch.Tensor]:
         """Launch the kernels computing outputs ``names`` (x, y, w, g / out) of one direction."""
         plans = []  # (kernel tag, names, mode, owner, sections)
-        tag = lambda ns, mode: f"{kind}{have}_{''.join(ns)}"  # noqa: E731
+        tag = lambda ns: f"{kind}{have}_{''.join(ns)}"  # noqa: E731
         if self.flow == "atomic":
             if kind == "dbwd":  # dg alone; dx, dy, dw together (fewer live tiles, as the batched TP)
-                plans += [(tag("g", 0), ["g"], "edges", None, "") for n in names if n == "g"]
+                if "g" in names:
+                    plans.append((tag("g"), ["g"], "edges", None, ""))
                 rest = [n for n in names if n != "g"]
                 if rest:
-                    plans.append((tag(rest, 0), rest, "edges", None, ""))
+                    plans.append((tag(rest), rest, "edges", None, ""))
             else:
-                plans.append((tag(names, 0), list(names), "edges", None, ""))
+                plans.append((tag(names), list(names), "edges", None, ""))
         else:
             # Every kernel owns destination nodes and walks their edges in dst-sorted order.
             # out / dg (wide node outputs): carried per node, one edge loop per first-input segment
@@ -156,13 +157,13 @@ class ConvKernels:
             # source node in sorted order (segment_sum): no atomics, a fixed order.
             if "out" in names or "g" in names:
                 n = "out" if "out" in names else "g"
-                plans.append((tag(n, 0), [n], "nodes", "dst", "in1"))
+                plans.append((tag(n), [n], "nodes", "dst", "in1"))
             shared_w = ["w"] if "w" in names and self.problem.shared_weights else []
             rest = [n for n in names if n in ("x", "y", "w") and n not in shared_w]
             if rest:
-                plans.append((tag(rest, 0), rest, "nodes", "dst", "one"))
+                plans.append((tag(rest), rest, "nodes", "dst", "one"))
             if shared_w:
-                plans.append((tag(shared_w, 0), shared_w, "edges", None, ""))
+                plans.append((tag(shared_w), shared_w, "edges", None, ""))
         res = {}
         for tg, ns, mode, owner, sections in plans:
             carry = [n for n in ns if n in ("out", "g")] if mode == "nodes" else []

@@ -69,14 +69,12 @@ def _check_index(name: str, t) -> Tensor:
 
 
 def _order(key: Tensor, tie: Tensor, n: int):
-    """Permutation sorting edges by (key, tie) and CSR offsets of key; deterministic."""
+    """Permutation sorting edges by (key, tie) and CSR offsets of key; deterministic, and free of
+    host synchronisation (called every MD step)."""
     if key.numel() == 0:
         return key.new_zeros(0), key.new_zeros(n + 1)
-    composite = key * (int(tie.max()) + 1 if tie.numel() else 1) + tie
-    perm = torch.sort(composite, stable=True).indices
-    counts = torch.bincount(key, minlength=n)
-    ptr = torch.zeros(n + 1, dtype=torch.long, device=key.device)
-    ptr[1:] = torch.cumsum(counts, 0)
+    perm = torch.sort(key * max(n, 1) + tie, stable=True).indices  # indices < n, so no collisions
+    ptr = torch.searchsorted(key.index_select(0, perm), torch.arange(n + 1, device=key.device))
     return perm, ptr
 
 

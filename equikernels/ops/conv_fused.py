@@ -8,7 +8,7 @@ express a table) the same math runs as gathered reference products plus index_ad
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, Optional
 
 import torch
@@ -28,9 +28,9 @@ class _Conv:
     graph: object
     flow: str
     backend: str
-    warned: set = field(default_factory=set)
 
-    def kernels(self, what: str):
+    def kernels(self):
+        """(ConvKernels, Unsupported) for the Triton backend, else None."""
         if self.backend != "triton":
             return None
         from ..codegen.conv import ConvKernels  # noqa: PLC0415 (Triton imported on demand)
@@ -52,7 +52,7 @@ def _fallback(conv: _Conv, what: str, exc: Exception) -> None:
 
 # --- implementations (not differentiable) -------------------------------------------------------
 def _fwd_impl(c: _Conv, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
-    ks = c.kernels("fwd")
+    ks = c.kernels()
     if ks is not None:
         try:
             return ks[0].forward(x, y, w, c.graph)
@@ -65,7 +65,7 @@ def _fwd_impl(c: _Conv, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
 
 
 def _bwd_impl(c: _Conv, x, y, w, g, names: str) -> Dict[str, Tensor]:
-    ks = c.kernels("bwd")
+    ks = c.kernels()
     if ks is not None:
         try:
             return ks[0].backward(x, y, w, g, c.graph, names)
@@ -82,7 +82,7 @@ def _bwd_impl(c: _Conv, x, y, w, g, names: str) -> Dict[str, Tensor]:
 
 
 def _dbwd_impl(c: _Conv, x, y, w, g, a, b, cc, names: str) -> Dict[str, Tensor]:
-    ks = c.kernels("dbwd")
+    ks = c.kernels()
     if ks is not None:
         try:
             return ks[0].double_backward(x, y, w, g, a, b, cc, c.graph, names)
