@@ -1,6 +1,7 @@
 """Generated Triton kernels for a batched tensor product plan: build, cache, launch."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import os
@@ -222,13 +223,40 @@ class TPKernels:
                     for j, gs in enumerate(split)], zero)
         return self._cache[key]
 
+    def _tuned(self, kind: str, tag: str, x: torch.Tensor, run) -> LaunchConfig:
+        """The autotuner's configuration for this direction and row-count bucket (DESIGN §5), or
+        the heuristic default off the GPU, while compiling or capturing a CUDA graph, or with
+        EQUIKERNELS_AUTOTUNE=0. ``run(cfg)`` launches the direction with ``cfg``."""
+        default = self._cfg(kind, x.dtype)
+        if x.device.type != "cuda" or torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+            return default
+        from .. import tune  # noqa: PLC0415
+        if not tune.enabled():
+            return default
+        key = (f"{tune.device_key(x.device)}|tp|{self.problem.key()}|{self.plan.layout}|{x.dtype}|{tag}|"
+               f"{tune.bucket(x.shape[0])}")
+        cands = [dataclasses.asdict(c) for c in self._candidates(default, x.dtype)]
+        best = tune.choose(key, cands, lambda c: tune.time_ms(lambda: run(LaunchConfig(**c)), x.device),
+                           dataclasses.asdict(default))
+        return LaunchConfig(**best)
+
+    @staticmethod
+    def _candidates(default: LaunchConfig, dtype) -> list:
+        """Rows per program around the heuristic (half, same, double; at most 8, 4 in float64),
+        warps along the rows as the heuristic does."""
+        top = 8 if dtype == torch.float32 else 4
+        rows = sorted({r for r in (max(1, default.rows // 2), default.rows, default.rows * 2) if r <= top}
+                      | {default.rows})
+        return [LaunchConfig(r, 4 if r == 1 else min(4, r), default.num_stages, default.tf32) for r in rows]
+
     def forward(self, x, y, w, cfg: Optional[LaunchConfig] = None):
-        cfg = cfg or self._cfg("fwd", x.dtype)
-        res = self._run(self.kernel("fwd"), {"x": x, "y": y, "w": w}, {"out": x.new_empty(0, self.problem.dim_out)}, cfg)
-        return res["out"]
+        k, ins, outs = self.kernel("fwd"), {"x": x, "y": y, "w": w}, {"out": x.new_empty(0, self.problem.dim_out)}
+        cfg = cfg or self._tuned("fwd", "fwd", x, lambda c: self._run(k, ins, outs, c))
+        return self._run(k, ins, outs, cfg)["out"]
 
     def backward(self, x, y, w, g, need: int, cfg: Optional[LaunchConfig] = None):
-        cfg = cfg or self._cfg("bwd", x.dtype)
+        if cfg is None:
+            cfg = self._tuned("bwd", f"bwd{need}", x, lambda c: self.backward(x, y, w, g, need, c))
         outs = {"g" + n: t for bit, n, t in ((NEED_X, "x", x), (NEED_Y, "y", y), (NEED_W, "w", w)) if need & bit}
         res = {}
         # a weight gradient summed by tl.dot over 16-row tiles gets its own kernel, so gx/gy keep
@@ -245,7 +273,10 @@ class TPKernels:
 
     def double_backward(self, x, y, w, g, a, b, c, need: int, cfg: Optional[LaunchConfig] = None):
         """(dx, dy, dw, dg) of the trilinear identity; a, b, c may be None."""
-        cfg = cfg or self._cfg("dbwd", x.dtype)
+        if cfg is None:
+            have = "".join(k for k, t in zip("abc", (a, b, c)) if t is not None)
+            cfg = self._tuned("dbwd", f"dbwd{need}{have}", x,
+                              lambda c_: self.double_backward(x, y, w, g, a, b, c, need, c_))
         have = "".join(k for k, t in zip("abc", (a, b, c)) if t is not None)
         like = {"x": x, "y": y, "w": w, "g": g}
         names = [n for bit, n in zip((1, 2, 4, 8), "xywg") if need & bit]

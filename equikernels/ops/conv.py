@@ -134,11 +134,40 @@ def tensor_product_conv(problem: TPProblem, x: Tensor, y: Tensor, weight: Option
             raise ValueError(f"weight: expected shape {want}, got {tuple(weight.shape)}")
     be = resolve_backend(backend, x.device)
     flow = resolve_dataflow(dataflow, deterministic, be)
+    det = deterministic if deterministic is not None else torch.are_deterministic_algorithms_enabled()
+    if dataflow == "auto" and not det and flow != "unfused" and not os.environ.get("EQUIKERNELS_CONV_DATAFLOW"):
+        flow = _tuned_dataflow(problem, x, y, weight, graph, layout, be, flow)
     if flow == "unfused":
         msgs = tensor_product(problem, x.index_select(0, graph.src), y, weight, layout=layout, backend=be)
         return _segment_sum(msgs, graph, n_out)
     from .conv_fused import fused_conv  # noqa: PLC0415 (Triton-backed path, imported on demand)
     return fused_conv(problem, x, y, weight, graph, layout, be, flow)
+
+
+def _tuned_dataflow(problem: TPProblem, x: Tensor, y: Tensor, weight: Optional[Tensor], graph: ConvGraph,
+                    layout: str, backend: str, default: str) -> str:
+    """The fused dataflow whose forward + backward (a training step's price) is fastest for this
+    problem and graph size on this GPU, measured once and remembered (equikernels.tune)."""
+    if x.device.type != "cuda" or torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+        return default
+    from .. import tune  # noqa: PLC0415
+    if not tune.enabled():
+        return default
+    from .conv_fused import fused_conv  # noqa: PLC0415
+    key = (f"{tune.device_key(x.device)}|conv|{problem.key()}|{layout}|{x.dtype}|"
+           f"N{tune.bucket(graph.num_nodes)}|E{tune.bucket(graph.num_edges)}")
+    w0 = weight if weight is not None else x.new_empty(0)
+
+    def step(flow: str):
+        with torch.enable_grad():
+            xs, ys, ws = (t.detach().requires_grad_() for t in (x, y, w0))
+            out = fused_conv(problem, xs, ys, ws, graph, layout, backend, flow)
+            torch.autograd.grad(out, (xs, ys, ws), torch.ones_like(out), allow_unused=True)
+
+    cands = [{"dataflow": "deterministic"}, {"dataflow": "atomic"}]
+    best = tune.choose(key, cands, lambda c: tune.time_ms(lambda: step(c["dataflow"]), x.device, reps=5),
+                       {"dataflow": default})
+    return best["dataflow"]
 
 
 def _segment_sum(msgs: Tensor, graph: ConvGraph, n: int) -> Tensor:

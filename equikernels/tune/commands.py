@@ -1,0 +1,102 @@
+"""``equikernels tune``: tune named problems or a model ahead of time (on the GPU it will run on).
+
+Every equikernels op tunes itself on first use (``equikernels.tune``); this command triggers
+that for the directions a training step uses (forward, backward, double backward) so production
+runs start from a warm cache, then prints the chosen configurations and their speedups."""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+
+
+def register(sub) -> None:
+    p = sub.add_parser("tune", help="autotune kernels for named problems or a model, ahead of time",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--problems", default="", help="comma-separated names from equikernels.catalog "
+                   "(e.g. mace-mp-medium-L2,nequip-water; 'all' for every standard problem)")
+    p.add_argument("--rows", type=int, default=50000, help="rows for the named problems (default 50000)")
+    p.add_argument("--model", default=None, help="a model file (ours or mace-torch): tunes one training step")
+    p.add_argument("--structure", default=None, help="structure for --model (ASE-readable; default: Cu fcc)")
+    p.add_argument("--atoms", type=int, default=1008, help="Cu fcc size for --model without --structure")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument("--layout", choices=("ir_mul", "mul_ir"), default="ir_mul")
+    p.add_argument("--device", default="cuda")
+    p.set_defaults(func=run)
+
+
+def _problem_step(name: str, rows: int, dtype, layout: str, device) -> None:
+    from ..catalog import problem
+    from ..ops import tensor_product
+    p = problem(name)
+    x = torch.randn(rows, p.dim_in1, dtype=dtype, device=device, requires_grad=True)
+    y = torch.randn(rows, p.dim_in2, dtype=dtype, device=device, requires_grad=True)
+    w = torch.randn(*((p.weight_numel,) if p.shared_weights else (rows, p.weight_numel)), dtype=dtype,
+                    device=device, requires_grad=True)
+    out = tensor_product(p, x, y, w, layout=layout)
+    grads = torch.autograd.grad(out, (x, y, w), torch.randn_like(out), create_graph=True)
+    torch.autograd.grad(sum((g * torch.randn_like(g)).sum() for g in grads), (x, y, w))
+
+
+def _model_step(path: str, structure, atoms: int, dtype, device) -> None:
+    import ase.build
+    import ase.io
+
+    from ..models import atoms_to_data, load
+    model = load(path, device=device, dtype=dtype)
+    if structure:
+        at = ase.io.read(structure)
+    else:
+        n = max(1, round((atoms / 4) ** (1 / 3)))
+        at = ase.build.bulk("Cu", "fcc", a=3.6, cubic=True).repeat((n, n, n))
+        at.rattle(0.05, seed=0)
+    data = atoms_to_data(at, float(model.r_max), model.atomic_numbers.tolist(), device=device, dtype=dtype)
+    out = model(data, training=True, compute_force=True, compute_stress=bool(at.pbc.all()))
+    loss = out["energy"].sum() + out["forces"].pow(2).sum()  # a force loss: needs the double backward
+    loss.backward()
+
+
+def run(args) -> int:
+    from tqdm import tqdm
+
+    from .. import tune
+    from ..catalog import standard_problems
+    device = torch.device(args.device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        print("equikernels tune: needs a CUDA device (tuning times real GPU launches)")
+        return 2
+    if os.environ.get("EQUIKERNELS_AUTOTUNE") == "0":
+        print("equikernels tune: EQUIKERNELS_AUTOTUNE=0 is set; nothing to do")
+        return 2
+    os.environ["EQUIKERNELS_AUTOTUNE"] = "1"  # this run tunes; later runs read the cache when enabled
+    dtype = getattr(torch, args.dtype)
+    names = list(standard_problems()) if args.problems == "all" else [n for n in args.problems.split(",") if n]
+    unknown = [n for n in names if n not in standard_problems()]
+    if unknown:
+        print(f"equikernels tune: --problems: unknown {unknown}; known: {', '.join(standard_problems())}")
+        return 2
+    if not names and not args.model:
+        print("equikernels tune: give --problems and/or --model")
+        return 2
+    before = set(tune.cache()._read())
+    jobs = [("problem", n) for n in names] + ([("model", args.model)] if args.model else [])
+    t0 = time.perf_counter()
+    for kind, what in tqdm(jobs, desc="tuning", unit="job"):
+        if kind == "problem":
+            _problem_step(what, args.rows, dtype, args.layout, device)
+        else:
+            _model_step(what, args.structure, args.atoms, dtype, device)
+    torch.cuda.synchronize()
+    entries = tune.cache()._read()
+    new = {k: v for k, v in entries.items() if k not in before}
+    print(f"tuned {len(new)} kernel configurations in {time.perf_counter() - t0:.1f} s "
+          f"({len(entries) - len(new)} were cached already) -> {tune.cache().path}")
+    print(f"{'what':70s} {'choice':34s} {'ms':>8s} {'default ms':>10s} {'speed-up':>8s}")
+    for k, v in sorted(new.items()):
+        what = "|".join(k.split("|")[4:])
+        d = v.get("default_ms")
+        sp = f"{d / v['ms']:.2f}x" if d and v["ms"] else "-"
+        print(f"{what[:70]:70s} {str(v['config'])[:34]:34s} {v['ms']:8.3f} {d if d is None else round(d, 3)!s:>10s} {sp:>8s}")
+    return 0

@@ -1,0 +1,142 @@
+"""Autotuner on CPU: the persistent cache (concurrent writers, corruption, version change), the
+choice logic (a cache hit does no timing; failing candidates; disabled tuning) and the candidates."""
+import json
+import multiprocessing as mp
+
+import pytest
+import torch
+
+from equikernels import tune
+from equikernels.codegen.tp import LaunchConfig, TPKernels
+from equikernels.tune.cache import TuneCache
+
+
+@pytest.fixture(autouse=True)
+def _tune_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("EQUIKERNELS_TUNE_FILE", str(tmp_path / "tuning.json"))
+    monkeypatch.setenv("EQUIKERNELS_AUTOTUNE", "1")
+    yield
+
+
+def _writer(path, i):
+    c = TuneCache(path)
+    for j in range(5):
+        c.put(f"k{i}_{j}", {"config": {"rows": i}, "ms": float(j)})
+
+
+def test_concurrent_writers_lose_nothing(tmp_path):
+    path = tmp_path / "shared.json"
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(path, i)) for i in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    entries = json.loads(path.read_text())["entries"]
+    assert set(entries) == {f"k{i}_{j}" for i in range(4) for j in range(5)}
+
+
+def test_corrupt_or_foreign_file_is_ignored_then_replaced(tmp_path):
+    path = tmp_path / "t.json"
+    for text in ("{not json", json.dumps({"format": 999, "entries": {"a": {"config": {}}}}), "[]"):
+        path.write_text(text)
+        c = TuneCache(path)
+        assert c.get("a") is None
+        c.put("b", {"config": {"rows": 2}, "ms": 1.0})
+        assert TuneCache(path).get("b")["config"] == {"rows": 2}
+
+
+def test_cache_hit_does_no_timing():
+    calls = []
+    first = tune.choose("key1", [{"r": 1}, {"r": 2}], lambda c: calls.append(c) or float(c["r"]), {"r": 2})
+    assert first == {"r": 1} and len(calls) == 2
+    tune._CACHE = None  # a new process: the choice comes from the file
+
+    def boom(c):
+        raise AssertionError("timed on a cache hit")
+    assert tune.choose("key1", [{"r": 1}, {"r": 2}], boom, {"r": 2}) == {"r": 1}
+    entry = tune.cache().get("key1")
+    assert entry["ms"] == 1.0 and entry["default_ms"] == 2.0
+
+
+def test_version_change_misses():
+    tune.choose(f"{tune.device_key(torch.device('cpu'))}|x", [{"r": 1}], lambda c: 1.0, {"r": 1})
+    other = tune.device_key(torch.device("cpu")).replace("equikernels", "equikernels-old")
+    assert tune.cache().get(f"{other}|x") is None
+
+
+def test_failing_candidates_are_skipped_and_all_failing_gives_default():
+    def measure(c):
+        if c["r"] == 1:
+            raise RuntimeError("out of resources")
+        return 3.0
+    with pytest.warns(UserWarning, match="out of resources"):
+        assert tune.choose("k2", [{"r": 1}, {"r": 4}], measure, {"r": 4}) == {"r": 4}
+
+    def always(c):
+        raise RuntimeError("no")
+    with pytest.warns(UserWarning):
+        assert tune.choose("k3", [{"r": 1}], always, {"r": 8}) == {"r": 8}
+    assert tune.cache().get("k3") is None
+
+
+def test_disabled_uses_default_without_timing(monkeypatch):
+    monkeypatch.setenv("EQUIKERNELS_AUTOTUNE", "0")
+
+    def boom(c):
+        raise AssertionError("timed while disabled")
+    assert tune.choose("k4", [{"r": 1}], boom, {"r": 4}) == {"r": 4}
+
+
+def test_candidates_are_pruned():
+    for default, dtype in ((LaunchConfig(4, 4), torch.float32), (LaunchConfig(8, 4), torch.float32),
+                           (LaunchConfig(2, 2), torch.float64), (LaunchConfig(1, 4), torch.float32)):
+        cands = TPKernels._candidates(default, dtype)
+        assert default.rows in [c.rows for c in cands]
+        assert all(1 <= c.rows <= (8 if dtype == torch.float32 else 4) for c in cands)
+        assert all(c.num_warps <= max(c.rows, 4) for c in cands)
+        assert len({c.rows for c in cands}) == len(cands) <= 3
+
+
+def test_bucket():
+    assert [tune.bucket(n) for n in (1, 2, 3, 1000, 1024, 1025)] == [1, 2, 4, 1024, 1024, 2048]
+
+
+def test_off_by_default(monkeypatch):
+    monkeypatch.delenv("EQUIKERNELS_AUTOTUNE")
+    assert not tune.enabled()
+
+
+def test_cpu_ops_never_tune(monkeypatch):
+    """Off the GPU the heuristic default is used and nothing is written."""
+    from equikernels.catalog import problem
+    from equikernels.ops import tensor_product
+    p = problem("nequip-water")
+    x, y = torch.randn(3, p.dim_in1), torch.randn(3, p.dim_in2)
+    tensor_product(p, x, y, torch.randn(3, p.weight_numel), backend="triton")
+    assert not tune.cache().path.exists()
+
+
+def test_tune_command_without_gpu_says_why(capsys):
+    from equikernels.cli import main
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    assert main(["tune", "--problems", "nequip-water"]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_tuned_forward_matches_default_and_is_cached(monkeypatch):
+    """On a GPU: tuning a forward picks a candidate, remembers it, and the results are unchanged."""
+    from equikernels.catalog import problem
+    from equikernels.ops import tensor_product
+    p = problem("nequip-water")
+    x, y = torch.randn(5000, p.dim_in1, device="cuda"), torch.randn(5000, p.dim_in2, device="cuda")
+    w = torch.randn(5000, p.weight_numel, device="cuda")
+    monkeypatch.setenv("EQUIKERNELS_AUTOTUNE", "0")
+    ref = tensor_product(p, x, y, w, layout="ir_mul")
+    monkeypatch.setenv("EQUIKERNELS_AUTOTUNE", "1")
+    out = tensor_product(p, x, y, w, layout="ir_mul")
+    assert torch.allclose(out, ref, rtol=1e-6, atol=1e-6)
+    assert any("|tp|" in k for k in tune.cache()._read())
