@@ -41,6 +41,22 @@ def _factor_index(offset, mul, dim, base, strides, labels, layout):
     return idx, "".join(_LABEL_LETTERS[[l for l, _ in labels].index(l)] for l in used)
 
 
+def factor_view(table: Table, f: Factor, labels, layout: str):
+    """(start, shape, strides) of a factor inside a feature row: its indices are affine in every
+    label and the component, so the factor is a strided view of the row (no gather needed)."""
+    seg = table.operand(f.operand).segments[f.segment]
+    return _factor_view(seg.offset, seg.mul, seg.dim, f.base, f.strides, tuple(labels), layout)
+
+
+@functools.lru_cache(maxsize=4096)
+def _factor_view(offset, mul, dim, base, strides, labels, layout):
+    sizes, st = dict(labels), dict(strides)
+    used = [l for l, _ in labels if l in st]
+    scale, comp_stride = (dim, 1) if layout == "mul_ir" else (1, mul)
+    start = offset + (base * dim if layout == "mul_ir" else base)
+    return start, tuple(sizes[l] for l in used) + (dim,), tuple(st[l] * scale for l in used) + (comp_stride,)
+
+
 @functools.lru_cache(maxsize=4096)
 def _dense_coefficients(entries, dims):
     cg = torch.zeros(dims, dtype=torch.float64)
@@ -51,6 +67,19 @@ def _dense_coefficients(entries, dims):
 
 def _gather(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return t.index_select(-1, idx.reshape(-1).to(t.device)).reshape(t.shape[:-1] + idx.shape)
+
+
+def _factor(t: torch.Tensor, table: Table, f: Factor, labels, layout: str) -> torch.Tensor:
+    """The factor's elements of every row, [rows?, *label sizes, dim]: a strided view of a
+    contiguous tensor (cheap, and differentiable like any view), else a gather."""
+    start, shape, strides = factor_view(table, f, labels, layout)
+    if (t.is_contiguous() and t.dim() in (1, 2) and all(s > 0 for s in strides)
+            and not torch.compiler.is_compiling()):
+        lead = (t.shape[0],) if t.dim() == 2 else ()
+        lead_st = (t.stride(0),) if t.dim() == 2 else ()
+        return t.as_strided(lead + shape, lead_st + strides, t.storage_offset() + start)
+    idx, _ = factor_index(table, f, labels, layout)
+    return _gather(t, idx)
 
 
 def evaluate(table: Table, tensors: Dict[str, torch.Tensor], layout: str = "mul_ir",
@@ -72,13 +101,42 @@ def evaluate(table: Table, tensors: Dict[str, torch.Tensor], layout: str = "mul_
     return out
 
 
+_ROWS_FOR_PATHS = 1024  # the row count a contraction order is chosen for (it does not depend on it)
+
+
+@functools.lru_cache(maxsize=4096)
+def _pairwise_steps(eq: str, shapes: tuple):
+    """The pairwise einsums of the best contraction order (opt_einsum), computed once per equation
+    and shape class; torch.einsum would search it again on every call."""
+    import opt_einsum  # noqa: PLC0415 (a dependency of e3nn)
+    _, info = opt_einsum.contract_path(eq, *shapes, shapes=True, optimize="auto")
+    return tuple((tuple(inds), step[2]) for step in info.contraction_list for inds in [step[0]])
+
+
+def _einsum(eq: str, ops) -> torch.Tensor:
+    if len(ops) < 3 or torch.compiler.is_compiling():  # (traced graphs are optimised by the compiler)
+        return torch.einsum(eq, *ops)
+    subs = eq.split("->")[0].split(",")
+    shapes = tuple(tuple(_ROWS_FOR_PATHS if c == "z" else n for c, n in zip(sub, op.shape))
+                   for sub, op in zip(subs, ops))
+    try:
+        steps = _pairwise_steps(eq, shapes)
+    except ImportError:
+        return torch.einsum(eq, *ops)
+    ops = list(ops)
+    for inds, step_eq in steps:
+        args = [ops.pop(i) for i in sorted(inds, reverse=True)]
+        ops.append(torch.einsum(step_eq, *args))
+    return ops[0]
+
+
 def _path_contribution(table: Table, path: Path, tensors, layout, reduce_rows):
     subs, ops = [], []
     dims = []
     for n, f in enumerate(path.factors):
         idx, lab = factor_index(table, f, path.labels, layout)
         t = tensors[f.operand]
-        ops.append(_gather(t, idx))
+        ops.append(_factor(t, table, f, path.labels, layout))
         subs.append(("z" if t.dim() == 2 else "") + lab + _COMP_LETTERS[n])
         dims.append(idx.shape[-1])
     out_idx, out_lab = factor_index(table, path.output, path.labels, layout)
@@ -90,12 +148,12 @@ def _path_contribution(table: Table, path: Path, tensors, layout, reduce_rows):
     if path.weight is not None:
         idx, lab = factor_index(table, path.weight, path.labels, layout)
         t = tensors[path.weight.operand]
-        ops.append(_gather(t, idx)[..., 0])
+        ops.append(_factor(t, table, path.weight, path.labels, layout)[..., 0])
         subs.append(("z" if t.dim() == 2 else "") + lab)
     has_rows = any(s.startswith("z") for s in subs)
     present = set("".join(subs))
     lead = "z" if has_rows and not reduce_rows else ""
-    res = torch.einsum(",".join(subs) + "->" + lead + "".join(c for c in out_lab if c in present) + k, *ops)
+    res = _einsum(",".join(subs) + "->" + lead + "".join(c for c in out_lab if c in present) + k, ops)
     if any(c not in present for c in out_lab):
         # an output label no input carries (e.g. d/dy of an unweighted uvu): broadcast over it
         shape = list(res.shape[: len(lead)])
