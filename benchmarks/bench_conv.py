@@ -48,22 +48,16 @@ def cu_graph(atoms: int, r_cut: float, device, seed: int = 0):
     return src[order].to(device), dst[order].to(device), len(a)
 
 
+def _conv(irreps) -> C.LayoutConverter:
+    return C.LayoutConverter([(mul, 2 * l + 1) for mul, l, _ in irreps])
+
+
 def to_ir_mul(t, irreps):
-    parts, off = [], 0
-    for mul, l, _ in irreps:
-        d = 2 * l + 1
-        parts.append(t[:, off:off + mul * d].reshape(-1, mul, d).transpose(1, 2).reshape(-1, mul * d))
-        off += mul * d
-    return torch.cat(parts, 1)
+    return _conv(irreps).to_ir_mul(t)
 
 
 def from_ir_mul(t, irreps):
-    parts, off = [], 0
-    for mul, l, _ in irreps:
-        d = 2 * l + 1
-        parts.append(t[:, off:off + mul * d].reshape(-1, d, mul).transpose(1, 2).reshape(-1, mul * d))
-        off += mul * d
-    return torch.cat(parts, 1)
+    return _conv(irreps).to_mul_ir(t)
 
 
 # --- implementations: each returns fn(x, y, w) in e3nn layout ---------------------------------------
@@ -126,9 +120,7 @@ def build_oeq(problem, kw, src, dst, n, dtype, deterministic):
                          internal_weights=False, irrep_dtype=npdt, weight_dtype=npdt)
     conv = oeq.TensorProductConv(prob, deterministic=deterministic)
     rows, cols = dst.int(), src.int()
-    tperm = None
-    if deterministic:
-        tperm = torch.argsort(cols * n + rows).int() if hasattr(oeq, "TensorProductConv") else None
+    tperm = torch.argsort(cols * n + rows).int() if deterministic else None  # OEQ's transpose permutation
 
     def wt(w):
         return conv.reorder_weights_from_e3nn(w.index_select(-1, perm).contiguous(), True)

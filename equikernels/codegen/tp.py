@@ -228,10 +228,8 @@ class TPKernels:
         the heuristic default off the GPU, while compiling or capturing a CUDA graph, or with
         EQUIKERNELS_AUTOTUNE=0. ``run(cfg)`` launches the direction with ``cfg``."""
         default = self._cfg(kind, x.dtype)
-        if x.device.type != "cuda" or torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
-            return default
         from .. import tune  # noqa: PLC0415
-        if not tune.enabled():
+        if not tune.active(x.device):
             return default
         key = (f"{tune.device_key(x.device)}|tp|{self.problem.key()}|{self.plan.layout}|{x.dtype}|{tag}|"
                f"{tune.bucket(x.shape[0])}")

@@ -184,10 +184,8 @@ class MACE(nn.Module):
         n = data["node_attrs"].shape[0]
         return (data["node_attrs"] @ e0_table)[torch.arange(n, device=node_heads.device), node_heads]
 
-    def forward(self, data: Dict[str, torch.Tensor], training: bool = False, compute_force: bool = True,
-                compute_virials: bool = False, compute_stress: bool = False, compute_displacement: bool = False,
-                compute_hessian: bool = False, compute_edge_forces: bool = False,
-                compute_atomic_stresses: bool = False, lammps_mliap: bool = False) -> Dict[str, Optional[torch.Tensor]]:
+    def _common(self, data, compute_virials, compute_stress, compute_displacement, lammps_mliap):
+        """What both energy models share: checks, geometry, E0 and the interaction layers."""
         if lammps_mliap:
             raise NotImplementedError("lammps_mliap: the LAMMPS ML-IAP interface is not supported")
         self._check_data(data)
@@ -198,6 +196,16 @@ class MACE(nn.Module):
         e0 = _scatter(node_e0, batch, num_graphs).to(vectors.dtype)
         node_es, pair, node_feats = self._interactions(data, vectors, lengths, node_heads)
         pair_node = pair if pair is not None else torch.zeros_like(node_e0)
+        return (positions, vectors, displacement, cell, node_heads, num_graphs, batch, node_e0, e0, node_es, pair,
+                node_feats, pair_node)
+
+    def forward(self, data: Dict[str, torch.Tensor], training: bool = False, compute_force: bool = True,
+                compute_virials: bool = False, compute_stress: bool = False, compute_displacement: bool = False,
+                compute_hessian: bool = False, compute_edge_forces: bool = False,
+                compute_atomic_stresses: bool = False, lammps_mliap: bool = False) -> Dict[str, Optional[torch.Tensor]]:
+        (positions, vectors, displacement, cell, node_heads, num_graphs, batch, node_e0, e0, node_es, pair,
+         node_feats, pair_node) = self._common(data, compute_virials, compute_stress, compute_displacement,
+                                               lammps_mliap)
         energies = [e0, _scatter(pair_node, batch, num_graphs) if pair is not None else torch.zeros_like(e0)]
         node_energies = [node_e0, pair_node]
         for es in node_es:
@@ -225,16 +233,9 @@ class ScaleShiftMACE(MACE):
                 compute_virials: bool = False, compute_stress: bool = False, compute_displacement: bool = False,
                 compute_hessian: bool = False, compute_edge_forces: bool = False,
                 compute_atomic_stresses: bool = False, lammps_mliap: bool = False) -> Dict[str, Optional[torch.Tensor]]:
-        if lammps_mliap:
-            raise NotImplementedError("lammps_mliap: the LAMMPS ML-IAP interface is not supported")
-        self._check_data(data)
-        positions, vectors, lengths, displacement, cell, node_heads, num_graphs = self._features(
-            data, compute_virials, compute_stress, compute_displacement)
-        batch = data["batch"]
-        node_e0 = self._node_e0(data, node_heads)
-        e0 = _scatter(node_e0, batch, num_graphs).to(vectors.dtype)
-        node_es, pair, node_feats = self._interactions(data, vectors, lengths, node_heads)
-        pair_node = pair if pair is not None else torch.zeros_like(node_e0)
+        (positions, vectors, displacement, cell, node_heads, num_graphs, batch, node_e0, e0, node_es, pair,
+         node_feats, pair_node) = self._common(data, compute_virials, compute_stress, compute_displacement,
+                                               lammps_mliap)
         node_inter = torch.sum(torch.stack([pair_node] + node_es, dim=0), dim=0)
         node_inter = torch.atleast_1d(self.scale)[node_heads] * node_inter + torch.atleast_1d(self.shift)[node_heads]
         inter_e = _scatter(node_inter, batch, num_graphs)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -78,22 +78,23 @@ def _order(key: Tensor, tie: Tensor, n: int):
     return perm, ptr
 
 
-def resolve_dataflow(dataflow: str, deterministic: Optional[bool], backend: str) -> str:
+def resolve_dataflow(dataflow: str, deterministic: Optional[bool], backend: str) -> Tuple[str, bool]:
+    """(dataflow to run, whether the autotuner may still choose it)."""
     if dataflow not in DATAFLOWS:
         raise ValueError(f"dataflow: expected one of {DATAFLOWS}, got {dataflow!r}")
     det = deterministic if deterministic is not None else torch.are_deterministic_algorithms_enabled()
     if det and dataflow == "atomic":
         raise ValueError("dataflow='atomic' is not deterministic; use 'deterministic' or 'auto' with deterministic=True")
     if backend != "triton":
-        return "unfused"
+        return "unfused", False
     if dataflow == "auto":
         env = os.environ.get("EQUIKERNELS_CONV_DATAFLOW")
         if env:
-            return resolve_dataflow(env, deterministic, backend)
+            return resolve_dataflow(env, deterministic, backend)[0], False
         # the deterministic (node-parallel) kernels measured fastest on an H100 in every direction
-        # (benchmarks/results/conv_20261123); the autotuner will revisit this per problem
-        return "deterministic"
-    return dataflow
+        # (benchmarks/results/conv_20261123); the autotuner may revisit this per problem
+        return "deterministic", not det
+    return dataflow, False
 
 
 def tensor_product_conv(problem: TPProblem, x: Tensor, y: Tensor, weight: Optional[Tensor], src: Tensor,
@@ -133,9 +134,8 @@ def tensor_product_conv(problem: TPProblem, x: Tensor, y: Tensor, weight: Option
         if tuple(weight.shape) != want:
             raise ValueError(f"weight: expected shape {want}, got {tuple(weight.shape)}")
     be = resolve_backend(backend, x.device)
-    flow = resolve_dataflow(dataflow, deterministic, be)
-    det = deterministic if deterministic is not None else torch.are_deterministic_algorithms_enabled()
-    if dataflow == "auto" and not det and flow != "unfused" and not os.environ.get("EQUIKERNELS_CONV_DATAFLOW"):
+    flow, tunable = resolve_dataflow(dataflow, deterministic, be)
+    if tunable:
         flow = _tuned_dataflow(problem, x, y, weight, graph, layout, be, flow)
     if flow == "unfused":
         msgs = tensor_product(problem, x.index_select(0, graph.src), y, weight, layout=layout, backend=be)
@@ -148,10 +148,8 @@ def _tuned_dataflow(problem: TPProblem, x: Tensor, y: Tensor, weight: Optional[T
                     layout: str, backend: str, default: str) -> str:
     """The fused dataflow whose forward + backward (a training step's price) is fastest for this
     problem and graph size on this GPU, measured once and remembered (equikernels.tune)."""
-    if x.device.type != "cuda" or torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
-        return default
     from .. import tune  # noqa: PLC0415
-    if not tune.enabled():
+    if not tune.active(x.device):
         return default
     from .conv_fused import fused_conv  # noqa: PLC0415
     key = (f"{tune.device_key(x.device)}|conv|{problem.key()}|{layout}|{x.dtype}|"
@@ -171,7 +169,7 @@ def _tuned_dataflow(problem: TPProblem, x: Tensor, y: Tensor, weight: Optional[T
 
 
 def _segment_sum(msgs: Tensor, graph: ConvGraph, n: int) -> Tensor:
-    """sum of edge rows per destination, in a fixed order (sorted by dst), differentiable."""
+    """Sum of edge rows per destination (index_add: the reference path), differentiable."""
     out = msgs.new_zeros(n, msgs.shape[1])
     if graph.num_edges == 0:
         return out

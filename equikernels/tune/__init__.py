@@ -28,6 +28,13 @@ def enabled() -> bool:
     return os.environ.get("EQUIKERNELS_AUTOTUNE", "0") == "1"
 
 
+def active(device: torch.device) -> bool:
+    """Whether to tune now: enabled, on a GPU, and not while compiling or capturing a CUDA graph
+    (checked in that order: the cheap test first, this runs on every launch)."""
+    return (enabled() and device.type == "cuda" and not torch.compiler.is_compiling()
+            and not torch.cuda.is_current_stream_capturing())
+
+
 def cache() -> TuneCache:
     global _CACHE
     if _CACHE is None or _CACHE.path != TuneCache().path:
@@ -100,4 +107,4 @@ def choose(key: str, candidates: Sequence[dict], measure: Callable[[dict], float
     return cands[best]
 
 
-__all__ = ["TuneCache", "bucket", "cache", "choose", "device_key", "enabled", "time_ms"]
+__all__ = ["TuneCache", "active", "bucket", "cache", "choose", "device_key", "enabled", "time_ms"]
