@@ -12,6 +12,7 @@ program, which the launcher sums in float64.
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
@@ -133,6 +134,8 @@ class KernelBuilder:
         self.bounds: Dict[str, Tuple[int, int]] = {}  # label -> [lo, hi) of the path being emitted
         self.accumulate = {g.out_ptr for g in self.groups if g.accumulate and not g.reduce_rows}
         self.exprs: Dict[str, str] = {}
+        self.lazy: Dict[str, tuple] = {}  # accumulator -> padded sizes of its not yet summed axes
+        self.lazy_sums = os.environ.get("EQUIKERNELS_LAZY_SUM", "1") != "0"
         self.inputs: List[str] = []
         self.operand_dims: Dict[str, int] = {}
         for g in self.groups:
@@ -397,6 +400,12 @@ class KernelBuilder:
                     v = self.body.tmp("t")
                     self.body.emit(f"{v} = {s} * {w}")
                     s = v
+                if self.lazy_sums and nd and not self.out_block and not g.reduce_rows:
+                    # every block label is summed: add the un-reduced block and reduce once per
+                    # output component, after all paths writing it (one tl.sum, not one per path)
+                    self._add(g, p, k, s, assign, [], sizes, accs, order,
+                              lazy=tuple(_pow2(sizes[l]) for l in block))
+                    continue
                 # reduce block labels that are not output labels (last axis first)
                 for pos in reversed(range(nd)):
                     if block[pos] not in out_st:
@@ -405,9 +414,23 @@ class KernelBuilder:
                         s = v
                 self._add(g, p, k, s, assign, self.out_block, sizes, accs, order)
 
-    def _add(self, g: Group, p: Path, k: int, s: str, assign, have, sizes, accs, order, norows=False):
+    def _reduce(self, name: str) -> str:
+        """The channel-summed value of accumulator ``name`` (identity unless it is un-reduced)."""
+        shape = self.lazy.pop(name, None)
+        if shape is None:
+            return name
+        for pos in reversed(range(len(shape))):
+            v = self.body.tmp("t")
+            self.body.emit(f"{v} = tl.sum({name}, axis={pos + 1})")
+            name = v
+        return name
+
+    def _add(self, g: Group, p: Path, k: int, s: str, assign, have, sizes, accs, order, norows=False,
+             lazy: Optional[tuple] = None):
         """Add block ``s`` (block labels ``have``) into the accumulator of output component ``k``,
-        shaped by ``self.out_block`` (created on first use)."""
+        shaped by ``self.out_block`` (created on first use). ``lazy``: ``s`` still carries summed
+        block axes of these padded sizes (reduced by _reduce before the store, or here when blocks
+        of another shape meet)."""
         t = g.table
         out_block = self.out_block
         if list(have) != list(out_block):
@@ -422,8 +445,22 @@ class KernelBuilder:
         const, terms = self._address(t, p.output, k, assign, out_block)
         key = (g.out_ptr, const, terms, tuple(sizes[out_block[pos]] for _, pos in terms), len(out_block))
         self.store_info[key] = self._split_info(t, p.output, k, assign, out_block)
-        if key in accs:
+        if key in accs and self.lazy.get(accs[key]) != lazy:
+            cur = self._reduce(accs[key])
+            if lazy:
+                self.lazy[s] = lazy
+                s = self._reduce(s)
+            v = self.body.tmp("acc")
+            self.body.emit(f"{v} = {cur} + {s}")
+            accs[key] = v
+        elif key in accs:
             self.body.emit(f"{accs[key]} = {accs[key]} + {s}")
+        elif lazy:
+            name = self.body.tmp("acc")
+            self.body.emit(f"{name} = {s}")
+            self.lazy[name] = lazy
+            accs[key] = name
+            order.append(key)
         elif g.reduce_rows:
             # keep the row axis in the loop; one cross-row reduction after it
             name = self.pre.tmp("racc")
@@ -568,6 +605,8 @@ class KernelBuilder:
             to.emit(f"tl.store({ptr}, {name}.to({out_ptr}_ptr.dtype.element_ty), mask={mask})", indent)
 
     def _store_segment(self, keys, accs, out_dims):
+        for key in keys:
+            accs[key] = self._reduce(accs[key])
         tiles: Dict[tuple, Dict[int, tuple]] = {}
         for key in keys:
             info = self.store_info.get(key)
