@@ -257,7 +257,8 @@ class KernelBuilder:
     def _hoisted(self, operand: str) -> bool:
         """An operand of the node a node-parallel program owns: loaded once per node, before the
         edge loop (e.g. g[dst] in the backward over a destination's edges)."""
-        return self.rowing.mode == "nodes" and self.rowing.rowvar.get(operand) == "noderow"
+        return (self.rowing.mode == "nodes" and self.rowing.rowvar.get(operand) == "noderow"
+                and os.environ.get("EQUIKERNELS_CONV_HOIST", "1") != "0")
 
     def _load_hoisted(self, f: Factor, const: int, terms, sizes, block, nd: int) -> str:
         name = self.body.tmp(f"{f.operand}_n")
