@@ -5,6 +5,7 @@ result is differentiable to any order on any device and dtype.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Dict, Optional
 
@@ -82,23 +83,48 @@ def _factor(t: torch.Tensor, table: Table, f: Factor, labels, layout: str) -> to
     return _gather(t, idx)
 
 
+def math_dtype_of(tensors, math_dtype: Optional[torch.dtype] = None) -> torch.dtype:
+    """float64 when any operand is float64, else float32 (half-precision operands are computed in
+    float32, as the generated kernels do); ``math_dtype`` overrides."""
+    if math_dtype is not None:
+        return math_dtype
+    return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
 def evaluate(table: Table, tensors: Dict[str, torch.Tensor], layout: str = "mul_ir",
-             reduce_rows: bool = False, rows: Optional[int] = None) -> torch.Tensor:
+             reduce_rows: bool = False, rows: Optional[int] = None, math_dtype: Optional[torch.dtype] = None,
+             out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """Evaluate ``table``. Row-carrying tensors are [rows, dim]; row-free ones (shared weights) [dim].
 
-    With ``reduce_rows`` the output is summed over rows (the gradient of a shared weight).
+    With ``reduce_rows`` the output is summed over rows (the gradient of a shared weight). Operands
+    may have different dtypes: all are computed in ``math_dtype`` (default: math_dtype_of), the
+    result is returned in ``out_dtype`` (default: the first operand's dtype). Autocast is off
+    inside: the precision is the one asked for, not the ambient one.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
     ref = next(iter(tensors.values()))
+    out_dtype = out_dtype or ref.dtype
+    math = math_dtype_of(tensors.values(), math_dtype)
+    if any(t is not None and t.dtype != math for t in tensors.values()):
+        tensors = {k: (t.to(math) if t is not None else None) for k, t in tensors.items()}
     if rows is None:
-        rows = next((t.shape[0] for t in tensors.values() if t.dim() == 2), 1)
+        rows = next((t.shape[0] for t in tensors.values() if t is not None and t.dim() == 2), 1)
     out_op = table.operand(table.output)
     out_shape = (out_op.dim,) if reduce_rows else (rows, out_op.dim)
-    out = torch.zeros(out_shape, dtype=ref.dtype, device=ref.device)
-    for path in table.paths:
-        out = out.index_add(-1, *_path_contribution(table, path, tensors, layout, reduce_rows))
-    return out
+    dev = ref.device.type
+    with torch.autocast(dev, enabled=False) if autocast_on(dev) else contextlib.nullcontext():
+        out = torch.zeros(out_shape, dtype=math, device=ref.device)
+        for path in table.paths:
+            out = out.index_add(-1, *_path_contribution(table, path, tensors, layout, reduce_rows))
+    return out.to(out_dtype)
+
+
+def autocast_on(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except (TypeError, RuntimeError):  # a device type autocast does not know
+        return False
 
 
 _ROWS_FOR_PATHS = 1024  # the row count a contraction order is chosen for (it does not depend on it)

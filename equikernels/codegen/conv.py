@@ -20,7 +20,7 @@ from ..ir import double_backward_tables
 from .cache import load_module
 from .emit import Group, Rowing, generate
 from .segment import segment_sum
-from .tp import _DT, LaunchConfig, _alloc, _num_sms
+from .tp import _DT, LaunchConfig, _alloc, _num_sms, acc_dtype, math_of
 
 # which graph side each operand / output lives on (everything else is per edge)
 SRC_SIDE = ("x", "a", "gx", "dx")
@@ -83,7 +83,7 @@ class _ConvKernel:
             grid = (max(1, min(nblk, programs)) if programs else max(1, nblk),)
         args = [tensors[k] for k in self.meta.inputs] + [outputs[k] for k in self.meta.outputs]
         args += [idx[k] for k in self.rowing.args]
-        prec = "tf32" if cfg.tf32 and dtype == torch.float32 else "ieee"
+        prec = "tf32" if cfg.tf32 and dtype != torch.float64 else "ieee"
         self.fn[grid](*args, n, triton.cdiv(n, cfg.rows), ROWS=cfg.rows, DT=_DT[dtype], PREC=prec,
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
@@ -135,8 +135,12 @@ class ConvKernels:
         tables = double_backward_tables(p.table, have, "".join(names))
         return [Group(tables[n], "d" + n, reduce_rows=red(n)) for n in names if n in tables]
 
-    def _run(self, kind: str, names, tensors, like, graph, cfg, have: str = "") -> Dict[str, torch.Tensor]:
-        """Launch the kernels computing outputs ``names`` (x, y, w, g / out) of one direction."""
+    def _run(self, kind: str, names, tensors, like, graph, cfg, have: str = "", math=None) -> Dict[str, torch.Tensor]:
+        """Launch the kernels computing outputs ``names`` (x, y, w, g / out) of one direction.
+        Outputs take the dtype of ``like``; math is ``math`` (default: math_of the operands).
+        Buffers added into more than once (atomics, per-edge gx/dx before their segment sum,
+        row partials) are float32 for half-precision results, rounded once at the end."""
+        math = math_of(*tensors.values(), math_dtype=math)
         plans = []  # (kernel tag, names, mode, owner, sections)
         tag = lambda ns: f"{kind}{have}_{''.join(ns)}"  # noqa: E731
         if self.flow == "atomic":
@@ -173,34 +177,42 @@ class ConvKernels:
                 xo = "gx" if kind == "bwd" else "dx"
                 groups = [Group(g.table, xo + "e", g.reduce_rows, g.accumulate) if g.out_ptr == xo else g
                           for g in groups]
-                like = dict(like, **{xo + "e": like[xo].new_empty(graph.num_edges, like[xo].shape[1])})
+                like = dict(like, **{xo + "e": like[xo].new_empty(graph.num_edges, like[xo].shape[1],
+                                                                   dtype=acc_dtype(like[xo].dtype))})
             if not groups:
                 continue
             k = self._kernel(tg, groups, mode, owner, sections or "segment")
-            outs = {}
+            outs, wide = {}, {}
             for g in groups:
                 t = like[g.out_ptr]
                 if g.reduce_rows and mode == "edges":
                     outs[g.out_ptr] = None
                 else:
-                    outs[g.out_ptr] = _alloc(t.shape, t, g.out_ptr in k.meta.zero_init or g.out_ptr in k.rowing.scatter)
-            res.update(self._launch(k, tensors, outs, like, graph, cfg))
+                    scatter = g.out_ptr in k.rowing.scatter or g.accumulate
+                    dt = acc_dtype(t.dtype) if scatter else t.dtype
+                    if dt != t.dtype:
+                        wide[g.out_ptr] = t.dtype
+                    outs[g.out_ptr] = _alloc(t.shape, t, g.out_ptr in k.meta.zero_init or scatter, dt)
+            res.update(self._launch(k, tensors, outs, like, graph, cfg, math))
+            for n, dt in wide.items():
+                res[n] = res[n].to(dt)
             if per_edge_x and xo + "e" in res:
-                res[xo] = segment_sum(res.pop(xo + "e"), graph.perm_src, graph.ptr_src, graph.num_nodes)
+                res[xo] = segment_sum(res.pop(xo + "e"), graph.perm_src, graph.ptr_src, graph.num_nodes
+                                      ).to(like[xo].dtype)
         return res
 
-    def _launch(self, k: _ConvKernel, tensors, outs, like, graph, cfg):
-        cfg = cfg or conv_config(k.rowing.mode, tensors["y"].dtype)
+    def _launch(self, k: _ConvKernel, tensors, outs, like, graph, cfg, math):
+        cfg = cfg or conv_config(k.rowing.mode, math)
         rows_needed = max(cfg.rows, k.meta.min_rows)
         if rows_needed != cfg.rows:
             cfg = LaunchConfig(rows_needed, cfg.num_warps, cfg.num_stages, cfg.tf32)
-        dtype = tensors["y"].dtype
+        dtype = math
         programs = None
         partial = [n for n, t in outs.items() if t is None]
         if partial:
             programs = min(triton.cdiv(max(graph.num_edges, 1), cfg.rows), 4 * _num_sms(tensors["y"].device))
             for n in partial:
-                outs[n] = _alloc((programs, like[n].shape[-1]), like[n], True)
+                outs[n] = _alloc((programs, like[n].shape[-1]), like[n], True, acc_dtype(like[n].dtype))
         if graph.num_edges == 0 and k.rowing.mode == "edges":
             for n in partial:
                 outs[n] = torch.zeros_like(like[n])
@@ -211,18 +223,20 @@ class ConvKernels:
         return outs
 
     # --- directions -------------------------------------------------------------------------------
-    def forward(self, x, y, w, graph, cfg: Optional[LaunchConfig] = None):
-        like = {"out": x.new_empty(graph.num_nodes, self.problem.dim_out)}
-        return self._run("fwd", ["out"], {"x": x, "y": y, "w": w}, like, graph, cfg)["out"]
+    # dtypes as the batched TP (codegen/tp.py): the output in ``out_dtype`` (default x's), each
+    # gradient in its operand's dtype, math in float32 unless float64 is involved
+    def forward(self, x, y, w, graph, cfg: Optional[LaunchConfig] = None, out_dtype=None, math=None):
+        like = {"out": x.new_empty(graph.num_nodes, self.problem.dim_out, dtype=out_dtype or x.dtype)}
+        return self._run("fwd", ["out"], {"x": x, "y": y, "w": w}, like, graph, cfg, math=math)["out"]
 
-    def backward(self, x, y, w, g, graph, names, cfg: Optional[LaunchConfig] = None):
+    def backward(self, x, y, w, g, graph, names, cfg: Optional[LaunchConfig] = None, math=None):
         """Gradients ``names`` (subset of "xyw") as a dict gx/gy/gw."""
         like = {"gx": x, "gy": y, "gw": w}
-        return self._run("bwd", list(names), {"x": x, "y": y, "w": w, "g": g}, like, graph, cfg)
+        return self._run("bwd", list(names), {"x": x, "y": y, "w": w, "g": g}, like, graph, cfg, math=math)
 
-    def double_backward(self, x, y, w, g, a, b, c, graph, names, cfg: Optional[LaunchConfig] = None):
+    def double_backward(self, x, y, w, g, a, b, c, graph, names, cfg: Optional[LaunchConfig] = None, math=None):
         """dx/dy/dw/dg of the trilinear identity for ``names`` (subset of "xywg"); a, b, c may be None."""
         have = "".join(k for k, t in zip("abc", (a, b, c)) if t is not None)
         tensors = {"x": x, "y": y, "w": w, "g": g, "a": a, "b": b, "c": c}
         like = {"dx": x, "dy": y, "dw": w, "dg": g}
-        return self._run("dbwd", list(names), tensors, like, graph, cfg, have)
+        return self._run("dbwd", list(names), tensors, like, graph, cfg, have, math)

@@ -14,9 +14,14 @@ import triton.language as tl
 
 from .cache import load_module
 from ..ir import Table, double_backward_tables
+from ..reference import math_dtype_of
 from .emit import Group, KernelMeta, generate, path_segment
 
-_DT = {torch.float32: tl.float32, torch.float64: tl.float64}
+# storage dtype -> the kernels' math dtype (DT): half-precision operands are loaded, combined and
+# accumulated in float32 and only rounded when stored (stores cast to the output pointer's type)
+_DT = {torch.float16: tl.float32, torch.bfloat16: tl.float32, torch.float32: tl.float32,
+       torch.float64: tl.float64}
+HALF = (torch.float16, torch.bfloat16)
 NEED_X, NEED_Y, NEED_W = 1, 2, 4
 
 
@@ -45,14 +50,29 @@ def default_config(kind: str, dtype: torch.dtype, problem=None) -> LaunchConfig:
     return LaunchConfig(rows=rows, num_warps=warps, tf32=os.environ.get("EQUIKERNELS_TF32") == "1")
 
 
-def _alloc(shape, like: torch.Tensor, zero: bool) -> torch.Tensor:
-    """Output buffer. Elements the kernel does not write are zero-filled; with EQUIKERNELS_POISON=1
-    the rest are NaN-filled so tests see any element a kernel forgets to write."""
+def _alloc(shape, like: torch.Tensor, zero: bool, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Output buffer (dtype of ``like`` unless given). Elements the kernel does not write are
+    zero-filled; with EQUIKERNELS_POISON=1 the rest are NaN-filled so tests see any element a
+    kernel forgets to write."""
+    dtype = dtype or like.dtype
     if zero:
-        return torch.zeros(shape, dtype=like.dtype, device=like.device)
+        return torch.zeros(shape, dtype=dtype, device=like.device)
     if os.environ.get("EQUIKERNELS_POISON") == "1":
-        return torch.full(shape, float("nan"), dtype=like.dtype, device=like.device)
-    return torch.empty(shape, dtype=like.dtype, device=like.device)
+        return torch.full(shape, float("nan"), dtype=dtype, device=like.device)
+    return torch.empty(shape, dtype=dtype, device=like.device)
+
+
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Dtype of a buffer that is added into more than once (per-program partials, outputs that
+    several kernels or atomics add into): float32 for half-precision results, so only the final
+    value is rounded to the half type."""
+    return torch.float32 if dtype in HALF else dtype
+
+
+def math_of(*tensors, math_dtype: Optional[torch.dtype] = None) -> torch.dtype:
+    """The kernels' math dtype, the reference's rule: ``math_dtype`` if given, else float64 when any
+    operand is float64 and float32 otherwise (float32, float16, bfloat16 operands)."""
+    return math_dtype_of(tensors, math_dtype)
 
 
 def _num_sms(device: torch.device) -> int:
@@ -69,13 +89,14 @@ class _Kernel:
         self.module = load_module(f"{name}_{digest}", header + body)
         self.fn = getattr(self.module, name)
         self.source_path = self.module.__file__
+        self.acc_outputs = frozenset(g.out_ptr for g in groups if g.accumulate and not g.reduce_rows)
 
     def launch(self, tensors: Dict[str, torch.Tensor], outputs: Dict[str, torch.Tensor], n: int,
                cfg: LaunchConfig, dtype: torch.dtype, programs: Optional[int] = None):
         nblk = triton.cdiv(n, cfg.rows)
         grid = (max(1, min(nblk, programs)) if programs else max(1, nblk),)
         args = [tensors[k] for k in self.meta.inputs] + [outputs[k] for k in self.meta.outputs]
-        prec = "tf32" if cfg.tf32 and dtype == torch.float32 else "ieee"
+        prec = "tf32" if cfg.tf32 and _DT[dtype] == tl.float32 else "ieee"
         self.fn[grid](*args, n, nblk, ROWS=cfg.rows, DT=_DT[dtype], PREC=prec, num_warps=cfg.num_warps,
                       num_stages=cfg.num_stages)
 
@@ -155,6 +176,7 @@ class _KernelSet:
         self.meta = KernelMeta(parts[0].meta.name, tuple(dict.fromkeys(i for k in parts for i in k.meta.inputs)),
                                outs, tuple(o for o in outs if o in zero_init), tuple(dict.fromkeys(r for k in parts for r in k.meta.reduce_rows)),
                                max(k.meta.min_rows for k in parts))
+        self.acc_outputs = frozenset().union(*(k.acc_outputs for k in parts))
 
     def launch(self, tensors, outputs, n, cfg, dtype, programs=None):
         for k in self.parts:
@@ -223,17 +245,18 @@ class TPKernels:
                     for j, gs in enumerate(split)], zero)
         return self._cache[key]
 
-    def _tuned(self, kind: str, tag: str, x: torch.Tensor, run) -> LaunchConfig:
+    def _tuned(self, kind: str, tag: str, x: torch.Tensor, math: torch.dtype, run) -> LaunchConfig:
         """The autotuner's configuration for this direction and row-count bucket (DESIGN §5), or
         the heuristic default off the GPU, while compiling or capturing a CUDA graph, or with
         EQUIKERNELS_AUTOTUNE=0. ``run(cfg)`` launches the direction with ``cfg``."""
-        default = self._cfg(kind, x.dtype)
+        default = self._cfg(kind, math)
         from .. import tune  # noqa: PLC0415
         if not tune.active(x.device):
             return default
-        key = (f"{tune.device_key(x.device)}|tp|{self.problem.key()}|{self.plan.layout}|{x.dtype}|{tag}|"
+        mtag = "" if math == x.dtype else f"|math={math}"
+        key = (f"{tune.device_key(x.device)}|tp|{self.problem.key()}|{self.plan.layout}|{x.dtype}{mtag}|{tag}|"
                f"{tune.bucket(x.shape[0])}")
-        cands = [dataclasses.asdict(c) for c in self._candidates(default, x.dtype)]
+        cands = [dataclasses.asdict(c) for c in self._candidates(default, math)]
         best = tune.choose(key, cands, lambda c: tune.time_ms(lambda: run(LaunchConfig(**c)), x.device),
                            dataclasses.asdict(default))
         return LaunchConfig(**best)
@@ -247,14 +270,21 @@ class TPKernels:
                       | {default.rows})
         return [LaunchConfig(r, 4 if r == 1 else min(4, r), default.num_stages, default.tf32) for r in rows]
 
-    def forward(self, x, y, w, cfg: Optional[LaunchConfig] = None):
-        k, ins, outs = self.kernel("fwd"), {"x": x, "y": y, "w": w}, {"out": x.new_empty(0, self.problem.dim_out)}
-        cfg = cfg or self._tuned("fwd", "fwd", x, lambda c: self._run(k, ins, outs, c))
-        return self._run(k, ins, outs, cfg)["out"]
+    # Dtypes: operands may be float16 / bfloat16 / float32 (mixed) or float64; every kernel computes
+    # in ``math`` (math_of: float32 unless float64 is involved), the forward writes ``out_dtype``
+    # (default x's), every gradient is written in the dtype of the operand it is the gradient of.
+    def forward(self, x, y, w, cfg: Optional[LaunchConfig] = None, out_dtype: Optional[torch.dtype] = None,
+                math: Optional[torch.dtype] = None):
+        math = math_of(x, y, w, math_dtype=math)
+        k, ins = self.kernel("fwd"), {"x": x, "y": y, "w": w}
+        outs = {"out": torch.empty(0, self.problem.dim_out, dtype=out_dtype or x.dtype, device=x.device)}
+        cfg = cfg or self._tuned("fwd", "fwd", x, math, lambda c: self._run(k, ins, outs, c, math))
+        return self._run(k, ins, outs, cfg, math)["out"]
 
-    def backward(self, x, y, w, g, need: int, cfg: Optional[LaunchConfig] = None):
+    def backward(self, x, y, w, g, need: int, cfg: Optional[LaunchConfig] = None, math: Optional[torch.dtype] = None):
+        math = math_of(x, y, w, g, math_dtype=math)
         if cfg is None:
-            cfg = self._tuned("bwd", f"bwd{need}", x, lambda c: self.backward(x, y, w, g, need, c))
+            cfg = self._tuned("bwd", f"bwd{need}", x, math, lambda c: self.backward(x, y, w, g, need, c, math))
         outs = {"g" + n: t for bit, n, t in ((NEED_X, "x", x), (NEED_Y, "y", y), (NEED_W, "w", w)) if need & bit}
         res = {}
         # a weight gradient summed by tl.dot over 16-row tiles gets its own kernel, so gx/gy keep
@@ -266,15 +296,17 @@ class TPKernels:
             if part:
                 names = {"g" + n for bit, n in ((NEED_X, "x"), (NEED_Y, "y"), (NEED_W, "w")) if part & bit}
                 res.update(self._run(self.kernel("bwd", part), {"x": x, "y": y, "w": w, "g": g},
-                                     {k: v for k, v in outs.items() if k in names}, cfg))
+                                     {k: v for k, v in outs.items() if k in names}, cfg, math))
         return tuple(res.get("g" + n, t.new_empty(0)) for n, t in (("x", x), ("y", y), ("w", w)))
 
-    def double_backward(self, x, y, w, g, a, b, c, need: int, cfg: Optional[LaunchConfig] = None):
+    def double_backward(self, x, y, w, g, a, b, c, need: int, cfg: Optional[LaunchConfig] = None,
+                        math: Optional[torch.dtype] = None):
         """(dx, dy, dw, dg) of the trilinear identity; a, b, c may be None."""
+        math = math_of(x, y, w, g, a, b, c, math_dtype=math)
         if cfg is None:
             have = "".join(k for k, t in zip("abc", (a, b, c)) if t is not None)
-            cfg = self._tuned("dbwd", f"dbwd{need}{have}", x,
-                              lambda c_: self.double_backward(x, y, w, g, a, b, c, need, c_))
+            cfg = self._tuned("dbwd", f"dbwd{need}{have}", x, math,
+                              lambda c_: self.double_backward(x, y, w, g, a, b, c, need, c_, math))
         have = "".join(k for k, t in zip("abc", (a, b, c)) if t is not None)
         like = {"x": x, "y": y, "w": w, "g": g}
         names = [n for bit, n in zip((1, 2, 4, 8), "xywg") if need & bit]
@@ -291,33 +323,41 @@ class TPKernels:
             k = self.kernel("dbwd", part, have)
             if k is None:
                 continue
-            written.update(self._run(k, tensors, {"d" + n: like[n] for n in names if "d" + n in k.meta.outputs}, cfg))
+            written.update(self._run(k, tensors, {"d" + n: like[n] for n in names if "d" + n in k.meta.outputs},
+                                     cfg, math))
         # outputs with no contributing term (e.g. dg without cotangents) are zero
         return tuple(written.get("d" + n, torch.zeros_like(like[n])) if n in names else like[n].new_empty(0)
                      for n in "xywg")
 
-    def _run(self, k: _Kernel, tensors, outputs, cfg: LaunchConfig):
-        """Allocate outputs shaped like ``outputs[name]`` (rows from x), launch, reduce partials."""
+    def _run(self, k: _Kernel, tensors, outputs, cfg: LaunchConfig, math: torch.dtype):
+        """Allocate outputs shaped like ``outputs[name]`` (rows from x, dtype from ``outputs``),
+        launch, reduce partials. Buffers added into more than once (row partials, outputs several
+        kernels add into) are kept in float32 for half-precision results and rounded once at the end."""
         x = tensors["x"]
         n = x.shape[0]
         if cfg.rows < k.meta.min_rows:
             cfg = LaunchConfig(k.meta.min_rows, cfg.num_warps, cfg.num_stages, cfg.tf32)
-        res, partial = {}, {}
+        res, partial, wide = {}, {}, {}
         for name, like in outputs.items():
             shape = (n,) + tuple(like.shape[1:]) if like.dim() == 2 else tuple(like.shape)
             if name in k.meta.reduce_rows:
                 partial[name] = like
             else:
-                res[name] = _alloc(shape, like, name in k.meta.zero_init)
+                dt = acc_dtype(like.dtype) if name in k.acc_outputs else like.dtype
+                if dt != like.dtype:
+                    wide[name] = like.dtype
+                res[name] = _alloc(shape, like, name in k.meta.zero_init or name in wide, dt)
         if n == 0:
             res.update({name: torch.zeros_like(like) for name, like in partial.items()})
-            return res
+            return {name: t.to(wide.get(name, t.dtype)) for name, t in res.items()}
         programs = None
         if partial:
             programs = min(triton.cdiv(n, cfg.rows), 4 * _num_sms(x.device))
             for name, like in partial.items():
-                res[name] = _alloc((programs, like.shape[-1]), like, name in k.meta.zero_init)
-        k.launch(tensors, res, n, cfg, x.dtype, programs)
+                res[name] = _alloc((programs, like.shape[-1]), like, name in k.meta.zero_init, acc_dtype(like.dtype))
+        k.launch(tensors, res, n, cfg, math, programs)
         for name, like in partial.items():  # deterministic, no precision loss
             res[name] = res[name].sum(0, dtype=torch.float64).to(like.dtype)
+        for name, dt in wide.items():
+            res[name] = res[name].to(dt)
         return res

@@ -31,4 +31,5 @@ class TensorProductConv(TensorProduct):
             src, dst = graph.src, graph.dst
         return tensor_product_conv(self.problem, x, y, self._get_weights(weight), src, dst, num_nodes, graph=graph,
                                    layout=self.layout, backend=self.backend, dataflow=self.dataflow,
-                                   deterministic=self.deterministic)
+                                   deterministic=self.deterministic, math_dtype=self.math_dtype,
+                                   output_dtype=self.output_dtype)

@@ -16,6 +16,8 @@ from torch import nn
 from .._compat import o3
 from e3nn.o3._linear import Instruction  # noqa: E402 (after the safe e3nn import)
 
+from ..reference import autocast_on
+
 __all__ = ["Linear"]
 
 
@@ -129,7 +131,12 @@ class Linear(nn.Module):
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
         if value.dtype != x.dtype:
-            raise TypeError(f"{name}: dtype {value.dtype} does not match features ({x.dtype})")
+            # float16/bfloat16/float32 mix (e.g. float32 parameters, half features): computed in the
+            # features' dtype, as torch.nn.Linear does under autocast; float64 mixes nothing
+            if torch.float64 in (value.dtype, x.dtype) or not value.is_floating_point():
+                raise TypeError(f"{name}: dtype {value.dtype} does not match features ({x.dtype})")
+            if not autocast_on(x.device.type):
+                value = value.to(x.dtype)
         if value.device != x.device:
             raise ValueError(f"{name}: device {value.device} does not match features ({x.device})")
         ok = value.shape == tail if self.shared_weights else value.shape[value.dim() - len(tail):] == tail

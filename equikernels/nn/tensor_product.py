@@ -1,8 +1,10 @@
 """e3nn-compatible tensor-product modules backed by ``equikernels.ops.tensor_product``.
 
 Constructors take the same arguments as ``e3nn.o3.TensorProduct`` and its subclasses and build
-the same irreps, instructions, weights and buffers, so e3nn checkpoints load unchanged. Two extra
-keyword arguments: ``layout`` ("mul_ir", e3nn's, or "ir_mul") and ``backend`` (None = automatic).
+the same irreps, instructions, weights and buffers, so e3nn checkpoints load unchanged. Extra
+keyword arguments: ``layout`` ("mul_ir", e3nn's, or "ir_mul"), ``backend`` (None = automatic) and
+the precision controls ``math_dtype`` / ``output_dtype`` of ``equikernels.ops.tensor_product``
+(inputs and weights may be float16/bfloat16/float32, mixed; math float32 by default).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from .._compat import e3nn, o3
 from e3nn.o3._tensor_product._instruction import Instruction  # noqa: E402 (after the safe e3nn import)
 
 from ..ops import tensor_product as _tensor_product
+from ..ops.tp import check_dtypes
 from ..problem import TPProblem
 
 __all__ = ["TensorProduct", "FullyConnectedTensorProduct", "ElementwiseTensorProduct", "FullTensorProduct",
@@ -54,8 +57,12 @@ class TensorProduct(nn.Module):
         *,
         layout: str = "mul_ir",
         backend: Optional[str] = None,
+        math_dtype: Optional[torch.dtype] = None,
+        output_dtype: Optional[torch.dtype] = None,
     ) -> None:
         super().__init__()
+        check_dtypes(math_dtype, output_dtype)
+        self.math_dtype, self.output_dtype = math_dtype, output_dtype
         del compile_left_right, compile_right, _optimize_einsums  # e3nn codegen knobs
         if normalization is not None:
             warnings.warn("`normalization` is deprecated. Use `irrep_normalization` instead.", DeprecationWarning)
@@ -139,7 +146,8 @@ class TensorProduct(nn.Module):
     # --- evaluation ------------------------------------------------------------------------------
     def _tp(self, x, y, weight):
         w = self._get_weights(weight)
-        return _tensor_product(self.problem, x, y, w, layout=self.layout, backend=self.backend)
+        return _tensor_product(self.problem, x, y, w, layout=self.layout, backend=self.backend,
+                               math_dtype=self.math_dtype, output_dtype=self.output_dtype)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, weight=None) -> torch.Tensor:
         """``x``: [..., irreps_in1.dim], ``y``: [..., irreps_in2.dim] -> [..., irreps_out.dim]."""

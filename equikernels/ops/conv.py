@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ..problem import TPProblem
-from .tp import LAYOUTS, resolve_backend, tensor_product
+from .tp import LAYOUTS, STORAGE_DTYPES, _check_same, autocast_dtype, check_dtypes, resolve_backend, tensor_product
 
 DATAFLOWS = ("auto", "atomic", "deterministic", "unfused")
 
@@ -100,13 +100,17 @@ def resolve_dataflow(dataflow: str, deterministic: Optional[bool], backend: str)
 def tensor_product_conv(problem: TPProblem, x: Tensor, y: Tensor, weight: Optional[Tensor], src: Tensor,
                         dst: Tensor, num_nodes: Optional[int] = None, *, graph: Optional[ConvGraph] = None,
                         layout: str = "mul_ir", backend: Optional[str] = None, dataflow: str = "auto",
-                        deterministic: Optional[bool] = None, validate: bool = True) -> Tensor:
+                        deterministic: Optional[bool] = None, validate: bool = True,
+                        math_dtype: Optional[torch.dtype] = None, output_dtype: Optional[torch.dtype] = None) -> Tensor:
     """out[n] = sum over edges e with dst[e] == n of TP(x[src[e]], y[e], weight[e] or weight).
 
     x: [N, dim_in1] node features; y: [E, dim_in2] edge features; weight: [E, weight_numel] per
     edge or [weight_numel] shared; src, dst: [E] int32/int64 node indices; num_nodes: rows of the
     output (default x.shape[0]). ``graph`` (from ``ConvGraph.build``) reuses sorted orders across
-    layers. Differentiable to any order in x, y and weight.
+    layers. Differentiable to any order in x, y and weight. Precision arguments and rules as
+    ``ops.tensor_product`` (mixed float16/bfloat16/float32 operands, math in float32, output in
+    ``output_dtype`` / the autocast dtype / x's); sums over edges of half-precision results are
+    accumulated in float32 and rounded once.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
@@ -126,40 +130,50 @@ def tensor_product_conv(problem: TPProblem, x: Tensor, y: Tensor, weight: Option
         raise ValueError(f"y: expected one row per edge ({graph.num_edges}), got {y.shape[0]}")
     if validate and graph.num_edges and int(graph.src.max()) >= x.shape[0]:
         raise IndexError(f"src: indices must be < x.shape[0] = {x.shape[0]}, got {int(graph.src.max())}")
+    check_dtypes(math_dtype, output_dtype)
+    for name, t in (("x", x), ("y", y)):
+        if t.dtype not in STORAGE_DTYPES:
+            raise TypeError(f"{name}: expected a float16, bfloat16, float32 or float64 tensor, got {t.dtype}")
+    _check_same("y", y, x)
     nw = problem.weight_numel
     if nw:
         if weight is None:
             raise ValueError("weight: this tensor product has weights; pass weight")
+        _check_same("weight", weight, x)
         want = (nw,) if problem.shared_weights else (graph.num_edges, nw)
         if tuple(weight.shape) != want:
             raise ValueError(f"weight: expected shape {want}, got {tuple(weight.shape)}")
     be = resolve_backend(backend, x.device)
+    out_dtype = output_dtype or autocast_dtype(x) or x.dtype
     flow, tunable = resolve_dataflow(dataflow, deterministic, be)
     if tunable:
-        flow = _tuned_dataflow(problem, x, y, weight, graph, layout, be, flow)
+        flow = _tuned_dataflow(problem, x, y, weight, graph, layout, be, flow, math_dtype, out_dtype)
     if flow == "unfused":
-        msgs = tensor_product(problem, x.index_select(0, graph.src), y, weight, layout=layout, backend=be)
-        return _segment_sum(msgs, graph, n_out)
+        acc = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype  # sum, then round
+        msgs = tensor_product(problem, x.index_select(0, graph.src), y, weight, layout=layout, backend=be,
+                              math_dtype=math_dtype, output_dtype=acc)
+        return _segment_sum(msgs, graph, n_out).to(out_dtype)
     from .conv_fused import fused_conv  # noqa: PLC0415 (Triton-backed path, imported on demand)
-    return fused_conv(problem, x, y, weight, graph, layout, be, flow)
+    return fused_conv(problem, x, y, weight, graph, layout, be, flow, math_dtype, out_dtype)
 
 
 def _tuned_dataflow(problem: TPProblem, x: Tensor, y: Tensor, weight: Optional[Tensor], graph: ConvGraph,
-                    layout: str, backend: str, default: str) -> str:
+                    layout: str, backend: str, default: str, math_dtype=None, out_dtype=None) -> str:
     """The fused dataflow whose forward + backward (a training step's price) is fastest for this
     problem and graph size on this GPU, measured once and remembered (equikernels.tune)."""
     from .. import tune  # noqa: PLC0415
     if not tune.active(x.device):
         return default
     from .conv_fused import fused_conv  # noqa: PLC0415
-    key = (f"{tune.device_key(x.device)}|conv|{problem.key()}|{layout}|{x.dtype}|"
+    dt = f"{x.dtype}" if out_dtype in (None, x.dtype) and math_dtype is None else f"{x.dtype}>{out_dtype}/{math_dtype}"
+    key = (f"{tune.device_key(x.device)}|conv|{problem.key()}|{layout}|{dt}|"
            f"N{tune.bucket(graph.num_nodes)}|E{tune.bucket(graph.num_edges)}")
     w0 = weight if weight is not None else x.new_empty(0)
 
     def step(flow: str):
         with torch.enable_grad():
             xs, ys, ws = (t.detach().requires_grad_() for t in (x, y, w0))
-            out = fused_conv(problem, xs, ys, ws, graph, layout, backend, flow)
+            out = fused_conv(problem, xs, ys, ws, graph, layout, backend, flow, math_dtype, out_dtype)
             torch.autograd.grad(out, (xs, ys, ws), torch.ones_like(out), allow_unused=True)
 
     cands = [{"dataflow": "deterministic"}, {"dataflow": "atomic"}]

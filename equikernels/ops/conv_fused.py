@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .. import reference
 from ..ir import double_backward_tables
-from .tp import plan_of, spec_of
+from .tp import _check_same, autocast_dtype, check_dtypes, plan_of, spec_of
 
 NAMES = "xyw"
 
@@ -28,6 +28,7 @@ class _Conv:
     graph: object
     flow: str
     backend: str
+    math: Optional[torch.dtype] = None  # None: float32, or float64 when an operand is float64
 
     def kernels(self):
         """(ConvKernels, Unsupported) for the Triton backend, else None."""
@@ -50,34 +51,43 @@ def _fallback(conv: _Conv, what: str, exc: Exception) -> None:
                       f"({exc}); using the PyTorch reference")
 
 
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    """Sums over edges of half-precision results are taken in float32 and rounded once."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 # --- implementations (not differentiable) -------------------------------------------------------
-def _fwd_impl(c: _Conv, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
+def _fwd_impl(c: _Conv, x: Tensor, y: Tensor, w: Tensor, out_dtype: torch.dtype) -> Tensor:
     ks = c.kernels()
     if ks is not None:
         try:
-            return ks[0].forward(x, y, w, c.graph)
+            return ks[0].forward(x, y, w, c.graph, out_dtype=out_dtype, math=c.math)
         except ks[1] as exc:
             _fallback(c, "fwd", exc)
     g = c.graph
     msgs = reference.evaluate(c.plan.table, {"x": x.index_select(0, g.src), "y": y, "w": w}, c.plan.layout,
-                              rows=g.num_edges)
-    return msgs.new_zeros(g.num_nodes, msgs.shape[1]).index_add_(0, g.dst, msgs)
+                              rows=g.num_edges, math_dtype=c.math, out_dtype=_acc(out_dtype))
+    return msgs.new_zeros(g.num_nodes, msgs.shape[1]).index_add_(0, g.dst, msgs).to(out_dtype)
 
 
 def _bwd_impl(c: _Conv, x, y, w, g, names: str) -> Dict[str, Tensor]:
     ks = c.kernels()
     if ks is not None:
         try:
-            return ks[0].backward(x, y, w, g, c.graph, names)
+            return ks[0].backward(x, y, w, g, c.graph, names, math=c.math)
         except ks[1] as exc:
             _fallback(c, "bwd", exc)
     gr = c.graph
     ops = {"x": x.index_select(0, gr.src), "y": y, "w": w, "g": g.index_select(0, gr.dst)}
+    like = {"x": x, "y": y, "w": w}
     res = {}
     for n in names:
         shared = n == "w" and w.dim() == 1
-        r = reference.evaluate(c.plan.grad_tables[n], ops, c.plan.layout, reduce_rows=shared, rows=gr.num_edges)
-        res["g" + n] = x.new_zeros(x.shape).index_add_(0, gr.src, r) if n == "x" else r
+        r = reference.evaluate(c.plan.grad_tables[n], ops, c.plan.layout, reduce_rows=shared, rows=gr.num_edges,
+                               math_dtype=c.math, out_dtype=_acc(like[n].dtype))
+        if n == "x":
+            r = r.new_zeros(x.shape).index_add_(0, gr.src, r)
+        res["g" + n] = r.to(like[n].dtype)
     return res
 
 
@@ -85,7 +95,7 @@ def _dbwd_impl(c: _Conv, x, y, w, g, a, b, cc, names: str) -> Dict[str, Tensor]:
     ks = c.kernels()
     if ks is not None:
         try:
-            return ks[0].double_backward(x, y, w, g, a, b, cc, c.graph, names)
+            return ks[0].double_backward(x, y, w, g, a, b, cc, c.graph, names, math=c.math)
         except ks[1] as exc:
             _fallback(c, "dbwd", exc)
     gr = c.graph
@@ -93,15 +103,17 @@ def _dbwd_impl(c: _Conv, x, y, w, g, a, b, cc, names: str) -> Dict[str, Tensor]:
     ops = {"x": x.index_select(0, gr.src), "y": y, "w": w, "g": g.index_select(0, gr.dst),
            "a": a.index_select(0, gr.src) if a is not None else None, "b": b, "c": cc}
     tables = double_backward_tables(c.plan.table, have, names)
+    like = {"x": x, "y": y, "w": w, "g": g}
     res = {}
     for n, t in tables.items():
         r = reference.evaluate(t, {k: v for k, v in ops.items() if v is not None}, c.plan.layout,
-                               reduce_rows=(n == "w" and w.dim() == 1), rows=gr.num_edges)
+                               reduce_rows=(n == "w" and w.dim() == 1), rows=gr.num_edges, math_dtype=c.math,
+                               out_dtype=_acc(like[n].dtype))
         if n == "x":
-            r = x.new_zeros(x.shape).index_add_(0, gr.src, r)
+            r = r.new_zeros(x.shape).index_add_(0, gr.src, r)
         elif n == "g":
-            r = g.new_zeros(g.shape).index_add_(0, gr.dst, r)
-        res["d" + n] = r
+            r = r.new_zeros(g.shape).index_add_(0, gr.dst, r)
+        res["d" + n] = r.to(like[n].dtype)
     return res
 
 
@@ -112,19 +124,20 @@ def _needed(flags) -> str:
 
 class _ConvFwd(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, y, w, c):
+    def forward(ctx, x, y, w, c, out_dtype):
         ctx.save_for_backward(x, y, w)
         ctx.c = c
-        return _fwd_impl(c, x, y, w)
+        return _fwd_impl(c, x, y, w, out_dtype)
 
     @staticmethod
     def backward(ctx, g):
         x, y, w = ctx.saved_tensors
         names = _needed(ctx.needs_input_grad[:3])
         if not names:
-            return None, None, None, None
+            return None, None, None, None, None
         gx, gy, gw = conv_bwd(ctx.c, x, y, w, g.contiguous(), names)
-        return (gx if "x" in names else None, gy if "y" in names else None, gw if "w" in names else None, None)
+        return (gx if "x" in names else None, gy if "y" in names else None, gw if "w" in names else None, None,
+                None)
 
 
 class _ConvBwd(torch.autograd.Function):
@@ -157,7 +170,7 @@ class _ConvBwd(torch.autograd.Function):
         if ng:
             for args in ((a, y, w), (x, b, w), (x, y, cc)):
                 if all(t is not None for t in args):
-                    dg = acc(dg, _ConvFwd.apply(*args, c))
+                    dg = acc(dg, _ConvFwd.apply(*args, c, g.dtype))  # dg in g's dtype
         for sub, wrt in (((x, b, w), "xw"), ((x, y, cc), "xy"), ((a, y, w), "yw")):
             if any(t is None for t in sub):
                 continue
@@ -181,14 +194,17 @@ def conv_bwd(c: _Conv, x, y, w, g, names: str):
 
 
 def fused_conv(problem, x: Tensor, y: Tensor, weight: Optional[Tensor], graph, layout: str, backend: str,
-               flow: str) -> Tensor:
+               flow: str, math_dtype: Optional[torch.dtype] = None, output_dtype: Optional[torch.dtype] = None
+               ) -> Tensor:
+    """Dtypes as ``ops.tensor_product``: float16/bfloat16/float32 operands mixed freely (float64 only
+    with float64); output in ``output_dtype`` (default: the autocast dtype under autocast, else
+    x's); gradients in their operand's dtype."""
     plan = plan_of(spec_of(problem, layout))
     w = weight.contiguous() if problem.weight_numel else x.new_empty(0)
+    check_dtypes(math_dtype, output_dtype)
     for name, t in (("y", y), ("weight", w)):
-        if t.dtype != x.dtype:
-            raise TypeError(f"{name}: dtype {t.dtype} does not match x ({x.dtype})")
-        if t.device != x.device:
-            raise ValueError(f"{name}: device {t.device} does not match x ({x.device})")
+        _check_same(name, t, x)
     if graph.src.device != x.device:
         raise ValueError(f"src/dst: device {graph.src.device} does not match x ({x.device})")
-    return _ConvFwd.apply(x.contiguous(), y.contiguous(), w, _Conv(plan, graph, flow, backend))
+    out_dtype = output_dtype or autocast_dtype(x) or x.dtype
+    return _ConvFwd.apply(x.contiguous(), y.contiguous(), w, _Conv(plan, graph, flow, backend, math_dtype), out_dtype)

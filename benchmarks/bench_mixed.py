@@ -1,0 +1,211 @@
+#!/usr/bin/env python
+"""Mixed precision: float32 vs bfloat16 vs float16 operands (float32 math) for the MACE uvu problems,
+equikernels side by side with cuEquivariance given the same half-precision inputs.
+
+Same harness as bench_tp.py (same problem specs, input rotation against L2, CUDA events around
+every call, median of n; fwd = ``tp(x, y, w)``, bwd = ``autograd.grad(out, [x, y, w], g)`` on a
+retained graph) and its correctness check, run per dtype:
+
+* ``err``: max over out, gx, gy, gw of ||a - ref|| / ||ref|| against e3nn built in float64 on the
+  original float64 inputs (what a user loses end to end, input rounding included);
+* ``kerr``: the same against e3nn float64 on the inputs *rounded to the dtype* (what the kernel
+  itself loses: only the final rounding of each result should remain).
+
+Both libraries compute in float32 (cuEquivariance ``math_dtype=torch.float32``). The issue's target:
+bfloat16 forward and backward at least 1.6x faster than our own float32 (the ``bf16 x`` column).
+
+Usage (GPU, ~2-3 min cold):  python benchmarks/bench_mixed.py
+Debug (CPU):                 python benchmarks/bench_mixed.py --device cpu --backend reference --rows 64 --check-rows 16
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+for _p in (str(HERE), str(ROOT)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import torch  # noqa: E402
+
+import bench_tp as T  # noqa: E402
+import common as C  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+IMPLS = ("ek", "cue")
+TARGET_SPEEDUP = 1.6  # bf16 over our own fp32, forward and backward (issue 10)
+
+
+def build_cue(spec: T.Spec, dtype, device, layout: str) -> T.Built:
+    """cuet.ChannelWiseTensorProduct with weights in ``dtype`` and float32 math (bench_tp.build_cue
+    uses math_dtype = dtype, which is not what a half-precision run wants)."""
+    cue, cuet, descriptors, O3_e3nn = T._import_cue()
+    if spec.mode != "uvu":
+        raise T.Absent("only the channel-wise (uvu) problems are set up here")
+    kw = spec.kw
+    irr = lambda s: cue.Irreps(O3_e3nn, s)  # noqa: E731
+    i1, i2, io = irr(kw["irreps_in1"]), irr(kw["irreps_in2"]), irr(kw["irreps_out"])
+    with C.default_dtype(torch.float32), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # O3_e3nn's CG tables come from e3nn in the default dtype
+        m = cuet.ChannelWiseTensorProduct(i1, i2, io, layout=cue.ir_mul if layout == "ir_mul" else cue.mul_ir,
+                                          shared_weights=False, internal_weights=False, device=device,
+                                          dtype=dtype, math_dtype=torch.float32)
+        desc = descriptors.channelwise_tensor_product(i1, i2, io)
+    if [tuple(t) for t in T._irreps_tuple(m.irreps_out)] != [tuple(t) for t in spec.P.irreps_out]:
+        raise RuntimeError(f"cue output irreps {m.irreps_out} differ from e3nn's {kw['irreps_out']}")
+    perm = T._cue_weight_perm(spec, desc).to(device)
+    inv = torch.argsort(perm)
+    kernel = type(getattr(m.f, "m", m.f)).__name__
+    info = {"module": "ChannelWiseTensorProduct", "kernel_class": kernel, "math_dtype": "float32",
+            "layout": layout}
+    if "Naive" in kernel:
+        info["FALLBACK"] = "cue runs its pure-PyTorch 'naive' method (no CUDA kernel)"
+    return T.Built(m, layout, T._wshape(spec), lambda w: w.index_select(-1, perm),
+                   lambda g: g.index_select(-1, inv), info, keep=m)
+
+
+def build(impl: str, spec: T.Spec, dtype, device, args) -> T.Built:
+    if impl == "ek":
+        return T.build_equikernels(spec, dtype, device, args, args.layout)
+    return build_cue(spec, dtype, device, args.layout)
+
+
+def rounded_reference(spec: T.Spec, inp: dict, dtype, device) -> dict:
+    """e3nn float64 on the inputs rounded to ``dtype``."""
+    from equikernels._compat import o3
+    with C.default_dtype(torch.float64):
+        m = o3.TensorProduct(**spec.kw).to(device)
+    r = {k: v.to(dtype).double() for k, v in inp.items()}
+    return T._all_orders(m, r["x"], r["y"], r["w"], r["g"], r["Rx"], r["Ry"], r["Rw"], 1)
+
+
+def max_err(errs):
+    return max(errs.values()) if errs else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--problems", default="mace-large,mace-medium",
+                    help="comma list from equikernels.catalog (uvu), default: %(default)s")
+    ap.add_argument("--dtypes", default="fp32,bf16,fp16")
+    ap.add_argument("--impls", default="ek,cue")
+    ap.add_argument("--layout", default="ir_mul", choices=("ir_mul", "mul_ir"))
+    ap.add_argument("--rows", type=int, default=50000)
+    ap.add_argument("--check-rows", type=int, default=2000)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--backend", default=None, help="equikernels backend (default: triton on CUDA)")
+    ap.add_argument("--target-ms", type=float, default=100.0)
+    ap.add_argument("--min-reps", type=int, default=5)
+    ap.add_argument("--max-reps", type=int, default=2000)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--max-sets", type=int, default=8)
+    ap.add_argument("--rotate-factor", type=float, default=4.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(HERE / "results"))
+    args = ap.parse_args()
+    args.backend = args.backend or ("triton" if args.device.startswith("cuda") else "reference")
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    impls = [i for i in args.impls.split(",") if i]
+    bad = [d for d in dtypes if d not in DTYPES] + [i for i in impls if i not in IMPLS]
+    if bad:
+        raise SystemExit(f"unknown dtype/impl {bad}; dtypes {list(DTYPES)}, impls {list(IMPLS)}")
+    device = torch.device(args.device)
+    from equikernels.catalog import standard_problems
+    catalog = standard_problems()
+    env = C.env_info(device)
+    print(f"device: {env.get('gpu')}  torch {torch.__version__}  cue {env.get('cuequivariance_torch')}  "
+          f"layout {args.layout}  rows {args.rows}", flush=True)
+    data = {"schema": "equikernels-bench-mixed/1", "args": vars(args), "env": env, "cells": [], "checks": []}
+    t0 = time.perf_counter()
+    for pname in args.problems.split(","):
+        spec = T.Spec.create(pname, catalog[pname])
+        print(f"== {pname}: {spec.P.describe()}", flush=True)
+        inp, ref = T.reference(spec, args.check_rows, device, args.seed, 1)
+        for impl in impls:
+            for dname in dtypes:
+                dtype = DTYPES[dname]
+                rec = {"problem": pname, "impl": impl, "dtype": dname}
+                try:
+                    built = build(impl, spec, dtype, device, args)
+                    rec["info"] = built.info
+                    rec["err"] = max_err(T.check(spec, built, dtype, inp, ref, 1))
+                    rec["kerr"] = max_err(T.check(spec, built, dtype, inp, rounded_reference(spec, inp, dtype, device), 1))
+                except T.Absent as exc:
+                    rec["status"] = "absent: " + str(exc)
+                    built = None
+                except Exception as exc:  # report and go on: one failure never stops the run
+                    rec["status"] = ("oom: " if C.is_oom(exc) else "error: ") + C.describe_exception(exc)
+                    built = None
+                data["checks"].append(rec)
+                for direction in ("fwd", "bwd"):
+                    cell = {"problem": pname, "impl": impl, "dtype": dname, "direction": direction,
+                            "rows": args.rows}
+                    if built is None:
+                        cell["status"] = rec.get("status")
+                    else:
+                        try:
+                            cell.update(T.time_cell(spec, built, direction, args.rows, dtype, device, args))
+                            cell.pop("times_ms", None)
+                            cell["status"] = "ok"
+                        except Exception as exc:
+                            cell["status"] = ("oom: " if C.is_oom(exc) else "error: ") + C.describe_exception(exc)
+                        C.free_memory(device)
+                    data["cells"].append(cell)
+                    ms = cell.get("ms_median")
+                    print(f"  {impl:3s} {dname} {direction}: "
+                          f"{C.fmt_ms(ms) + ' ms' if ms is not None else cell['status']}"
+                          f"  err {C.fmt_err(rec.get('err'))}  kerr {C.fmt_err(rec.get('kerr'))}", flush=True)
+                del built
+                C.free_memory(device)
+    data["wall_s"] = round(time.perf_counter() - t0, 1)
+    table = summary(data, args)
+    print(table)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"mixed_{C.slug(str(env.get('gpu') or device.type))}_{C.stamp()}"
+    (out / f"{name}.json").write_text(json.dumps(data, indent=1, default=str))
+    (out / f"{name}.md").write_text(table + "\n")
+    print(f"wrote {out / name}.json/.md  ({data['wall_s']} s)")
+
+
+def summary(data, args) -> str:
+    ms = {(c["problem"], c["impl"], c["dtype"], c["direction"]): c.get("ms_median") for c in data["cells"]}
+    errs = {(c["problem"], c["impl"], c["dtype"]): (c.get("err"), c.get("kerr")) for c in data["checks"]}
+    problems = list(dict.fromkeys(c["problem"] for c in data["cells"]))
+    dts = list(dict.fromkeys(c["dtype"] for c in data["cells"]))
+    impls = list(dict.fromkeys(c["impl"] for c in data["cells"]))
+    head = ["problem", "dir"] + [f"{i} {d} ms" for i in impls for d in dts]
+    if "fp32" in dts:
+        head += [f"ek {d} x" for d in dts if d != "fp32"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    verdict = []
+    for p in problems:
+        for direction in ("fwd", "bwd"):
+            row = [p, direction] + [C.fmt_ms(ms.get((p, i, d, direction))) for i in impls for d in dts]
+            base = ms.get((p, "ek", "fp32", direction))
+            for d in dts:
+                if d == "fp32" or "fp32" not in dts:
+                    continue
+                t = ms.get((p, "ek", d, direction))
+                sp = base / t if base and t else None
+                row.append("—" if sp is None else f"{sp:.2f}")
+                if d == "bf16" and sp is not None:
+                    verdict.append(f"{p} {direction} bf16 {sp:.2f}x {'PASS' if sp >= TARGET_SPEEDUP else 'FAIL'}")
+            lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "relative error vs float64 e3nn (err: original inputs / kerr: rounded inputs), max over out, gx, gy, gw:",
+              "| problem | impl | dtype | err | kerr |", "|---|---|---|---|---|"]
+    for (p, i, d), (e, k) in errs.items():
+        lines.append(f"| {p} | {i} | {d} | {C.fmt_err(e)} | {C.fmt_err(k)} |")
+    if verdict:
+        lines += ["", f"target: bf16 >= {TARGET_SPEEDUP}x our fp32: " + "; ".join(verdict)]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
