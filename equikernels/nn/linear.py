@@ -157,9 +157,85 @@ class Linear(nn.Module):
             offset += n
             yield (k, ins, view) if yield_instruction else view
 
+    # --- fast path: internal shared weights, no bias, no f axes, same dtype, no autocast --------
+    def _fast_plan(self):
+        """Per output block, its (input offset, mul_in, ir dim, weight offset, mul_out) terms; None when
+        the general path is needed (biases, f axes, unreached or empty blocks). Built once."""
+        plan = self.__dict__.get("_plan", False)
+        if plan is not False:
+            return plan
+        plan = None
+        ok = (self.f_in is None and self.internal_weights and self.shared_weights and self.bias_numel == 0
+              and self.weight_numel > 0 and all(m > 0 for m, _ in self.irreps_in)
+              and all(m > 0 for m, _ in self.irreps_out))
+        if ok:
+            starts = [0]
+            for mul_ir in self.irreps_in:
+                starts.append(starts[-1] + mul_ir.dim)
+            blocks = [[] for _ in self.irreps_out]
+            alpha, w_off = [], 0
+            for ins in self.instructions:
+                (mi, ir), mo = self.irreps_in[ins.i_in], self.irreps_out[ins.i_out].mul
+                blocks[ins.i_out].append((starts[ins.i_in], mi, ir.dim, w_off, mo))
+                alpha.append(torch.full((mi * mo,), ins.path_weight, dtype=torch.float64))
+                w_off += mi * mo
+            if all(blocks):
+                plan = (blocks, {"cpu64": torch.cat(alpha)})
+        self.__dict__["_plan"] = plan
+        self.__dict__["_scaled"] = None
+        return plan
+
+    def _scaled_weight(self, alpha: torch.Tensor) -> torch.Tensor:
+        """weight * path weights, one op; kept between calls while the weight is frozen and unchanged
+        (inference: no per-call work at all)."""
+        w = self.weight
+        akey = (w.device, w.dtype)
+        if akey not in alpha:  # per device and dtype, so no host->device copy per call
+            alpha[akey] = alpha["cpu64"].to(device=w.device, dtype=w.dtype)
+        alpha = alpha[akey]
+        if w.requires_grad or torch.compiler.is_compiling():
+            return w * alpha
+        key = (w.data_ptr(), w._version, w.dtype, w.device)
+        cached = self.__dict__.get("_scaled")
+        if cached is None or cached[0] != key:
+            cached = (key, w * alpha)
+            self.__dict__["_scaled"] = cached
+        return cached[1]
+
+    def _fast(self, features: torch.Tensor, plan) -> torch.Tensor:
+        """One matmul per instruction on a strided view of the block (no einsum, no per-call checks)."""
+        blocks, alpha = plan
+        w = self._scaled_weight(alpha)
+        lead = features.shape[:-1]
+        x = features.reshape(-1, features.shape[-1])
+        n = x.shape[0]
+        ir_mul = self.layout == "ir_mul"
+        outs = []
+        for terms in blocks:
+            acc = None
+            for start, mi, d, w_off, mo in terms:
+                ws = w.narrow(0, w_off, mi * mo).view(mi, mo)
+                xs = x.narrow(1, start, mi * d)
+                if d == 1:
+                    y = torch.mm(xs, ws)
+                elif ir_mul:  # [N, d, mi] @ [mi, mo] -> [N, d, mo], flattened component-major
+                    y = torch.matmul(xs.view(n, d, mi), ws).view(n, d * mo)
+                else:  # [N, mi, d] -> [N, d, mi] @ W -> [N, d, mo] -> [N, mo, d]
+                    y = torch.matmul(xs.view(n, mi, d).transpose(1, 2), ws).transpose(1, 2).reshape(n, mo * d)
+                acc = y if acc is None else acc + y
+            outs.append(acc)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        return out.view(lead + (out.shape[-1],))
+
     def forward(self, features: torch.Tensor, weight: Optional[torch.Tensor] = None,
                 bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``features`` [..., (f_in,) irreps_in.dim] -> [..., (f_out,) irreps_out.dim]."""
+        if weight is None and bias is None and isinstance(features, torch.Tensor):
+            plan = self._fast_plan()
+            if (plan is not None and features.dim() >= 1 and features.shape[-1] == self.irreps_in.dim
+                    and features.dtype == self.weight.dtype and features.device == self.weight.device
+                    and not autocast_on(features.device.type)):
+                return self._fast(features, plan)
         if not isinstance(features, torch.Tensor):
             raise TypeError(f"features: expected a torch.Tensor, got {type(features).__name__}")
         if not features.is_floating_point():
