@@ -99,6 +99,67 @@ def test_candidates_are_pruned():
         assert len({c.rows for c in cands}) == len(cands) <= 3
 
 
+def test_parallel_compile_pass_then_sequential_timing(monkeypatch):
+    """Candidates other than the default run once each in worker threads (their compiles overlap),
+    then every candidate is timed in the calling thread; one failing in the parallel pass is skipped."""
+    import threading
+    monkeypatch.setenv("EQUIKERNELS_TUNE_THREADS", "4")
+    main = threading.get_ident()
+    seen = []
+
+    def measure(c):
+        seen.append((c["r"], threading.get_ident() == main))
+        if c["r"] == 3:
+            raise RuntimeError("out of resources")
+        return {1: 5.0, 2: 1.0, 4: 2.0}[c["r"]]
+    with pytest.warns(UserWarning, match="out of resources"):
+        best = tune.choose("kp", [{"r": 1}, {"r": 2}, {"r": 3}, {"r": 4}], measure, {"r": 1})
+    assert best == {"r": 2}
+    assert seen[0] == (1, True)  # the default alone, first
+    assert sorted(r for r, m in seen if not m) == [2, 3, 4]  # the parallel pass
+    assert sorted(r for r, m in seen[1:] if m) == [2, 4]  # timed after it; r=3 not retried
+    entry = tune.cache().get("kp")
+    assert [t["ms"] for t in entry["tried"]] == [5.0, 1.0, None, 2.0] and "out of resources" in entry["tried"][2]["error"]
+
+
+def test_no_parallel_pass_on_cpu_or_interpreter(monkeypatch):
+    monkeypatch.delenv("EQUIKERNELS_TUNE_THREADS", raising=False)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    calls = []
+    tune.choose("kq", [{"r": 1}, {"r": 2}, {"r": 4}], lambda c: calls.append(c["r"]) or float(c["r"]), {"r": 4})
+    assert calls == [4, 1, 2]  # each candidate once, default first
+
+
+def test_margin_keeps_default_on_a_tie(monkeypatch):
+    ms = {1: 0.99, 4: 1.0}
+    assert tune.choose("km1", [{"r": 1}, {"r": 4}], lambda c: ms[c["r"]], {"r": 4}) == {"r": 4}
+    ms = {1: 0.9, 4: 1.0}
+    assert tune.choose("km2", [{"r": 1}, {"r": 4}], lambda c: ms[c["r"]], {"r": 4}) == {"r": 1}
+    monkeypatch.setenv("EQUIKERNELS_TUNE_MARGIN", "0")
+    ms = {1: 0.99, 4: 1.0}
+    assert tune.choose("km3", [{"r": 1}, {"r": 4}], lambda c: ms[c["r"]], {"r": 4}) == {"r": 1}
+
+
+def test_max_candidates_and_lazy_candidates(monkeypatch):
+    monkeypatch.setenv("EQUIKERNELS_TUNE_MAX_CANDIDATES", "2")
+    calls = []
+    tune.choose("kc", lambda: [{"r": 1}, {"r": 2}, {"r": 8}], lambda c: calls.append(c["r"]) or 1.0, {"r": 8})
+    assert calls == [8, 1]  # the default plus one other
+
+    def never():
+        raise AssertionError("candidates built on a cache hit")
+    assert tune.choose("kc", never, lambda c: 0.0, {"r": 8}) == {"r": 8}
+
+
+def test_cache_follows_the_tune_file_variable(tmp_path, monkeypatch):
+    tune.choose("kf", [{"r": 1}], lambda c: 1.0, {"r": 1})
+    first = tune.cache()
+    assert tune.cache() is first  # not rebuilt per call
+    monkeypatch.setenv("EQUIKERNELS_TUNE_FILE", str(tmp_path / "other.json"))
+    assert tune.cache() is not first and tune.cache().get("kf") is None
+    assert tune.device_key(torch.device("cpu")) is tune.device_key(torch.device("cpu"))
+
+
 def test_bucket():
     assert [tune.bucket(n) for n in (1, 2, 3, 1000, 1024, 1025)] == [1, 2, 4, 1024, 1024, 2048]
 

@@ -9,13 +9,20 @@ every candidate, and its benefit has not yet been measured on a GPU. Otherwise (
 ``EQUIKERNELS_AUTOTUNE=0``) the heuristic default is used without timing. A candidate that
 fails (compile error, out of resources) is skipped; if all fail the default is used. Tuning changes
 only how results are computed, never which: every candidate computes the same thing.
+
+On a GPU the candidates other than the default are first run once each in parallel threads, so
+their Triton compiles overlap (EQUIKERNELS_TUNE_THREADS caps the threads; 1 disables), then timed
+one at a time. A candidate replaces the default only when it is faster by more than
+EQUIKERNELS_TUNE_MARGIN (default 0.03, relative): a tie within timing noise keeps the heuristic.
+EQUIKERNELS_TUNE_MAX_CANDIDATES caps how many candidates are tried (the default always is).
 """
 from __future__ import annotations
 
 import os
 import time
 import warnings
-from typing import Callable, Dict, Optional, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Dict, Optional, Sequence, Union
 
 import torch
 
@@ -35,10 +42,18 @@ def active(device: torch.device) -> bool:
             and not torch.cuda.is_current_stream_capturing())
 
 
+_CACHE_ENV = ("EQUIKERNELS_TUNE_FILE", "EQUIKERNELS_CACHE_DIR", "XDG_CACHE_HOME", "HOME")
+_CACHE_FOR: Optional[tuple] = None
+_DEVICE_KEYS: Dict[tuple, str] = {}
+
+
 def cache() -> TuneCache:
-    global _CACHE
-    if _CACHE is None or _CACHE.path != TuneCache().path:
-        _CACHE = TuneCache()
+    """The process's cache object; rebuilt when the variables that locate the file change (this
+    runs on every tuned launch, so it compares strings rather than building paths)."""
+    global _CACHE, _CACHE_FOR
+    env = tuple(os.environ.get(k) for k in _CACHE_ENV)
+    if _CACHE is None or env != _CACHE_FOR:
+        _CACHE, _CACHE_FOR = TuneCache(), env
     return _CACHE
 
 
@@ -48,11 +63,16 @@ def bucket(n: int) -> int:
 
 
 def device_key(device: torch.device) -> str:
-    import triton  # noqa: PLC0415
+    """GPU name and versions (memoized per device: this runs on every tuned launch)."""
+    idx = device.index if device.index is not None or device.type != "cuda" else torch.cuda.current_device()
+    k = (device.type, idx)
+    if k not in _DEVICE_KEYS:
+        import triton  # noqa: PLC0415
 
-    from .. import __version__  # noqa: PLC0415
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return f"{name}|torch {torch.__version__}|triton {triton.__version__}|equikernels {__version__}"
+        from .. import __version__  # noqa: PLC0415
+        name = torch.cuda.get_device_name(idx) if device.type == "cuda" else "cpu"
+        _DEVICE_KEYS[k] = f"{name}|torch {torch.__version__}|triton {triton.__version__}|equikernels {__version__}"
+    return _DEVICE_KEYS[k]
 
 
 def time_ms(fn: Callable[[], object], device: torch.device, reps: int = 10, warmup: int = 2) -> float:
@@ -78,28 +98,95 @@ def time_ms(fn: Callable[[], object], device: torch.device, reps: int = 10, warm
     return times[len(times) // 2]
 
 
-def choose(key: str, candidates: Sequence[dict], measure: Callable[[dict], float], default: dict) -> dict:
-    """The tuned configuration for ``key`` (see the module docstring)."""
+def _threads(n: int) -> int:
+    """Threads for the parallel compile pass: only with CUDA in use (the Triton interpreter is not
+    thread-safe), capped by EQUIKERNELS_TUNE_THREADS and the CPU count."""
+    env = os.environ.get("EQUIKERNELS_TUNE_THREADS")
+    if env:
+        return max(1, min(n, int(env)))
+    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_initialized():
+        return 1
+    return max(1, min(n, os.cpu_count() or 1))
+
+
+def _precompile(cands: Sequence[dict], measure: Callable[[dict], float], failed: Dict[int, str]) -> None:
+    """Run ``measure`` once per candidate in parallel threads (results discarded): the first launch
+    of each compiles it, and Triton releases the GIL for part of a compile (ptxas is a subprocess).
+    Threads use the caller's device and stream."""
+    cuda = torch.cuda.is_initialized()
+    dev = torch.cuda.current_device() if cuda else None
+    stream = torch.cuda.current_stream() if cuda else None
+    grad = torch.is_grad_enabled()
+
+    def one(i: int) -> None:
+        try:
+            if cuda:
+                torch.cuda.set_device(dev)
+                with torch.cuda.stream(stream), torch.set_grad_enabled(grad):
+                    measure(cands[i])
+            else:
+                with torch.set_grad_enabled(grad):
+                    measure(cands[i])
+        except Exception as exc:  # noqa: BLE001 (reported and skipped below)
+            failed[i] = f"{type(exc).__name__}: {exc}"
+
+    with ThreadPoolExecutor(max_workers=_threads(len(cands)), thread_name_prefix="ek-tune") as pool:
+        list(pool.map(one, range(len(cands))))
+
+
+def _margin() -> float:
+    return float(os.environ.get("EQUIKERNELS_TUNE_MARGIN", "0.03"))
+
+
+def choose(key: str, candidates: Union[Sequence[dict], Callable[[], Sequence[dict]]],
+           measure: Callable[[dict], float], default: dict) -> dict:
+    """The tuned configuration for ``key`` (see the module docstring). ``candidates`` may be a
+    callable, evaluated only on a cache miss."""
     if not enabled():
         return default
     hit = cache().get(key)
     if hit is not None:
         return hit["config"]
-    cands = list(candidates)
-    if default not in cands:
-        cands.insert(0, default)
+    return _tune(key, candidates() if callable(candidates) else candidates, measure, default)
+
+
+def _tune(key: str, candidates: Sequence[dict], measure: Callable[[dict], float], default: dict) -> dict:
+    others = [c for c in candidates if c != default]
+    cap = os.environ.get("EQUIKERNELS_TUNE_MAX_CANDIDATES")
+    if cap:
+        others = others[:max(0, int(cap) - 1)]
+    cands = [default] + others
     t0 = time.perf_counter()
     times: Dict[int, float] = {}
-    for i, c in enumerate(cands):
+    failed: Dict[int, str] = {}
+
+    def timed(i: int) -> None:
         try:
-            times[i] = measure(c)
+            times[i] = measure(cands[i])
         except Exception as exc:  # a candidate that does not compile or run is skipped
-            warnings.warn(f"equikernels autotune: candidate {c} failed for {key}: {type(exc).__name__}: {exc}")
+            failed[i] = f"{type(exc).__name__}: {exc}"
+
+    timed(0)  # the default first, alone: it also builds what all candidates share
+    compile_s = 0.0
+    if len(cands) > 2 and _threads(len(cands) - 1) > 1:
+        t1 = time.perf_counter()
+        rest: Dict[int, str] = {}
+        _precompile(cands[1:], measure, rest)
+        failed.update({i + 1: m for i, m in rest.items()})
+        compile_s = time.perf_counter() - t1
+    for i in range(1, len(cands)):
+        if i not in failed:
+            timed(i)
+    for i, msg in sorted(failed.items()):
+        warnings.warn(f"equikernels autotune: candidate {cands[i]} failed for {key}: {msg}")
     if not times:
         return default
     best = min(times, key=times.get)
-    entry = {"config": cands[best], "ms": times[best], "default_ms": times.get(cands.index(default)),
-             "candidates": len(cands), "tuning_s": time.perf_counter() - t0}
+    if 0 in times and times[best] > times[0] * (1 - _margin()):
+        best = 0  # not faster than the default beyond the margin
+    entry = {"config": cands[best], "ms": times[best], "default_ms": times.get(0), "candidates": len(cands),
+             "tuning_s": time.perf_counter() - t0, "parallel_compile_s": compile_s,
+             "tried": [{"config": c, "ms": times.get(i), "error": failed.get(i)} for i, c in enumerate(cands)]}
     try:
         cache().put(key, entry)
     except OSError as exc:  # a read-only cache directory must not stop the run
