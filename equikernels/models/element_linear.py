@@ -68,33 +68,63 @@ class ElementLinear(nn.Module):
         self._in_off = _offsets(self.irreps_in)
         self._out_off = _offsets(self.irreps_out)
 
-    def _block(self, x: torch.Tensor, i: int) -> torch.Tensor:
-        """Input block i as [N, 2l+1, mul]."""
-        mul, l, _ = self.irreps_in[i]
-        b = x.narrow(1, self._in_off[i], mul * (2 * l + 1))
-        return b.reshape(-1, 2 * l + 1, mul) if self.layout == "ir_mul" else b.reshape(-1, mul, 2 * l + 1).transpose(1, 2)
+    def _plan(self):
+        """Per output block: (input block, mul_in, ir dim, weight offset, mul_out) of its paths, and the
+        per-weight coefficient (the path's Clebsch-Gordan value, the same for every component)."""
+        plan = self.__dict__.get("_plan_cache")
+        if plan is None:
+            blocks = [[] for _ in self.irreps_out]
+            scale = torch.zeros(self.weight_numel, dtype=torch.float64)
+            for i_in, i_out, off, cg in self.paths:
+                m1, l, _ = self.irreps_in[i_in]
+                mo = self.irreps_out[i_out][0]
+                blocks[i_out].append((i_in, m1, 2 * l + 1, off, mo))
+                scale[off:off + m1 * self.num_elements * mo] = float(cg[0])
+            plan = self.__dict__["_plan_cache"] = (blocks, {"cpu64": scale})
+        return plan
+
+    def _scaled_weight(self, scale) -> torch.Tensor:
+        """weight * coefficients: one op, kept between calls while the weight is frozen and unchanged."""
+        w = self.weight
+        key = (w.device, w.dtype)
+        if key not in scale:
+            scale[key] = scale["cpu64"].to(device=w.device, dtype=w.dtype)
+        if w.requires_grad or torch.compiler.is_compiling():
+            return w * scale[key]
+        vkey = (w.data_ptr(), w._version, w.dtype, w.device)
+        cached = self.__dict__.get("_scaled")
+        if cached is None or cached[0] != vkey:
+            cached = self.__dict__["_scaled"] = (vkey, w * scale[key])
+        return cached[1]
 
     def forward(self, x: torch.Tensor, groups: ElementGroups) -> torch.Tensor:
         if not groups.runs:  # no nodes
             return x.new_zeros(x.shape[0], sum(m * (2 * l + 1) for m, l, _ in self.irreps_out))
+        blocks, scale = self._plan()
+        w = self._scaled_weight(scale)
         single = len(groups.runs) == 1
-        xs = x if single else x.index_select(0, groups.perm)
-        outs = [None] * len(self.irreps_out)
-        for i_in, i_out, off, cg in self.paths:
-            m1, l, _ = self.irreps_in[i_in]
-            mo = self.irreps_out[i_out][0]
-            w = self.weight.narrow(0, off, m1 * self.num_elements * mo).view(m1, self.num_elements, mo)
-            xb = self._block(xs, i_in)  # [N, 2l+1, m1]
-            parts = [xb[a:b] @ w[:, z, :] for z, a, b in groups.runs]
-            y = parts[0] if single else torch.cat(parts, 0)
-            y = y * cg.to(dtype=y.dtype, device=y.device)[:, None]  # [N, 2l+1, mo]
-            outs[i_out] = y if outs[i_out] is None else outs[i_out] + y
+        xs = x if single else x.index_select(0, groups.perm)  # nodes sorted by element
+        n, ne, ir_mul = xs.shape[0], self.num_elements, self.layout == "ir_mul"
+        xparts = xs.split([m * (2 * l + 1) for m, l, _ in self.irreps_in], dim=1)  # backward: one cat
         flat = []
-        for k, (mul, l, _) in enumerate(self.irreps_out):
-            y = outs[k]
-            if y is None:
-                y = xs.new_zeros(xs.shape[0], 2 * l + 1, mul)
-            flat.append((y if self.layout == "ir_mul" else y.transpose(1, 2)).reshape(xs.shape[0], -1))
+        for k, terms in enumerate(blocks):
+            mul, l, _ = self.irreps_out[k]
+            d = 2 * l + 1
+            acc = None
+            for i_in, m1, _, off, mo in terms:
+                wv = w.narrow(0, off, m1 * ne * mo).view(m1, ne, mo)
+                xb = xparts[i_in]
+                if d > 1:  # [N, d, m1]: matmul over the channel axis, components as a batch axis
+                    xb = xb.view(n, d, m1) if ir_mul else xb.view(n, m1, d).transpose(1, 2)
+                parts = [torch.matmul(xb[a:b], wv[:, z, :]) for z, a, b in groups.runs]
+                y = parts[0] if single else torch.cat(parts, 0)
+                acc = y if acc is None else acc + y
+            if acc is None:
+                flat.append(xs.new_zeros(n, mul * d))
+            elif d == 1:
+                flat.append(acc)
+            else:
+                flat.append(acc.reshape(n, d * mul) if ir_mul else acc.transpose(1, 2).reshape(n, mul * d))
         out = torch.cat(flat, 1) if len(flat) > 1 else flat[0]
         return out if single else out.index_select(0, groups.inverse)
 

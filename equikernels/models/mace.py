@@ -11,8 +11,11 @@ numbers (weights, U tensors, E0, scale/shift) live in the state dict.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
-from typing import Dict, List, Optional
+import threading
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -22,10 +25,47 @@ from ..nn.spherical_harmonics import SphericalHarmonics, ir_mul_permutation
 from ..ops.conv import ConvGraph
 from .blocks import InteractionBlock, LinearReadout, NonLinearReadout, ProductBlock
 from .element_linear import ElementGroups
-from .radial import RadialEmbedding, ZBLRepulsion, node_atomic_numbers
+from .radial import RadialEmbedding, ZBLRepulsion
 
 CONFIG_VERSION = 1
 REQUIRED_KEYS = ("positions", "node_attrs", "edge_index", "shifts", "batch", "ptr")
+
+_TRUSTED = threading.local()
+
+
+@contextlib.contextmanager
+def trusted_inputs(node_feats: bool = True):
+    """Within this context the models skip the edge-index bounds check (a device->host sync per
+    call) and, with ``node_feats=False``, the "node_feats" output (returned as None). For callers
+    whose graphs are valid by construction (the calculator's neighbour lists, CUDA-graph capture,
+    where a sync is not allowed)."""
+    old = getattr(_TRUSTED, "value", None)
+    _TRUSTED.value = (node_feats,)
+    try:
+        yield
+    finally:
+        _TRUSTED.value = old
+
+
+def _trusted() -> Optional[Tuple[bool]]:
+    return getattr(_TRUSTED, "value", None)
+
+
+@dataclass
+class _NodeContext:
+    """What depends only on the atoms (not on positions or parameters): element of each node and the
+    element groups (one host sync to build), heads, E0 per node and per graph, scale/shift per
+    node. Kept between calls on the same data tensors, so an MD step rebuilds none of it."""
+    key: tuple
+    element: torch.Tensor
+    prod_element: torch.Tensor
+    groups: ElementGroups
+    node_z: torch.Tensor
+    node_heads: torch.Tensor
+    node_e0: torch.Tensor
+    e0: torch.Tensor
+    scale: Optional[torch.Tensor] = None
+    shift: Optional[torch.Tensor] = None
 
 
 class MACE(nn.Module):
@@ -107,9 +147,12 @@ class MACE(nn.Module):
                              f"{tuple(data['shifts'].shape)}")
         if data["batch"].shape != (n,):
             raise ValueError(f"data['batch']: expected shape [num_atoms={n}], got {tuple(data['batch'].shape)}")
-        lo, hi = (torch.stack([ei.min(), ei.max()]).tolist() if ei.numel() else (0, 0))  # one host sync
-        if lo < 0 or (ei.numel() and hi >= n):
-            raise IndexError(f"data['edge_index']: node indices must lie in [0, {n})")
+        checked = self.__dict__.get("_checked_ei")
+        if _trusted() is None and not (checked is not None and checked[0] is ei and checked[1] == (ei._version, n)):
+            lo, hi = (torch.stack([ei.min(), ei.max()]).tolist() if ei.numel() else (0, 0))  # one host sync
+            if lo < 0 or (ei.numel() and hi >= n):
+                raise IndexError(f"data['edge_index']: node indices must lie in [0, {n})")
+            self.__dict__["_checked_ei"] = (ei, (ei._version, n))  # held: its id cannot be reused
         for k in ("positions", "node_attrs", "edge_index", "shifts", "batch"):
             if data[k].device != self.atomic_energies.device:
                 raise ValueError(f"data[{k!r}]: on {data[k].device}, the model is on {self.atomic_energies.device}")
@@ -118,15 +161,39 @@ class MACE(nn.Module):
                                "or pass u_matrices")
 
     # --- forward ---------------------------------------------------------------------------------
-    def _features(self, data, compute_virials, compute_stress, compute_displacement):
+    def _context(self, data) -> _NodeContext:
+        attrs, batch, ptr, head = data["node_attrs"], data["batch"], data["ptr"], data.get("head")
+        tensors = (attrs, batch, ptr, head, self.atomic_energies, getattr(self, "scale", None),
+                   getattr(self, "shift", None))
+        key = tuple((t._version, t.dtype, t.device) if t is not None else None for t in tensors)
+        ctx = self.__dict__.get("_ctx")
+        if (ctx is not None and ctx.key[1] == key and all(a is b for a, b in zip(ctx.key[0], tensors))
+                and not torch.compiler.is_compiling()):
+            return ctx
+        num_graphs = int(ptr.numel() - 1)
+        element = torch.argmax(attrs, dim=1)  # one-hot -> element index
+        groups = ElementGroups.build(element, self.num_elements)
+        node_heads = (head[batch] if head is not None else torch.zeros_like(batch)).to(torch.int64)
+        e0_table = torch.atleast_2d(self.atomic_energies).T.to(dtype=attrs.dtype)
+        n = attrs.shape[0]
+        node_e0 = (attrs @ e0_table)[torch.arange(n, device=node_heads.device), node_heads]
+        ctx = _NodeContext((tensors, key), element, torch.zeros_like(element) if self.use_agnostic_product else element,
+                           groups, self.atomic_numbers[element].unsqueeze(-1), node_heads, node_e0,
+                           _scatter(node_e0, batch, num_graphs))
+        if hasattr(self, "scale"):
+            ctx.scale = torch.atleast_1d(self.scale)[node_heads]
+            ctx.shift = torch.atleast_1d(self.shift)[node_heads]
+        self.__dict__["_ctx"] = ctx  # holds the tensors of its key, so their ids cannot be reused
+        return ctx
+
+    def _features(self, data, ctx, compute_virials, compute_stress, compute_displacement):
         positions = data["positions"]
         if positions.is_leaf and not positions.requires_grad:
             positions.requires_grad_(True)
         batch, ptr, edge_index = data["batch"], data["ptr"], data["edge_index"]
         num_graphs = int(ptr.numel() - 1)
         sender, receiver = edge_index[0], edge_index[1]
-        node_heads = data["head"][batch] if "head" in data else torch.zeros_like(batch)
-        node_heads = node_heads.to(torch.int64)
+        node_heads = ctx.node_heads
         displacement = torch.zeros((num_graphs, 3, 3), dtype=positions.dtype, device=positions.device)
         cell = data.get("cell")
         if compute_virials or compute_stress or compute_displacement:
@@ -150,22 +217,20 @@ class MACE(nn.Module):
         lengths = torch.linalg.norm(vectors, dim=-1, keepdim=True)
         return positions, vectors, lengths, displacement, cell, node_heads, num_graphs
 
-    def _interactions(self, data, vectors, lengths, node_heads):
+    def _interactions(self, data, ctx, vectors, lengths, node_heads):
         """Runs every layer; returns per-node readout energies [per readout] and node features."""
         node_attrs = data["node_attrs"]
         n = node_attrs.shape[0]
         sender, receiver = data["edge_index"][0], data["edge_index"][1]
-        element = torch.argmax(node_attrs, dim=1)  # one-hot -> element index
-        groups = ElementGroups.build(element, self.num_elements)
+        groups, node_z = ctx.groups, ctx.node_z
         graph = ConvGraph.build(sender, receiver, n, validate=False)  # one graph, reused by every layer
-        node_z = node_atomic_numbers(self.atomic_numbers, node_attrs)
         node_feats = self.node_embedding(node_attrs)
         edge_attrs = self.spherical_harmonics(vectors)
         edge_feats, cutoff = self.radial_embedding(lengths, node_z, sender, receiver)
         pair = None
         if self.pair_repulsion is not None:
             pair = self.pair_repulsion(lengths, node_z, sender, receiver, n)
-        prod_element = torch.zeros_like(element) if self.use_agnostic_product else element
+        prod_element = ctx.prod_element
         feats = []
         for interaction, product in zip(self.interactions, self.products):
             node_feats, sc = interaction(node_feats, groups, edge_attrs, edge_feats, cutoff, graph)
@@ -174,38 +239,37 @@ class MACE(nn.Module):
         node_es = []
         for i, readout in enumerate(self.readouts):
             x = feats[-1] if len(self.readouts) == 1 else feats[i]
-            node_es.append(readout(x, node_heads).gather(1, node_heads[:, None]).squeeze(1))
+            e = readout(x, node_heads)
+            # one head: its column (a view); several: each node's head
+            node_es.append(e[:, 0] if e.shape[1] == 1 else e.gather(1, node_heads[:, None]).squeeze(1))
+        trusted = _trusted()
+        if trusted is not None and not trusted[0]:
+            return node_es, pair, None
         perms = [getattr(self, f"_to_mul_ir_{i}") for i in range(len(feats))]
         mul_ir = [f if p is None else f.index_select(1, p) for f, p in zip(feats, perms)]
         return node_es, pair, torch.cat(mul_ir, dim=-1)
-
-    def _node_e0(self, data, node_heads):
-        e0_table = torch.atleast_2d(self.atomic_energies).T.to(dtype=data["node_attrs"].dtype)
-        n = data["node_attrs"].shape[0]
-        return (data["node_attrs"] @ e0_table)[torch.arange(n, device=node_heads.device), node_heads]
 
     def _common(self, data, compute_virials, compute_stress, compute_displacement, lammps_mliap):
         """What both energy models share: checks, geometry, E0 and the interaction layers."""
         if lammps_mliap:
             raise NotImplementedError("lammps_mliap: the LAMMPS ML-IAP interface is not supported")
         self._check_data(data)
+        ctx = self._context(data)
         positions, vectors, lengths, displacement, cell, node_heads, num_graphs = self._features(
-            data, compute_virials, compute_stress, compute_displacement)
+            data, ctx, compute_virials, compute_stress, compute_displacement)
         batch = data["batch"]
-        node_e0 = self._node_e0(data, node_heads)
-        e0 = _scatter(node_e0, batch, num_graphs).to(vectors.dtype)
-        node_es, pair, node_feats = self._interactions(data, vectors, lengths, node_heads)
-        pair_node = pair if pair is not None else torch.zeros_like(node_e0)
+        node_e0, e0 = ctx.node_e0, ctx.e0.to(vectors.dtype)
+        node_es, pair, node_feats = self._interactions(data, ctx, vectors, lengths, node_heads)
         return (positions, vectors, displacement, cell, node_heads, num_graphs, batch, node_e0, e0, node_es, pair,
-                node_feats, pair_node)
+                node_feats, ctx)
 
     def forward(self, data: Dict[str, torch.Tensor], training: bool = False, compute_force: bool = True,
                 compute_virials: bool = False, compute_stress: bool = False, compute_displacement: bool = False,
                 compute_hessian: bool = False, compute_edge_forces: bool = False,
                 compute_atomic_stresses: bool = False, lammps_mliap: bool = False) -> Dict[str, Optional[torch.Tensor]]:
         (positions, vectors, displacement, cell, node_heads, num_graphs, batch, node_e0, e0, node_es, pair,
-         node_feats, pair_node) = self._common(data, compute_virials, compute_stress, compute_displacement,
-                                               lammps_mliap)
+         node_feats, ctx) = self._common(data, compute_virials, compute_stress, compute_displacement, lammps_mliap)
+        pair_node = pair if pair is not None else torch.zeros_like(node_e0)
         energies = [e0, _scatter(pair_node, batch, num_graphs) if pair is not None else torch.zeros_like(e0)]
         node_energies = [node_e0, pair_node]
         for es in node_es:
@@ -234,13 +298,16 @@ class ScaleShiftMACE(MACE):
                 compute_hessian: bool = False, compute_edge_forces: bool = False,
                 compute_atomic_stresses: bool = False, lammps_mliap: bool = False) -> Dict[str, Optional[torch.Tensor]]:
         (positions, vectors, displacement, cell, node_heads, num_graphs, batch, node_e0, e0, node_es, pair,
-         node_feats, pair_node) = self._common(data, compute_virials, compute_stress, compute_displacement,
-                                               lammps_mliap)
-        node_inter = torch.sum(torch.stack([pair_node] + node_es, dim=0), dim=0)
-        node_inter = torch.atleast_1d(self.scale)[node_heads] * node_inter + torch.atleast_1d(self.shift)[node_heads]
+         node_feats, ctx) = self._common(data, compute_virials, compute_stress, compute_displacement, lammps_mliap)
+        # sum of (ZBL, readouts) in mace-torch's order; a missing ZBL term adds an exact zero
+        terms = ([pair] if pair is not None else []) + node_es
+        node_inter = terms[0]
+        for t in terms[1:]:
+            node_inter = node_inter + t
+        node_inter = ctx.scale * node_inter + ctx.shift
         inter_e = _scatter(node_inter, batch, num_graphs)
         total = e0 + inter_e
-        node_energy = node_e0.clone().double() + node_inter.clone().double()  # float64, as mace-torch
+        node_energy = node_e0.double() + node_inter.double()  # float64, as mace-torch (a new tensor)
         out = _outputs(inter_e, positions, displacement, vectors, cell, data, training, compute_force,
                        compute_virials, compute_stress, compute_hessian, compute_edge_forces,
                        compute_atomic_stresses)

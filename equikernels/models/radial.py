@@ -70,6 +70,27 @@ def polynomial_envelope(r: torch.Tensor, r_max, p) -> torch.Tensor:
     return env * (r < r_max)
 
 
+def _int_value(module: nn.Module, name: str) -> Optional[int]:
+    """An integer buffer as a Python int, read once (one host sync) and kept while it is unchanged."""
+    t = getattr(module, name)
+    if torch.compiler.is_compiling():
+        return None
+    key = (t.data_ptr(), t._version, t.device)
+    cached = module.__dict__.get(f"_{name}_int")
+    if cached is None or cached[0] != key:
+        cached = module.__dict__[f"_{name}_int"] = (key, int(t.item()))
+    return cached[1]
+
+
+def envelope_int_p(r: torch.Tensor, r_max, p: int) -> torch.Tensor:
+    """``polynomial_envelope`` for an integer p known on the host: the coefficients (exact integers)
+    are Python numbers, not 0-dim tensor ops (a dozen tiny kernels per call on a GPU)."""
+    x = r / r_max
+    env = (1.0 - ((p + 1.0) * (p + 2.0) / 2.0) * torch.pow(x, p) + float(p * (p + 2)) * torch.pow(x, p + 1)
+           - (p * (p + 1.0) / 2) * torch.pow(x, p + 2))
+    return env * (r < r_max)
+
+
 class PolynomialCutoff(nn.Module):
     def __init__(self, r_max: float, p: int) -> None:
         super().__init__()
@@ -77,7 +98,10 @@ class PolynomialCutoff(nn.Module):
         self.register_buffer("r_max", torch.tensor(r_max))
 
     def forward(self, r: torch.Tensor) -> torch.Tensor:
-        return polynomial_envelope(r, self.r_max, self.p.to(torch.int))
+        p = _int_value(self, "p")
+        if p is None:
+            return polynomial_envelope(r, self.r_max, self.p.to(torch.int))
+        return envelope_int_p(r, self.r_max, p)
 
 
 class AgnesiTransform(nn.Module):
@@ -190,10 +214,21 @@ class RadialMLP(nn.Module):
             layer.weight = nn.Parameter(torch.randn(h_in, h_out))
             self.layers.append(layer)
 
+    def _scaled(self) -> List[torch.Tensor]:
+        """W / sqrt(fan_in) per layer; kept between calls while the weights are frozen and unchanged."""
+        ws = [layer.weight for layer in self.layers]
+        if any(w.requires_grad for w in ws) or torch.compiler.is_compiling():
+            return [w / self.hs[i] ** 0.5 for i, w in enumerate(ws)]
+        key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in ws)
+        cached = self.__dict__.get("_scaled_cache")
+        if cached is None or cached[0] != key:
+            cached = self.__dict__["_scaled_cache"] = (key, [w / self.hs[i] ** 0.5 for i, w in enumerate(ws)])
+        return cached[1]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            x = x @ (layer.weight / self.hs[i] ** 0.5)
+        for i, w in enumerate(self._scaled()):
+            x = x @ w
             if i < last and self.act is not None:
                 x = self.act(x)
         return x

@@ -263,8 +263,21 @@ class SymmetricContraction(nn.Module):
                 parts.append(w.reshape(w.shape[0], -1))
         return torch.cat(parts, dim=1)
 
+    def node_weights(self, element: torch.Tensor) -> torch.Tensor:
+        """W[element] [N, w.dim]. With frozen weights (inference) it is kept between calls on the same
+        element tensor (same object, unmodified): an MD step then gathers nothing."""
+        params = [w for per_nu in self.weights for w in per_nu]
+        if any(p.requires_grad for p in params) or torch.compiler.is_compiling():
+            return self.weight_table().index_select(0, element)
+        key = (element._version, tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params))
+        cached = self.__dict__.get("_node_w")
+        if cached is None or cached[0] is not element or cached[1] != key:
+            # the element tensor itself is held, so its id cannot be reused by another tensor
+            cached = self.__dict__["_node_w"] = (element, key, self.weight_table().index_select(0, element))
+        return cached[2]
+
     def forward(self, x: torch.Tensor, element: torch.Tensor) -> torch.Tensor:
-        w = self.weight_table().index_select(0, element)
+        w = self.node_weights(element)
         if self.op.layout != self.layout:  # layout changed after construction
             self.op = TableOp(self.table, self.layout, backend=self.backend)
         return self.op({"x": x, "w": w})
