@@ -159,7 +159,7 @@ class Linear(nn.Module):
 
     # --- fast path: internal shared weights, no bias, no f axes, same dtype, no autocast --------
     def _fast_plan(self):
-        """Per output block, its (input offset, mul_in, ir dim, weight offset, mul_out) terms; None when
+        """Per output block, its (input block, mul_in, ir dim, weight offset, mul_out) terms; None when
         the general path is needed (biases, f axes, unreached or empty blocks). Built once."""
         plan = self.__dict__.get("_plan", False)
         if plan is not False:
@@ -169,14 +169,11 @@ class Linear(nn.Module):
               and self.weight_numel > 0 and all(m > 0 for m, _ in self.irreps_in)
               and all(m > 0 for m, _ in self.irreps_out))
         if ok:
-            starts = [0]
-            for mul_ir in self.irreps_in:
-                starts.append(starts[-1] + mul_ir.dim)
             blocks = [[] for _ in self.irreps_out]
             alpha, w_off = [], 0
             for ins in self.instructions:
                 (mi, ir), mo = self.irreps_in[ins.i_in], self.irreps_out[ins.i_out].mul
-                blocks[ins.i_out].append((starts[ins.i_in], mi, ir.dim, w_off, mo))
+                blocks[ins.i_out].append((ins.i_in, mi, ir.dim, w_off, mo))  # input block index
                 alpha.append(torch.full((mi * mo,), ins.path_weight, dtype=torch.float64))
                 w_off += mi * mo
             if all(blocks):
@@ -184,6 +181,9 @@ class Linear(nn.Module):
         self.__dict__["_plan"] = plan
         self.__dict__["_scaled"] = None
         return plan
+
+    def _in_sizes(self) -> List[int]:
+        return [mul_ir.dim for mul_ir in self.irreps_in]
 
     def _scaled_weight(self, alpha: torch.Tensor) -> torch.Tensor:
         """weight * path weights, one op; kept between calls while the weight is frozen and unchanged
@@ -210,12 +210,14 @@ class Linear(nn.Module):
         x = features.reshape(-1, features.shape[-1])
         n = x.shape[0]
         ir_mul = self.layout == "ir_mul"
+        # one split (its backward is one cat) rather than a narrow per block (each a zero-filled slice backward)
+        parts = x.split(self._in_sizes(), dim=1)
         outs = []
         for terms in blocks:
             acc = None
             for start, mi, d, w_off, mo in terms:
                 ws = w.narrow(0, w_off, mi * mo).view(mi, mo)
-                xs = x.narrow(1, start, mi * d)
+                xs = parts[start]
                 if d == 1:
                     y = torch.mm(xs, ws)
                 elif ir_mul:  # [N, d, mi] @ [mi, mo] -> [N, d, mo], flattened component-major
