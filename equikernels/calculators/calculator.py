@@ -3,12 +3,17 @@
 Per step the host does little: positions go to the device once, the neighbour list is reused
 while no atom moved more than half the skin (vesin runs on the model's device when it is rebuilt),
 the one-hot element table, batch vector and cell stay on the device until they change, and all
-results come back in one transfer. CUDA graphs are not used: the edge count changes between
-steps, and mace-torch models compute forces with ``torch.autograd.grad`` inside their forward.
+results come back in one transfer.
+
+With ``cuda_graph`` (equikernels MACE models on CUDA), energy + forces (+ stress) run as one CUDA
+graph replay per step (``equikernels.models.graphed``): the unfiltered Verlet candidate list (pairs
+within cutoff + skin; MACE's envelope makes the extra pairs contribute exact zeros) is padded to a
+bucket, so shapes only change at a neighbour-list rebuild that leaves the bucket, which re-captures.
 """
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
@@ -17,11 +22,14 @@ from ase import Atoms
 from ase.calculators.calculator import Calculator, all_changes
 from ase.stress import full_3x3_to_voigt_6_stress
 
+from ..models.mace import trusted_inputs
 from .graph import ElementTable, single_graph
 from .loading import model_heads, resolve_device, resolve_dtype, resolve_head, resolve_model
 from .neighbors import DEFAULT_SKIN, SkinNeighborList, pbc_tensor, vesin_pairs
 
 MIN_VOLUME = 1e-8  # A^3: below this the cell has no volume and stress is undefined
+CUDA_GRAPH_DEFAULT = "0"  # cuda_graph=None reads EQUIKERNELS_CUDA_GRAPH (0, 1 or auto), else this
+CUDA_GRAPH_MAX_ATOMS = 5000  # "auto": graphs below this size (larger systems are not host-bound)
 
 
 def _check_atoms(atoms, what: str = "atoms") -> None:
@@ -49,6 +57,9 @@ class MACECalculator(Calculator):
             converted in place (as mace-torch's calculator does), and its parameters frozen.
         head: which head of a multi-head model; default the only head or the one called 'default'.
         skin: Verlet skin in Angstrom (0 rebuilds the neighbour list every step).
+        cuda_graph: True, False or "auto" (CUDA graphs below ``CUDA_GRAPH_MAX_ATOMS`` atoms); None
+            reads ``EQUIKERNELS_CUDA_GRAPH`` (default off). Only for equikernels MACE models on CUDA;
+            elsewhere, or if capture fails, evaluation is eager (with a warning when asked for).
 
     ``energies`` are per-atom energies (including the isolated-atom reference energies E0),
     ``stress`` is Voigt (xx, yy, zz, yz, xz, xy) in eV/A^3 and is computed only when asked for.
@@ -58,7 +69,7 @@ class MACECalculator(Calculator):
 
     def __init__(self, model: Union[None, str, os.PathLike, torch.nn.Module] = None, device=None,
                  default_dtype: Optional[str] = None, head: Optional[str] = None, skin: float = DEFAULT_SKIN,
-                 **kwargs):
+                 cuda_graph: Union[None, bool, str] = None, **kwargs):
         Calculator.__init__(self, **kwargs)
         self.device = resolve_device(device)
         model = resolve_model(model, self.device)
@@ -74,9 +85,47 @@ class MACECalculator(Calculator):
         self._head = torch.tensor([self.heads.index(self.head)], dtype=torch.int64, device=self.device)
         self.elements = ElementTable([int(z) for z in model.atomic_numbers], self.device)
         self.neighbors = SkinNeighborList(self.r_max, skin)
+        self._graphed = None
+        self.cuda_graph = self._resolve_cuda_graph(cuda_graph)
         self._numbers: Optional[np.ndarray] = None   # cached per-structure device state
         self._cell_np: Optional[np.ndarray] = None
         self._pbc_np: Optional[np.ndarray] = None
+
+    def _resolve_cuda_graph(self, value) -> Union[bool, str]:
+        if value is None:
+            value = os.environ.get("EQUIKERNELS_CUDA_GRAPH", CUDA_GRAPH_DEFAULT)
+        if isinstance(value, str):
+            v = value.strip().lower()
+            if v not in ("0", "1", "auto", "false", "true"):
+                raise ValueError(f"cuda_graph: expected True, False or 'auto' (EQUIKERNELS_CUDA_GRAPH: 0, 1 or auto), "
+                                 f"got {value!r}")
+            value = "auto" if v == "auto" else v in ("1", "true")
+        if value is False:
+            return False
+        from ..models.mace import MACE  # noqa: PLC0415
+        why = None
+        if self.device.type != "cuda":
+            why = "the device is not CUDA"
+        elif not isinstance(self.model, MACE):
+            why = "the model is not an equikernels MACE (load it with equikernels.models)"
+        if why is not None:
+            if value is True:
+                warnings.warn(f"cuda_graph: not used ({why}); evaluating eagerly", RuntimeWarning)
+            return False
+        return value
+
+    def _enable_graphs(self, capture: Optional[bool] = None) -> None:
+        """Start the padded fixed-shape evaluation (``capture=False``: eager, any device; tests)."""
+        from ..models.graphed import GraphedModel  # noqa: PLC0415
+        self._graphed = GraphedModel(self.model, capture=capture)
+        self.cuda_graph = True
+
+    def _use_graphs(self, num_atoms: int) -> bool:
+        if self.cuda_graph is False or (self.cuda_graph == "auto" and num_atoms > CUDA_GRAPH_MAX_ATOMS):
+            return False
+        if self._graphed is None:
+            self._enable_graphs()
+        return self._graphed.disabled_reason is None or self._graphed.capture is False
 
     # ---- per-structure state, refreshed only when it changes -------------------------------
     def _sync_structure(self, atoms: Atoms) -> None:
@@ -114,8 +163,17 @@ class MACECalculator(Calculator):
         compute_stress = "stress" in properties
         if compute_stress:
             _check_stress_cell(atoms)
-        data = self.graph(atoms)
-        out = self.model(data, compute_force=True, compute_stress=compute_stress, training=False)
+        if self._use_graphs(len(atoms)):
+            _check_atoms(atoms)
+            self._sync_structure(atoms)
+            positions = torch.as_tensor(atoms.positions, dtype=self.dtype).to(self.device)
+            edges = self.neighbors.candidates(positions, self._cell, self._pbc)  # fixed between rebuilds
+            data = single_graph(positions, self._node_attrs, edges, self._cell, self._head, self._batch, self._ptr)
+            out = self._graphed(data, compute_stress=compute_stress)
+        else:
+            data = self.graph(atoms)
+            with trusted_inputs(node_feats=False):  # edges valid by construction: no index-check sync
+                out = self.model(data, compute_force=True, compute_stress=compute_stress, training=False)
         self.results = _results(out, [len(atoms)], compute_stress)[0]
 
     # ---- many structures in one model call -------------------------------------------------

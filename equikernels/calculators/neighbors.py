@@ -28,7 +28,8 @@ class Edges:
 
     @property
     def edge_index(self) -> torch.Tensor:
-        return torch.stack((self.sender, self.receiver))
+        cached = self.__dict__.get("_edge_index")
+        return cached if cached is not None else torch.stack((self.sender, self.receiver))
 
 
 def _vesin_neighbor_list(cutoff: float):
@@ -77,6 +78,7 @@ class SkinNeighborList:
     def reset(self) -> None:
         self._ref_positions = None
         self._candidates = None
+        self._cand_edges = None
 
     def _needs_rebuild(self, positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor) -> bool:
         ref = self._ref_positions
@@ -93,6 +95,30 @@ class SkinNeighborList:
         # one reduction and one host sync per step
         max_sq = (positions - ref).square().sum(dim=1).max()
         return bool(max_sq > (0.5 * self.skin) ** 2)
+
+    def candidates(self, positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor) -> Edges:
+        """Every pair within ``cutoff + skin`` (unfiltered), as the same tensor objects between
+        rebuilds while the cell is unchanged. For models whose terms vanish exactly beyond the cutoff
+        (MACE's envelope): results equal those of :meth:`update`, and the edge set is constant
+        between rebuilds (fixed shapes for CUDA graphs)."""
+        positions = positions.detach()
+        rebuilt = self._needs_rebuild(positions, cell, pbc)
+        if rebuilt:
+            self._rebuild(positions, cell, pbc)
+        cached = getattr(self, "_cand_edges", None)
+        if rebuilt or cached is None or cached[0] is not cell:
+            i, j, unit_shifts = self._candidates
+            edges = Edges(i, j, unit_shifts, unit_shifts @ cell.detach())
+            edges.__dict__["_edge_index"] = torch.stack((i, j))
+            self._cand_edges = (cell, edges)
+        return self._cand_edges[1]
+
+    def _rebuild(self, positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor) -> None:
+        self._candidates = vesin_pairs(positions, cell, pbc, self.cutoff + self.skin)
+        self._ref_positions = positions.clone()
+        self._ref_cell, self._ref_cell_src = cell.detach().clone(), cell
+        self._ref_pbc, self._ref_pbc_src = pbc.clone(), pbc
+        self.num_builds += 1
 
     def update(self, positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor) -> Edges:
         positions = positions.detach()

@@ -6,9 +6,10 @@ mace-torch). ``atoms_to_data`` / ``atoms_list_to_data`` turn ASE Atoms into the 
 ``MACE.forward`` (and mace-torch's models) take.
 """
 from .data import atoms_list_to_data, atoms_to_data
+from .graphed import GraphedModel
 from .io import build, config_from_mace, from_mace, load, save
-from .mace import MACE, ScaleShiftMACE
+from .mace import MACE, ScaleShiftMACE, trusted_inputs
 from .symmetric_contraction import SymmetricContraction, contraction_table
 
 __all__ = ["MACE", "ScaleShiftMACE", "from_mace", "load", "save", "build", "config_from_mace", "atoms_to_data",
-           "atoms_list_to_data", "SymmetricContraction", "contraction_table"]
+           "atoms_list_to_data", "SymmetricContraction", "contraction_table", "GraphedModel", "trusted_inputs"]

@@ -1,0 +1,208 @@
+"""Energy + forces (+ stress) of a MACE model at fixed, padded shapes, replayed as a CUDA graph.
+
+A small system's step is bound by the host (hundreds of launches, the autograd engine); a CUDA
+graph replays the whole forward and force backward as one launch. Graphs need fixed shapes, so
+atoms and edges are padded up to buckets and the graph is re-captured only when a bucket changes:
+
+* padding atoms form one extra graph of the batch (their energy is dropped), element 0, at the
+  origin; they have no edges to real atoms, so nothing of theirs reaches the real graphs;
+* padding edges are self-edges of the first padding atom shifted by one vector of a padding cell
+  of side ``PAD_LENGTH_FACTOR * r_max``, i.e. length beyond the cutoff: the envelope is exactly
+  zero there, so their messages, radial weights and gradients are exact zeros.
+
+The same holds for real edges beyond the cutoff, so callers may pass a Verlet candidate list
+(cutoff + skin) unfiltered: it is then constant between neighbour-list rebuilds.
+
+Everything inside the captured region is free of host syncs: the model runs under
+``trusted_inputs`` (no index checks) after eager warm-up calls that build every per-structure and
+per-weight cache (element groups, scaled weights), and the stress volume is a triple product.
+``GraphedModel(model, capture=False)`` runs the same padded evaluation eagerly (any device; the
+tests use it to show that padding changes nothing).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Dict, Optional
+
+import torch
+
+from .mace import trusted_inputs
+
+PAD_LENGTH_FACTOR = 3.0  # padding edges are this many r_max long (and at least 10 A: beyond ZBL's reach)
+KEYS = ("positions", "node_attrs", "edge_index", "shifts", "unit_shifts", "cell", "batch", "head")
+
+
+def bucket(n: int, minimum: int = 64, steps_per_octave: int = 8) -> int:
+    """n rounded up to a multiple of 2^floor(log2 n) / steps_per_octave (<= 12.5 % padding), at least
+    ``minimum``."""
+    n = max(int(n), 1)
+    q = max(1, 2 ** max(0, int(math.log2(n)) - int(math.log2(steps_per_octave))))
+    return max(minimum, -(-n // q) * q)
+
+
+class GraphedModel:
+    """``GraphedModel(model)(data, compute_stress=False)`` -> {"energy" [G], "node_energy" [N],
+    "forces" [N, 3], ("stress" [G, 3, 3])} for a mace-torch-style data dict of G graphs.
+
+    ``capture``: None = CUDA graphs on CUDA devices, eager elsewhere; False = padded eager
+    evaluation. Returned tensors are views of static buffers, overwritten by the next call.
+    ``edge_headroom``: extra fraction of edges a new bucket allows for, so that a slowly changing
+    edge count (MD) does not re-capture at every neighbour-list rebuild.
+    """
+
+    def __init__(self, model: torch.nn.Module, capture: Optional[bool] = None, edge_headroom: float = 0.05,
+                 warmup: int = 2) -> None:
+        self.model = model
+        self.capture = capture
+        self.edge_headroom = float(edge_headroom)
+        self.warmup = int(warmup)
+        self.r_max = float(model.r_max)
+        self.num_captures = 0  # graphs captured so far (tests and logs)
+        self.num_shapes = 0  # padded shapes (buckets) allocated so far
+        self.disabled_reason: Optional[str] = None  # set when capture failed: eager from then on
+        self._shape = None
+        self._graph = None
+        self._static: Dict[str, torch.Tensor] = {}
+        self._out: Dict[str, torch.Tensor] = {}
+        self._seen: Dict[str, tuple] = {}
+
+    # --- shapes and buffers ------------------------------------------------------------------
+    def _fits(self, n: int, e: int, key) -> bool:
+        if self._shape is None or self._shape[2:] != key:
+            return False
+        nb, eb = self._shape[:2]
+        # keep the bucket while it fits and is not much too large (a shrinking system re-buckets)
+        return n + 1 <= nb and e <= eb and bucket(n + 1) >= nb and eb <= max(2 * e, 256)
+
+    def _allocate(self, data, nb: int, eb: int, g: int, stress: bool) -> None:
+        pos = data["positions"]
+        dev, dt = pos.device, pos.dtype
+        pad = max(PAD_LENGTH_FACTOR * self.r_max, 10.0)
+        s = {
+            "positions": torch.zeros(nb, 3, dtype=dt, device=dev),
+            "node_attrs": torch.zeros(nb, data["node_attrs"].shape[1], dtype=data["node_attrs"].dtype, device=dev),
+            "edge_index": torch.zeros(2, eb, dtype=torch.int64, device=dev),
+            "shifts": torch.zeros(eb, 3, dtype=dt, device=dev),
+            "unit_shifts": torch.zeros(eb, 3, dtype=dt, device=dev),
+            "cell": torch.zeros(3 * (g + 1), 3, dtype=dt, device=dev),
+            "batch": torch.full((nb,), g, dtype=torch.int64, device=dev),
+            "ptr": torch.zeros(g + 2, dtype=torch.int64, device=dev),  # only its length is read
+            "head": torch.zeros(g + 1, dtype=torch.int64, device=dev),
+        }
+        s["positions"].requires_grad_(True)
+        s["cell"][3 * g:] = pad * torch.eye(3, dtype=dt, device=dev)
+        self._pad = pad
+        self._static = s
+        self._seen = {}
+
+    def _pad_edges(self, e: int, n: int) -> None:
+        s = self._static
+        s["edge_index"][:, e:] = n  # first padding atom
+        s["unit_shifts"][e:] = 0.0
+        s["unit_shifts"][e:, 0] = 1.0
+        s["shifts"][e:] = 0.0
+        s["shifts"][e:, 0] = self._pad
+
+    def _load(self, data, n: int, e: int, g: int) -> bool:
+        """Copies changed inputs into the static buffers; returns whether the atoms' identity (elements,
+        graphs, heads) changed, which needs a new capture (element groups are baked into it)."""
+        s = self._static
+        atoms_changed = False
+        with torch.no_grad():
+            for k in KEYS:
+                src = data.get(k)
+                if k in ("unit_shifts", "cell", "head") and src is None:
+                    continue
+                ident = (src, src._version, n, e)
+                old = self._seen.get(k)
+                if old is not None and old[0] is src and old[1:] == ident[1:]:
+                    continue  # the same tensor, unmodified: nothing to copy
+                if k == "positions":
+                    s[k][:n].copy_(src)
+                elif k == "edge_index":
+                    s[k][:, :e].copy_(src)
+                    self._pad_edges(e, n)
+                elif k in ("shifts", "unit_shifts"):
+                    s[k][:e].copy_(src)
+                    self._pad_edges(e, n)
+                elif k == "cell":
+                    s[k][:3 * g].copy_(src.reshape(3 * g, 3))
+                else:  # node_attrs, batch, head: the structure
+                    dst = s[k][:g] if k == "head" else s[k][:n]
+                    src_ = src.reshape(-1).expand(g) if k == "head" else src
+                    if not (old is not None and torch.equal(dst, src_.to(dst.dtype))):
+                        atoms_changed = atoms_changed or old is not None
+                        dst.copy_(src_)
+                        if k == "node_attrs":
+                            s[k][n:] = 0
+                            s[k][n:, 0] = 1  # padding atoms: the first element
+                        elif k == "batch":
+                            s[k][n:] = g
+                self._seen[k] = ident
+            if "unit_shifts" not in data or data.get("unit_shifts") is None:
+                s["unit_shifts"][:e] = 0.0
+        return atoms_changed
+
+    # --- evaluation ---------------------------------------------------------------------------
+    def _run(self, g: int, stress: bool) -> Dict[str, torch.Tensor]:
+        s = self._static
+        with trusted_inputs(node_feats=False):
+            out = self.model(s, compute_force=True, compute_virials=stress, compute_stress=False, training=False)
+        res = {"energy": out["energy"][:g], "node_energy": out["node_energy"], "forces": out["forces"]}
+        if stress:
+            cell = s["cell"].view(-1, 3, 3)[:g]
+            volume = (cell[:, 0] * torch.linalg.cross(cell[:, 1], cell[:, 2])).sum(-1).abs()  # no solver
+            st = -out["virials"][:g] / volume.view(-1, 1, 1)
+            res["stress"] = torch.where(torch.abs(st) < 1e10, st, torch.zeros_like(st))  # as the model
+        return res
+
+    def _capture(self, g: int, stress: bool) -> None:
+        self._graph = None
+        use = self.capture if self.capture is not None else self._static["positions"].device.type == "cuda"
+        if not use or self.disabled_reason is not None:
+            return
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(self.warmup):  # compiles kernels and fills every cache outside the capture
+                    self._run(g, stress)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = self._run(g, stress)
+            self._graph, self._out = graph, out
+            self.num_captures += 1
+        except Exception as exc:  # e.g. an op that syncs: stay correct, evaluate eagerly from now on
+            self._graph = None
+            self.disabled_reason = f"{type(exc).__name__}: {exc}"
+            warnings.warn(f"equikernels: CUDA graph capture failed ({self.disabled_reason}); evaluating eagerly",
+                          RuntimeWarning)
+
+    def __call__(self, data: Dict[str, torch.Tensor], compute_stress: bool = False) -> Dict[str, torch.Tensor]:
+        pos, ei = data["positions"], data["edge_index"]
+        n, e = pos.shape[0], ei.shape[1]
+        g = int(data["ptr"].numel() - 1)
+        if compute_stress and (data.get("cell") is None or data.get("unit_shifts") is None):
+            raise KeyError("data: 'unit_shifts' and 'cell' are required for stress")
+        key = (g, bool(compute_stress), pos.dtype, pos.device, data["node_attrs"].shape[1])
+        new_shape = not self._fits(n, e, key)
+        if new_shape:
+            nb, eb = bucket(n + 1), bucket(int(e * (1 + self.edge_headroom)) + 1)
+            self._graph = None
+            self._allocate(data, nb, eb, g, compute_stress)
+            self._shape = (nb, eb) + key
+            self.num_shapes += 1
+        changed = self._load(data, n, e, g)
+        if new_shape or changed:
+            self._capture(g, compute_stress)
+        if self._graph is not None:
+            self._graph.replay()
+            out = self._out
+        else:
+            out = self._run(g, compute_stress)
+        res = {"energy": out["energy"], "node_energy": out["node_energy"][:n], "forces": out["forces"][:n]}
+        if compute_stress:
+            res["stress"] = out["stress"]
+        return res
