@@ -11,6 +11,7 @@ compared with mace-torch's on the same structure.
     python benchmarks/bench_md.py --out "$OUT"                       # float32, 1k and 10k atoms
     python benchmarks/bench_md.py --sizes 1000 --steps 20 --quick    # smoke run
     python benchmarks/bench_md.py --device cpu --sizes 32 --steps 3 --impls equikernels,mace   # CPU debug
+    python benchmarks/bench_md.py --sizes 1000 --impls equikernels,equikernels_graph --steps 100  # eager vs graphs
 
 Per cell (implementation x size): ``--warmup`` MD steps (kernel compilation, tuning, cuEquivariance
 set-up), then ``--steps`` timed steps (wall clock; every step ends with the results on the host,
@@ -34,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-IMPLS = ("equikernels", "mace", "mace_cueq")
+IMPLS = ("equikernels", "equikernels_graph", "mace", "mace_cueq")  # _graph: cuda_graph=True
 MP0_ELEMENTS = list(range(1, 90))
 
 
@@ -66,12 +67,12 @@ def build_mace_model(args, dtype):
 
 def make_calculator(impl, mace_model, args, dtype_name):
     device = args.device
-    if impl == "equikernels":
+    if impl.startswith("equikernels"):
         from equikernels.calculators import MACECalculator
         from equikernels.models import from_mace
 
         return MACECalculator(from_mace(copy.deepcopy(mace_model)), device=device, default_dtype=dtype_name,
-                              skin=args.skin)
+                              skin=args.skin, cuda_graph=impl == "equikernels_graph")
     from mace.calculators import MACECalculator as MaceTorchCalculator
 
     return MaceTorchCalculator(models=copy.deepcopy(mace_model), device=device, default_dtype=dtype_name,
@@ -80,7 +81,11 @@ def make_calculator(impl, mace_model, args, dtype_name):
 
 def model_only_ms(impl, calc, atoms, device, reps=5):
     """Median ms of one model call (energy + forces) on a prepared graph: the floor under ms/step."""
-    if impl == "equikernels":
+    if impl == "equikernels_graph":
+        def call():  # one graph replay per call on the current structure
+            calc.calculate(atoms, ["energy", "forces"], [])
+            return calc.results["forces"]
+    elif impl == "equikernels":
         data = calc.graph(atoms)
         model = calc.model
 
@@ -141,7 +146,10 @@ def run_md_cell(impl, calc, atoms, args, device):
     dyn.run(args.steps)
     wall = time.perf_counter() - t0
     builds = getattr(getattr(calc, "neighbors", None), "num_builds", None)
+    graphed = getattr(calc, "_graphed", None)
     return {
+        "cuda_graph_captures": None if graphed is None else graphed.num_captures,
+        "cuda_graph_disabled": None if graphed is None else graphed.disabled_reason,
         "ms_per_step": wall / args.steps * 1e3,
         "ns_per_day": args.steps * args.timestep * 1e-6 / (wall / 86400.0),
         "timed_steps": args.steps, "warmup_steps": args.warmup, "warmup_s": warmup_s,
