@@ -61,6 +61,7 @@ class Rowing:
     rowvar: Dict[str, str] = field(default_factory=dict)
     index: Dict[str, str] = field(default_factory=dict)
     scatter: Tuple[str, ...] = ()
+    hoist: bool = True  # nodes mode: load the owned node's operands once per node (registers)
 
     @property
     def args(self) -> Tuple[str, ...]:
@@ -89,6 +90,13 @@ def _pow2(n: int) -> int:
     return p
 
 
+def _prod(shape) -> int:
+    n = 1
+    for v in shape:
+        n *= v
+    return n
+
+
 def _lit(c: float) -> str:
     return repr(float(c))
 
@@ -109,7 +117,7 @@ class _Writer:
 class KernelBuilder:
     def __init__(self, name: str, groups: Sequence[Group], layout: str, row_operands: Set[str],
                  split: bool = True, dot: bool = True, in1_major: bool = False,
-                 rowing: Optional["Rowing"] = None):
+                 rowing: Optional["Rowing"] = None, lazy: bool = True):
         self.name, self.groups, self.layout = name, list(groups), layout
         self.rowing = rowing or Rowing()
         self.row_operands = set(row_operands)  # operands with a row dimension (others are shared)
@@ -135,7 +143,9 @@ class KernelBuilder:
         self.accumulate = {g.out_ptr for g in self.groups if g.accumulate and not g.reduce_rows}
         self.exprs: Dict[str, str] = {}
         self.lazy: Dict[str, tuple] = {}  # accumulator -> padded sizes of its not yet summed axes
-        self.lazy_sums = os.environ.get("EQUIKERNELS_LAZY_SUM", "1") != "0"
+        env = os.environ.get("EQUIKERNELS_LAZY_SUM")  # diagnostics: force on (1) / off (0)
+        self.lazy_sums = lazy if env not in ("0", "1") else env == "1"
+        self.lazy_live = self.lazy_peak = 0  # padded elements per row of live un-reduced accumulators
         self.inputs: List[str] = []
         self.operand_dims: Dict[str, int] = {}
         for g in self.groups:
@@ -257,8 +267,9 @@ class KernelBuilder:
     def _hoisted(self, operand: str) -> bool:
         """An operand of the node a node-parallel program owns: loaded once per node, before the
         edge loop (e.g. g[dst] in the backward over a destination's edges)."""
-        return (self.rowing.mode == "nodes" and self.rowing.rowvar.get(operand) == "noderow"
-                and os.environ.get("EQUIKERNELS_CONV_HOIST", "1") != "0")
+        env = os.environ.get("EQUIKERNELS_CONV_HOIST")  # diagnostics: force on (1) / off (0)
+        hoist = self.rowing.hoist if env not in ("0", "1") else env == "1"
+        return hoist and self.rowing.mode == "nodes" and self.rowing.rowvar.get(operand) == "noderow"
 
     def _load_hoisted(self, f: Factor, const: int, terms, sizes, block, nd: int) -> str:
         name = self.body.tmp(f"{f.operand}_n")
@@ -376,12 +387,17 @@ class KernelBuilder:
                 form = None
         unrolled = [l for l, _ in p.labels if l not in block]
         nd = len(block)
-        # factor order for the nested sum: smallest broadcast shape innermost
+        # factor order for the nested sum: smallest broadcast shape innermost; for weight
+        # gradients (no weight factor) the first input (x or a) goes outermost among equals, so
+        # sum_k x_k * (...)_k reuses the inner sums (...)_k the kernel already formed for gx / dx
+        # (CSE through self.exprs). Other tables keep x inner: constants then scale the per-edge
+        # tile, not a loop-invariant one (which the compiler would hoist and keep live: spills).
         fsize = []
         for n, f in enumerate(p.factors):
             st = dict(f.strides)
-            fsize.append((sum(1 for l in block if l in st) + (f.operand in self.row_operands), n))
-        order_f = [n for _, n in sorted(fsize)]
+            fsize.append((sum(1 for l in block if l in st) + (f.operand in self.row_operands),
+                          p.weight is None and f.operand in ("x", "a"), n))
+        order_f = [n for *_, n in sorted(fsize)]
         by_k: Dict[int, list] = {}
         for comps, k, c in p.entries:
             by_k.setdefault(k, []).append((comps, c))
@@ -420,6 +436,7 @@ class KernelBuilder:
         shape = self.lazy.pop(name, None)
         if shape is None:
             return name
+        self.lazy_live -= _prod(shape)
         for pos in reversed(range(len(shape))):
             v = self.body.tmp("t")
             self.body.emit(f"{v} = tl.sum({name}, axis={pos + 1})")
@@ -450,6 +467,7 @@ class KernelBuilder:
             cur = self._reduce(accs[key])
             if lazy:
                 self.lazy[s] = lazy
+                self.lazy_live += _prod(lazy)
                 s = self._reduce(s)
             v = self.body.tmp("acc")
             self.body.emit(f"{v} = {cur} + {s}")
@@ -460,6 +478,8 @@ class KernelBuilder:
             name = self.body.tmp("acc")
             self.body.emit(f"{name} = {s}")
             self.lazy[name] = lazy
+            self.lazy_live += _prod(lazy)
+            self.lazy_peak = max(self.lazy_peak, self.lazy_live)
             accs[key] = name
             order.append(key)
         elif g.reduce_rows:
@@ -830,5 +850,14 @@ class KernelBuilder:
 
 def generate(name: str, groups: Sequence[Group], layout: str, row_operands: Set[str],
              split: bool = True, dot: bool = True, in1_major: bool = False,
-             rowing: Optional[Rowing] = None) -> Tuple[str, KernelMeta]:
-    return KernelBuilder(name, groups, layout, row_operands, split, dot, in1_major, rowing).build()
+             rowing: Optional[Rowing] = None, lazy_budget: Optional[int] = None) -> Tuple[str, KernelMeta]:
+    """Kernel source and metadata. ``lazy_budget``: most padded elements per row that un-reduced
+    channel accumulators (KernelBuilder._add) may hold at once; above it the kernel is generated
+    with a reduction per path instead (those accumulators cost registers: the MACE-shaped batched
+    backward, 16 y components x 128 channels, went from 168 to 255 registers and 15 % slower with
+    them, while double backwards and the node-parallel convolution got faster; H200, 2026-11-23)."""
+    b = KernelBuilder(name, groups, layout, row_operands, split, dot, in1_major, rowing)
+    res = b.build()
+    if lazy_budget is not None and b.lazy_peak > lazy_budget:
+        res = KernelBuilder(name, groups, layout, row_operands, split, dot, in1_major, rowing, lazy=False).build()
+    return res
