@@ -59,9 +59,10 @@ def _rowing(mode: str, operands, owner: Optional[str] = None, sections: str = "s
 
 class _ConvKernel:
     def __init__(self, name: str, groups, layout: str, row_operands, rowing: Rowing, describe: str, in1: bool,
-                 owner: Optional[str]):
+                 owner: Optional[str], in1_outer: bool = False):
         self.owner = owner
-        body, self.meta = generate(name, groups, layout, row_operands, in1_major=in1, rowing=rowing)
+        body, self.meta = generate(name, groups, layout, row_operands, in1_major=in1, rowing=rowing,
+                                   in1_outer=in1_outer)
         self.rowing = rowing
         header = f"# {describe}\nimport triton\nimport triton.language as tl\n\n\n"
         digest = hashlib.sha256((header + body).encode()).hexdigest()[:12]
@@ -109,8 +110,8 @@ class ConvKernels:
         return len(segs) == len(set(segs))
 
     def _kernel(self, tag: str, groups, mode: str, owner: Optional[str] = None, sections: str = "segment",
-                hoist: bool = True):
-        key = (tag, mode, owner, sections, hoist)
+                hoist: bool = True, in1_outer: bool = False):
+        key = (tag, mode, owner, sections, hoist, in1_outer)
         if key not in self._cache:
             ops = set()
             for g in groups:
@@ -120,7 +121,7 @@ class ConvKernels:
             name = f"conv_{tag}_{mode}_{self.problem.key()}_{self.plan.layout}"
             self._cache[key] = _ConvKernel(name, groups, self.plan.layout, self._row_operands(), rowing,
                                            f"{tag} of the convolution of {self.problem.describe()} "
-                                           f"[{self.plan.layout}, {mode}]", self._in1_major(), owner)
+                                           f"[{self.plan.layout}, {mode}]", self._in1_major(), owner, in1_outer)
         return self._cache[key]
 
     def _groups(self, kind: str, names, have: str = "", carry=()):
@@ -185,7 +186,8 @@ class ConvKernels:
             # the double backward's gradient kernel holds twice the operands: its owned-node rows
             # (g) are re-read per edge from cache instead of held in registers (H200, MACE-MP
             # medium L2, 795k edges: 8.3 vs 11.9 ms; the backward prefers holding them, 5.1 vs 5.6)
-            k = self._kernel(tg, groups, mode, owner, sections or "segment", hoist=kind != "dbwd")
+            k = self._kernel(tg, groups, mode, owner, sections or "segment", hoist=kind != "dbwd",
+                             in1_outer=kind == "dbwd")
             outs, wide = {}, {}
             for g in groups:
                 t = like[g.out_ptr]

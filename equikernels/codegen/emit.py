@@ -117,7 +117,7 @@ class _Writer:
 class KernelBuilder:
     def __init__(self, name: str, groups: Sequence[Group], layout: str, row_operands: Set[str],
                  split: bool = True, dot: bool = True, in1_major: bool = False,
-                 rowing: Optional["Rowing"] = None, lazy: bool = True):
+                 rowing: Optional["Rowing"] = None, lazy: bool = True, in1_outer: bool = False):
         self.name, self.groups, self.layout = name, list(groups), layout
         self.rowing = rowing or Rowing()
         self.row_operands = set(row_operands)  # operands with a row dimension (others are shared)
@@ -146,6 +146,7 @@ class KernelBuilder:
         env = os.environ.get("EQUIKERNELS_LAZY_SUM")  # diagnostics: force on (1) / off (0)
         self.lazy_sums = lazy if env not in ("0", "1") else env == "1"
         self.lazy_live = self.lazy_peak = 0  # padded elements per row of live un-reduced accumulators
+        self.in1_outer = in1_outer
         self.inputs: List[str] = []
         self.operand_dims: Dict[str, int] = {}
         for g in self.groups:
@@ -387,16 +388,15 @@ class KernelBuilder:
                 form = None
         unrolled = [l for l, _ in p.labels if l not in block]
         nd = len(block)
-        # factor order for the nested sum: smallest broadcast shape innermost; for weight
-        # gradients (no weight factor) the first input (x or a) goes outermost among equals, so
-        # sum_k x_k * (...)_k reuses the inner sums (...)_k the kernel already formed for gx / dx
-        # (CSE through self.exprs). Other tables keep x inner: constants then scale the per-edge
-        # tile, not a loop-invariant one (which the compiler would hoist and keep live: spills).
+        # factor order for the nested sum: smallest broadcast shape innermost. With ``in1_outer``
+        # the first input (x or a) goes outermost among equals, so a weight gradient
+        # sum_k x_k * (...)_k reuses the inner sums (...)_k already formed for gx / dx (CSE through
+        # self.exprs): fewer multiply-adds, longer-lived values (see generate)
         fsize = []
         for n, f in enumerate(p.factors):
             st = dict(f.strides)
             fsize.append((sum(1 for l in block if l in st) + (f.operand in self.row_operands),
-                          p.weight is None and f.operand in ("x", "a"), n))
+                          self.in1_outer and f.operand in ("x", "a"), n))
         order_f = [n for *_, n in sorted(fsize)]
         by_k: Dict[int, list] = {}
         for comps, k, c in p.entries:
@@ -850,14 +850,19 @@ class KernelBuilder:
 
 def generate(name: str, groups: Sequence[Group], layout: str, row_operands: Set[str],
              split: bool = True, dot: bool = True, in1_major: bool = False,
-             rowing: Optional[Rowing] = None, lazy_budget: Optional[int] = None) -> Tuple[str, KernelMeta]:
-    """Kernel source and metadata. ``lazy_budget``: most padded elements per row that un-reduced
+             rowing: Optional[Rowing] = None, lazy_budget: Optional[int] = None,
+             in1_outer: bool = False) -> Tuple[str, KernelMeta]:
+    """Kernel source and metadata. ``in1_outer``: share the gx/dx inner sums with the weight
+    gradient (H200: mace-large double backward 2.87 -> 2.54 ms; the batched backward got slower,
+    168 -> 182 registers and 0.81 -> 0.95 ms, so callers enable it for double backwards only).
+    ``lazy_budget``: most padded elements per row that un-reduced
     channel accumulators (KernelBuilder._add) may hold at once; above it the kernel is generated
     with a reduction per path instead (those accumulators cost registers: the MACE-shaped batched
     backward, 16 y components x 128 channels, went from 168 to 255 registers and 15 % slower with
     them, while double backwards and the node-parallel convolution got faster; H200, 2026-11-23)."""
-    b = KernelBuilder(name, groups, layout, row_operands, split, dot, in1_major, rowing)
+    b = KernelBuilder(name, groups, layout, row_operands, split, dot, in1_major, rowing, in1_outer=in1_outer)
     res = b.build()
     if lazy_budget is not None and b.lazy_peak > lazy_budget:
-        res = KernelBuilder(name, groups, layout, row_operands, split, dot, in1_major, rowing, lazy=False).build()
+        res = KernelBuilder(name, groups, layout, row_operands, split, dot, in1_major, rowing, lazy=False,
+                            in1_outer=in1_outer).build()
     return res

@@ -83,8 +83,9 @@ def _num_sms(device: torch.device) -> int:
 
 class _Kernel:
     def __init__(self, name: str, groups, layout: str, row_operands, describe: str, in1_major: bool = False,
-                 lazy_budget: Optional[int] = None):
-        body, self.meta = generate(name, groups, layout, row_operands, in1_major=in1_major, lazy_budget=lazy_budget)
+                 lazy_budget: Optional[int] = None, in1_outer: bool = False):
+        body, self.meta = generate(name, groups, layout, row_operands, in1_major=in1_major, lazy_budget=lazy_budget,
+                                   in1_outer=in1_outer)
         header = f"# {describe}\nimport triton\nimport triton.language as tl\n\n\n"
         digest = hashlib.sha256((header + body).encode()).hexdigest()[:12]
         self.module = load_module(f"{name}_{digest}", header + body)
@@ -247,13 +248,14 @@ class TPKernels:
             lazy = self._lazy_budget(kind)
             if len(chunks) == 1:
                 self._cache[key] = _Kernel(name, groups, p.layout, self._row_operands(),
-                                           f"{kind} of {self.problem.describe()} [{p.layout}]", in1, lazy)
+                                           f"{kind} of {self.problem.describe()} [{p.layout}]", in1, lazy,
+                                           kind == "dbwd")
             else:
                 split, zero = _split_groups(groups, chunks, in1)
                 self._cache[key] = _KernelSet([
                     _Kernel(f"{name}_part{j}", gs, p.layout, self._row_operands(),
                             f"{kind} of {self.problem.describe()} [{p.layout}], part {j + 1}/{len(chunks)}", in1,
-                            lazy)
+                            lazy, kind == "dbwd")
                     for j, gs in enumerate(split)], zero)
         return self._cache[key]
 

@@ -1,0 +1,56 @@
+"""Registers and spills of generated kernels without a GPU: compile the Triton source for sm_90
+(Triton's own ptxas) and read ptxas -v. Useful to compare generator variants before spending
+device time; the numbers match what the driver reports for the same num_warps.
+
+    python devtools/offline_regs.py KERNEL.py [KERNEL.py ...]   (files from EQUIKERNELS_CACHE_DIR)
+    env: ROWS (default 4), WARPS (default 4), DT (fp32 | fp64)
+"""
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+os.environ.pop("TRITON_INTERPRET", None)
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+INDEX = ("perm", "nptr", "src", "dst")
+
+
+def stats(path: str, rows: int, warps: int, dt: str):
+    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    fn = next(v for v in vars(mod).values() if isinstance(v, triton.runtime.jit.JITFunction))
+    sig, const, attrs = {}, {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name.endswith("_ptr"):
+            sig[name] = "*i64" if name[:-4] in INDEX else f"*{dt}"
+            attrs[(i,)] = [["tt.divisibility", 16]]  # torch allocations are 16-byte aligned, as at launch
+        elif name in ("N", "NBLK"):
+            sig[name] = "i32"
+        else:
+            sig[name] = "constexpr"
+            const[(fn.arg_names.index(name),)] = {"ROWS": rows, "DT": getattr(tl, {"fp32": "float32", "fp64": "float64"}[dt]),
+                                                  "PREC": "ieee"}[name]
+    k = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": warps, "num_stages": 1})
+    from triton.backends.nvidia.compiler import get_ptxas  # noqa: PLC0415
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(k.asm["ptx"])
+    out = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
+                         capture_output=True, text=True).stderr
+    regs = re.search(r"Used (\d+) registers", out)
+    spill = re.search(r"(\d+) bytes spill stores", out)
+    return int(regs.group(1)) if regs else None, int(spill.group(1)) if spill else 0
+
+
+if __name__ == "__main__":
+    rows, warps, dt = int(os.environ.get("ROWS", 4)), int(os.environ.get("WARPS", 4)), os.environ.get("DT", "fp32")
+    for p in sys.argv[1:]:
+        r, s = stats(p, rows, warps, dt)
+        print(f"{os.path.basename(p)[:70]:72s} regs {r} spill-bytes {s}")
