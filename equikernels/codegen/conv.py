@@ -187,7 +187,7 @@ class ConvKernels:
             # (g) are re-read per edge from cache instead of held in registers (H200, MACE-MP
             # medium L2, 795k edges: 8.3 vs 11.9 ms; the backward prefers holding them, 5.1 vs 5.6)
             k = self._kernel(tg, groups, mode, owner, sections or "segment", hoist=kind != "dbwd",
-                             in1_outer=kind == "dbwd")
+                             in1_outer=kind == "dbwd" and all(i.mode == "uvu" for i in self.problem.instructions))
             outs, wide = {}, {}
             for g in groups:
                 t = like[g.out_ptr]
