@@ -193,6 +193,7 @@ class TPKernels:
         self.problem = plan.problem
         self._cache: Dict[tuple, Optional[_Kernel]] = {}
         self._configs: Dict[tuple, LaunchConfig] = {}
+        self._tuned_cfgs: Dict[tuple, LaunchConfig] = {}  # autotuner choices already looked up
 
     def _cfg(self, kind: str, dtype) -> LaunchConfig:
         key = (kind, dtype)
@@ -273,13 +274,18 @@ class TPKernels:
         from .. import tune  # noqa: PLC0415
         if not tune.active(x.device):
             return default
-        mtag = "" if math == x.dtype else f"|math={math}"
-        key = (f"{tune.device_key(x.device)}|tp|{self.problem.key()}|{self.plan.layout}|{x.dtype}{mtag}|{tag}|"
-               f"{tune.bucket(x.shape[0])}")
-        cands = [dataclasses.asdict(c) for c in self._candidates(default, math)]
-        best = tune.choose(key, cands, lambda c: tune.time_ms(lambda: run(LaunchConfig(**c)), x.device),
-                           dataclasses.asdict(default))
-        return LaunchConfig(**best)
+        # a hit costs a dict lookup: the key string (problem hash, device name) is built once
+        memo = (tag, x.dtype, math, x.device, tune.bucket(x.shape[0]), tune.cache().path)
+        cfg = self._tuned_cfgs.get(memo)
+        if cfg is None:
+            mtag = "" if math == x.dtype else f"|math={math}"
+            key = (f"{tune.device_key(x.device)}|tp|{self.problem.key()}|{self.plan.layout}|{x.dtype}{mtag}|{tag}|"
+                   f"{tune.bucket(x.shape[0])}")
+            best = tune.choose(key, lambda: [dataclasses.asdict(c) for c in self._candidates(default, math)],
+                               lambda c: tune.time_ms(lambda: run(LaunchConfig(**c)), x.device),
+                               dataclasses.asdict(default))
+            cfg = self._tuned_cfgs[memo] = LaunchConfig(**best)
+        return cfg
 
     @staticmethod
     def _candidates(default: LaunchConfig, dtype) -> list:
