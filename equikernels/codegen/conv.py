@@ -167,7 +167,10 @@ class ConvKernels:
             shared_w = ["w"] if "w" in names and self.problem.shared_weights else []
             rest = [n for n in names if n in ("x", "y", "w") and n not in shared_w]
             if rest:
-                plans.append((tag(rest), rest, "nodes", "dst", "one"))
+                # EQUIKERNELS_CONV_GRAD_LOOPS=in1: one edge loop per x segment (fewer live tiles;
+                # not yet measured on a GPU, so not the default)
+                loops = "in1all" if os.environ.get("EQUIKERNELS_CONV_GRAD_LOOPS") == "in1" else "one"
+                plans.append((tag(rest), rest, "nodes", "dst", loops))
             if shared_w:
                 plans.append((tag(shared_w), shared_w, "edges", None, ""))
         res = {}

@@ -53,7 +53,8 @@ class Rowing:
     the edge loop and reduced once per node in a fixed order; other groups are per-edge outputs
     stored as in rows mode). With ``sections="segment"`` every output segment gets its own edge
     loop (few live accumulators: wide node outputs), with "one" a single loop computes everything
-    (each edge operand read once). ``index``: row variable -> pointer argument it is
+    (each edge operand read once), with "in1all" one loop per first-input segment for all groups
+    (per-edge outputs written by several loops are added into). ``index``: row variable -> pointer argument it is
     loaded from (per edge). ``scatter``: outputs added with atomics (edge-parallel node outputs).
     """
     mode: str = "rows"
@@ -141,6 +142,7 @@ class KernelBuilder:
         self.only: Optional[tuple] = None  # emit only this assignment of a path's unrolled labels
         self.bounds: Dict[str, Tuple[int, int]] = {}  # label -> [lo, hi) of the path being emitted
         self.accumulate = {g.out_ptr for g in self.groups if g.accumulate and not g.reduce_rows}
+        self.acc_keys: Set[tuple] = set()  # output blocks an earlier edge loop already stored (add into)
         self.exprs: Dict[str, str] = {}
         self.lazy: Dict[str, tuple] = {}  # accumulator -> padded sizes of its not yet summed axes
         env = os.environ.get("EQUIKERNELS_LAZY_SUM")  # diagnostics: force on (1) / off (0)
@@ -611,7 +613,7 @@ class KernelBuilder:
             ptr = f"{out_ptr}_ptr + {prow} * {dims[out_ptr]} + " + " + ".join(addr)
             mask = f", mask={' & '.join(cm)}" if cm else ""
             val = name if name in self.norows else f"tl.sum({name}, axis=0)"
-            if out_ptr in self.accumulate:
+            if out_ptr in self.accumulate or key in self.acc_keys:
                 val = f"({val} + tl.load({ptr}{mask}{', other=0.0' if cm else ''}).to(DT))"
             to.emit(f"tl.store({ptr}, {val}.to({out_ptr}_ptr.dtype.element_ty){mask})", indent)
         else:
@@ -621,7 +623,7 @@ class KernelBuilder:
             if out_ptr in self.rowing.scatter:  # edge-parallel node output: atomics
                 to.emit(f"tl.atomic_add({ptr}, {name}.to({out_ptr}_ptr.dtype.element_ty), mask={mask})", indent)
                 return
-            if out_ptr in self.accumulate:
+            if out_ptr in self.accumulate or key in self.acc_keys:
                 name = f"({name} + tl.load({ptr}, mask={mask}, other=0.0).to(DT))"
             to.emit(f"tl.store({ptr}, {name}.to({out_ptr}_ptr.dtype.element_ty), mask={mask})", indent)
 
@@ -647,7 +649,7 @@ class KernelBuilder:
                 self.body.emit(f"tl.atomic_add({ptr}, {tile}.to({out_ptr}_ptr.dtype.element_ty), mask={mask})")
                 done.update(comps.values())
                 continue
-            if out_ptr in self.accumulate:
+            if out_ptr in self.accumulate or self.acc_keys & set(comps.values()):
                 tile = f"({tile} + tl.load({ptr}, mask={mask}, other=0.0).to(DT))"
             self.body.emit(f"tl.store({ptr}, {tile}.to({out_ptr}_ptr.dtype.element_ty), mask={mask})")
             done.update(comps.values())
@@ -716,7 +718,7 @@ class KernelBuilder:
 
         items.sort(key=visit_key)
         if self.rowing.mode == "nodes":
-            if self.rowing.sections in ("segment", "in1"):
+            if self.rowing.sections in ("segment", "in1", "in1all"):
                 return self._assemble(*self._node_sections(items, accs, order, out_dims), accs, order, out_dims,
                                       reduce, coverage)
             self.accpre = _Writer()  # carried node accumulators start at zero for every node
@@ -770,6 +772,13 @@ class KernelBuilder:
         """Node-parallel kernels: one edge loop per output segment, so only that segment's carried
         accumulators are live; each is reduced over its ROWS edge slots once per node."""
         units: Dict[tuple, list] = {}
+        if self.rowing.sections == "in1all":
+            # one edge loop per first-input segment for all groups: only that segment's x tiles,
+            # owned-node tiles and outputs are live; per-edge outputs that several loops write
+            # (gy) are added into by the later loops
+            for gi, p, bounds in items:
+                units.setdefault(path_segment(p, True), []).append((gi, p, bounds))
+            return self._sections(units, accs, order, out_dims)
         by_in1 = self.rowing.sections == "in1"
         if by_in1:  # only when every output segment is written from one first-input segment
             owner: Dict[tuple, int] = {}
@@ -778,6 +787,9 @@ class KernelBuilder:
         for gi, p, bounds in items:
             seg = path_segment(p, True) if by_in1 else p.output.segment
             units.setdefault((gi, seg), []).append((gi, p, bounds))
+        return self._sections(units, accs, order, out_dims)
+
+    def _sections(self, units, accs, order, out_dims):
         sections, stored = [], set()
         for paths in units.values():
             self.body.lines, self.accpre = [], _Writer()
@@ -786,9 +798,16 @@ class KernelBuilder:
             for gi, p, bounds in paths:
                 self.path(self.groups[gi], p, accs, order, bounds)
             post = _Writer()
-            for key in order[start:]:
-                self.store(key, accs[key], True, out_dims, post, 1)
-                stored.add(key)
+            keys = order[start:]
+            carried = {g.out_ptr for g in self.groups if g.reduce_rows}
+            self._store_segment([k for k in keys if k[0] not in carried], accs, out_dims)
+            for key in keys:
+                if key[0] in carried:
+                    self.store(key, accs[key], True, out_dims, post, 1)
+            stored.update(keys)
+            self.acc_keys.update(keys)
+            for key in keys:  # a later loop writing the same block starts a new accumulator
+                del accs[key]
             sections.append((self.accpre.lines, self.body.lines, post.lines))
         return [], sections, stored
 
