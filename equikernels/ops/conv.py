@@ -13,7 +13,9 @@ import torch
 from torch import Tensor
 
 from ..problem import TPProblem
-from .tp import LAYOUTS, STORAGE_DTYPES, _check_same, autocast_dtype, check_dtypes, resolve_backend, tensor_product
+from .conv_fused import conv_bwd, conv_dbwd, conv_fwd, fused_conv  # noqa: F401 (registers the custom ops)
+from .tp import (LAYOUTS, STORAGE_DTYPES, _check_same, _eager, autocast_dtype, check_dtypes, resolve_backend,
+                 tensor_product)
 
 DATAFLOWS = ("auto", "atomic", "deterministic", "unfused")
 
@@ -25,6 +27,10 @@ class ConvGraph:
     ``perm_dst``: edge order sorted by (dst, src) (stable); ``ptr_dst[n]:ptr_dst[n+1]`` are the
     positions in that order of node n's incoming edges. ``perm_src`` / ``ptr_src`` likewise by src
     (the backward for x gathers by source; the graph need not be symmetric).
+
+    ``build`` is traceable (torch.compile / export): no host synchronisation, node and edge
+    counts may be symbolic; when traced, ``validate`` becomes an asynchronous assert in the graph
+    (a RuntimeError instead of the eager IndexError).
     """
     src: Tensor
     dst: Tensor
@@ -36,7 +42,7 @@ class ConvGraph:
 
     @property
     def num_edges(self) -> int:
-        return int(self.src.shape[0])
+        return self.src.shape[0]  # not int(): that would specialise a symbolic edge count
 
     @staticmethod
     def build(src: Tensor, dst: Tensor, num_nodes: int, validate: bool = True) -> "ConvGraph":
@@ -45,13 +51,12 @@ class ConvGraph:
             raise ValueError(f"src and dst: expected the same shape [E], got {tuple(src.shape)} and {tuple(dst.shape)}")
         if src.device != dst.device:
             raise ValueError(f"src and dst: on different devices ({src.device}, {dst.device})")
-        if not isinstance(num_nodes, int) or num_nodes < 0:
+        # SymInt: a symbolic node count (x.shape[0]) under torch.compile(dynamic=True) / export
+        if isinstance(num_nodes, bool) or not isinstance(num_nodes, (int, torch.SymInt)) or num_nodes < 0:
             raise ValueError(f"num_nodes: expected a non-negative int, got {num_nodes!r}")
-        if validate and src.numel():
-            for name, t in (("src", src), ("dst", dst)):
-                lo, hi = int(t.min()), int(t.max())
-                if lo < 0 or hi >= num_nodes:
-                    raise IndexError(f"{name}: node indices must lie in [0, {num_nodes}), got values in [{lo}, {hi}]")
+        if validate:
+            _check_range("src", src, num_nodes, "num_nodes")
+            _check_range("dst", dst, num_nodes, "num_nodes")
         src64, dst64 = src.long(), dst.long()
         perm_dst, ptr_dst = _order(dst64, src64, num_nodes)
         perm_src, ptr_src = _order(src64, dst64, num_nodes)
@@ -68,12 +73,24 @@ def _check_index(name: str, t) -> Tensor:
     return t
 
 
-def _order(key: Tensor, tie: Tensor, n: int):
+def _check_range(name: str, t: Tensor, n, label: str) -> None:
+    """Indices of ``t`` must lie in [0, n). Eager: checked on the host, the error names the values
+    found. Traced: an asynchronous assert in the graph (no host sync, no graph break)."""
+    if not _eager(t):
+        torch._assert_async(((t >= 0) & (t < n)).all(), f"{name}: node indices must lie in [0, {label})")
+        return
+    if t.numel():
+        lo, hi = int(t.min()), int(t.max())
+        if lo < 0 or hi >= n:
+            raise IndexError(f"{name}: node indices must lie in [0, {n}) ({label}), got values in [{lo}, {hi}]")
+
+
+def _order(key: Tensor, tie: Tensor, n):
     """Permutation sorting edges by (key, tie) and CSR offsets of key; deterministic, and free of
-    host synchronisation (called every MD step)."""
+    host synchronisation (called every MD step); traceable with symbolic n."""
     if key.numel() == 0:
         return key.new_zeros(0), key.new_zeros(n + 1)
-    perm = torch.sort(key * max(n, 1) + tie, stable=True).indices  # indices < n, so no collisions
+    perm = torch.sort(key * (n + 1) + tie, stable=True).indices  # ties < n + 1, so no collisions
     ptr = torch.searchsorted(key.index_select(0, perm), torch.arange(n + 1, device=key.device))
     return perm, ptr
 
@@ -114,11 +131,13 @@ def tensor_product_conv(problem: TPProblem, x: Tensor, y: Tensor, weight: Option
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    _warm(problem)
     for name, t, dim in (("x", x, problem.dim_in1), ("y", y, problem.dim_in2)):
         if not isinstance(t, Tensor) or t.dim() != 2 or t.shape[1] != dim:
             raise ValueError(f"{name}: expected a tensor of shape [rows, {dim}], got "
                              f"{tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__}")
     n_out = x.shape[0] if num_nodes is None else num_nodes
+    checked_src = graph is None and num_nodes is None  # build checks src < n_out = x.shape[0]
     if graph is None:
         graph = ConvGraph.build(src, dst, n_out, validate)
     else:
@@ -128,8 +147,8 @@ def tensor_product_conv(problem: TPProblem, x: Tensor, y: Tensor, weight: Option
             raise ValueError(f"graph: has {graph.num_edges} edges, but y has {y.shape[0]} rows")
     if graph.num_edges != y.shape[0]:
         raise ValueError(f"y: expected one row per edge ({graph.num_edges}), got {y.shape[0]}")
-    if validate and graph.num_edges and int(graph.src.max()) >= x.shape[0]:
-        raise IndexError(f"src: indices must be < x.shape[0] = {x.shape[0]}, got {int(graph.src.max())}")
+    if validate and not checked_src:
+        _check_range("src", graph.src, x.shape[0], "x.shape[0]")
     check_dtypes(math_dtype, output_dtype)
     for name, t in (("x", x), ("y", y)):
         if t.dtype not in STORAGE_DTYPES:
@@ -153,8 +172,14 @@ def tensor_product_conv(problem: TPProblem, x: Tensor, y: Tensor, weight: Option
         msgs = tensor_product(problem, x.index_select(0, graph.src), y, weight, layout=layout, backend=be,
                               math_dtype=math_dtype, output_dtype=acc)
         return _segment_sum(msgs, graph, n_out).to(out_dtype)
-    from .conv_fused import fused_conv  # noqa: PLC0415 (Triton-backed path, imported on demand)
     return fused_conv(problem, x, y, weight, graph, layout, be, flow, math_dtype, out_dtype)
+
+
+@torch.compiler.assume_constant_result
+def _warm(problem: TPProblem) -> bool:
+    """Fills the problem's cached properties outside the trace: dynamo cannot enter the lock of a
+    first functools.cached_property access (Python < 3.12); once cached they are plain attributes."""
+    return bool((problem.dim_in1, problem.dim_in2, problem.dim_out, problem.weight_numel))
 
 
 def _tuned_dataflow(problem: TPProblem, x: Tensor, y: Tensor, weight: Optional[Tensor], graph: ConvGraph,
@@ -164,7 +189,6 @@ def _tuned_dataflow(problem: TPProblem, x: Tensor, y: Tensor, weight: Optional[T
     from .. import tune  # noqa: PLC0415
     if not tune.active(x.device):
         return default
-    from .conv_fused import fused_conv  # noqa: PLC0415
     dt = f"{x.dtype}" if out_dtype in (None, x.dtype) and math_dtype is None else f"{x.dtype}>{out_dtype}/{math_dtype}"
     key = (f"{tune.device_key(x.device)}|conv|{problem.key()}|{layout}|{dt}|"
            f"N{tune.bucket(graph.num_nodes)}|E{tune.bucket(graph.num_edges)}")

@@ -4,31 +4,48 @@ C is trilinear in (x, y, w) like the batched product, so its backward and double
 the same identity (DESIGN §3) with convolution kernels in place of batched ones: any order works.
 The Triton kernels run when the backend is "triton"; otherwise (or when the generator cannot
 express a table) the same math runs as gathered reference products plus index_add.
+
+As for the batched product (ops/tp.py), the three directions are ``torch.library`` custom ops
+(``equikernels::conv_fwd`` / ``conv_bwd`` / ``conv_dbwd``) with fake implementations, so
+``torch.compile(fullgraph=True)`` and ``torch.export`` see one opaque node per direction. The
+static problem travels as the TP spec string plus backend / dataflow strings; the graph as its six
+index tensors (the node count is ``ptr_dst.shape[0] - 1``, so it stays symbolic). Outside tracing
+the same implementations and formulas run through plain autograd.Functions (no dispatcher cost).
 """
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from .. import reference
 from ..ir import double_backward_tables
-from .tp import _check_same, autocast_dtype, check_dtypes, plan_of, spec_of
+from .tp import _check_same, _eager, autocast_dtype, check_dtypes, plan_of, spec_of
 
 NAMES = "xyw"
+FLOWS = ("atomic", "deterministic")
 
 
-@dataclass(eq=False)
 class _Conv:
-    """Static context of one call: plan, graph, dataflow, backend (not a tensor: autograd skips it)."""
-    plan: object
-    graph: object
-    flow: str
-    backend: str
-    math: Optional[torch.dtype] = None  # None: float32, or float64 when an operand is float64
+    """Static context of one call: problem spec, graph, dataflow, backend, math dtype (not a tensor:
+    autograd skips it)."""
+    __slots__ = ("spec", "graph", "flow", "backend", "math", "_plan")
+
+    def __init__(self, spec: str, graph, flow: str, backend: str, math: Optional[torch.dtype] = None, plan=None):
+        self.spec, self.graph, self.flow, self.backend, self.math = spec, graph, flow, backend, math
+        self._plan = plan
+
+    @property
+    def plan(self):
+        if self._plan is None:
+            self._plan = plan_of(self.spec)
+        return self._plan
+
+    def tensors(self) -> Tuple[Tensor, ...]:
+        g = self.graph
+        return g.src, g.dst, g.perm_dst, g.ptr_dst, g.perm_src, g.ptr_src
 
     def kernels(self):
         """(ConvKernels, Unsupported) for the Triton backend, else None."""
@@ -40,6 +57,15 @@ class _Conv:
         if self.flow not in cache:
             cache[self.flow] = ConvKernels(self.plan, self.flow)
         return cache[self.flow], Unsupported
+
+
+def _conv_of(src, dst, perm_dst, ptr_dst, perm_src, ptr_src, spec, backend, flow, math) -> _Conv:
+    """The context of a custom-op call, rebuilt from its arguments."""
+    from .conv import ConvGraph  # noqa: PLC0415 (conv imports this module)
+    if flow not in FLOWS:
+        raise ValueError(f"flow: expected one of {FLOWS}, got {flow!r}")
+    graph = ConvGraph(src, dst, ptr_dst.shape[0] - 1, perm_dst, ptr_dst, perm_src, ptr_src)
+    return _Conv(spec, graph, flow, backend, math)
 
 
 def _fallback(conv: _Conv, what: str, exc: Exception) -> None:
@@ -117,9 +143,136 @@ def _dbwd_impl(c: _Conv, x, y, w, g, a, b, cc, names: str) -> Dict[str, Tensor]:
     return res
 
 
-# --- autograd -----------------------------------------------------------------------------------
+def _bwd_tuple(r: Dict[str, Tensor], x, y, w) -> Tuple[Tensor, Tensor, Tensor]:
+    return tuple(r.get("g" + n, t.new_empty(0)) for n, t in zip(NAMES, (x, y, w)))
+
+
+def _dbwd_tuple(r: Dict[str, Tensor], names: str, x, y, w, g) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dx, dy, dw, dg): zeros for a requested result that no cotangent reaches, empty if not requested."""
+    return tuple((r["d" + n] if "d" + n in r else torch.zeros_like(t)) if n in names else t.new_empty(0)
+                 for n, t in zip("xywg", (x, y, w, g)))
+
+
+# --- custom ops -----------------------------------------------------------------------------------
+@torch.library.custom_op("equikernels::conv_fwd", mutates_args=())
+def conv_fwd(x: Tensor, y: Tensor, w: Tensor, src: Tensor, dst: Tensor, perm_dst: Tensor, ptr_dst: Tensor,
+             perm_src: Tensor, ptr_src: Tensor, spec: str, backend: str, flow: str, out_dtype: torch.dtype,
+             math_dtype: Optional[torch.dtype] = None) -> Tensor:
+    """out[ptr_dst.shape[0] - 1, dim_out] in out_dtype."""
+    c = _conv_of(src, dst, perm_dst, ptr_dst, perm_src, ptr_src, spec, backend, flow, math_dtype)
+    return _fwd_impl(c, x, y, w, out_dtype)
+
+
+@conv_fwd.register_fake
+def _(x, y, w, src, dst, perm_dst, ptr_dst, perm_src, ptr_src, spec, backend, flow, out_dtype, math_dtype=None):
+    return x.new_empty(ptr_dst.shape[0] - 1, plan_of(spec).problem.dim_out, dtype=out_dtype)
+
+
+@torch.library.custom_op("equikernels::conv_bwd", mutates_args=())
+def conv_bwd(x: Tensor, y: Tensor, w: Tensor, g: Tensor, src: Tensor, dst: Tensor, perm_dst: Tensor, ptr_dst: Tensor,
+             perm_src: Tensor, ptr_src: Tensor, spec: str, backend: str, flow: str, names: str,
+             math_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    """(gx, gy, gw) for ``names`` (a subset of "xyw"; the others are empty), each in its operand's dtype."""
+    c = _conv_of(src, dst, perm_dst, ptr_dst, perm_src, ptr_src, spec, backend, flow, math_dtype)
+    return _bwd_tuple(_bwd_impl(c, x, y, w, g, names), x, y, w)
+
+
+@conv_bwd.register_fake
+def _(x, y, w, g, src, dst, perm_dst, ptr_dst, perm_src, ptr_src, spec, backend, flow, names, math_dtype=None):
+    return tuple(t.new_empty(t.shape) if n in names else t.new_empty(0) for n, t in zip(NAMES, (x, y, w)))
+
+
+@torch.library.custom_op("equikernels::conv_dbwd", mutates_args=())
+def conv_dbwd(x: Tensor, y: Tensor, w: Tensor, g: Tensor, a: Tensor, b: Tensor, c: Tensor, src: Tensor, dst: Tensor,
+              perm_dst: Tensor, ptr_dst: Tensor, perm_src: Tensor, ptr_src: Tensor, spec: str, backend: str, flow: str,
+              have: str, names: str, math_dtype: Optional[torch.dtype] = None
+              ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dx, dy, dw, dg) of the trilinear identity for ``names`` (subset of "xywg"); the cotangents
+    a, b, c named in ``have`` are used, the others are ignored (pass empty tensors)."""
+    cv = _conv_of(src, dst, perm_dst, ptr_dst, perm_src, ptr_src, spec, backend, flow, math_dtype)
+    a_, b_, c_ = (t if k in have else None for k, t in zip("abc", (a, b, c)))
+    return _dbwd_tuple(_dbwd_impl(cv, x, y, w, g, a_, b_, c_, names), names, x, y, w, g)
+
+
+@conv_dbwd.register_fake
+def _(x, y, w, g, a, b, c, src, dst, perm_dst, ptr_dst, perm_src, ptr_src, spec, backend, flow, have, names,
+      math_dtype=None):
+    return tuple(t.new_empty(t.shape) if n in names else t.new_empty(0) for n, t in zip("xywg", (x, y, w, g)))
+
+
+# --- dispatch: plain autograd.Functions in eager, the custom ops when traced -----------------------
+def cfwd(c: _Conv, x, y, w, out_dtype: torch.dtype) -> Tensor:
+    if _eager(x, y, w):
+        return _ConvFwd.apply(x, y, w, c, out_dtype)
+    return conv_fwd(x, y, w, *c.tensors(), c.spec, c.backend, c.flow, out_dtype, c.math)
+
+
+def cbwd(c: _Conv, x, y, w, g, names: str):
+    if _eager(x, y, w, g):
+        if torch.is_grad_enabled():
+            return _ConvBwd.apply(x, y, w, g, c, names)
+        return _bwd_tuple(_bwd_impl(c, x, y, w, g, names), x, y, w)
+    return conv_bwd(x, y, w, g, *c.tensors(), c.spec, c.backend, c.flow, names, c.math)
+
+
+def cdbwd(c: _Conv, x, y, w, g, a, b, cc, names: str):
+    """Not differentiable: used only when no higher derivative is being recorded."""
+    given = [t for t in (a, b, cc) if t is not None]
+    if _eager(x, y, w, g, *given):
+        return _dbwd_tuple(_dbwd_impl(c, x, y, w, g, a, b, cc, names), names, x, y, w, g)
+    have = "".join(k for k, t in zip("abc", (a, b, cc)) if t is not None)
+    e = x.new_empty(0)
+    return conv_dbwd(x, y, w, g, *(t if t is not None else e for t in (a, b, cc)), *c.tensors(), c.spec,
+                     c.backend, c.flow, have, names, c.math)
+
+
+# --- derivative formulas (shared by both paths) -----------------------------------------------------
 def _needed(flags) -> str:
     return "".join(n for n, f in zip(NAMES, flags) if f)
+
+
+def _fwd_grads(c: _Conv, x, y, w, g, flags):
+    names = _needed(flags[:3])
+    if not names:
+        return None, None, None
+    gx, gy, gw = cbwd(c, x, y, w, g.contiguous(), names)
+    return gx if "x" in names else None, gy if "y" in names else None, gw if "w" in names else None
+
+
+def _bwd_grads(c: _Conv, x, y, w, g, names: str, ga, gb, gc, flags):
+    """Trilinear identity: S = <g, C(a,y,w) + C(x,b,w) + C(x,y,c)>, (a, b, c) the cotangents."""
+    a, b, cc = (t.contiguous() if n in names and t is not None and t.shape == like.shape else None
+                for n, t, like in zip(NAMES, (ga, gb, gc), (x, y, w)))
+    nx, ny, nw, ng = flags[:4]
+    if not torch.is_grad_enabled():  # the usual force-training step: one fused pass
+        want = _needed((nx, ny, nw)) + ("g" if ng else "")
+        if a is None and b is None and cc is None:
+            return tuple(torch.zeros_like(t) if f else None for f, t in zip((nx, ny, nw, ng), (x, y, w, g)))
+        r = cdbwd(c, x, y, w, g, a, b, cc, want)
+        return tuple(t if f else None for t, f in zip(r, (nx, ny, nw, ng)))
+    # higher orders are being recorded: compose the identity from differentiable ops
+    dx = dy = dw = dg = None
+
+    def acc(old, new):
+        return new if old is None else old + new
+
+    if ng:
+        for args in ((a, y, w), (x, b, w), (x, y, cc)):
+            if all(t is not None for t in args):
+                dg = acc(dg, cfwd(c, *args, g.dtype))  # dg in g's dtype
+    for sub, wrt in (((x, b, w), "xw"), ((x, y, cc), "xy"), ((a, y, w), "yw")):
+        if any(t is None for t in sub):
+            continue
+        want = "".join(n for n, f in zip(NAMES, (nx, ny, nw)) if f and n in wrt)
+        if not want:
+            continue
+        rx, ry, rw = cbwd(c, *sub, g, want)
+        dx = acc(dx, rx) if "x" in want else dx
+        dy = acc(dy, ry) if "y" in want else dy
+        dw = acc(dw, rw) if "w" in want else dw
+    if ng and dg is None:
+        dg = torch.zeros_like(g)
+    return dx, dy, dw, dg
 
 
 class _ConvFwd(torch.autograd.Function):
@@ -131,13 +284,7 @@ class _ConvFwd(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        x, y, w = ctx.saved_tensors
-        names = _needed(ctx.needs_input_grad[:3])
-        if not names:
-            return None, None, None, None, None
-        gx, gy, gw = conv_bwd(ctx.c, x, y, w, g.contiguous(), names)
-        return (gx if "x" in names else None, gy if "y" in names else None, gw if "w" in names else None, None,
-                None)
+        return _fwd_grads(ctx.c, *ctx.saved_tensors, g, ctx.needs_input_grad) + (None, None)
 
 
 class _ConvBwd(torch.autograd.Function):
@@ -145,61 +292,55 @@ class _ConvBwd(torch.autograd.Function):
     def forward(ctx, x, y, w, g, c, names):
         ctx.save_for_backward(x, y, w, g)
         ctx.c, ctx.names = c, names
-        r = _bwd_impl(c, x, y, w, g, names)
-        return tuple(r.get("g" + n, t.new_empty(0)) for n, t in zip(NAMES, (x, y, w)))
+        return _bwd_tuple(_bwd_impl(c, x, y, w, g, names), x, y, w)
 
     @staticmethod
     def backward(ctx, ga, gb, gc):
-        x, y, w, g = ctx.saved_tensors
-        c = ctx.c
-        a, b, cc = (t.contiguous() if n in ctx.names and t is not None and t.shape == like.shape else None
-                    for n, t, like in zip(NAMES, (ga, gb, gc), (x, y, w)))
-        nx, ny, nw, ng = ctx.needs_input_grad[:4]
-        if not torch.is_grad_enabled():  # the usual force-training step: one fused pass
-            names = _needed((nx, ny, nw)) + ("g" if ng else "")
-            r = _dbwd_impl(c, x, y, w, g, a, b, cc, names) if (a is not None or b is not None or cc is not None) else {}
-            out = [r.get("d" + n) if f else None for n, f in zip("xywg", (nx, ny, nw, ng))]
-            out = [torch.zeros_like(t) if f and o is None else o for o, f, t in zip(out, (nx, ny, nw, ng), (x, y, w, g))]
-            return tuple(out) + (None, None)
-        # higher orders are being recorded: compose the identity from differentiable ops
-        dx = dy = dw = dg = None
-
-        def acc(old, new):
-            return new if old is None else old + new
-
-        if ng:
-            for args in ((a, y, w), (x, b, w), (x, y, cc)):
-                if all(t is not None for t in args):
-                    dg = acc(dg, _ConvFwd.apply(*args, c, g.dtype))  # dg in g's dtype
-        for sub, wrt in (((x, b, w), "xw"), ((x, y, cc), "xy"), ((a, y, w), "yw")):
-            if any(t is None for t in sub):
-                continue
-            names = "".join(n for n, f in zip(NAMES, (nx, ny, nw)) if f and n in wrt)
-            if not names:
-                continue
-            rx, ry, rw = conv_bwd(c, *sub, g, names)
-            dx = acc(dx, rx) if "x" in names else dx
-            dy = acc(dy, ry) if "y" in names else dy
-            dw = acc(dw, rw) if "w" in names else dw
-        if ng and dg is None:
-            dg = torch.zeros_like(g)
-        return dx, dy, dw, dg, None, None
+        return _bwd_grads(ctx.c, *ctx.saved_tensors, ctx.names, ga, gb, gc, ctx.needs_input_grad) + (None, None)
 
 
-def conv_bwd(c: _Conv, x, y, w, g, names: str):
-    if torch.is_grad_enabled():
-        return _ConvBwd.apply(x, y, w, g, c, names)
-    r = _bwd_impl(c, x, y, w, g, names)
-    return tuple(r.get("g" + n, t.new_empty(0)) for n, t in zip(NAMES, (x, y, w)))
+# autograd of the custom ops: the graph tensors are saved with the operands, the rest on ctx
+def _op_fwd_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:9])
+    ctx.static = inputs[9:12] + (inputs[13] if len(inputs) > 13 else None,)  # spec, backend, flow, math
 
 
+def _op_ctx(ctx, k: int):
+    saved = ctx.saved_tensors
+    spec, backend, flow, math = ctx.static
+    return _conv_of(*saved[k:], spec, backend, flow, math), saved[:k]
+
+
+def _op_fwd_backward(ctx, g):
+    c, (x, y, w) = _op_ctx(ctx, 3)
+    return _fwd_grads(c, x, y, w, g, ctx.needs_input_grad) + (None,) * 11
+
+
+def _op_bwd_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:10])
+    ctx.static = inputs[10:13] + (inputs[14] if len(inputs) > 14 else None,)
+    ctx.names = inputs[13]
+
+
+def _op_bwd_backward(ctx, ga, gb, gc):
+    c, (x, y, w, g) = _op_ctx(ctx, 4)
+    return _bwd_grads(c, x, y, w, g, ctx.names, ga, gb, gc, ctx.needs_input_grad) + (None,) * 11
+
+
+conv_fwd.register_autograd(_op_fwd_backward, setup_context=_op_fwd_setup)
+conv_bwd.register_autograd(_op_bwd_backward, setup_context=_op_bwd_setup)
+
+
+# --- entry point ------------------------------------------------------------------------------------
 def fused_conv(problem, x: Tensor, y: Tensor, weight: Optional[Tensor], graph, layout: str, backend: str,
                flow: str, math_dtype: Optional[torch.dtype] = None, output_dtype: Optional[torch.dtype] = None
                ) -> Tensor:
     """Dtypes as ``ops.tensor_product``: float16/bfloat16/float32 operands mixed freely (float64 only
     with float64); output in ``output_dtype`` (default: the autocast dtype under autocast, else
     x's); gradients in their operand's dtype."""
-    plan = plan_of(spec_of(problem, layout))
+    if flow not in FLOWS:
+        raise ValueError(f"flow: expected one of {FLOWS}, got {flow!r}")
+    spec = spec_of(problem, layout)
     w = weight.contiguous() if problem.weight_numel else x.new_empty(0)
     check_dtypes(math_dtype, output_dtype)
     for name, t in (("y", y), ("weight", w)):
@@ -207,4 +348,6 @@ def fused_conv(problem, x: Tensor, y: Tensor, weight: Optional[Tensor], graph, l
     if graph.src.device != x.device:
         raise ValueError(f"src/dst: device {graph.src.device} does not match x ({x.device})")
     out_dtype = output_dtype or autocast_dtype(x) or x.dtype
-    return _ConvFwd.apply(x.contiguous(), y.contiguous(), w, _Conv(plan, graph, flow, backend, math_dtype), out_dtype)
+    # plan_of is not traced (lru_cache + JSON): the traced path passes only the spec string
+    c = _Conv(spec, graph, flow, backend, math_dtype, plan_of(spec) if _eager(x, y, w) else None)
+    return cfwd(c, x.contiguous(), y.contiguous(), w, out_dtype)
