@@ -154,6 +154,8 @@ class TPProblem:
         object.__setattr__(p, "path_coefficients", p._normalisation())
         # JSON form carried by the custom ops; precomputed so torch.compile sees a constant
         object.__setattr__(p, "spec_json", json.dumps(problem_to_spec(p), separators=(",", ":")))
+        for name in ("dim_in1", "dim_in2", "dim_out", "weight_numel"):
+            getattr(p, name)  # filled now: dynamo cannot trace a cached_property's first access
         return p
 
     def _normalisation(self) -> Tuple[float, ...]:
