@@ -62,6 +62,9 @@ class MACECalculator(Calculator):
         cuda_graph: True, False or "auto" (CUDA graphs below ``CUDA_GRAPH_MAX_ATOMS`` atoms); None
             reads ``EQUIKERNELS_CUDA_GRAPH`` (default "auto"). Only for equikernels MACE models on CUDA;
             elsewhere, or if capture fails, evaluation is eager (with a warning when asked for).
+        precision: None (the dtype above), or "fp64", "fp32", "bf16-mixed", "fp16-mixed" (equikernels
+            MACE models; ``MACE.set_precision``). A mixed precision keeps float32 parameters,
+            positions, energies and forces, so it excludes default_dtype="float64".
 
     ``energies`` are per-atom energies (including the isolated-atom reference energies E0),
     ``stress`` is Voigt (xx, yy, zz, yz, xz, xy) in eV/A^3 and is computed only when asked for.
@@ -71,12 +74,26 @@ class MACECalculator(Calculator):
 
     def __init__(self, model: Union[None, str, os.PathLike, torch.nn.Module] = None, device=None,
                  default_dtype: Optional[str] = None, head: Optional[str] = None, skin: float = DEFAULT_SKIN,
-                 cuda_graph: Union[None, bool, str] = None, **kwargs):
+                 cuda_graph: Union[None, bool, str] = None, precision: Union[None, str, torch.dtype] = None,
+                 **kwargs):
         Calculator.__init__(self, **kwargs)
         self.device = resolve_device(device)
         model = resolve_model(model, self.device)
+        if precision is not None:
+            from ..models.mace import MACE, PRECISIONS, resolve_precision  # noqa: PLC0415
+            precision = resolve_precision(precision)
+            if not isinstance(model, MACE):
+                raise TypeError(f"precision: needs an equikernels MACE model, got {type(model).__name__} "
+                                "(load it with equikernels.models)")
+            want = PRECISIONS[precision][0]
+            if default_dtype is not None and resolve_dtype(default_dtype, model) != want:
+                raise ValueError(f"default_dtype={default_dtype!r} and precision={precision!r} disagree "
+                                 f"(that precision runs in {want}); give one of them")
+            default_dtype = want
         self.dtype = resolve_dtype(default_dtype, model)
         model = model.to(device=self.device, dtype=self.dtype)
+        if precision is not None:
+            model.set_precision(precision)
         model.eval()
         for param in model.parameters():
             param.requires_grad_(False)

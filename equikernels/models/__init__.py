@@ -3,13 +3,16 @@
 ``from_mace(model)`` converts a mace-torch model object, ``load(path)`` reads a mace-torch
 ``.model`` file or our own format, ``save(model, path)`` writes our format (loads without
 mace-torch). ``atoms_to_data`` / ``atoms_list_to_data`` turn ASE Atoms into the data dict that
-``MACE.forward`` (and mace-torch's models) take.
+``MACE.forward`` (and mace-torch's models) take. ``model.set_precision("bf16-mixed")`` (or
+``load(..., precision=...)``) runs node features and per-edge weights in bfloat16 with float32
+parameters, geometry and energies (``benchmarks/results/mixed_accuracy_*.md`` has its accuracy).
 """
 from .data import atoms_list_to_data, atoms_to_data
 from .graphed import GraphedModel
 from .io import build, config_from_mace, from_mace, load, save
-from .mace import MACE, ScaleShiftMACE, trusted_inputs
+from .mace import MACE, PRECISIONS, ScaleShiftMACE, resolve_precision, trusted_inputs
 from .symmetric_contraction import SymmetricContraction, contraction_table
 
 __all__ = ["MACE", "ScaleShiftMACE", "from_mace", "load", "save", "build", "config_from_mace", "atoms_to_data",
-           "atoms_list_to_data", "SymmetricContraction", "contraction_table", "GraphedModel", "trusted_inputs"]
+           "atoms_list_to_data", "SymmetricContraction", "contraction_table", "GraphedModel", "trusted_inputs",
+           "PRECISIONS", "resolve_precision"]

@@ -57,17 +57,20 @@ class InteractionBlock(nn.Module):
                 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         sc = self.skip(node_feats, groups) if self.residual else None
         h = self.linear_up(node_feats)
-        w = self.radial_mlp(edge_feats)
+        # per-edge weights in the node features' dtype (mixed precision: the MLP runs in the half
+        # type, as autocast would; edge_feats, cutoff and the spherical harmonics stay full precision)
+        w = self.radial_mlp(edge_feats if edge_feats.dtype == h.dtype else edge_feats.to(h.dtype))
         if cutoff is not None:
-            w = w * cutoff
+            w = w * (cutoff if cutoff.dtype == w.dtype else cutoff.to(w.dtype))
         msg = tensor_product_conv(self.problem, h, edge_attrs, w, graph.src, graph.dst, graph.num_nodes, graph=graph,
                                   layout=self.layout, validate=False)
         if self.density:
             d = torch.tanh(self.density_fn(edge_feats) ** 2)
             if cutoff is not None:
                 d = d * cutoff
-            density = d.new_zeros(graph.num_nodes, 1).index_add(0, graph.dst, d)
-            msg = self.linear(msg) / (density + 1)
+            density = d.new_zeros(graph.num_nodes, 1).index_add(0, graph.dst, d)  # edge_feats' dtype
+            msg = self.linear(msg)
+            msg = msg / (density + 1).to(msg.dtype)
         else:
             msg = self.linear(msg) / self.avg_num_neighbors
         if not self.residual:

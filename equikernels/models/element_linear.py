@@ -102,6 +102,20 @@ class ElementLinear(nn.Module):
             return x.new_zeros(x.shape[0], sum(m * (2 * l + 1) for m, l, _ in self.irreps_out))
         blocks, scale = self._plan()
         w = self._scaled_weight(scale)
+        if w.dtype != x.dtype:
+            # half features, float32 weights (mixed precision): matmuls in the features' type, as
+            # autocast runs them; per-element weight gradients are summed by the matmul (float32
+            # accumulation) and come back to the float32 weight through the cast
+            if not (x.dtype in (torch.float16, torch.bfloat16) and w.dtype == torch.float32):
+                raise TypeError(f"ElementLinear: features dtype {x.dtype} does not match the weight ({w.dtype}); "
+                                "only float16/bfloat16 features with float32 weights mix")
+            if w.requires_grad or torch.compiler.is_compiling():
+                w = w.to(x.dtype)
+            else:  # frozen: the rounded copy is kept while the scaled weight is the same tensor
+                cached = self.__dict__.get("_half")
+                if cached is None or cached[0] is not w or cached[1] != x.dtype:
+                    cached = self.__dict__["_half"] = (w, x.dtype, w.to(x.dtype))
+                w = cached[2]
         single = len(groups.runs) == 1
         xs = x if single else x.index_select(0, groups.perm)  # nodes sorted by element
         n, ne, ir_mul = xs.shape[0], self.num_elements, self.layout == "ir_mul"

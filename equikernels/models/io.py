@@ -19,7 +19,7 @@ import torch
 
 from .._compat import default_dtype
 from .blocks import INTERACTIONS
-from .mace import CONFIG_VERSION, MACE, ScaleShiftMACE
+from .mace import CONFIG_VERSION, MACE, PRECISIONS, ScaleShiftMACE, resolve_precision
 
 FORMAT = "equikernels.models.MACE"
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "weights.pt"
@@ -232,9 +232,10 @@ def build(config: dict, state_dict: Dict[str, torch.Tensor]) -> MACE:
     return model
 
 
-def from_mace(mace_model) -> MACE:
+def from_mace(mace_model, precision=None) -> MACE:
     """Rebuild a mace-torch ``MACE``/``ScaleShiftMACE`` (object) as an equikernels model with the
-    same weights; returned in the same dtype, on the same device, in the same train/eval mode."""
+    same weights; returned in the same dtype, on the same device, in the same train/eval mode.
+    ``precision`` ("fp64", "fp32", "bf16-mixed", "fp16-mixed"): ``MACE.set_precision`` on the result."""
     cfg = config_from_mace(mace_model)
     src = mace_model.state_dict()
     state = {ours: src[theirs] for ours, theirs in mace_key_map(mace_model, cfg).items()}
@@ -245,7 +246,8 @@ def from_mace(mace_model) -> MACE:
         if any(abs(a - b) > 1e-6 * max(1.0, abs(b)) for a, b in zip(got, want)):
             raise ValueError("mace_model: its conv_tp normalisation differs from e3nn's defaults; not supported")
     device = next(iter(state.values())).device
-    return model.to(device).train(mace_model.training)
+    model = model.to(device).train(mace_model.training)
+    return model if precision is None else model.set_precision(precision)
 
 
 def save(model: MACE, path: Union[str, os.PathLike]) -> None:
@@ -263,8 +265,15 @@ def save(model: MACE, path: Union[str, os.PathLike]) -> None:
 
 
 def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] = None,
-         dtype: Optional[torch.dtype] = None) -> MACE:
-    """Load our format (no mace-torch needed) or a mace-torch ``.model`` file (needs mace-torch)."""
+         dtype: Optional[torch.dtype] = None, precision=None) -> MACE:
+    """Load our format (no mace-torch needed) or a mace-torch ``.model`` file (needs mace-torch).
+    ``precision`` ("fp64", "fp32", "bf16-mixed", "fp16-mixed"; see ``MACE.set_precision``) is
+    applied after ``dtype``; a mixed precision keeps float32 parameters, so it excludes float64."""
+    if precision is not None:
+        precision = resolve_precision(precision)
+        if dtype is not None and dtype != PRECISIONS[precision][0]:
+            raise ValueError(f"dtype={dtype} and precision={precision!r} disagree (that precision keeps "
+                             f"{PRECISIONS[precision][0]} parameters); give one of them")
     path = os.fspath(path)
     if os.path.isdir(path):
         cfg_path, w_path = os.path.join(path, CONFIG_FILE), os.path.join(path, WEIGHTS_FILE)
@@ -288,6 +297,8 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
         model = model.to(dtype)
     if device is not None:
         model = model.to(device)
+    if precision is not None:
+        model.set_precision(precision)
     return model.eval()
 
 

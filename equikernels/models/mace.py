@@ -28,6 +28,27 @@ from .element_linear import ElementGroups
 from .radial import RadialEmbedding, ZBLRepulsion
 
 CONFIG_VERSION = 1
+
+# precision name -> (parameter / geometry / energy dtype, node-feature dtype or None)
+PRECISIONS = {"fp64": (torch.float64, None), "fp32": (torch.float32, None),
+              "bf16-mixed": (torch.float32, torch.bfloat16), "fp16-mixed": (torch.float32, torch.float16)}
+_PRECISION_ALIASES = {"float64": "fp64", "double": "fp64", torch.float64: "fp64",
+                      "float32": "fp32", "float": "fp32", torch.float32: "fp32",
+                      "bf16": "bf16-mixed", "bfloat16": "bf16-mixed", torch.bfloat16: "bf16-mixed",
+                      "fp16": "fp16-mixed", "float16": "fp16-mixed", "half": "fp16-mixed", "16-mixed": "fp16-mixed",
+                      torch.float16: "fp16-mixed"}
+
+
+def resolve_precision(precision) -> str:
+    """A precision name ("fp64", "fp32", "bf16-mixed", "fp16-mixed"), from it, an alias or a torch dtype."""
+    key = precision.lower() if isinstance(precision, str) else precision
+    if key in PRECISIONS:
+        return key
+    try:
+        return _PRECISION_ALIASES[key]
+    except (KeyError, TypeError):
+        raise ValueError(f"precision: expected one of {tuple(PRECISIONS)} (or torch.float64/float32/bfloat16/"
+                         f"float16), got {precision!r}") from None
 REQUIRED_KEYS = ("positions", "node_attrs", "edge_index", "shifts", "batch", "ptr")
 
 _TRUSTED = threading.local()
@@ -114,6 +135,47 @@ class MACE(nn.Module):
         for i, c in enumerate(config["products"]):
             perm = None if layout == "mul_ir" else _inverse(ir_mul_permutation(c["hidden_irreps"]))
             self.register_buffer(f"_to_mul_ir_{i}", perm, persistent=False)
+
+    # --- precision -------------------------------------------------------------------------------
+    def set_precision(self, precision) -> "MACE":
+        """Convert in place and return the model. "fp64" / "fp32": every parameter, buffer and
+        intermediate in that dtype (``.double()`` / ``.float()``). "bf16-mixed" / "fp16-mixed":
+        parameters stay float32 (masters for training; converted to float32 if they are not), as do
+        positions, edge vectors, radial features, spherical harmonics, readouts, energies and forces;
+        node features, the convolution's node operand and per-edge weights (radial MLP), the
+        symmetric contraction's input and output, and the linear/skip layers run in the half type
+        (every sum over edges, channels or paths is accumulated in float32 and rounded once)."""
+        name = resolve_precision(precision)
+        dtype, compute = PRECISIONS[name]
+        self.to(dtype)
+        self.__dict__["_compute_dtype"] = compute
+        return self
+
+    def to_mixed_precision(self, dtype: torch.dtype = torch.bfloat16) -> "MACE":
+        """``set_precision("bf16-mixed")`` (or "fp16-mixed" for ``torch.float16``)."""
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"dtype: expected torch.bfloat16 or torch.float16, got {dtype!r}")
+        return self.set_precision(dtype)
+
+    @property
+    def compute_dtype(self) -> Optional[torch.dtype]:
+        """The node-feature dtype of a mixed-precision model; None for plain fp32/fp64."""
+        return self.__dict__.get("_compute_dtype")
+
+    @property
+    def precision(self) -> str:
+        compute = self.compute_dtype
+        if compute is not None:
+            return {torch.bfloat16: "bf16-mixed", torch.float16: "fp16-mixed"}[compute]
+        return "fp64" if self.atomic_energies.dtype == torch.float64 else "fp32"
+
+    def _feature_dtype(self) -> Optional[torch.dtype]:
+        compute = self.compute_dtype
+        if compute is not None and self.atomic_energies.dtype != torch.float32:
+            raise TypeError(f"precision {self.precision!r}: needs float32 parameters, the model is in "
+                            f"{self.atomic_energies.dtype} (converted after set_precision?); call "
+                            "set_precision again")
+        return compute
 
     # --- loading ---------------------------------------------------------------------------------
     def _load_from_state_dict(self, *args, **kwargs):
@@ -224,7 +286,10 @@ class MACE(nn.Module):
         sender, receiver = data["edge_index"][0], data["edge_index"][1]
         groups, node_z = ctx.groups, ctx.node_z
         graph = ConvGraph.build(sender, receiver, n, validate=False)  # one graph, reused by every layer
+        half = self._feature_dtype()
         node_feats = self.node_embedding(node_attrs)
+        if half is not None:  # the blocks follow the node features' dtype (per-edge weights included)
+            node_feats = node_feats.to(half)
         edge_attrs = self.spherical_harmonics(vectors)
         edge_feats, cutoff = self.radial_embedding(lengths, node_z, sender, receiver)
         pair = None
@@ -239,7 +304,7 @@ class MACE(nn.Module):
         node_es = []
         for i, readout in enumerate(self.readouts):
             x = feats[-1] if len(self.readouts) == 1 else feats[i]
-            e = readout(x, node_heads)
+            e = readout(x if half is None else x.to(vectors.dtype), node_heads)  # energies: full precision
             # one head: its column (a view); several: each node's head
             node_es.append(e[:, 0] if e.shape[1] == 1 else e.gather(1, node_heads[:, None]).squeeze(1))
         trusted = _trusted()
@@ -247,7 +312,8 @@ class MACE(nn.Module):
             return node_es, pair, None
         perms = [getattr(self, f"_to_mul_ir_{i}") for i in range(len(feats))]
         mul_ir = [f if p is None else f.index_select(1, p) for f, p in zip(feats, perms)]
-        return node_es, pair, torch.cat(mul_ir, dim=-1)
+        out = torch.cat(mul_ir, dim=-1)
+        return node_es, pair, out if half is None else out.to(vectors.dtype)
 
     def _common(self, data, compute_virials, compute_stress, compute_displacement, lammps_mliap):
         """What both energy models share: checks, geometry, E0 and the interaction layers."""

@@ -227,8 +227,29 @@ class RadialMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         last = len(self.layers) - 1
-        for i, w in enumerate(self._scaled()):
+        ws = self._scaled()
+        if ws and x.dtype != ws[0].dtype:
+            ws = _half_weights(self, ws, x)
+        for i, w in enumerate(ws):
             x = x @ w
             if i < last and self.act is not None:
                 x = self.act(x)
         return x
+
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+def _half_weights(mlp: "RadialMLP", ws: List[torch.Tensor], x: torch.Tensor) -> List[torch.Tensor]:
+    """float32 weights for half-precision inputs: rounded to the input's type (matmuls in the half
+    type, as autocast runs them; the cast's backward returns float32 gradients to the masters)."""
+    if not (x.dtype in HALF and ws[0].dtype == torch.float32):
+        raise TypeError(f"RadialMLP: input dtype {x.dtype} does not match the weights ({ws[0].dtype}); only "
+                        "float16/bfloat16 inputs with float32 weights mix")
+    if any(w.requires_grad for w in ws) or torch.compiler.is_compiling():
+        return [w.to(x.dtype) for w in ws]
+    key = (x.dtype,) + tuple((w.data_ptr(), w._version) for w in ws)
+    cached = mlp.__dict__.get("_half_cache")
+    if cached is None or cached[0] != key:
+        cached = mlp.__dict__["_half_cache"] = (key, [w.to(x.dtype) for w in ws])
+    return cached[1]

@@ -31,7 +31,10 @@ import torch
 from torch import nn
 
 from ..ir import Factor, Operand, Path, Segment, Table, grad_table
-from ..reference import evaluate
+from ..reference import evaluate, math_dtype_of
+
+HALF = (torch.float16, torch.bfloat16)
+_STORAGE = HALF + (torch.float32, torch.float64)
 
 U_ZERO_TOL = 0.0  # U entries are kept exactly (a checkpoint's zeros are exact zeros)
 
@@ -100,8 +103,12 @@ class TableOp:
     einsum intermediates are transient, which keeps force (and force-training) memory at the
     size of the inputs instead of the sum of every path's intermediates."""
 
-    def __init__(self, table: Table, layout: str, level: int = 0, backend: Optional[str] = None) -> None:
+    def __init__(self, table: Table, layout: str, level: int = 0, backend: Optional[str] = None,
+                 out_like: str = "x") -> None:
         self.table, self.layout, self.level, self.backend = table, layout, level, backend
+        # the operand whose dtype the result takes: the features for the forward, the operand a
+        # gradient is taken with respect to for a gradient table (mixed fp32 weights / half x)
+        self.out_like = out_like
         self._kernels: Dict[torch.dtype, Optional[_Generated]] = {}
         used = {f.operand for p in table.paths for f in p.factors + ((p.weight,) if p.weight else ())}
         self.names = tuple(o.name for o in table.operands if o.name in used)  # d/dx still reads x
@@ -116,25 +123,39 @@ class TableOp:
             paths = tuple(Path(p.factors, p.weight, Factor(out, p.output.segment, p.output.base, p.output.strides),
                                p.labels, p.entries) for p in gt.paths)
             gt = Table(gt.operands + (Operand(out, target.dim, target.segments),), out, paths)
-            self._grads[wrt] = TableOp(gt, self.layout, self.level + 1, self.backend)
+            self._grads[wrt] = TableOp(gt, self.layout, self.level + 1, self.backend, out_like=wrt)
         return self._grads[wrt]
 
-    def __call__(self, tensors: Dict[str, torch.Tensor]) -> torch.Tensor:
-        return _TableFn.apply(self, *(tensors[n] for n in self.names))
+    def __call__(self, tensors: Dict[str, torch.Tensor], out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """``out_dtype``: default the ``out_like`` operand's dtype (a table linear in its ``wrt`` does
+        not read it: the caller passes that operand's dtype)."""
+        if out_dtype is None:
+            out_dtype = (tensors[self.out_like] if self.out_like in tensors else tensors[self.names[0]]).dtype
+        return _TableFn.apply(self, out_dtype, *(tensors[n] for n in self.names))
 
-    def evaluate(self, named: Dict[str, torch.Tensor]) -> torch.Tensor:
+    def evaluate(self, named: Dict[str, torch.Tensor], out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """Plain (non-recording) evaluation: generated kernels on the triton backend, else the reference."""
         from ..ops.tp import resolve_backend  # noqa: PLC0415
 
         ref = next(iter(named.values()))
         rows = ref.shape[0]
+        if out_dtype is None:
+            out_dtype = named[self.out_like].dtype if self.out_like in named else ref.dtype
+        bad = [f"{k}: {v.dtype}" for k, v in named.items() if v.dtype not in _STORAGE]
+        if bad:
+            raise TypeError(f"symmetric contraction: operands must be float16, bfloat16, float32 or float64, "
+                            f"got {', '.join(bad)}")
+        math = math_dtype_of(named.values())
+        if math == torch.float64 and any(v.dtype in HALF for v in named.values()):
+            raise TypeError("symmetric contraction: float64 operands do not mix with float16/bfloat16 ones "
+                            f"({', '.join(f'{k}: {v.dtype}' for k, v in named.items())})")
         if resolve_backend(self.backend, ref.device) == "triton":
-            gen = self._generated(ref.dtype)
+            gen = self._generated(math)
             if gen is not None:
                 if gen.compiled:
-                    return gen({k: v.contiguous() for k, v in named.items()}, rows)
+                    return gen({k: v.contiguous() for k, v in named.items()}, rows, out_dtype)
                 try:  # Triton compiles on the first launch: a failure there falls back, later ones raise
-                    out = gen({k: v.contiguous() for k, v in named.items()}, rows)
+                    out = gen({k: v.contiguous() for k, v in named.items()}, rows, out_dtype)
                     gen.compiled = True
                     return out
                 except Exception as exc:
@@ -142,8 +163,8 @@ class TableOp:
                         raise
                     warnings.warn(f"symmetric contraction: a level-{self.level} kernel failed to compile or run "
                                   f"({type(exc).__name__}: {exc}); using the reference", RuntimeWarning)
-                    self._kernels[ref.dtype] = None
-        return evaluate(self.table, named, self.layout, rows=rows)
+                    self._kernels[math] = None
+        return evaluate(self.table, named, self.layout, rows=rows, out_dtype=out_dtype)
 
     def _generated(self, dtype: torch.dtype) -> Optional["_Generated"]:
         if dtype not in self._kernels:
@@ -172,43 +193,46 @@ class _Generated:
                                                       accumulate=len(chunks) > 1)],
                                 layout, rows_ops, f"symmetric contraction table part {k + 1}/{len(chunks)}")
                         for k, paths in enumerate(chunks)]
-        self.zero = len(chunks) > 1 or any(k.meta.zero_init for k in self.kernels)
+        self.accumulate = len(chunks) > 1
+        self.zero = self.accumulate or any(k.meta.zero_init for k in self.kernels)
         # one row per program: a contraction keeps every component of x and of the per-row weights
         # live (16 + 86 [rows, channels] tiles for MACE-MP medium), more rows would spill registers
         rows = int(os.environ.get("EQUIKERNELS_ROWS_CONTRACTION", 1))
         self.cfg, self.dtype = LaunchConfig(rows=rows, num_warps=4), dtype
         self.compiled = False
 
-    def __call__(self, named: Dict[str, torch.Tensor], rows: int) -> torch.Tensor:
+    def __call__(self, named: Dict[str, torch.Tensor], rows: int, out_dtype: torch.dtype) -> torch.Tensor:
         like = next(iter(named.values()))
+        # chunks add into one output: a half result is summed in a float32 buffer, rounded once
+        buf_dtype = torch.float32 if self.accumulate and out_dtype in HALF else out_dtype
         alloc = torch.zeros if self.zero else torch.empty
-        out = alloc(rows, self.out.dim, dtype=like.dtype, device=like.device)
+        out = alloc(rows, self.out.dim, dtype=buf_dtype, device=like.device)
         if rows:
-            for k in self.kernels:
+            for k in self.kernels:  # self.dtype is the math dtype (kernels cast on load and store)
                 k.launch(named, {self.out.name: out}, rows, self.cfg, self.dtype)
-        return out
+        return out.to(out_dtype)
 
 
 class _TableFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, op: TableOp, *tensors):
+    def forward(ctx, op: TableOp, out_dtype: torch.dtype, *tensors):
         ctx.op = op
         ctx.save_for_backward(*tensors)
-        return op.evaluate(dict(zip(op.names, tensors)))
+        return op.evaluate(dict(zip(op.names, tensors)), out_dtype)
 
     @staticmethod
     def backward(ctx, g):
         op, tensors = ctx.op, ctx.saved_tensors
         named = dict(zip(op.names, tensors))
         grads = []
-        for name, needed in zip(op.names, ctx.needs_input_grad[1:]):
-            if needed:
+        for name, needed in zip(op.names, ctx.needs_input_grad[2:]):
+            if needed:  # each gradient in its operand's dtype
                 gop = op.grad(name)
-                grads.append(gop({**named, f"g{op.level}": g.contiguous()}) if gop.table.paths
+                grads.append(gop({**named, f"g{op.level}": g.contiguous()}, named[name].dtype) if gop.table.paths
                              else torch.zeros_like(named[name]))
             else:
                 grads.append(None)
-        return (None, *grads)
+        return (None, None, *grads)
 
 
 class SymmetricContraction(nn.Module):
@@ -268,13 +292,19 @@ class SymmetricContraction(nn.Module):
         element tensor (same object, unmodified): an MD step then gathers nothing."""
         params = [w for per_nu in self.weights for w in per_nu]
         if any(p.requires_grad for p in params) or torch.compiler.is_compiling():
-            return self.weight_table().index_select(0, element)
+            return self._gather(element)
         key = (element._version, tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params))
         cached = self.__dict__.get("_node_w")
         if cached is None or cached[0] is not element or cached[1] != key:
             # the element tensor itself is held, so its id cannot be reused by another tensor
-            cached = self.__dict__["_node_w"] = (element, key, self.weight_table().index_select(0, element))
+            cached = self.__dict__["_node_w"] = (element, key, self._gather(element))
         return cached[2]
+
+    def _gather(self, element: torch.Tensor) -> torch.Tensor:
+        table = self.weight_table()
+        if table.dtype in HALF:  # half weights: gathered in float32 so the per-element gradient sums
+            return table.float().index_select(0, element).to(table.dtype)  # (index_add) are float32
+        return table.index_select(0, element)
 
     def forward(self, x: torch.Tensor, element: torch.Tensor) -> torch.Tensor:
         w = self.node_weights(element)
