@@ -370,3 +370,24 @@ def test_autocast_gpu():
         with torch.autocast("cuda", dtype=d):
             out = tensor_product(p, x, y, w, layout="ir_mul")
         assert out.dtype == d and _rel(out, ref) <= TOL[d]
+
+
+def test_linear_fast_path_half_features_fp32_weights():
+    """Internal float32 weights with float16 features take the matmul fast path (weights rounded
+    once, cached while frozen) and agree with the general path given the same weights."""
+    lin = equikernels.Linear("4x0e+3x1o", "2x0e+5x1o", layout="ir_mul")
+    x = torch.randn(6, lin.irreps_in.dim, dtype=torch.float16)
+    fast = lin(x)
+    general = lin(x, weight=lin.weight.detach())  # an explicit weight takes the general path
+    ref = lin(x.float()).double()
+    assert fast.dtype == torch.float16 and general.dtype == torch.float16
+    assert _rel(fast.double(), ref) < 2e-3
+    assert _rel(fast.double(), general.double()) < 2e-3
+    with torch.no_grad():
+        lin.weight.requires_grad_(False)
+        again = lin(x)
+        assert lin.__dict__["_scaled"][1].dtype == torch.float16  # the fast path's rounded copy
+        lin.weight.mul_(2.0)  # an in-place update must not reuse the cached rounded copy
+        doubled = lin(x)
+    assert torch.equal(again, fast)
+    assert _rel(doubled.double(), 2 * fast.double()) < 2e-3

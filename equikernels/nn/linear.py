@@ -185,27 +185,28 @@ class Linear(nn.Module):
     def _in_sizes(self) -> List[int]:
         return [mul_ir.dim for mul_ir in self.irreps_in]
 
-    def _scaled_weight(self, alpha: torch.Tensor) -> torch.Tensor:
-        """weight * path weights, one op; kept between calls while the weight is frozen and unchanged
-        (inference: no per-call work at all)."""
+    def _scaled_weight(self, alpha: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """weight * path weights in ``dtype`` (the features': float32 masters round to half for
+        half features, as autocast would), one op; kept between calls while the weight is frozen
+        and unchanged (inference: no per-call work at all)."""
         w = self.weight
         akey = (w.device, w.dtype)
         if akey not in alpha:  # per device and dtype, so no host->device copy per call
             alpha[akey] = alpha["cpu64"].to(device=w.device, dtype=w.dtype)
         alpha = alpha[akey]
         if w.requires_grad or torch.compiler.is_compiling():
-            return w * alpha
-        key = (w.data_ptr(), w._version, w.dtype, w.device)
+            return (w * alpha).to(dtype)
+        key = (w.data_ptr(), w._version, w.dtype, w.device, dtype)
         cached = self.__dict__.get("_scaled")
         if cached is None or cached[0] != key:
-            cached = (key, w * alpha)
+            cached = (key, (w * alpha).to(dtype))
             self.__dict__["_scaled"] = cached
         return cached[1]
 
     def _fast(self, features: torch.Tensor, plan) -> torch.Tensor:
         """One matmul per instruction on a strided view of the block (no einsum, no per-call checks)."""
         blocks, alpha = plan
-        w = self._scaled_weight(alpha)
+        w = self._scaled_weight(alpha, features.dtype)
         lead = features.shape[:-1]
         x = features.reshape(-1, features.shape[-1])
         n = x.shape[0]
@@ -235,7 +236,9 @@ class Linear(nn.Module):
         if weight is None and bias is None and isinstance(features, torch.Tensor):
             plan = self._fast_plan()
             if (plan is not None and features.dim() >= 1 and features.shape[-1] == self.irreps_in.dim
-                    and features.dtype == self.weight.dtype and features.device == self.weight.device
+                    and (features.dtype == self.weight.dtype
+                         or (features.dtype in (torch.float16, torch.bfloat16) and self.weight.dtype == torch.float32))
+                    and features.device == self.weight.device
                     and not autocast_on(features.device.type)):
                 return self._fast(features, plan)
         if not isinstance(features, torch.Tensor):
