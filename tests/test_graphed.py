@@ -206,3 +206,17 @@ def test_graphed_model_replay_equals_eager(model):
         _close({k: v.cpu() for k, v in g(data, compute_stress=True).items()},
                {k: v.cpu() for k, v in _direct(m, data, True).items()})
     assert g.num_captures == 1 and g.disabled_reason is None
+
+
+def test_edge_fluctuations_within_a_bucket_keep_the_shape():
+    """MD: the atom count is fixed and the edge count moves inside its bucket; the padded shape
+    (and so the captured graph) must be kept, however many padding atoms the edges need."""
+    from equikernels.models.graphed import PAD_DEGREE, GraphedModel, bucket
+    g = GraphedModel.__new__(GraphedModel)
+    n = 1008
+    for e0 in (80000, 20000):
+        eb = bucket(int(e0 * 1.05) + 1)
+        nb = bucket(n + 1 + -(-(eb - e0) // PAD_DEGREE))
+        g._shape = (nb, eb, "key")
+        assert all(g._fits(n, e, ("key",)) for e in range(int(e0 * 0.9), eb + 1, 7))
+        assert not g._fits(n, eb + 1, ("key",))  # more edges than the bucket holds

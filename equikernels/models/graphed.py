@@ -74,8 +74,10 @@ class GraphedModel:
             return False
         nb, eb = self._shape[:2]
         # keep the bucket while it fits and is not much too large (a shrinking system re-buckets)
+        # (the atom bound uses the most padding edges the edge bucket can hold, so that edge-count
+        # fluctuations within the bucket never re-capture; a shrinking system still re-buckets)
         return (n + 1 <= nb and e <= eb and eb - e <= (nb - n) * PAD_DEGREE
-                and bucket(n + 1 + -(-(eb - e) // PAD_DEGREE)) >= nb and eb <= max(2 * e, 256))
+                and bucket(n + 1 + -(-eb // PAD_DEGREE)) >= nb and eb <= max(2 * e, 256))
 
     def _allocate(self, data, nb: int, eb: int, g: int, stress: bool) -> None:
         pos = data["positions"]
