@@ -15,19 +15,12 @@ import triton
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 from bench_conv import cu_graph  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(__file__))
+from gpu_diag import kernel_stats  # noqa: E402
+
 from equikernels.catalog import problem as catalog_problem  # noqa: E402
 from equikernels.codegen.conv import ConvKernels  # noqa: E402
 from equikernels.ops import ConvGraph, plan_of, spec_of  # noqa: E402
-
-
-def stats(k):
-    regs, spills = [], []
-    for cache in k.fn.device_caches.values():
-        for ck in cache[0].values():
-            ck._init_handles()
-            regs.append(ck.n_regs)
-            spills.append(ck.n_spills)
-    return regs, spills
 
 
 def main():
@@ -59,7 +52,7 @@ def main():
             torch.cuda.synchronize()
         res[d + "_kernels"] = [(ev.key[:60], round(ev.device_time_total / 1e3, 3))
                                for ev in prof.key_averages() if ev.device_time_total > 0]
-    res["kernels"] = {tag: dict(zip(("regs", "spills"), stats(k))) for tag, k in
+    res["kernels"] = {tag: dict(zip(("regs", "spills"), kernel_stats(k))) for tag, k in
                       ((str(key), k) for key, k in ks._cache.items())}
     print(json.dumps(res))
     print(f"{name} {n} atoms {flow} env={res['env']}: fwd {res['fwd_ms']} bwd {res['bwd_ms']} dbwd {res['dbwd_ms']} ms",

@@ -22,22 +22,27 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import bench_mace as B  # noqa: E402
 
 
+
+def _wall_ms(fn, reps: int, warmup: int = 5):
+    """Sorted wall times (ms) of ``fn``, synchronised around each call."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        t.append((time.perf_counter() - t0) * 1e3)
+    return sorted(t)
+
 def graph_timing(model, data, stress):
     from equikernels.models import GraphedModel
 
     g = GraphedModel(model)
     for name, fn in (("eager", lambda: B.step(model, data, stress)), ("graph", lambda: g(data, compute_stress=stress))):
-        for _ in range(5):
-            fn()
-        torch.cuda.synchronize()
-        t = []
-        for _ in range(30):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            t.append((time.perf_counter() - t0) * 1e3)
-        t.sort()
+        t = _wall_ms(fn, 30)
         print(f"{name:5s} E+F{'+S' if stress else ''}: median {t[len(t) // 2]:.2f} ms (min {t[0]:.2f})", flush=True)
     ref = B.step(model, data, stress)
     out = g(data, compute_stress=stress)
@@ -131,17 +136,7 @@ def main():
     model = B.build_impls(mace_model, dtype, dev, {"equikernels"})["equikernels"]["model"]
     data = B.graph_data(atoms, dtype, dev)
     step = lambda: B.step(model, data, False)  # noqa: E731
-    for _ in range(5):
-        step()
-    torch.cuda.synchronize()
-    t = []
-    for _ in range(20):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        t.append((time.perf_counter() - t0) * 1e3)
-    t.sort()
+    t = _wall_ms(step, 20)
     print(f"{len(atoms)} atoms {dtype}: E+F wall median {t[len(t) // 2]:.2f} ms (min {t[0]:.2f})")
     # host time alone: enqueue without waiting (GPU may lag behind)
     torch.cuda.synchronize()

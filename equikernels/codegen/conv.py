@@ -20,7 +20,7 @@ from ..ir import double_backward_tables
 from .cache import load_module
 from .emit import Group, Rowing, generate
 from .segment import segment_sum
-from .tp import _DT, LaunchConfig, _alloc, _num_sms, acc_dtype, math_of
+from .tp import _DT, LaunchConfig, _alloc, _num_sms, acc_dtype, in1_outer, math_of
 
 # which graph side each operand / output lives on (everything else is per edge)
 SRC_SIDE = ("x", "a", "gx", "dx")
@@ -190,7 +190,7 @@ class ConvKernels:
             # (g) are re-read per edge from cache instead of held in registers (H200, MACE-MP
             # medium L2, 795k edges: 8.3 vs 11.9 ms; the backward prefers holding them, 5.1 vs 5.6)
             k = self._kernel(tg, groups, mode, owner, sections or "segment", hoist=kind != "dbwd",
-                             in1_outer=kind == "dbwd" and all(i.mode == "uvu" for i in self.problem.instructions))
+                             in1_outer=in1_outer(self.problem, kind))
             outs, wide = {}, {}
             for g in groups:
                 t = like[g.out_ptr]

@@ -75,6 +75,13 @@ def math_of(*tensors, math_dtype: Optional[torch.dtype] = None) -> torch.dtype:
     return math_dtype_of(tensors, math_dtype)
 
 
+def in1_outer(problem, kind: str) -> bool:
+    """Share gx/dx inner sums with the weight gradient (emit.generate) in double backwards of
+    channel-wise problems (H200: mace-large 2.87 -> 2.54 ms, MACE-MP L2 and lips unchanged;
+    DiffDock's uvw got slower, 9.94 -> 10.55). Used by the batched and the convolution kernels."""
+    return kind == "dbwd" and all(i.mode == "uvu" for i in problem.instructions)
+
+
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -227,10 +234,7 @@ class TPKernels:
         return 32 * 32 * cfg.num_warps // cfg.rows
 
     def _in1_outer(self, kind: str) -> bool:
-        """Share gx/dx inner sums with the weight gradient (emit.generate) in double backwards of
-        channel-wise problems (H200: mace-large 2.87 -> 2.54 ms, MACE-MP L2 and lips unchanged;
-        DiffDock's uvw got slower, 9.94 -> 10.55)."""
-        return kind == "dbwd" and all(i.mode == "uvu" for i in self.problem.instructions)
+        return in1_outer(self.problem, kind)
 
     def kernel(self, kind: str, need: int = 0, have: str = "") -> Optional[_Kernel]:
         key = (kind, need, have)
