@@ -12,6 +12,7 @@ program, which the launcher sums in float64.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
@@ -89,13 +90,6 @@ def _pow2(n: int) -> int:
     while p < n:
         p *= 2
     return p
-
-
-def _prod(shape) -> int:
-    n = 1
-    for v in shape:
-        n *= v
-    return n
 
 
 def _lit(c: float) -> str:
@@ -433,12 +427,14 @@ class KernelBuilder:
                         s = v
                 self._add(g, p, k, s, assign, self.out_block, sizes, accs, order)
 
-    def _reduce(self, name: str) -> str:
-        """The channel-summed value of accumulator ``name`` (identity unless it is un-reduced)."""
-        shape = self.lazy.pop(name, None)
+    def _reduce(self, name: str, shape: Optional[tuple] = None) -> str:
+        """The channel-summed value of ``name``: an accumulator (identity unless it is un-reduced)
+        or a block with summed axes of padded sizes ``shape``."""
         if shape is None:
-            return name
-        self.lazy_live -= _prod(shape)
+            shape = self.lazy.pop(name, None)
+            if shape is None:
+                return name
+            self.lazy_live -= math.prod(shape)
         for pos in reversed(range(len(shape))):
             v = self.body.tmp("t")
             self.body.emit(f"{v} = tl.sum({name}, axis={pos + 1})")
@@ -468,9 +464,7 @@ class KernelBuilder:
         if key in accs and self.lazy.get(accs[key]) != lazy:
             cur = self._reduce(accs[key])
             if lazy:
-                self.lazy[s] = lazy
-                self.lazy_live += _prod(lazy)
-                s = self._reduce(s)
+                s = self._reduce(s, lazy)
             v = self.body.tmp("acc")
             self.body.emit(f"{v} = {cur} + {s}")
             accs[key] = v
@@ -480,7 +474,7 @@ class KernelBuilder:
             name = self.body.tmp("acc")
             self.body.emit(f"{name} = {s}")
             self.lazy[name] = lazy
-            self.lazy_live += _prod(lazy)
+            self.lazy_live += math.prod(lazy)
             self.lazy_peak = max(self.lazy_peak, self.lazy_live)
             accs[key] = name
             order.append(key)
