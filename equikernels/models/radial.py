@@ -13,6 +13,7 @@ from typing import List, Optional
 import torch
 from torch import nn
 
+from ..ops.mlp import radial_mlp
 from .._compat import e3nn  # noqa: F401  (safe e3nn import before e3nn.math)
 from e3nn.math import normalize2mom  # noqa: E402
 
@@ -200,14 +201,23 @@ class ZBLRepulsion(nn.Module):
 class RadialMLP(nn.Module):
     """e3nn ``FullyConnectedNet(hs, act)``: bias-free layers ``x @ W / sqrt(fan_in)``, the
     activation scaled to unit second moment between layers, none after the last. The parameters
-    are named ``layer{i}.weight`` as in e3nn, so checkpoints map one to one."""
+    are named ``layer{i}.weight`` as in e3nn, so checkpoints map one to one.
 
-    def __init__(self, hs: List[int], act: Optional[str] = "silu") -> None:
+    With SiLU (MACE's) the chain runs as one fused op (``ops.mlp.radial_mlp``: Triton kernels on
+    CUDA for float32/float64, the torch chain elsewhere). ``backend`` (attribute, not saved):
+    None = ``EQUIKERNELS_BACKEND`` / automatic, or "triton" / "reference" to force one."""
+
+    fused: bool = False  # class defaults for modules pickled before these attributes existed
+    backend: Optional[str] = None
+
+    def __init__(self, hs: List[int], act: Optional[str] = "silu", backend: Optional[str] = None) -> None:
         super().__init__()
         self.hs = list(hs)
         if act not in GATES:
             raise ValueError(f"act: expected one of {tuple(GATES)}, got {act!r}")
         self.act = normalize2mom(GATES[act]) if GATES[act] is not None else None
+        self.fused = act == "silu"  # the fused op's activation
+        self.backend = backend
         self.layers = nn.ModuleList()
         for h_in, h_out in zip(self.hs, self.hs[1:]):
             layer = nn.Module()
@@ -230,6 +240,8 @@ class RadialMLP(nn.Module):
         ws = self._scaled()
         if ws and x.dtype != ws[0].dtype:
             ws = _half_weights(self, ws, x)
+        if ws and self.fused:
+            return radial_mlp(x, ws, 1.0 if self.act._is_id else self.act.cst, backend=self.backend)
         for i, w in enumerate(ws):
             x = x @ w
             if i < last and self.act is not None:
