@@ -125,7 +125,11 @@ def check(results: Dict[str, Dict], data, device) -> Dict[str, Dict]:
     ref_impl = results.get("mace-e3nn", {}).get("model")
     if ref_impl is None:
         return {}
-    ref = step(ref_impl, data, True)
+    try:
+        ref = step(ref_impl, data, True)
+    except Exception as exc:  # e.g. e3nn out of memory: report it, keep the timings
+        C.free_memory(device)
+        return {"reference": {"error": C.describe_exception(exc)}}
     errs = {}
     for name, r in results.items():
         if r["model"] is None or name == "mace-e3nn":
@@ -184,12 +188,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--target-ms", type=float, default=300.0, help="timed work per measurement")
     ap.add_argument("--scan", action="store_true", help="also find the largest Cu system equikernels runs (E+F)")
     ap.add_argument("--scan-start", type=int, default=20, help="first n of the scan (4 n^3 atoms; 20 -> 32,000)")
+    ap.add_argument("--scan-step", type=int, default=4, help="step of n in the scan")
+    ap.add_argument("--mem-cap-gib", type=float, default=None,
+                    help="limit this process's GPU memory (e.g. 80 on a 141 GB H200, to compare with 80 GB cards)")
     ap.add_argument("--tiny", action="store_true", help="8-channel model and 32-atom systems (debugging)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("bench_mace: CUDA is not available (use --device cpu --tiny for a debug run)", file=sys.stderr)
         return 2
+    if args.mem_cap_gib and device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.mem_cap_gib * 2**30 / total), torch.cuda.current_device())
     wanted = [s for s in args.impls.split(",") if s]
     bad = [s for s in wanted if s not in IMPLS]
     if bad:
@@ -201,7 +211,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         reps, mixed = SYSTEMS[name]
         systems[name] = make_atoms((2, 2, 2) if args.tiny else reps, mixed)
     report = {"env": C.env_info(device), "model": "MACE-MP-0 medium shape, random weights" if not args.tiny else "tiny",
-              "results": [], "checks": {}, "scan": {}}
+              "results": [], "checks": {}, "scan": {}, "mem_cap_gib": args.mem_cap_gib}
     rows = []
     for dname in args.dtypes.split(","):
         dtype = DTYPES[dname]
@@ -233,7 +243,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             C.free_memory(device)
         if args.scan and impls.get("equikernels", {}).get("model") is not None:
             report["scan"][dname] = scan_largest(impls["equikernels"]["model"], dtype, device, args.target_ms,
-                                                 args.scan_start)
+                                                 args.scan_start, step=args.scan_step)
         del impls
         C.free_memory(device)
     _print_table(rows)

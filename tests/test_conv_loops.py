@@ -1,6 +1,6 @@
-"""The deterministic convolution's gradient kernels with one edge loop per first-input segment
-(EQUIKERNELS_CONV_GRAD_LOOPS=in1, not the default yet): gy is written by several loops and added
-into, so this checks that path against the float64 oracle, first and second order."""
+"""The deterministic convolution's gradient kernels with a single edge loop
+(EQUIKERNELS_CONV_GRAD_LOOPS=one; the default is one loop per first-input segment, covered by
+test_conv.py): checked against the float64 oracle, first and second order, so both stay correct."""
 import pytest
 import torch
 
@@ -9,10 +9,10 @@ from test_conv import channelwise, check_conv
 
 @pytest.fixture(autouse=True)
 def _loops(monkeypatch):
-    monkeypatch.setenv("EQUIKERNELS_CONV_GRAD_LOOPS", "in1")
+    monkeypatch.setenv("EQUIKERNELS_CONV_GRAD_LOOPS", "one")
 
 
 @pytest.mark.parametrize("layout,dtype,second", [("ir_mul", torch.float64, True), ("mul_ir", torch.float32, False)])
-def test_grad_loops_per_x_segment(layout, dtype, second):
+def test_grad_single_loop(layout, dtype, second):
     check_conv(channelwise("3x0e+2x1o", "0e+1o+2e", "0e+1o+1e+2e"), "deterministic", dtype, layout,
                second_order=second)

@@ -167,9 +167,11 @@ class ConvKernels:
             shared_w = ["w"] if "w" in names and self.problem.shared_weights else []
             rest = [n for n in names if n in ("x", "y", "w") and n not in shared_w]
             if rest:
-                # EQUIKERNELS_CONV_GRAD_LOOPS=in1: one edge loop per x segment (fewer live tiles;
-                # not yet measured on a GPU, so not the default)
-                loops = "in1all" if os.environ.get("EQUIKERNELS_CONV_GRAD_LOOPS") == "in1" else "one"
+                # one edge loop per x segment (fewer live tiles, no spills): H200, MACE-MP medium
+                # L2, 795k edges, kernel only: backward 5.55 -> 5.15 ms, double backward 11.76 ->
+                # 10.91 ms against one loop (benchmarks/results/session5_20261124/conv_*.json);
+                # EQUIKERNELS_CONV_GRAD_LOOPS=one restores the single loop
+                loops = "one" if os.environ.get("EQUIKERNELS_CONV_GRAD_LOOPS") == "one" else "in1all"
                 plans.append((tag(rest), rest, "nodes", "dst", loops))
             if shared_w:
                 plans.append((tag(shared_w), shared_w, "edges", None, ""))
