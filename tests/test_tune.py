@@ -15,6 +15,7 @@ from equikernels.tune.cache import TuneCache
 def _tune_file(tmp_path, monkeypatch):
     monkeypatch.setenv("EQUIKERNELS_TUNE_FILE", str(tmp_path / "tuning.json"))
     monkeypatch.setenv("EQUIKERNELS_AUTOTUNE", "1")
+    monkeypatch.setenv("EQUIKERNELS_TUNE_ROUNDS", "1")  # one timing per candidate (rounds: tests below)
     yield
 
 
@@ -201,3 +202,27 @@ def test_tuned_forward_matches_default_and_is_cached(monkeypatch):
     out = tensor_product(p, x, y, w, layout="ir_mul")
     assert torch.allclose(out, ref, rtol=1e-6, atol=1e-6)
     assert any("|tp|" in k for k in tune.cache()._read())
+
+
+def test_rounds_are_interleaved_and_a_winner_must_win_every_round(monkeypatch):
+    """Three rounds: the first pass (default first) is a warm-up, then rounds in rotated order; a
+    candidate faster on the median but slower than the default in one round keeps the default."""
+    monkeypatch.setenv("EQUIKERNELS_TUNE_ROUNDS", "3")
+    order, script = [], {1: [9.0, 0.5, 1.5], 2: [1.0, 1.0, 1.0]}  # r=1: faster median, loses round 3
+
+    def measure(c):
+        order.append(c["r"])
+        return script[c["r"]][sum(1 for r in order if r == c["r"]) - 1]
+    assert tune.choose("kr1", [{"r": 1}, {"r": 2}], measure, {"r": 2}) == {"r": 2}
+    assert order == [2, 1, 1, 2, 2, 1]  # default first, then rotated rounds
+    entry = tune.cache().get("kr1")
+    assert entry["rounds"] == {"0": [1.0, 1.0, 1.0], "1": [9.0, 0.5, 1.5]}
+    script[3] = [9.0, 0.5, 0.6]  # slow first pass (compile/warm-up), faster in every timed round
+    order.clear()
+    assert tune.choose("kr2", [{"r": 3}, {"r": 2}], measure, {"r": 2}) == {"r": 3}
+
+
+def test_bad_rounds_value_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("EQUIKERNELS_TUNE_ROUNDS", "zero")
+    with pytest.raises(ValueError, match="EQUIKERNELS_TUNE_ROUNDS"):
+        tune.choose("kr3", [{"r": 1}, {"r": 2}], lambda c: 1.0, {"r": 2})

@@ -12,8 +12,12 @@ only how results are computed, never which: every candidate computes the same th
 
 On a GPU the candidates other than the default are first run once each in parallel threads, so
 their Triton compiles overlap (EQUIKERNELS_TUNE_THREADS caps the threads; 1 disables), then timed
-one at a time. A candidate replaces the default only when it is faster by more than
-EQUIKERNELS_TUNE_MARGIN (default 0.03, relative): a tie within timing noise keeps the heuristic.
+in EQUIKERNELS_TUNE_ROUNDS (default 3) interleaved rounds, each round in a rotated order, so that
+clock ramp-up and cache state do not favour whoever runs first or last. A candidate replaces the
+default only when it is faster in every round and its median over the rounds beats the default's
+by more than EQUIKERNELS_TUNE_MARGIN (default 0.03, relative): a tie within timing noise keeps
+the heuristic. (One pass in a fixed order, default first, picked two configurations that were
+slower than the default when measured again: H200, benchmarks/results/session5_20261124.)
 EQUIKERNELS_TUNE_MAX_CANDIDATES caps how many candidates are tried (the default always is).
 """
 from __future__ import annotations
@@ -138,6 +142,18 @@ def _margin() -> float:
     return float(os.environ.get("EQUIKERNELS_TUNE_MARGIN", "0.03"))
 
 
+def _rounds() -> int:
+    """Timing rounds per candidate (EQUIKERNELS_TUNE_ROUNDS, >= 1; the first also warms up)."""
+    env = os.environ.get("EQUIKERNELS_TUNE_ROUNDS", "3")
+    try:
+        n = int(env)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"EQUIKERNELS_TUNE_ROUNDS: expected an integer >= 1, got {env!r}")
+    return n
+
+
 def choose(key: str, candidates: Union[Sequence[dict], Callable[[], Sequence[dict]]],
            measure: Callable[[dict], float], default: dict) -> dict:
     """The tuned configuration for ``key`` (see the module docstring). ``candidates`` may be a
@@ -177,14 +193,27 @@ def _tune(key: str, candidates: Sequence[dict], measure: Callable[[dict], float]
     for i in range(1, len(cands)):
         if i not in failed:
             timed(i)
+    rounds = {i: [t] for i, t in times.items()}  # round 0 doubles as the warm-up of each candidate
+    for r in range(1, _rounds()):
+        live = sorted(rounds)
+        for i in live[r % len(live):] + live[:r % len(live)]:  # rotated order
+            try:
+                rounds[i].append(measure(cands[i]))
+            except Exception as exc:  # noqa: BLE001 (flaky candidate: drop it)
+                failed[i] = f"{type(exc).__name__}: {exc}"
+                rounds.pop(i)
     for i, msg in sorted(failed.items()):
         warnings.warn(f"equikernels autotune: candidate {cands[i]} failed for {key}: {msg}")
-    if not times:
+    if not rounds:
         return default
+    times = {i: sorted(ts[1:] or ts)[len(ts[1:] or ts) // 2] for i, ts in rounds.items()}
     best = min(times, key=times.get)
-    if 0 in times and times[best] > times[0] * (1 - _margin()):
-        best = 0  # not faster than the default beyond the margin
+    if 0 in times and best != 0:
+        every = all(b < d for b, d in zip(rounds[best][1:] or rounds[best], rounds[0][1:] or rounds[0]))
+        if not every or times[best] > times[0] * (1 - _margin()):
+            best = 0  # not faster than the default in every round and beyond the margin
     entry = {"config": cands[best], "ms": times[best], "default_ms": times.get(0), "candidates": len(cands),
+             "rounds": {str(i): ts for i, ts in rounds.items()},
              "tuning_s": time.perf_counter() - t0, "parallel_compile_s": compile_s,
              "tried": [{"config": c, "ms": times.get(i), "error": failed.get(i)} for i, c in enumerate(cands)]}
     try:
