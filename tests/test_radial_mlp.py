@@ -239,3 +239,22 @@ def test_torch_compile_uses_the_custom_ops(kernel_calls):
     want = torch.autograd.grad(mlp_chain(x, [w0, ws[1]], SCALE).sin().sum(), [x, ws[1]])
     assert kernel_calls == {"fwd": 1, "bwd": 1}
     assert all(_rel(a, b) <= 1e-5 for a, b in zip(got, want))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+def test_cuda_precisions_against_float64(dtype):
+    """Compiled kernels (automatic backend on CUDA): every dot precision against a float64 chain."""
+    widths = [10, 64, 64, 64, 1280]
+    x, ws = _operands(widths, torch.float64, rows=3001)
+    ref = mlp_chain(x, ws, SCALE)
+    g = torch.randn_like(ref)
+    want = torch.autograd.grad(ref, [x] + ws, g)
+    tol = {"ieee": 1e-5, "tf32x3": 1e-5, "tf32": 5e-3} if dtype == torch.float32 else {"ieee": 1e-10}
+    for prec, t in tol.items():
+        xc = x.detach().to("cuda", dtype).requires_grad_()
+        wc = [w.detach().to("cuda", dtype).requires_grad_() for w in ws]
+        out = radial_mlp(xc, wc, SCALE, precision=prec)
+        got = (out,) + torch.autograd.grad(out, [xc] + wc, g.to("cuda", dtype))
+        for a, b in zip(got, (ref,) + want):
+            assert _rel(a.cpu().double(), b) <= t, prec

@@ -9,9 +9,9 @@ the cache directory, ``cache.load_module``) holding two kernels:
   ``tl.dot`` on ``[BE, K] x [K, H]`` tiles with the activation applied in registers, and loops
   over column tiles of ``BN`` columns of the last layer, storing each output tile. Nothing but the
   output goes to memory.
-* ``mlp_bwd``: recomputes the activations from x (nothing per row is saved by the forward but x),
-  keeps ``act'(z_i)`` in registers, accumulates ``e = g @ W_last^T`` over the column tiles of the
-  upstream gradient ``g``, then walks back through the hidden layers
+* ``mlp_bwd``: accumulates ``e = g @ W_last^T`` over the column tiles of the upstream gradient
+  ``g``, recomputes the activations from x (nothing per row is saved by the forward but x),
+  keeping ``act'(z_i)`` in registers, then walks back through the hidden layers
   (``d_i = e_{i+1} * act'(z_i)``, ``e_i = d_i @ W_i^T``) and writes ``grad_x = e_0`` (NEED_X).
   With NEED_W it also writes the hidden activations ``a_1..a_{L-1}`` and the deltas
   ``d_0..d_{L-2}`` (``[E, H]`` each); the weight gradients are then plain matmuls
@@ -50,14 +50,22 @@ class MLPConfig:
     num_stages: int = 2
 
 
-def default_config(direction: str, dtype: torch.dtype) -> MLPConfig:
-    """Launch configuration by direction ("fwd" / "bwd") and dtype (float64 holds twice the
-    registers per tile, so it takes half the rows). Not yet tuned on a GPU: the backward keeps
-    act'(z_i) of every hidden layer plus the g @ W^T accumulator live, so it gets twice the warps
-    (half the registers per thread); devtools/s5/mlp_gpu.py sweeps alternatives."""
+def default_config(direction: str, dtype: torch.dtype, precision: str = "tf32x3") -> MLPConfig:
+    """Launch configuration by direction ("fwd" / "bwd"), dtype and dot precision. Chosen from
+    offline sm_90 compiles (ptxas registers and spills; devtools/offline_regs.py's method), not yet
+    timed on a GPU (devtools/s5/mlp_gpu.py sweeps alternatives):
+
+    * float32 tf32x3/tf32 (wgmma, one warpgroup per 64 rows): forward 64 rows x 4 warps, no
+      spills; the backward spills a little after its g @ W^T loop (act'(z_i) of every hidden layer
+      plus the accumulator are live) at 4 or 8 warps alike, the loop itself needs fewer registers
+      with 8.
+    * float32 ieee (FMA dots): both operands are held in registers; 8 warps avoid the spills of 4.
+    * float64 (mma, operands in registers): 32 rows."""
     if dtype == torch.float64:
         return MLPConfig(rows=32, cols=32, num_warps=4, num_stages=1)
-    return MLPConfig(rows=64, cols=64, num_warps=4 if direction == "fwd" else 8, num_stages=2)
+    if precision == "ieee" or direction == "bwd":
+        return MLPConfig(rows=64, cols=64, num_warps=8, num_stages=2)
+    return MLPConfig(rows=64, cols=64, num_warps=4, num_stages=2)
 
 
 def padded(h: int) -> int:
@@ -178,7 +186,7 @@ def generate(widths: Sequence[int]) -> str:
     src(f"def mlp_bwd(x_ptr, {ws}, g_ptr, gx_ptr{acts}{deltas}, E, {consts}, NEED_X: tl.constexpr, "
         "NEED_W: tl.constexpr):", 0)
     _prologue(src, h)
-    _recompute(src, h, backward=True)
+    # the upstream gradient first: nothing else is live during the loop over its column tiles
     src(f"# e{last} = g @ W{last}^T over column tiles of g")
     src(f"e{last} = tl.zeros([BE, {pl}], dtype=DT)")
     src(f"for n0 in range(0, {N}, BN):")
@@ -189,6 +197,7 @@ def generate(widths: Sequence[int]) -> str:
     _load(src, "wt", f"w{last}_ptr", f"cols[:, None] + k{last}[None, :] * {N}",
           _mask("col_ok[:, None]", _ok(h, last, "row")), 2)
     src(f"e{last} = tl.dot(g, wt, e{last}, input_precision=PREC, out_dtype=DT)", 2)
+    _recompute(src, h, backward=True)
     for i in range(L - 2, -1, -1):
         src(f"# back through the activation and layer {i}")
         src(f"d{i} = e{i + 1} * p{i}")
@@ -233,7 +242,7 @@ class MLPKernels:
     def forward(self, x: torch.Tensor, weights: Sequence[torch.Tensor], act_scale: float, precision: str,
                 cfg: Optional[MLPConfig] = None) -> torch.Tensor:
         """out [E, widths[-1]]; x and the weights contiguous, one dtype."""
-        cfg = cfg or default_config("fwd", x.dtype)
+        cfg = cfg or default_config("fwd", x.dtype, precision)
         meta = self._meta(x, act_scale, precision, cfg)
         e = x.shape[0]
         out = _alloc((e, self.widths[-1]), x)
@@ -245,7 +254,7 @@ class MLPKernels:
                  precision: str, need_x: bool, need_w: bool, cfg: Optional[MLPConfig] = None
                  ) -> Tuple[Optional[torch.Tensor], List[torch.Tensor], List[torch.Tensor]]:
         """(grad_x or None, [a_1..a_{L-1}], [d_0..d_{L-2}]); the last two are empty lists unless need_w."""
-        cfg = cfg or default_config("bwd", x.dtype)
+        cfg = cfg or default_config("bwd", x.dtype, precision)
         meta = self._meta(x, act_scale, precision, cfg)
         e, h = x.shape[0], self.widths
         gx = _alloc(x.shape, x) if need_x else None

@@ -240,7 +240,7 @@ class RadialMLP(nn.Module):
         ws = self._scaled()
         if ws and x.dtype != ws[0].dtype:
             ws = _half_weights(self, ws, x)
-        if ws and self.fused:
+        if ws and self.fused and x.dim() == 2:
             return radial_mlp(x, ws, 1.0 if self.act._is_id else self.act.cst, backend=self.backend)
         for i, w in enumerate(ws):
             x = x @ w
