@@ -1,9 +1,6 @@
 """Fused radial MLP (ops/mlp.py, codegen/mlp.py): the Triton kernels (interpreter on CPU) against
 the plain torch chain -- forward, input and weight gradients, fp32 and fp64, outputs NaN-poisoned
 first -- derivatives to third order, errors, fallbacks, and a MACE model with the fused MLP on/off."""
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -207,7 +204,6 @@ def test_radial_mlp_module_state_dict_and_half_path(kernel_calls):
 def test_mace_model_fused_mlp_on_and_off(kernel_calls):
     """A small equikernels MACE (density and residual interactions: RadialMLPs with hidden layers
     and a single-layer one) gives the same energies and forces with the fused MLP forced on."""
-    sys.path.insert(0, str(Path(__file__).parent))
     from test_mace_model import _batch, _crystal, _model, _molecule
 
     model = _model(interaction_first="RealAgnosticDensityInteractionBlock")

@@ -156,7 +156,8 @@ def run_shape(name, widths):
         row = dict(shape=name, widths=widths, impl=impl, precision=prec, fwd_ms=fwd_ms, bwd_x_ms=bwd_x_ms,
                    bwd_xw_ms=bwd_xw_ms, first_call_s=round(first, 2), first_calls_with_w_s=round(first_all, 2), **err)
         log(f"{name} {impl:6s} {prec:7s} fwd {fwd_ms:7.3f} ms  bwd(x) {bwd_x_ms:7.3f}  bwd(x,W) {bwd_xw_ms:7.3f}  "
-            f"err fwd {err['err_fwd']:.2e} gx {err['err_gx']:.2e} gW {err['err_gw']:.2e}  (first calls {first_all:.1f} s)")
+            f"err fwd {err['err_fwd']:.2e} gx {err['err_gx']:.2e} gW {err['err_gw']:.2e}  "
+            f"(first calls {first_all:.1f} s)")
         rows.append(row)
         del out, out_w
         torch.cuda.empty_cache()

@@ -20,7 +20,8 @@ the cache directory, ``cache.load_module``) holding two kernels:
 Widths are padded to powers of two (at least 16, tl.dot's minimum) with masked loads; the padded
 columns stay exactly zero through the chain (silu(0) = 0, the padded weight rows are zero).
 Hidden and input widths up to ``MAX_WIDTH``; the output width is arbitrary (column tiles).
-Dot precision ``PREC`` is a constexpr: "ieee" (exact fp32; always for float64), "tf32x3" or "tf32".
+Dot precision ``PREC`` is a constexpr: "ieee" (exact fp32; always for float64), "tf32x3" or "tf32"
+(validated by ops/mlp.py, which owns the choice and its default).
 """
 from __future__ import annotations
 
@@ -37,7 +38,6 @@ from .cache import load_module
 
 MIN_DOT = 16      # smallest tl.dot dimension
 MAX_WIDTH = 128   # widest input / hidden layer the kernels hold in registers
-PRECISIONS = ("ieee", "tf32x3", "tf32")
 _DT = {torch.float32: tl.float32, torch.float64: tl.float64}
 DTYPES = tuple(_DT)
 
@@ -50,7 +50,7 @@ class MLPConfig:
     num_stages: int = 2
 
 
-def default_config(direction: str, dtype: torch.dtype, precision: str = "tf32x3") -> MLPConfig:
+def default_config(direction: str, dtype: torch.dtype, precision: str) -> MLPConfig:
     """Launch configuration by direction ("fwd" / "bwd"), dtype and dot precision. Chosen from
     offline sm_90 compiles (ptxas registers and spills; devtools/offline_regs.py's method), not yet
     timed on a GPU (devtools/s5/mlp_gpu.py sweeps alternatives):
@@ -152,6 +152,15 @@ def _recompute(src: _Src, h: Sequence[int], backward: bool):
                 f"mask={_mask('row_ok[:, None]', _ok(h, i + 1, 'row'))})", 2)
 
 
+def _transposed(src: _Src, h: Sequence[int], i: int, indent: int):
+    """W_i^T [P_{i+1}, P_i], loaded again rather than ``tl.trans`` of the forward's tile: a fresh
+    load is staged through shared memory like any dot operand, while a transposed register tile
+    stays live in registers (offline sm_90 compiles: tf32x3 backward spills 484 -> 168 bytes,
+    float64 4004 -> 2372)."""
+    _load(src, f"w{i}t", f"w{i}_ptr", f"k{i + 1}[:, None] + k{i}[None, :] * {h[i + 1]}",
+          _mask(_ok(h, i + 1, "col"), _ok(h, i, "row")), indent)
+
+
 def generate(widths: Sequence[int]) -> str:
     h = [int(v) for v in widths]
     L = len(h) - 1
@@ -205,12 +214,14 @@ def generate(widths: Sequence[int]) -> str:
         src(f"tl.store(d{i}_ptr + rows[:, None] * {h[i + 1]} + k{i + 1}[None, :], d{i}, "
             f"mask={_mask('row_ok[:, None]', _ok(h, i + 1, 'row'))})", 2)
         if i > 0:
-            src(f"e{i} = tl.dot(d{i}, tl.trans(w{i}), input_precision=PREC, out_dtype=DT)")
+            _transposed(src, h, i, 1)
+            src(f"e{i} = tl.dot(d{i}, w{i}t, input_precision=PREC, out_dtype=DT)")
     src("if NEED_X:")
     if L > 1:
-        src("e0 = tl.dot(d0, tl.trans(w0), input_precision=PREC, out_dtype=DT)", 2)
-    src(f"tl.store(gx_ptr + rows[:, None] * {h[0]} + k0[None, :], e0, mask={_mask('row_ok[:, None]', _ok(h, 0, 'row'))})",
-        2)
+        _transposed(src, h, 0, 2)
+        src("e0 = tl.dot(d0, w0t, input_precision=PREC, out_dtype=DT)", 2)
+    gx_mask = _mask("row_ok[:, None]", _ok(h, 0, "row"))
+    src(f"tl.store(gx_ptr + rows[:, None] * {h[0]} + k0[None, :], e0, mask={gx_mask})", 2)
     return "\n".join(src.lines) + "\n"
 
 
@@ -229,8 +240,6 @@ class MLPKernels:
         self.fwd, self.bwd = self.module.mlp_fwd, self.module.mlp_bwd
 
     def _meta(self, x: torch.Tensor, act_scale: float, precision: str, cfg: MLPConfig) -> dict:
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
         if x.dtype not in _DT:
             raise TypeError(f"x: the fused MLP kernels take float32 or float64, got {x.dtype}")
         if cfg.rows < MIN_DOT:
