@@ -30,10 +30,14 @@ from torch import Tensor
 from .tp import _eager, resolve_backend
 
 PRECISIONS = ("ieee", "tf32x3", "tf32")
-# float32 dot precision of the kernels on CUDA: three tf32 tensor-core passes (about fp32 accuracy)
+# float32 dot precision of the kernels: three tf32 tensor-core passes, about fp32 accuracy (plain
+# tf32 would cost ~1e-3 relative, beyond the 1e-5 fp32 parity with mace-torch; ieee runs the dots on
+# CUDA cores). To be confirmed on the H200: devtools/s5/mlp_gpu.py measures all three.
 DEFAULT_PRECISION = "tf32x3"
 PRECISION_ENV = "EQUIKERNELS_MLP_PRECISION"
-KERNEL_DTYPES = (torch.float32, torch.float64)  # what the kernels take; other dtypes run the torch chain
+# dtypes the kernels take (others run the torch chain); float64 compiles (mma) but spills on sm_90:
+# drop it here if devtools/s5/mlp_gpu.py finds cuBLAS faster
+KERNEL_DTYPES = (torch.float32, torch.float64)
 
 
 def resolve_precision(precision: Optional[str], dtype: torch.dtype) -> str:
