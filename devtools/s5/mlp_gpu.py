@@ -32,10 +32,9 @@ SHAPES = {"L1": [10, 64, 64, 64, 512], "L2": [10, 64, 64, 64, 1280]}
 SCALE = 1.6791767923989418  # normalize2mom(silu)
 R_MAX, P_CUT = 6.0, 5
 BUDGET_S = 90  # optional parts (sweep, float64) start only before this much time has passed
-SWEEP = {"fwd": [MLPConfig(64, 128, 4, 2), MLPConfig(64, 64, 4, 3), MLPConfig(128, 64, 8, 2),
-                 MLPConfig(128, 128, 8, 2)],
-         "bwd": [MLPConfig(64, 64, 4, 2), MLPConfig(64, 128, 8, 2), MLPConfig(128, 64, 8, 2),
-                 MLPConfig(64, 32, 4, 3)]}
+# shapes known to run clean on the H200 (8-warp tf32x3 backwards fault in Triton 3.6: codegen/mlp.py)
+SWEEP = {"fwd": [MLPConfig(64, 128, 4, 2)],
+         "bwd": [MLPConfig(32, 32, 4, 1)]}
 T0 = time.time()
 dev = "cuda"
 

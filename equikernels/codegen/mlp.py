@@ -60,11 +60,18 @@ def default_config(direction: str, dtype: torch.dtype, precision: str) -> MLPCon
       plus the accumulator are live) at 4 or 8 warps alike, the loop itself needs fewer registers
       with 8.
     * float32 ieee (FMA dots): both operands are held in registers; 8 warps avoid the spills of 4.
-    * float64 (mma, operands in registers): 32 rows."""
+    * float64 (mma, operands in registers): 32 rows.
+
+    The tensor-core backward runs with 4 warps: with 8 (and tf32x3), Triton 3.6's code reads past
+    its shared-memory buffer (H200, compute-sanitizer: "Invalid __shared__ read of size 1024" in
+    mlp_bwd, an illegal-address fault without it); every 4-warp shape tried (64x64 and 32x32
+    stages 1, 16x16) ran clean (devtools/s5/mlp_sanitize.py)."""
     if dtype == torch.float64:
         return MLPConfig(rows=32, cols=32, num_warps=4, num_stages=1)
-    if precision == "ieee" or direction == "bwd":
+    if precision == "ieee":
         return MLPConfig(rows=64, cols=64, num_warps=8, num_stages=2)
+    if direction == "bwd":
+        return MLPConfig(rows=64, cols=64, num_warps=4, num_stages=1)
     return MLPConfig(rows=64, cols=64, num_warps=4, num_stages=2)
 
 

@@ -35,9 +35,11 @@ PRECISIONS = ("ieee", "tf32x3", "tf32")
 # CUDA cores). To be confirmed on the H200: devtools/s5/mlp_gpu.py measures all three.
 DEFAULT_PRECISION = "tf32x3"
 PRECISION_ENV = "EQUIKERNELS_MLP_PRECISION"
-# dtypes the kernels take (others run the torch chain); float64 compiles (mma) but spills on sm_90:
-# drop it here if devtools/s5/mlp_gpu.py finds cuBLAS faster
+# dtypes the kernels take (others run the torch chain)
 KERNEL_DTYPES = (torch.float32, torch.float64)
+# dtypes the "auto" backend sends to the kernels on CUDA: float64 stays on cuBLAS (its kernel
+# spills on sm_90 and was not timed against DGEMM); backend="triton" runs the kernels for both
+AUTO_DTYPES = (torch.float32,)
 
 
 def resolve_precision(precision: Optional[str], dtype: torch.dtype) -> str:
@@ -216,6 +218,8 @@ def _check(x, weights, act_scale) -> None:
 def kernel_path(x: Tensor, weights: Sequence[Tensor], backend: Optional[str] = None) -> bool:
     """Whether ``radial_mlp`` runs the fused kernels for these operands (else the torch chain)."""
     if resolve_backend(backend, x.device) != "triton" or x.dtype not in KERNEL_DTYPES:
+        return False
+    if (backend or os.environ.get("EQUIKERNELS_BACKEND") or "auto") == "auto" and x.dtype not in AUTO_DTYPES:
         return False
     from ..codegen.mlp import unsupported  # noqa: PLC0415
     return unsupported(_widths(x, weights)) is None
