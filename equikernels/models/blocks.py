@@ -11,6 +11,7 @@ from torch import nn
 from ..nn.linear import Linear
 from ..ops.conv import ConvGraph, tensor_product_conv
 from ..problem import TPProblem
+from .chunked import EdgeChunk, chunked_edge_conv, edge_weights, resolve_edge_chunk
 from .element_linear import ElementGroups, ElementLinear
 from .radial import GATES, RadialMLP
 from .symmetric_contraction import SymmetricContraction
@@ -29,7 +30,13 @@ INTERACTIONS = {
 class InteractionBlock(nn.Module):
     """One MACE interaction: linear_up, the edge convolution (uvu TP, weights from the radial MLP,
     messages gathered from senders and summed onto receivers), linear, normalisation, and the
-    element-indexed skip (on the input for the residual kinds, on the message otherwise)."""
+    element-indexed skip (on the input for the residual kinds, on the message otherwise).
+
+    ``edge_chunk`` (attribute, not saved): None = ``EQUIKERNELS_EDGE_CHUNK`` / "auto", or "auto" /
+    edges per chunk / 0 (never) for this block: the per-edge part (radial MLP, cutoff, convolution)
+    then runs a chunk of destination nodes at a time, recomputed in the backward (models.chunked)."""
+
+    edge_chunk: Optional[EdgeChunk] = None  # class default: modules pickled before it existed
 
     def __init__(self, cfg: dict, num_elements: int, sh_irreps: str, num_radial: int, layout: str) -> None:
         super().__init__()
@@ -57,13 +64,17 @@ class InteractionBlock(nn.Module):
                 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         sc = self.skip(node_feats, groups) if self.residual else None
         h = self.linear_up(node_feats)
-        # per-edge weights in the node features' dtype (mixed precision: the MLP runs in the half
-        # type, as autocast would; edge_feats, cutoff and the spherical harmonics stay full precision)
-        w = self.radial_mlp(edge_feats if edge_feats.dtype == h.dtype else edge_feats.to(h.dtype))
-        if cutoff is not None:
-            w = w * (cutoff if cutoff.dtype == w.dtype else cutoff.to(w.dtype))
-        msg = tensor_product_conv(self.problem, h, edge_attrs, w, graph.src, graph.dst, graph.num_nodes, graph=graph,
-                                  layout=self.layout, validate=False)
+        # large graphs: the per-edge part a chunk of destinations at a time, recomputed in the backward
+        chunk = resolve_edge_chunk(self.edge_chunk, graph.num_edges, self.problem.weight_numel, h.element_size())
+        if chunk:
+            msg = chunked_edge_conv(self.problem, self.radial_mlp, h, edge_attrs, edge_feats, cutoff, graph, chunk,
+                                    self.layout)
+        else:
+            # per-edge weights in the node features' dtype (mixed precision: the MLP runs in the half type,
+            # as autocast would; edge_feats, cutoff and the spherical harmonics stay full precision)
+            w = edge_weights(self.radial_mlp, edge_feats, cutoff, h.dtype)
+            msg = tensor_product_conv(self.problem, h, edge_attrs, w, graph.src, graph.dst, graph.num_nodes,
+                                      graph=graph, layout=self.layout, validate=False)
         if self.density:
             d = torch.tanh(self.density_fn(edge_feats) ** 2)
             if cutoff is not None:

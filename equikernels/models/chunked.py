@@ -1,0 +1,204 @@
+"""Edge-chunked evaluation of an interaction's per-edge part, recomputed in the backward.
+
+The memory of a large MACE system is per edge: the radial MLP's per-edge tensor-product weights
+[E, weight_numel], its activations, ``w * cutoff``, and in the backward the weight gradient. The
+convolution itself never materialises per-edge messages. ``chunked_edge_conv`` computes
+
+    tensor_product_conv(problem, h, edge_attrs, radial_mlp(edge_feats) * cutoff, src, dst, N)
+
+over chunks of destination nodes: a chunk is a contiguous node range [n0, n1) whose incoming
+edges (contiguous in the graph's dst-sorted order ``perm_dst`` / ``ptr_dst``) number at most
+``chunk_edges`` (a node with more incoming edges is a chunk of its own). Rows n0..n1 of the result
+depend only on that chunk's edges, so the result is the concatenation of the chunks' outputs.
+Each chunk runs the existing convolution on a local graph (its sources u = unique(src), sorted,
+renumbered by rank; destinations shifted by n0; ``max(len(u), n1 - n0)`` nodes; node features
+h[u] padded with zero rows) and keeps the first n1 - n0 rows.
+
+With gradients on, each chunk (MLP, cutoff, local graph, convolution) runs under
+``torch.utils.checkpoint.checkpoint(use_reentrant=False)``: the forward keeps only the chunk's
+inputs (views of one dst-sorted copy of edge_attrs, edge_feats and cutoff per layer: 27 floats per
+edge for MACE-MP-0's shapes), and
+the backward recomputes one chunk at a time, freeing each recomputed tensor as soon as it is used.
+Non-reentrant checkpointing is differentiable to any order (tests/test_mace_chunked.py: a force
+loss, ``create_graph=True``, differentiated again to the parameters), so force training works too;
+there the recomputed graph is kept for the second backward, so chunking saves little memory in
+training, only in energy + forces (MD, inference). Without gradients the chunks simply run in turn.
+
+The values are the unchunked ones: per-edge weights and per-destination sums of messages are
+computed in the same order; only the gradient of h sums its per-chunk parts in a different order.
+
+When: ``InteractionBlock.edge_chunk`` (None = the environment) or ``EQUIKERNELS_EDGE_CHUNK``:
+"auto" (``EDGE_CHUNK_DEFAULT``) chunks a layer only when its per-edge weights
+E * weight_numel * itemsize exceed ``AUTO_CHUNK_THRESHOLD_BYTES``, in chunks of about
+``AUTO_CHUNK_BYTES`` of weights; an integer is the number of edges per chunk (0 = never). Chunking
+needs host synchronisation (chunk boundaries, unique sources), so it is never used while
+torch.compile traces or a CUDA graph is captured: those paths always run unchunked.
+``set_edge_chunk(model, value)`` sets every interaction of a model.
+"""
+from __future__ import annotations
+
+import bisect
+import functools
+import os
+from typing import List, Optional, Tuple, Union
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from ..ops.conv import ConvGraph, tensor_product_conv
+from ..problem import TPProblem
+
+EDGE_CHUNK_ENV = "EQUIKERNELS_EDGE_CHUNK"
+EDGE_CHUNK_DEFAULT = "auto"
+# "auto": chunk a layer when its per-edge weights [E, weight_numel] would take more than this. At
+# 4 GiB a MACE-MP-0-medium-shaped fp32 model (weight_numel 512 and 1280) runs unchunked up to about
+# 840k edges (~10.7k Cu atoms at r_max 6 A; the 10,192-atom benchmark cell, 795k edges, stays
+# unchunked: its unchunked step peaks at 15.6 GiB); its second layer is chunked beyond, the first
+# beyond 2.1M edges (2 GiB would already chunk the 10k cell's second layer)
+AUTO_CHUNK_THRESHOLD_BYTES = 4 << 30
+# "auto", once chunking: about this many bytes of per-edge weights per chunk (fp32 weight_numel
+# 1280: 209,715 edges per chunk; the backward's transient peak is a few times this)
+AUTO_CHUNK_BYTES = 1 << 30
+
+EdgeChunk = Union[str, int]
+
+
+def parse_edge_chunk(value, name: str = "edge_chunk") -> EdgeChunk:
+    """"auto" or a non-negative number of edges per chunk (0 = never chunk); ValueError otherwise."""
+    if isinstance(value, str):
+        s = value.strip().lower()
+        if s == "auto":
+            return "auto"
+        if s.isdigit():
+            return int(s)
+    elif isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return int(value)
+    raise ValueError(f"{name}: expected 'auto' or a non-negative integer (edges per chunk, 0 = never chunk), "
+                     f"got {value!r}")
+
+
+@functools.lru_cache(maxsize=16)
+def _parse_env(value: str) -> EdgeChunk:
+    return parse_edge_chunk(value, EDGE_CHUNK_ENV)
+
+
+def edge_chunk_setting(setting: Optional[EdgeChunk] = None) -> EdgeChunk:
+    """The setting in force: ``setting`` if given, else ``EQUIKERNELS_EDGE_CHUNK``, else the default."""
+    if setting is not None:
+        return parse_edge_chunk(setting)
+    env = os.environ.get(EDGE_CHUNK_ENV)
+    return _parse_env(env) if env is not None and env != "" else EDGE_CHUNK_DEFAULT
+
+
+def resolve_edge_chunk(setting: Optional[EdgeChunk], num_edges: int, weight_numel: int, itemsize: int) -> int:
+    """Edges per chunk for a layer with ``num_edges`` edges and ``weight_numel`` per-edge weights of
+    ``itemsize`` bytes; 0 = run unchunked (always while compiling or capturing a CUDA graph)."""
+    if torch.compiler.is_compiling() or (torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()):
+        return 0
+    value = edge_chunk_setting(setting)
+    num_edges = int(num_edges)
+    if value == "auto":
+        per_edge = max(1, weight_numel * itemsize)
+        if num_edges * per_edge <= AUTO_CHUNK_THRESHOLD_BYTES:
+            return 0
+        return max(1, AUTO_CHUNK_BYTES // per_edge)
+    return 0 if value == 0 or num_edges <= value else value
+
+
+def set_edge_chunk(model: nn.Module, value: Optional[EdgeChunk]) -> nn.Module:
+    """Sets ``edge_chunk`` on every interaction block of ``model`` (None: back to the environment /
+    default); returns the model. Not saved with the model."""
+    from .blocks import InteractionBlock  # noqa: PLC0415 (blocks imports this module)
+
+    if value is not None:
+        value = parse_edge_chunk(value)
+    for m in model.modules():
+        if isinstance(m, InteractionBlock):
+            m.edge_chunk = value
+    return model
+
+
+def chunk_plan(ptr_dst: List[int], chunk_edges: int) -> List[Tuple[int, int, int, int]]:
+    """(n0, n1, e0, e1) per chunk: contiguous node ranges covering every node, each with at most
+    ``chunk_edges`` incoming edges (positions e0:e1 of the dst-sorted order), except a node with
+    more (with the edge-less nodes just before it). Every chunk has edges unless the graph has none."""
+    if isinstance(chunk_edges, bool) or not isinstance(chunk_edges, int) or chunk_edges < 1:
+        raise ValueError(f"chunk_edges: expected a positive integer, got {chunk_edges!r}")
+    n = len(ptr_dst) - 1
+    plan: List[Tuple[int, int, int, int]] = []
+    n0 = 0
+    while n0 < n:
+        base = ptr_dst[n0]
+        n1 = bisect.bisect_right(ptr_dst, base + chunk_edges, lo=n0 + 1) - 1  # the last with ptr <= limit
+        if n1 <= n0 or ptr_dst[n1] == base:  # the next node with edges has too many: through it
+            n1 = min(bisect.bisect_right(ptr_dst, base, lo=n0 + 1), n)
+        if ptr_dst[n1] == base and plan:  # only edge-less nodes left: into the previous chunk
+            plan[-1] = (plan[-1][0], n1, plan[-1][2], plan[-1][3])
+        else:
+            plan.append((n0, n1, base, ptr_dst[n1]))
+        n0 = n1
+    return plan
+
+
+def edge_weights(radial_mlp: nn.Module, edge_feats: Tensor, cutoff: Optional[Tensor], dtype: torch.dtype) -> Tensor:
+    """Per-edge tensor-product weights ``radial_mlp(edge_feats) * cutoff`` in ``dtype``, the node
+    features' (mixed precision: the MLP runs in the half type, as autocast would; edge_feats and
+    cutoff stay full precision until here)."""
+    w = radial_mlp(edge_feats if edge_feats.dtype == dtype else edge_feats.to(dtype))
+    if cutoff is not None:
+        w = w * (cutoff if cutoff.dtype == w.dtype else cutoff.to(w.dtype))
+    return w
+
+
+def _chunk(problem: TPProblem, radial_mlp: nn.Module, layout: str, src: Tensor, dst: Tensor, n0: int, n1: int,
+           h: Tensor, eidx: Tensor, edge_attrs: Tensor, edge_feats: Tensor, cutoff: Optional[Tensor]) -> Tensor:
+    """Rows n0..n1 of the convolution from the chunk's edges ``eidx`` (edge tensors: its rows)."""
+    src_c = src.index_select(0, eidx)
+    u, local_src = torch.unique(src_c, sorted=True, return_inverse=True)
+    m = n1 - n0
+    local_n = max(int(u.shape[0]), m)
+    graph = ConvGraph.build(local_src, dst.index_select(0, eidx) - n0, local_n, validate=False)
+    x = h.index_select(0, u)
+    if local_n > x.shape[0]:
+        x = torch.nn.functional.pad(x, (0, 0, 0, local_n - x.shape[0]))
+    w = edge_weights(radial_mlp, edge_feats, cutoff, h.dtype)
+    out = tensor_product_conv(problem, x, edge_attrs, w, graph.src, graph.dst, local_n, graph=graph, layout=layout,
+                              validate=False)
+    return out[:m] if local_n > m else out
+
+
+def chunked_edge_conv(problem: TPProblem, radial_mlp: nn.Module, h: Tensor, edge_attrs: Tensor, edge_feats: Tensor,
+                      cutoff: Optional[Tensor], graph: ConvGraph, chunk_edges: int, layout: str) -> Tensor:
+    """``tensor_product_conv(problem, h, edge_attrs, w, graph.src, graph.dst, graph.num_nodes,
+    graph=graph, layout=layout)`` with ``w = radial_mlp(edge_feats) * cutoff`` (as
+    ``InteractionBlock.forward``), evaluated in chunks of at most ``chunk_edges`` edges (see the
+    module docstring); with gradients on, each chunk is recomputed in the backward."""
+    ptr = graph.ptr_dst.tolist()  # one host sync
+    plan = chunk_plan(ptr, chunk_edges)
+    if len(plan) <= 1:  # one chunk (or no edges): unchunked
+        return tensor_product_conv(problem, h, edge_attrs, edge_weights(radial_mlp, edge_feats, cutoff, h.dtype),
+                                   graph.src, graph.dst, graph.num_nodes, graph=graph, layout=layout, validate=False)
+    perm = graph.perm_dst
+    params = [p for p in radial_mlp.parameters() if p.requires_grad]
+    edge_ts = [t for t in (edge_attrs, edge_feats, cutoff) if t is not None]
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in [h] + edge_ts + params)
+    run = functools.partial(_chunk, problem, radial_mlp, layout, graph.src, graph.dst)
+    outs = []
+    if not grad:
+        for n0, n1, e0, e1 in plan:
+            eidx = perm[e0:e1]
+            ea, ef = edge_attrs.index_select(0, eidx), edge_feats.index_select(0, eidx)
+            cut = cutoff.index_select(0, eidx) if cutoff is not None else None
+            outs.append(run(n0, n1, h, eidx, ea, ef, cut))
+        return torch.cat(outs, 0)
+    # one dst-sorted copy of the edge features, split into the chunks: the split's backward
+    # concatenates the chunks' gradients (an index_select per chunk would zero-fill E rows per chunk)
+    sizes = [e1 - e0 for _, _, e0, e1 in plan]
+    pieces = [torch.split(t.index_select(0, perm), sizes) for t in edge_ts]
+    for i, (n0, n1, e0, e1) in enumerate(plan):
+        ea, ef = pieces[0][i], pieces[1][i]
+        cut = pieces[2][i] if cutoff is not None else None
+        outs.append(checkpoint(run, n0, n1, h, perm[e0:e1], ea, ef, cut, use_reentrant=False,
+                               preserve_rng_state=False))
+    return torch.cat(outs, 0)
