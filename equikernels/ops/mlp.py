@@ -40,6 +40,12 @@ KERNEL_DTYPES = (torch.float32, torch.float64)
 # dtypes the "auto" backend sends to the kernels on CUDA: float64 stays on cuBLAS (its kernel
 # spills on sm_90 and was not timed against DGEMM); backend="triton" runs the kernels for both
 AUTO_DTYPES = (torch.float32,)
+# Under the auto backend the kernels are opt-in (EQUIKERNELS_FUSED_MLP=1). H200, 795,010 rows,
+# fp32 tf32x3 vs cuBLAS: layer [10,64,64,64,1280] forward 5.08 vs 5.22 ms, backward for x 3.73 vs
+# 4.29, backward for x and W 11.4 vs 10.2; in a MACE E+F step (weights requiring grad, so this op's
+# backward also forms weight gradients that autograd would have pruned) 37.3 vs 30.0 ms
+# (benchmarks/results/session5_20261124/mlp.log). Off until fused into the convolution.
+FUSED_ENV = "EQUIKERNELS_FUSED_MLP"
 
 
 def resolve_precision(precision: Optional[str], dtype: torch.dtype) -> str:
@@ -219,7 +225,8 @@ def kernel_path(x: Tensor, weights: Sequence[Tensor], backend: Optional[str] = N
     """Whether ``radial_mlp`` runs the fused kernels for these operands (else the torch chain)."""
     if resolve_backend(backend, x.device) != "triton" or x.dtype not in KERNEL_DTYPES:
         return False
-    if (backend or os.environ.get("EQUIKERNELS_BACKEND") or "auto") == "auto" and x.dtype not in AUTO_DTYPES:
+    if (backend or os.environ.get("EQUIKERNELS_BACKEND") or "auto") == "auto" and (
+            x.dtype not in AUTO_DTYPES or os.environ.get(FUSED_ENV, "0") != "1"):
         return False
     from ..codegen.mlp import unsupported  # noqa: PLC0415
     return unsupported(_widths(x, weights)) is None
