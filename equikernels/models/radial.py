@@ -203,8 +203,8 @@ class RadialMLP(nn.Module):
     activation scaled to unit second moment between layers, none after the last. The parameters
     are named ``layer{i}.weight`` as in e3nn, so checkpoints map one to one.
 
-    With SiLU (MACE's) the chain runs as one fused op (``ops.mlp.radial_mlp``: Triton kernels on
-    CUDA for float32/float64, the torch chain elsewhere). ``backend`` (attribute, not saved):
+    With SiLU (MACE's) the chain runs through ``ops.mlp.radial_mlp``: the torch chain, or with
+    ``EQUIKERNELS_FUSED_MLP=1`` one fused Triton kernel per direction on CUDA for float32. ``backend`` (attribute, not saved):
     None = ``EQUIKERNELS_BACKEND`` / automatic, or "triton" / "reference" to force one."""
 
     fused: bool = False  # class defaults for modules pickled before these attributes existed
