@@ -288,21 +288,7 @@ def time_steps(fn, device: torch.device, steps: int, warmup: int) -> Dict[str, o
     for i in range(warmup):
         fn(i)
     C.synchronize(device)
-    times: List[float] = []
-    if device.type == "cuda":
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(steps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(steps)]
-        for i in range(steps):
-            starts[i].record()
-            fn(warmup + i)
-            ends[i].record()
-        ends[-1].synchronize()
-        times = [a.elapsed_time(b) for a, b in zip(starts, ends)]
-    else:
-        for i in range(steps):
-            t0 = time.perf_counter()
-            fn(warmup + i)
-            times.append((time.perf_counter() - t0) * 1e3)
+    times = C.call_times(fn, steps, device.type == "cuda", first=warmup)
     out: Dict[str, object] = dict(C._stats(times))
     out["times_ms"] = [round(t, 6) for t in times]
     return out

@@ -61,6 +61,26 @@ def _stats(times_ms: List[float]) -> Dict[str, float]:
     }
 
 
+def call_times(fn, n: int, cuda: bool, first: int = 0) -> List[float]:
+    """ms of ``fn(first)``, ..., ``fn(first + n - 1)``, each between its own pair of CUDA events
+    (back to back, one synchronisation at the end) or perf_counter calls on the CPU."""
+    times: List[float] = []
+    if cuda:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        for i in range(n):
+            starts[i].record()
+            fn(first + i)
+            ends[i].record()
+        ends[-1].synchronize()
+        return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    for i in range(n):
+        t0 = time.perf_counter()
+        fn(first + i)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
 def time_calls(fn: Callable[[int], object], device: torch.device, *, n_sets: int = 1,
                target_ms: float = 250.0, min_reps: int = 5, max_reps: int = 2000,
                warmup: int = 3) -> Dict[str, object]:
@@ -88,21 +108,7 @@ def time_calls(fn: Callable[[int], object], device: torch.device, *, n_sets: int
             fn(i)
         est = (time.perf_counter() - t0) * 1e3 / k
     n = int(min(max_reps, max(min_reps, math.ceil(target_ms / max(est, 1e-3)))))
-    times: List[float] = []
-    if cuda:
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-        for i in range(n):
-            starts[i].record()
-            fn(i)
-            ends[i].record()
-        ends[-1].synchronize()
-        times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
-    else:
-        for i in range(n):
-            t0 = time.perf_counter()
-            fn(i)
-            times.append((time.perf_counter() - t0) * 1e3)
+    times = call_times(fn, n, cuda)
     out: Dict[str, object] = dict(_stats(times))
     out["n_sets"] = n_sets
     out["est_ms"] = est
