@@ -184,21 +184,13 @@ def chunked_edge_conv(problem: TPProblem, radial_mlp: nn.Module, h: Tensor, edge
     edge_ts = [t for t in (edge_attrs, edge_feats, cutoff) if t is not None]
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in [h] + edge_ts + params)
     run = functools.partial(_chunk, problem, radial_mlp, layout, graph.src, graph.dst)
-    outs = []
-    if not grad:
-        for n0, n1, e0, e1 in plan:
-            eidx = perm[e0:e1]
-            ea, ef = edge_attrs.index_select(0, eidx), edge_feats.index_select(0, eidx)
-            cut = cutoff.index_select(0, eidx) if cutoff is not None else None
-            outs.append(run(n0, n1, h, eidx, ea, ef, cut))
-        return torch.cat(outs, 0)
     # one dst-sorted copy of the edge features, split into the chunks: the split's backward
     # concatenates the chunks' gradients (an index_select per chunk would zero-fill E rows per chunk)
     sizes = [e1 - e0 for _, _, e0, e1 in plan]
     pieces = [torch.split(t.index_select(0, perm), sizes) for t in edge_ts]
+    outs = []
     for i, (n0, n1, e0, e1) in enumerate(plan):
-        ea, ef = pieces[0][i], pieces[1][i]
-        cut = pieces[2][i] if cutoff is not None else None
-        outs.append(checkpoint(run, n0, n1, h, perm[e0:e1], ea, ef, cut, use_reentrant=False,
-                               preserve_rng_state=False))
+        args = (n0, n1, h, perm[e0:e1], pieces[0][i], pieces[1][i], pieces[2][i] if cutoff is not None else None)
+        # with gradients: keep only the chunk's inputs, recompute it in the backward
+        outs.append(checkpoint(run, *args, use_reentrant=False, preserve_rng_state=False) if grad else run(*args))
     return torch.cat(outs, 0)
