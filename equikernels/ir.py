@@ -15,7 +15,6 @@ have any number of factors (the symmetric contraction is a degree-nu path).
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
@@ -230,41 +229,3 @@ def double_backward_tables(table: Table, have: str, need: str) -> Dict[str, Tabl
             if parts:
                 res[wrt] = combine(parts)
     return res
-
-
-def _pow2_pieces(n: int):
-    """(start, size) pieces of [0, n) with power-of-two sizes, largest first (48 -> 32 + 16)."""
-    res, start = [], 0
-    for bit in reversed(range(n.bit_length())):
-        if n >> bit & 1:
-            res.append((start, 1 << bit))
-            start += 1 << bit
-    return res
-
-
-def split_pow2(table: Table, labels=("u", "w"), min_size: int = 8) -> Table:
-    """The same table with every channel label of size >= ``min_size`` that is not a power of two
-    split into power-of-two pieces (one sub-path per combination of pieces). Generated kernels hold
-    a label as a block padded to the next power of two; DiffDock's 48-channel uvw paths would
-    otherwise compute on 64 x 64 weight blocks of which 56 % are real (10-channel ones: 16 x 16,
-    39 %). Each piece shifts every factor's base by its start, so sums and results are unchanged."""
-    paths = []
-    for p in table.paths:
-        sizes = p.label_sizes
-        split = [l for l, n in p.labels if l in labels and n >= min_size and n & (n - 1)]
-        if not split:
-            paths.append(p)
-            continue
-        for combo in itertools.product(*[_pow2_pieces(sizes[l]) for l in split]):
-            start = dict(zip(split, (s for s, _ in combo)))
-            size = dict(zip(split, (n for _, n in combo)))
-
-            def shift(f):
-                if f is None:
-                    return None
-                st = dict(f.strides)
-                return Factor(f.operand, f.segment, f.base + sum(st[l] * start[l] for l in split if l in st), f.strides)
-
-            paths.append(Path(tuple(shift(f) for f in p.factors), shift(p.weight), shift(p.output),
-                              tuple((l, size.get(l, n)) for l, n in p.labels), p.entries))
-    return Table(table.operands, table.output, tuple(paths))

@@ -215,7 +215,7 @@ class TPKernels:
         env = os.environ.get("EQUIKERNELS_VISIT")
         if env in ("out", "in1"):
             return env == "in1"
-        segs = [p.output.segment for p in self.plan.kernel_tables[0].paths]
+        segs = [p.output.segment for p in self.plan.table.paths]
         return len(segs) == len(set(segs))
 
     def _row_operands(self):
@@ -240,23 +240,22 @@ class TPKernels:
         key = (kind, need, have)
         if key not in self._cache:
             p = self.plan
-            table, grad_tables, factor = p.kernel_tables
             shared = self.problem.shared_weights
             if kind == "fwd":
-                groups = [Group(table, "out")]
+                groups = [Group(p.table, "out")]
             elif kind == "bwd":
-                groups = [Group(grad_tables[n], "g" + n, reduce_rows=(n == "w" and shared))
+                groups = [Group(p.grad_tables[n], "g" + n, reduce_rows=(n == "w" and shared))
                           for bit, n in ((NEED_X, "x"), (NEED_Y, "y"), (NEED_W, "w")) if need & bit]
             else:  # dbwd: need bits over (x, y, w, g), have = cotangents present
                 names = "".join(n for bit, n in zip((1, 2, 4, 8), "xywg") if need & bit)
-                tables = double_backward_tables(table, have, names)
+                tables = double_backward_tables(p.table, have, names)
                 groups = [Group(t, "d" + n, reduce_rows=(n == "w" and shared)) for n, t in tables.items()]
             if not groups:
                 self._cache[key] = None  # nothing to compute (e.g. dg without cotangents)
                 return None
             name = f"tp_{kind}{need or ''}{have}_{self.problem.key()}_{p.layout}"
             in1 = self._in1_major()
-            chunks = _chunks(table, max_paths() * factor, in1)
+            chunks = _chunks(p.table, max_paths(), in1)
             lazy = self._lazy_budget(kind)
             if len(chunks) == 1:
                 self._cache[key] = _Kernel(name, groups, p.layout, self._row_operands(),

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from .. import reference
-from ..ir import Table, double_backward_tables, grad_table, split_pow2, tp_table
+from ..ir import Table, double_backward_tables, grad_table, tp_table
 from ..problem import TPProblem, problem_from_spec
 
 BACKENDS = ("auto", "triton", "reference")
@@ -39,7 +39,6 @@ class Plan:
         self.layout = layout
         self.table: Table = tp_table(problem)
         self.grad_tables = {n: grad_table(self.table, n) for n in ("x", "y", "w")}
-        self._ktable = None
         self._kernels = None
         self._unsupported = set()
         self._supported = set()
@@ -59,22 +58,6 @@ class Plan:
                 warnings.warn(f"equikernels: no generated kernel for {kind} of {self.problem.describe()} "
                               f"({exc}); using the PyTorch reference")
             return False
-
-    @property
-    def kernel_tables(self):
-        """(forward table, gradient tables, path-count factor) the kernels are generated from: with
-        per-row weights, channel labels split into power-of-two pieces (ir.split_pow2; H200,
-        DiffDock; EQUIKERNELS_SPLIT_POW2=0 turns it off); else the reference's tables."""
-        if self._ktable is None:
-            t = self.table
-            if not self.problem.shared_weights and os.environ.get("EQUIKERNELS_SPLIT_POW2", "1") != "0":
-                t = split_pow2(self.table)
-            if t is self.table or len(t.paths) == len(self.table.paths):
-                self._ktable = (self.table, self.grad_tables, 1)
-            else:
-                self._ktable = (t, {n: grad_table(t, n) for n in ("x", "y", "w")},
-                                -(-len(t.paths) // max(1, len(self.table.paths))))
-        return self._ktable
 
     @property
     def kernels(self):
