@@ -233,6 +233,14 @@ class TPKernels:
         cfg = self._cfg(kind, torch.float32)
         return 32 * 32 * cfg.num_warps // cfg.rows
 
+    def _weights_dominate(self) -> bool:
+        """Per-row weights larger than the output (DiffDock's uvw): their gradient, a streamed outer
+        product, gets a kernel of its own, so the gx / gy kernel does not hold the weight tiles and
+        the gradient tiles at once. EQUIKERNELS_SPLIT_GW=0 keeps one kernel."""
+        p = self.problem
+        return (not p.shared_weights and p.weight_numel > 4 * p.dim_out
+                and os.environ.get("EQUIKERNELS_SPLIT_GW", "1") != "0")
+
     def _in1_outer(self, kind: str) -> bool:
         return in1_outer(self.problem, kind)
 
@@ -319,8 +327,8 @@ class TPKernels:
         res = {}
         # a weight gradient summed by tl.dot over 16-row tiles gets its own kernel, so gx/gy keep
         # the default rows per program
-        split = need & NEED_W and need & 3 and self.problem.shared_weights \
-            and self.kernel("bwd", NEED_W).meta.min_rows > cfg.rows
+        split = need & NEED_W and need & 3 and (self._weights_dominate() or (
+            self.problem.shared_weights and self.kernel("bwd", NEED_W).meta.min_rows > cfg.rows))
         parts = (need & 3, need & NEED_W) if split else (need,)
         for part in parts:
             if part:
@@ -346,7 +354,8 @@ class TPKernels:
         # substituted arguments. One kernel for all four holds too many tiles at once. A shared
         # weight's gradient (loop-carried, row-summed accumulators) gets a third kernel of its own:
         # it reads only the small row operands again and frees the registers of the dx/dy kernel.
-        parts = (need & 8, need & 3, need & 4) if self.problem.shared_weights else (need & 8, need & 7)
+        parts = ((need & 8, need & 3, need & 4) if self.problem.shared_weights or self._weights_dominate()
+                 else (need & 8, need & 7))
         for part in parts:
             if not part:
                 continue
