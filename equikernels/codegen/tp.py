@@ -36,11 +36,13 @@ class LaunchConfig:
 def default_config(kind: str, dtype: torch.dtype, problem=None) -> LaunchConfig:
     """Heuristic launch configuration (measured on an H100, benchmarks/results/NOTES.md): 4 rows per
     program; problems whose per-row weights dominate the row (uvw with per-row weights, e.g.
-    DiffDock) stream better with 8 rows forward and 1 row backward (fewer live weight tiles)."""
+    DiffDock) stream better with 8 rows forward, 4 backward and 2 double backward (H200, DiffDock,
+    with the weight gradient in its own kernel: backward 2.64 ms with 1 row, 1.74 with 4; double
+    backward 8.87 with 4 rows, 8.03 with 2 rows x 2 warps)."""
     env = os.environ.get(f"EQUIKERNELS_ROWS_{kind.upper()}") or os.environ.get("EQUIKERNELS_ROWS")
     rows = 4 if dtype == torch.float32 else 2
     if problem is not None and not problem.shared_weights and problem.weight_numel > 4 * problem.dim_out:
-        rows = {"fwd": 8, "bwd": 1}.get(kind, rows)
+        rows = ({"fwd": 8, "bwd": 4, "dbwd": 2} if dtype != torch.float64 else {"fwd": 8, "bwd": 1}).get(kind, rows)
     rows = int(env) if env else rows
     # warps along the row axis keep the channel reductions (tl.sum over a [ROWS, MUL] block) inside
     # a warp; a warp split over channels makes every reduction a shared-memory round trip
