@@ -137,8 +137,23 @@ def test_margin_keeps_default_on_a_tie(monkeypatch):
     ms = {1: 0.9, 4: 1.0}
     assert tune.choose("km2", [{"r": 1}, {"r": 4}], lambda c: ms[c["r"]], {"r": 4}) == {"r": 1}
     monkeypatch.setenv("EQUIKERNELS_TUNE_MARGIN", "0")
+    monkeypatch.setenv("EQUIKERNELS_TUNE_MIN_GAIN_MS", "0")
     ms = {1: 0.99, 4: 1.0}
     assert tune.choose("km3", [{"r": 1}, {"r": 4}], lambda c: ms[c["r"]], {"r": 4}) == {"r": 1}
+
+
+def test_min_gain_keeps_default_for_short_calls(monkeypatch):
+    """A relative win of 14 % but only 15 us (host jitter scale) keeps the default; 0.2 ms does not."""
+    ms = {8: 0.092, 4: 0.107}
+    assert tune.choose("kg1", [{"r": 8}, {"r": 4}], lambda c: ms[c["r"]], {"r": 4}) == {"r": 4}
+    ms = {8: 0.8, 4: 1.0}
+    assert tune.choose("kg2", [{"r": 8}, {"r": 4}], lambda c: ms[c["r"]], {"r": 4}) == {"r": 8}
+    monkeypatch.setenv("EQUIKERNELS_TUNE_MIN_GAIN_MS", "0")
+    ms = {8: 0.092, 4: 0.107}
+    assert tune.choose("kg3", [{"r": 8}, {"r": 4}], lambda c: ms[c["r"]], {"r": 4}) == {"r": 8}
+    monkeypatch.setenv("EQUIKERNELS_TUNE_MIN_GAIN_MS", "fast")
+    with pytest.raises(ValueError, match="EQUIKERNELS_TUNE_MIN_GAIN_MS"):
+        tune.choose("kg4", [{"r": 8}, {"r": 4}], lambda c: ms[c["r"]], {"r": 4})
 
 
 def test_max_candidates_and_lazy_candidates(monkeypatch):

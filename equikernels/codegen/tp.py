@@ -43,6 +43,11 @@ def default_config(kind: str, dtype: torch.dtype, problem=None) -> LaunchConfig:
     rows = 4 if dtype == torch.float32 else 2
     if problem is not None and not problem.shared_weights and problem.weight_numel > 4 * problem.dim_out:
         rows = ({"fwd": 8, "bwd": 4, "dbwd": 2} if dtype != torch.float64 else {"fwd": 8, "bwd": 1}).get(kind, rows)
+    elif (problem is not None and problem.shared_weights and dtype != torch.float64 and kind in ("bwd", "dbwd")
+          and all(i.mode == "uvw" for i in problem.instructions)):
+        # shared-weight uvw (tetris-poly-1): 8 rows, H200 tuner table: backward 0.55 -> 0.39 ms,
+        # double backward 1.20 -> 0.72 ms (benchmarks/results/session6_20261124)
+        rows = 8
     rows = int(env) if env else rows
     # warps along the row axis keep the channel reductions (tl.sum over a [ROWS, MUL] block) inside
     # a warp; a warp split over channels makes every reduction a shared-memory round trip

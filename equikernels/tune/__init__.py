@@ -15,8 +15,9 @@ their Triton compiles overlap (EQUIKERNELS_TUNE_THREADS caps the threads; 1 disa
 in EQUIKERNELS_TUNE_ROUNDS (default 3) interleaved rounds, each round in a rotated order, so that
 clock ramp-up and cache state do not favour whoever runs first or last. A candidate replaces the
 default only when it is faster in every round and its median over the rounds beats the default's
-by more than EQUIKERNELS_TUNE_MARGIN (default 0.03, relative): a tie within timing noise keeps
-the heuristic. (One pass in a fixed order, default first, picked two configurations that were
+by more than EQUIKERNELS_TUNE_MARGIN (default 0.03, relative) and by more than
+EQUIKERNELS_TUNE_MIN_GAIN_MS (default 0.02 ms, absolute): a tie within timing noise keeps the
+heuristic. (One pass in a fixed order, default first, picked two configurations that were
 slower than the default when measured again: H200, benchmarks/results/session5_20261124.)
 EQUIKERNELS_TUNE_MAX_CANDIDATES caps how many candidates are tried (the default always is).
 """
@@ -142,6 +143,18 @@ def _margin() -> float:
     return float(os.environ.get("EQUIKERNELS_TUNE_MARGIN", "0.03"))
 
 
+def _min_gain_ms() -> float:
+    """Smallest absolute gain (ms) that replaces the default (EQUIKERNELS_TUNE_MIN_GAIN_MS, default
+    0.02). Per-call timings of sub-0.2 ms calls carry tens of microseconds of host jitter: a 15 us
+    win in tuning turned into a 9 us loss when measured again (H200, tetris-poly-1 forward,
+    benchmarks/results/session6_20261124)."""
+    env = os.environ.get("EQUIKERNELS_TUNE_MIN_GAIN_MS", "0.02")
+    try:
+        return float(env)
+    except ValueError:
+        raise ValueError(f"EQUIKERNELS_TUNE_MIN_GAIN_MS: expected a number of milliseconds, got {env!r}") from None
+
+
 def _rounds() -> int:
     """Timing rounds per candidate (EQUIKERNELS_TUNE_ROUNDS, >= 1; the first also warms up)."""
     env = os.environ.get("EQUIKERNELS_TUNE_ROUNDS", "3")
@@ -210,7 +223,7 @@ def _tune(key: str, candidates: Sequence[dict], measure: Callable[[dict], float]
     best = min(times, key=times.get)
     if 0 in times and best != 0:
         every = all(b < d for b, d in zip(rounds[best][1:] or rounds[best], rounds[0][1:] or rounds[0]))
-        if not every or times[best] > times[0] * (1 - _margin()):
+        if not every or times[best] > min(times[0] * (1 - _margin()), times[0] - _min_gain_ms()):
             best = 0  # not faster than the default in every round and beyond the margin
     entry = {"config": cands[best], "ms": times[best], "default_ms": times.get(0), "candidates": len(cands),
              "rounds": {str(i): ts for i, ts in rounds.items()},
