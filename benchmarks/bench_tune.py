@@ -498,7 +498,7 @@ def markdown(res: dict) -> str:
              f"{a['rounds']} interleaved rounds per setting (~{a['target_ms']:.0f} ms of calls each, inputs "
              f"alternating between two sets). Noise = spread of the round medians; the verdict allows "
              f"max(noise, 2%); 'same config' = the tuner kept the heuristic (identical kernels: any timing "
-             f"difference is noise)." f" Default = EQUIKERNELS_AUTOTUNE=0 (heuristic); tuned = cache hit after "
+             f"difference is noise). Default = EQUIKERNELS_AUTOTUNE=0 (heuristic); tuned = cache hit after "
              f"tuning (checked: the tuner timed nothing during tuned rounds). Triton cache at start: {cold}. "
              f"Total run {res.get('total_s', 0):.0f} s.", "",
              "First call = wall clock of the first call with tuning off (code generation + compile of "

@@ -51,8 +51,6 @@ def item(spec):
         return host(parts[1])
     if parts[0] == "hostbwd":
         return host_bwd(parts[1])
-    if parts[0] == "prof":
-        return prof_bwd(parts[1])
     name, kind = parts[0], parts[1]
     p = get_problem(name)
     plan = plan_of(spec_of(p, os.environ.get("LAYOUT", "ir_mul")))
@@ -135,31 +133,6 @@ def host_bwd(name):
         ("autograd.grad(x*2)", lambda: torch.autograd.grad(plain, (x,), plain, retain_graph=True)),
     )}
     return dict(item=f"hostbwd:{name}", us_per_call=res)
-
-
-def prof_bwd(name, reps=300):
-    """cProfile of backward calls through autograd (tiny inputs): where the host time goes."""
-    import cProfile
-    import io
-    import pstats
-    p = get_problem(name)
-    n = 64
-    x = torch.randn(n, p.dim_in1, device=dev, requires_grad=True)
-    y = torch.randn(n, p.dim_in2, device=dev, requires_grad=True)
-    w = torch.randn(n, p.weight_numel, device=dev, requires_grad=True)
-    out = tensor_product(p, x, y, w, layout="ir_mul")
-    g = torch.randn_like(out)
-    for _ in range(20):
-        torch.autograd.grad(out, (x, y, w), g, retain_graph=True)
-    torch.cuda.synchronize()
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(reps):
-        torch.autograd.grad(out, (x, y, w), g, retain_graph=True)
-    pr.disable()
-    s = io.StringIO()
-    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(25)
-    return dict(item=f"prof:{name}", profile=s.getvalue()[-6000:])
 
 
 if __name__ == "__main__":

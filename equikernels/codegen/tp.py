@@ -33,6 +33,12 @@ class LaunchConfig:
     tf32: bool = False     # tl.dot channel mixing in tf32 (opt-in; default ieee fp32 for e3nn parity)
 
 
+def weights_dominate(problem) -> bool:
+    """Per-row weights larger than the output (DiffDock's uvw): the weights are most of each row's
+    traffic, which sets both the launch shape (default_config) and the kernel split (TPKernels)."""
+    return not problem.shared_weights and problem.weight_numel > 4 * problem.dim_out
+
+
 def default_config(kind: str, dtype: torch.dtype, problem=None) -> LaunchConfig:
     """Heuristic launch configuration (measured on an H100, benchmarks/results/NOTES.md): 4 rows per
     program; problems whose per-row weights dominate the row (uvw with per-row weights, e.g.
@@ -41,7 +47,7 @@ def default_config(kind: str, dtype: torch.dtype, problem=None) -> LaunchConfig:
     backward 8.87 with 4 rows, 8.03 with 2 rows x 2 warps)."""
     env = os.environ.get(f"EQUIKERNELS_ROWS_{kind.upper()}") or os.environ.get("EQUIKERNELS_ROWS")
     rows = 4 if dtype == torch.float32 else 2
-    if problem is not None and not problem.shared_weights and problem.weight_numel > 4 * problem.dim_out:
+    if problem is not None and weights_dominate(problem):
         rows = ({"fwd": 8, "bwd": 4, "dbwd": 2} if dtype != torch.float64 else {"fwd": 8, "bwd": 1}).get(kind, rows)
     elif (problem is not None and problem.shared_weights and dtype != torch.float64 and kind in ("bwd", "dbwd")
           and all(i.mode == "uvw" for i in problem.instructions)):
@@ -241,12 +247,10 @@ class TPKernels:
         return 32 * 32 * cfg.num_warps // cfg.rows
 
     def _weights_dominate(self) -> bool:
-        """Per-row weights larger than the output (DiffDock's uvw): their gradient, a streamed outer
-        product, gets a kernel of its own, so the gx / gy kernel does not hold the weight tiles and
-        the gradient tiles at once. EQUIKERNELS_SPLIT_GW=0 keeps one kernel."""
-        p = self.problem
-        return (not p.shared_weights and p.weight_numel > 4 * p.dim_out
-                and os.environ.get("EQUIKERNELS_SPLIT_GW", "1") != "0")
+        """Whether the weight gradient (a streamed outer product when weights_dominate) gets a
+        kernel of its own, so the gx / gy kernel does not hold the weight tiles and the gradient
+        tiles at once. EQUIKERNELS_SPLIT_GW=0 keeps one kernel."""
+        return weights_dominate(self.problem) and os.environ.get("EQUIKERNELS_SPLIT_GW", "1") != "0"
 
     def _in1_outer(self, kind: str) -> bool:
         return in1_outer(self.problem, kind)
