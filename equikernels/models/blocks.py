@@ -3,6 +3,7 @@
 readouts. Node features stay in one ``layout`` (``ir_mul`` by default) from layer to layer."""
 from __future__ import annotations
 
+import os
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -10,10 +11,12 @@ from torch import nn
 
 from ..nn.linear import Linear
 from ..ops.conv import ConvGraph, tensor_product_conv
+from ..ops.radial_conv import fused_available, radial_conv
 from ..problem import TPProblem
 from .chunked import EdgeChunk, chunked_edge_conv, edge_weights, resolve_edge_chunk
 from .element_linear import ElementGroups, ElementLinear
 from .radial import GATES, RadialMLP
+from .radial_fusion import choose_radial_fusion
 from .symmetric_contraction import SymmetricContraction
 from .._compat import e3nn  # noqa: F401
 from e3nn.math import normalize2mom  # noqa: E402
@@ -37,6 +40,7 @@ class InteractionBlock(nn.Module):
     then runs a chunk of destination nodes at a time, recomputed in the backward (models.chunked)."""
 
     edge_chunk: Optional[EdgeChunk] = None  # class default: modules pickled before it existed
+    radial_fusion: Optional[str] = None
 
     def __init__(self, cfg: dict, num_elements: int, sh_irreps: str, num_radial: int, layout: str) -> None:
         super().__init__()
@@ -64,11 +68,19 @@ class InteractionBlock(nn.Module):
                 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         sc = self.skip(node_feats, groups) if self.residual else None
         h = self.linear_up(node_feats)
+        fused = self._radial_fused(h, edge_attrs, edge_feats, cutoff, graph)
         # large graphs: the per-edge part a chunk of destinations at a time, recomputed in the backward
-        chunk = resolve_edge_chunk(self.edge_chunk, graph.num_edges, self.problem.weight_numel, h.element_size())
+        # (fused: no per-edge weights; the MLP's saved activations, ~4 x hidden floats per edge, count)
+        per_edge = 4 * self.radial_mlp.hs[-2] if fused else self.problem.weight_numel
+        chunk = resolve_edge_chunk(self.edge_chunk, graph.num_edges, per_edge, h.element_size())
         if chunk:
             msg = chunked_edge_conv(self.problem, self.radial_mlp, h, edge_attrs, edge_feats, cutoff, graph, chunk,
                                     self.layout)
+        elif fused:
+            hidden, w_last = self.radial_mlp.split_last(edge_feats)
+            if cutoff is not None:  # the last layer is linear: (hidden @ W) * cutoff == (hidden * cutoff) @ W
+                hidden = hidden * cutoff
+            msg = radial_conv(self.problem, h, edge_attrs, hidden, w_last, graph, layout=self.layout, fused=True)
         else:
             # per-edge weights in the node features' dtype (mixed precision: the MLP runs in the half type,
             # as autocast would; edge_feats, cutoff and the spherical harmonics stay full precision)
@@ -87,6 +99,27 @@ class InteractionBlock(nn.Module):
         if not self.residual:
             msg = self.skip(msg, groups)
         return msg, sc
+
+
+    def _radial_fused(self, h: torch.Tensor, edge_attrs: torch.Tensor, edge_feats: torch.Tensor,
+                      cutoff: Optional[torch.Tensor], graph: ConvGraph) -> bool:
+        """Whether this call runs the convolution with the radial MLP's last layer fused in
+        (ops.radial_conv): ``radial_fusion`` (attribute, not saved) or EQUIKERNELS_RADIAL_CONV =
+        "auto" (default: fused when the kernels take the call and, with the autotuner on, it measured
+        faster for this graph size), "1" (whenever the kernels take it) or "0" (never)."""
+        setting = self.radial_fusion or os.environ.get("EQUIKERNELS_RADIAL_CONV", "auto")
+        if setting not in ("auto", "0", "1"):
+            raise ValueError(f"radial_fusion / EQUIKERNELS_RADIAL_CONV: expected 'auto', '0' or '1', got {setting!r}")
+        if setting == "0" or self.radial_mlp.act is None or len(self.radial_mlp.layers) < 2:
+            return False
+        edge_dtype = self.radial_mlp.layers[0].weight.dtype
+        if h.dtype != edge_dtype or torch.is_autocast_enabled(h.device.type):
+            return False
+        if not fused_available(self.problem, self.radial_mlp.hs[-2], h, self.layout):
+            return False
+        if setting == "1":
+            return True
+        return choose_radial_fusion(self, h, edge_attrs, edge_feats, cutoff, graph)
 
 
 class ProductBlock(nn.Module):

@@ -8,7 +8,7 @@ Constants live in buffers so a checkpoint's values (and dtypes) are carried over
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -247,6 +247,24 @@ class RadialMLP(nn.Module):
             if i < last and self.act is not None:
                 x = self.act(x)
         return x
+
+    def split_last(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(hidden, W) with ``forward(x) == hidden @ W``: the activation after the last hidden layer
+        and the last layer's scaled weight [H, out] (for the fused last-layer convolution)."""
+        ws = self._scaled()
+        if len(ws) < 2:
+            raise ValueError("split_last: the MLP needs at least one hidden layer")
+        if x.dtype != ws[0].dtype:
+            ws = _half_weights(self, ws, x)
+        if self.fused and x.dim() == 2:
+            z = radial_mlp(x, ws[:-1], 1.0 if self.act._is_id else self.act.cst, backend=self.backend)
+        else:
+            z = x
+            for i, w in enumerate(ws[:-1]):
+                z = z @ w
+                if i < len(ws) - 2 and self.act is not None:
+                    z = self.act(z)
+        return (self.act(z) if self.act is not None else z), ws[-1]
 
 
 HALF = (torch.float16, torch.bfloat16)

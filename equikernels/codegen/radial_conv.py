@@ -1,0 +1,414 @@
+"""Generated Triton kernels of the convolution with the radial MLP's last layer fused in (DESIGN §4):
+
+    out[n] = sum_{e: dst[e] = n} TP(x[src[e]], y[e], w[e]),   w[e] = h[e] @ W
+
+``h`` [E, H] is the MLP's last hidden activation (times the cutoff), ``W`` [H, weight_numel] its
+last (scaled) layer. The per-edge weights w are formed block by block with ``tl.dot`` in registers
+and never written: the [E, weight_numel] tensor (93 % of the unfused convolution's traffic for
+MACE-MP medium) disappears from the forward and the backward.
+
+Channel-wise (uvu) paths with ``mul 1`` edge irreps, one path per output segment (MACE's
+convolution). The kernels own one path's weight slice W_p [H, MUL] each, loaded once per program:
+
+- ``fwd``: program (node n, path p) walks n's incoming edges (dst order) B at a time, reduces the
+  messages in registers and writes out[n, segment p] once: deterministic, no atomics.
+- ``gx``: program (node n, input segment s) walks n's outgoing edges (src order); the paths reading
+  segment s run one after the other, each with its W_p, into one register sum; written once.
+- ``edge``: program (block of B edges): every path in turn (W_p re-read from L2), summing gy and
+  gh = sum_p gw_p @ W_p^T in registers; written once per edge.
+- ``gW``: program (edge chunk, path p): sum over the chunk of h^T gw_p in registers, one partial
+  per chunk (summed by the caller in a fixed order).
+
+A whole-MLP fusion would recompute the hidden layers once per path program (10x for MACE-MP) and
+hold all their weights beside W_p; h is 64 floats per edge against weight_numel (1,280), so it is
+computed outside (ops.mlp) and only the wide last layer is fused.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import triton
+
+from .cache import load_module
+from .tp import _DT, _num_sms
+
+
+@dataclass(frozen=True)
+class RPath:
+    """One uvu path: segments (offset, mul, dim) of x, y, out; weight offset; CG entries."""
+    x: Tuple[int, int, int]
+    y: Tuple[int, int, int]
+    out: Tuple[int, int, int]
+    woff: int
+    entries: Tuple[Tuple[int, int, int, float], ...]  # (i, j, k, coefficient)
+
+
+def _pow2(n: int) -> bool:
+    return n >= 16 and n & (n - 1) == 0
+
+
+def paths_of(plan) -> Tuple[Optional[List[RPath]], str]:
+    """The fusable paths of a plan, or (None, why not)."""
+    pr, table = plan.problem, plan.table
+    if pr.shared_weights or not pr.weight_numel:
+        return None, "needs per-edge weights"
+    ops = {o.name: o for o in table.operands}
+    res, outs = [], set()
+    for p in table.paths:
+        lab = p.label_sizes
+        if p.weight is None or set(lab) - {"u", "v"} or lab.get("v", 1) != 1:
+            return None, "only channel-wise (uvu) paths with mul-1 edge irreps"
+        fx, fy = p.factors
+        if (fx.operand, fy.operand) != ("x", "y") or fx.base or fy.base or p.output.base:
+            return None, "unexpected factor layout"
+        if dict(fx.strides) != {"u": 1} or dict(p.output.strides) != {"u": 1} or dict(p.weight.strides).get("u") != 1:
+            return None, "only channel-wise (uvu) paths"
+        sx, sy, so = (ops[n].segments[s] for n, s in (("x", fx.segment), ("y", fy.segment), ("out", p.output.segment)))
+        if sy.mul != 1 or sx.mul != so.mul or not _pow2(sx.mul):
+            return None, "channels must be a power of two >= 16 and edge irreps of multiplicity 1"
+        if p.output.segment in outs:
+            return None, "two paths write one output segment"
+        outs.add(p.output.segment)
+        res.append(RPath((sx.offset, sx.mul, sx.dim), (sy.offset, 1, sy.dim), (so.offset, so.mul, so.dim),
+                         p.weight.base, tuple((c[0], c[1], k, v) for c, k, v in p.entries)))
+    if not res:
+        return None, "no paths"
+    return res, ""
+
+
+class _Src:
+    def __init__(self):
+        self.lines: List[str] = []
+
+    def __call__(self, line: str = "", indent: int = 1):
+        self.lines.append("    " * indent + line if line else "")
+
+
+def _addr(layout: str, seg: Tuple[int, int, int], comp: int, ch: str) -> str:
+    """Column of channel vector ``ch`` of component ``comp`` in a segment."""
+    off, mul, dim = seg
+    if layout == "ir_mul":
+        return f"({off + comp * mul} + {ch})"
+    return f"({off + comp} + {ch} * {dim})" if dim > 1 else f"({off} + {ch})"
+
+
+def _lit(c: float) -> str:
+    return repr(float(c))
+
+
+def _coef_terms(p: RPath, ik: Tuple[int, int], yname: str = "y") -> str:
+    """sum_j C_ijk y_j for fixed (i, k): a [B] expression."""
+    terms = [f"{_lit(c)} * {yname}{j}" for i, j, k, c in p.entries if (i, k) == ik]
+    return " + ".join(terms)
+
+
+def _pairs(p: RPath) -> List[Tuple[int, int]]:
+    seen = []
+    for i, _, k, _ in p.entries:
+        if (i, k) not in seen:
+            seen.append((i, k))
+    return seen
+
+
+def _edge_loop_head(src: _Src, ind: int, perm: bool, other_ptr: Optional[str]):
+    """Inside ``for e0 in range(start, end, B)``: edge ids e (and the other endpoint o)."""
+    src("r = e0 + rb", ind)
+    src("m = r < end", ind)
+    if perm:
+        src("e = tl.load(perm_ptr + r, mask=m, other=0)", ind)
+    else:
+        src("e = r", ind)
+    if other_ptr:
+        src(f"o = tl.load({other_ptr} + e, mask=m, other=0)", ind)
+    src("hb = tl.load(h_ptr + e[:, None] * H + rh[None, :], mask=m[:, None], other=0.0)", ind)
+
+
+def _load_y(src: _Src, ind: int, p: RPath, prefix: str = "y"):
+    off, _, dim = p.y
+    for j in range(dim):
+        if any(jj == j for _, jj, _, _ in p.entries):
+            src(f"{prefix}{j} = tl.load(y_ptr + e * DY + {off + j}, mask=m, other=0.0).to(DT)", ind)
+
+
+def _load_seg(src: _Src, ind: int, layout: str, name: str, ptr: str, row: str, stride: str, seg, comps):
+    for c in comps:
+        src(f"{name}{c} = tl.load({ptr} + {row}[:, None] * {stride} + {_addr(layout, seg, c, 'ru')}[None, :], "
+            f"mask=m[:, None], other=0.0).to(DT)", ind)
+
+
+def _w_tile(src: _Src, ind: int, p: RPath):
+    src(f"ru = tl.arange(0, {p.x[1]})", ind)
+    src(f"wt = tl.load(w_ptr + rh[:, None] * WN + ({p.woff} + ru)[None, :]).to(DT)", ind)
+
+
+HEADER = "B: tl.constexpr, H: tl.constexpr, DX: tl.constexpr, DY: tl.constexpr, DO: tl.constexpr, " \
+         "WN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr"
+
+
+def gen_fwd(paths: List[RPath], layout: str) -> str:
+    s = _Src()
+    s("@triton.jit", 0)
+    s(f"def rconv_fwd(x_ptr, y_ptr, h_ptr, w_ptr, out_ptr, src_ptr, perm_ptr, ptr_ptr, {HEADER}):", 0)
+    s("n = tl.program_id(0).to(tl.int64)")
+    s("p = tl.program_id(1)")
+    s("start = tl.load(ptr_ptr + n)")
+    s("end = tl.load(ptr_ptr + n + 1)")
+    s("rb = tl.arange(0, B)")
+    s("rh = tl.arange(0, H)")
+    for q, p in enumerate(paths):
+        s(f"{'if' if q == 0 else 'elif'} p == {q}:")
+        _w_tile(s, 2, p)
+        ks = sorted({k for _, _, k, _ in p.entries})
+        for k in range(p.out[2]):
+            s(f"o{k} = tl.zeros([{p.x[1]}], dtype=DT)", 2)
+        s("for e0 in range(start, end, B):", 2)
+        _edge_loop_head(s, 3, True, "src_ptr")
+        s("wb = tl.dot(hb.to(DT), wt, input_precision=PREC, out_dtype=DT)", 3)
+        _load_y(s, 3, p)
+        comps = sorted({i for i, _, _, _ in p.entries})
+        _load_seg(s, 3, layout, "x", "x_ptr", "o", "DX", p.x, comps)
+        for i in comps:
+            s(f"x{i} = x{i} * wb", 3)
+        for k in ks:
+            terms = [f"x{i} * ({_coef_terms(p, (i, k))})[:, None]" for i, kk in _pairs(p) if kk == k]
+            s(f"o{k} += tl.sum({' + '.join(terms)}, axis=0)", 3)
+        for k in range(p.out[2]):
+            s(f"tl.store(out_ptr + n * DO + {_addr(layout, p.out, k, 'ru')}, o{k})", 2)
+    return "\n".join(s.lines) + "\n"
+
+
+def in1_groups(paths: List[RPath]) -> List[Tuple[Tuple[int, int, int], List[int]]]:
+    groups: Dict[Tuple[int, int, int], List[int]] = {}
+    for q, p in enumerate(paths):
+        groups.setdefault(p.x, []).append(q)
+    return list(groups.items())
+
+
+def gen_gx(paths: List[RPath], layout: str) -> str:
+    s = _Src()
+    s("@triton.jit", 0)
+    s(f"def rconv_gx(g_ptr, y_ptr, h_ptr, w_ptr, gx_ptr, dst_ptr, perm_ptr, ptr_ptr, {HEADER}):", 0)
+    s("n = tl.program_id(0).to(tl.int64)")
+    s("q = tl.program_id(1)")
+    s("start = tl.load(ptr_ptr + n)")
+    s("end = tl.load(ptr_ptr + n + 1)")
+    s("rb = tl.arange(0, B)")
+    s("rh = tl.arange(0, H)")
+    for gi, (seg, members) in enumerate(in1_groups(paths)):
+        s(f"{'if' if gi == 0 else 'elif'} q == {gi}:")
+        s(f"ru = tl.arange(0, {seg[1]})", 2)
+        for i in range(seg[2]):
+            s(f"a{i} = tl.zeros([{seg[1]}], dtype=DT)", 2)
+        for q in members:
+            p = paths[q]
+            s(f"# path {q}", 2)
+            _w_tile(s, 2, p)
+            s("for e0 in range(start, end, B):", 2)
+            _edge_loop_head(s, 3, True, "dst_ptr")
+            s("wb = tl.dot(hb.to(DT), wt, input_precision=PREC, out_dtype=DT)", 3)
+            _load_y(s, 3, p)
+            ks = sorted({k for _, _, k, _ in p.entries})
+            _load_seg(s, 3, layout, "g", "g_ptr", "o", "DO", p.out, ks)
+            for k in ks:
+                s(f"g{k} = g{k} * wb", 3)
+            for i in sorted({i for i, _, _, _ in p.entries}):
+                terms = [f"g{k} * ({_coef_terms(p, (i, k))})[:, None]" for ii, k in _pairs(p) if ii == i]
+                s(f"a{i} += tl.sum({' + '.join(terms)}, axis=0)", 3)
+        for i in range(seg[2]):
+            s(f"tl.store(gx_ptr + n * DX + {_addr(layout, seg, i, 'ru')}, a{i})", 2)
+    return "\n".join(s.lines) + "\n"
+
+
+def _gw_block(s: _Src, ind: int, p: RPath, layout: str):
+    """gw_p [B, MUL] = sum_ijk C x_i y_j g_k for the current edge block (x, g gathered)."""
+    _load_y(s, ind, p)
+    xs = sorted({i for i, _, _, _ in p.entries})
+    ks = sorted({k for _, _, k, _ in p.entries})
+    _load_seg(s, ind, layout, "x", "x_ptr", "sr", "DX", p.x, xs)
+    _load_seg(s, ind, layout, "g", "g_ptr", "ds", "DO", p.out, ks)
+    pairs = _pairs(p)
+    for i, k in pairs:
+        s(f"q{i}_{k} = x{i} * g{k}", ind)
+    s("gw = " + " + ".join(f"q{i}_{k} * ({_coef_terms(p, (i, k))})[:, None]" for i, k in pairs), ind)
+    return pairs
+
+
+def gen_edge(paths: List[RPath], layout: str, dy: int) -> str:
+    s = _Src()
+    s("@triton.jit", 0)
+    s(f"def rconv_edge(x_ptr, y_ptr, h_ptr, w_ptr, g_ptr, gy_ptr, gh_ptr, src_ptr, dst_ptr, E, {HEADER}, "
+      "NEED_Y: tl.constexpr, NEED_H: tl.constexpr):", 0)
+    s("rb = tl.arange(0, B)")
+    s("rh = tl.arange(0, H)")
+    s("e = tl.program_id(0).to(tl.int64) * B + rb")
+    s("m = e < E")
+    s("sr = tl.load(src_ptr + e, mask=m, other=0)")
+    s("ds = tl.load(dst_ptr + e, mask=m, other=0)")
+    s("hb = tl.load(h_ptr + e[:, None] * H + rh[None, :], mask=m[:, None], other=0.0).to(DT)")
+    s("gh = tl.zeros([B, H], dtype=DT)")
+    for j in range(dy):
+        s(f"b{j} = tl.zeros([B], dtype=DT)")
+    for q, p in enumerate(paths):
+        s(f"# path {q}")
+        _w_tile(s, 1, p)
+        pairs = _gw_block(s, 1, p, layout)
+        s("if NEED_H:")
+        s("gh += tl.dot(gw, tl.trans(wt), input_precision=PREC, out_dtype=DT)", 2)
+        s("if NEED_Y:")
+        s("wb = tl.dot(hb, wt, input_precision=PREC, out_dtype=DT)", 2)
+        for i, k in pairs:
+            s(f"r{i}_{k} = tl.sum(q{i}_{k} * wb, axis=1)", 2)
+        for j in sorted({j for _, j, _, _ in p.entries}):
+            terms = [f"{_lit(c)} * r{i}_{k}" for i, jj, k, c in p.entries if jj == j]
+            s(f"b{p.y[0] + j} += {' + '.join(terms)}", 2)
+    s("if NEED_H:")
+    s("tl.store(gh_ptr + e[:, None] * H + rh[None, :], gh, mask=m[:, None])", 2)
+    s("if NEED_Y:")
+    for j in range(dy):
+        s(f"tl.store(gy_ptr + e * DY + {j}, b{j}, mask=m)", 2)
+    return "\n".join(s.lines) + "\n"
+
+
+def gen_gw(paths: List[RPath], layout: str) -> str:
+    s = _Src()
+    s("@triton.jit", 0)
+    s(f"def rconv_gw(x_ptr, y_ptr, h_ptr, g_ptr, part_ptr, src_ptr, dst_ptr, E, CHUNK, {HEADER}):", 0)
+    s("c = tl.program_id(0).to(tl.int64)")
+    s("p = tl.program_id(1)")
+    s("rb = tl.arange(0, B)")
+    s("rh = tl.arange(0, H)")
+    s("lo = c * CHUNK")
+    s("hi = tl.minimum(lo + CHUNK, E)")
+    for q, p in enumerate(paths):
+        s(f"{'if' if q == 0 else 'elif'} p == {q}:")
+        s(f"ru = tl.arange(0, {p.x[1]})", 2)
+        s(f"acc = tl.zeros([H, {p.x[1]}], dtype=DT)", 2)
+        s("for e0 in range(lo, hi, B):", 2)
+        s("e = e0 + rb", 3)
+        s("m = e < hi", 3)
+        s("sr = tl.load(src_ptr + e, mask=m, other=0)", 3)
+        s("ds = tl.load(dst_ptr + e, mask=m, other=0)", 3)
+        s("hb = tl.load(h_ptr + e[:, None] * H + rh[None, :], mask=m[:, None], other=0.0).to(DT)", 3)
+        _gw_block(s, 3, p, layout)
+        s("acc += tl.dot(tl.trans(hb), gw, input_precision=PREC, out_dtype=DT)", 3)
+        s(f"tl.store(part_ptr + c * H * WN + rh[:, None] * WN + ({p.woff} + ru)[None, :], acc)", 2)
+    return "\n".join(s.lines) + "\n"
+
+
+@dataclass(frozen=True)
+class RConfig:
+    block: int       # edges per step
+    warps: int
+    precision: str   # float32 tl.dot precision: ieee | tf32x3 | tf32
+
+
+PRECISIONS = ("ieee", "tf32x3", "tf32")
+
+
+def default_config(kind: str, dtype: torch.dtype) -> RConfig:
+    """EQUIKERNELS_RCONV_BLOCK / _WARPS / _PRECISION override (block >= 16: tl.dot's minimum)."""
+    block = int(os.environ.get("EQUIKERNELS_RCONV_BLOCK", 32 if kind == "edge" else 16))
+    warps = int(os.environ.get("EQUIKERNELS_RCONV_WARPS", 4))
+    prec = os.environ.get("EQUIKERNELS_RCONV_PRECISION", "tf32x3")
+    if prec not in PRECISIONS:
+        raise ValueError(f"EQUIKERNELS_RCONV_PRECISION: expected one of {PRECISIONS}, got {prec!r}")
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"EQUIKERNELS_RCONV_BLOCK: expected a power of two >= 16, got {block}")
+    return RConfig(block, warps, "ieee" if dtype == torch.float64 else prec)
+
+
+class RadialConvKernels:
+    """The four kernels of one (plan, hidden width)."""
+
+    def __init__(self, plan, hidden: int):
+        paths, why = paths_of(plan)
+        if paths is None:
+            raise ValueError(why)
+        if not _pow2(hidden):
+            raise ValueError(f"hidden width must be a power of two >= 16, got {hidden}")
+        self.plan, self.paths, self.hidden = plan, paths, hidden
+        self.layout = plan.layout
+        pr = plan.problem
+        self.dims = dict(DX=pr.dim_in1, DY=pr.dim_in2, DO=pr.dim_out, WN=pr.weight_numel, H=hidden)
+        covered = sum(p.out[1] * p.out[2] for p in paths)
+        self.out_covered = covered == pr.dim_out
+        self.x_groups = in1_groups(paths)
+        self.gx_covered = sum(seg[1] * seg[2] for seg, _ in self.x_groups) == pr.dim_in1
+        self._fns: Dict[str, object] = {}
+
+    def fn(self, kind: str):
+        if kind not in self._fns:
+            body = {"fwd": lambda: gen_fwd(self.paths, self.layout),
+                    "gx": lambda: gen_gx(self.paths, self.layout),
+                    "edge": lambda: gen_edge(self.paths, self.layout, self.dims["DY"]),
+                    "gw": lambda: gen_gw(self.paths, self.layout)}[kind]()
+            src = f"# radial conv {kind}: {self.plan.problem.describe()}\nimport triton\nimport triton.language as tl\n\n\n"
+            src += body
+            digest = hashlib.sha256(src.encode()).hexdigest()[:12]
+            self._fns[kind] = getattr(load_module(f"rconv_{kind}_{digest}", src), f"rconv_{kind}")
+        return self._fns[kind]
+
+    def _meta(self, kind: str, dtype: torch.dtype) -> dict:
+        cfg = default_config(kind, dtype)
+        return dict(B=cfg.block, DT=_DT[dtype], PREC=cfg.precision, num_warps=cfg.warps, **self.dims)
+
+    def forward(self, x, y, h, w, graph):
+        n = graph.num_nodes
+        out = (torch.empty if self.out_covered else torch.zeros)((n, self.dims["DO"]), dtype=x.dtype, device=x.device)
+        if _poison() and self.out_covered:
+            out.fill_(float("nan"))
+        if n:
+            self.fn("fwd")[(n, len(self.paths))](x, y, h, w, out, graph.src, graph.perm_dst, graph.ptr_dst,
+                                                  **self._meta("fwd", x.dtype))
+        return out
+
+    def backward(self, x, y, h, w, g, graph, need_x: bool, need_y: bool, need_h: bool, need_w: bool):
+        gx = gy = gh = gw = None
+        n, e = graph.num_nodes, graph.num_edges
+        if need_x:
+            gx = (torch.empty if self.gx_covered else torch.zeros)(x.shape, dtype=x.dtype, device=x.device)
+            if _poison() and self.gx_covered:
+                gx.fill_(float("nan"))
+            if n:
+                self.fn("gx")[(n, len(self.x_groups))](g, y, h, w, gx, graph.dst, graph.perm_src, graph.ptr_src,
+                                                       **self._meta("gx", x.dtype))
+        if need_y or need_h:
+            gy = _buffer(y.shape, y) if need_y else y.new_empty(0)
+            gh = _buffer(h.shape, h) if need_h else h.new_empty(0)
+            meta = self._meta("edge", x.dtype)
+            if e:
+                self.fn("edge")[(triton.cdiv(e, meta["B"]),)](x, y, h, w, g, gy, gh, graph.src, graph.dst, e,
+                                                               NEED_Y=need_y, NEED_H=need_h, **meta)
+            gy, gh = (gy if need_y else None), (gh if need_h else None)
+        if need_w:
+            meta = self._meta("gw", x.dtype)
+            blocks = triton.cdiv(max(e, 1), meta["B"])
+            chunks = max(1, min(blocks, 4 * _num_sms(x.device) // max(1, len(self.paths))))
+            chunk = triton.cdiv(blocks, chunks) * meta["B"]
+            chunks = triton.cdiv(max(e, 1), chunk)
+            part = torch.zeros((chunks, self.hidden, self.dims["WN"]), dtype=x.dtype, device=x.device)
+            if e:
+                self.fn("gw")[(chunks, len(self.paths))](x, y, h, g, part, graph.src, graph.dst, e, chunk, **meta)
+            gw = part.sum(0)
+        return gx, gy, gh, gw
+
+
+def _poison() -> bool:
+    return os.environ.get("EQUIKERNELS_POISON") == "1"
+
+
+def _buffer(shape, like):
+    if _poison():
+        return torch.full(shape, float("nan"), dtype=like.dtype, device=like.device)
+    return torch.empty(shape, dtype=like.dtype, device=like.device)
+
+
+def kernels_for(plan, hidden: int) -> RadialConvKernels:
+    cache = plan.__dict__.setdefault("_rconv_kernels", {})
+    if hidden not in cache:
+        cache[hidden] = RadialConvKernels(plan, hidden)
+    return cache[hidden]

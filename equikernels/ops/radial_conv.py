@@ -1,0 +1,140 @@
+"""Convolution with the radial MLP's last layer fused in:
+
+    radial_conv(problem, x, y, h, weight, graph) == tensor_product_conv(problem, x, y, h @ weight, graph)
+
+``h`` [E, H] is the radial MLP's last hidden activation (times the cutoff: the last layer is linear,
+so ``(h3 @ W) * cutoff == (h3 * cutoff) @ W``), ``weight`` [H, weight_numel] its last layer (already
+divided by sqrt(fan_in)). The fused kernels (codegen/radial_conv.py) form the per-edge weights in
+registers and never write the [E, weight_numel] tensor, forward or backward.
+
+When: the triton backend, float32/float64 operands of one dtype, a problem the generator takes
+(channel-wise MACE convolutions; ``codegen.radial_conv.paths_of``), eager execution. Otherwise the
+same value is computed unfused (``h @ weight`` then ``tensor_product_conv``), differentiable to any
+order. The first backward runs the fused kernels; a backward that is itself being recorded (force
+training: ``create_graph=True``) is composed from differentiable ops (the unfused convolution's
+backward with ``w = h @ weight`` recomputed), so every higher derivative is exact.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..problem import TPProblem
+from .conv import ConvGraph, tensor_product_conv
+from .conv_fused import _Conv, cbwd
+from .tp import _check_same, _eager, autocast_dtype, plan_of, resolve_backend, spec_of
+
+KERNEL_DTYPES = (torch.float32, torch.float64)
+
+
+def fusable(problem: TPProblem, hidden: int, layout: str = "mul_ir") -> Optional[str]:
+    """None if the fused kernels take this problem and hidden width, else the reason."""
+    from ..codegen.radial_conv import _pow2, paths_of  # noqa: PLC0415 (Triton imported on demand)
+    paths, why = paths_of(plan_of(spec_of(problem, layout)))
+    if paths is None:
+        return why
+    if not _pow2(hidden):
+        return f"hidden width {hidden} is not a power of two >= 16"
+    return None
+
+
+class _Static:
+    """Not a tensor: autograd skips it."""
+    __slots__ = ("kernels", "conv", "graph")
+
+    def __init__(self, kernels, conv, graph):
+        self.kernels, self.conv, self.graph = kernels, conv, graph
+
+
+class _RadialConv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y, h, w, st: _Static):
+        ctx.save_for_backward(x, y, h, w)
+        ctx.st = st
+        return st.kernels.forward(x, y, h, w, st.graph)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y, h, w = ctx.saved_tensors
+        nx, ny, nh, nw = ctx.needs_input_grad[:4]
+        st, g = ctx.st, g.contiguous()
+        if torch.is_grad_enabled():  # a higher derivative is being recorded: differentiable ops
+            gx, gy, gh, gw = _composed_grads(st.conv, x, y, h, w, g, (nx, ny, nh, nw))
+        else:
+            gx, gy, gh, gw = st.kernels.backward(x, y, h, w, g, st.graph, nx, ny, nh, nw)
+        return gx, gy, gh, gw, None
+
+
+def _composed_grads(conv: _Conv, x, y, h, w, g, flags):
+    nx, ny, nh, nw = flags
+    names = "".join(n for n, f in zip("xyw", (nx, ny, nh or nw)) if f)
+    if not names:
+        return None, None, None, None
+    gx, gy, gwe = cbwd(conv, x, y, h @ w, g, names)
+    gh = gwe @ w.t() if nh else None
+    gW = h.t() @ gwe if nw else None
+    return (gx if nx else None), (gy if ny else None), gh, gW
+
+
+def radial_conv(problem: TPProblem, x: Tensor, y: Tensor, h: Tensor, weight: Tensor, graph: ConvGraph, *,
+                layout: str = "mul_ir", backend: Optional[str] = None, fused: Optional[bool] = None) -> Tensor:
+    """out[n] = sum over edges e with dst[e] == n of TP(x[src[e]], y[e], h[e] @ weight).
+
+    x: [N, dim_in1] node features; y: [E, dim_in2] edge features; h: [E, H] per-edge hidden
+    features; weight: [H, weight_numel]; graph: ``ConvGraph.build(src, dst, N)``. ``fused``: None =
+    fused whenever the kernels take the call (``EQUIKERNELS_RADIAL_CONV=0`` turns that off), False
+    = always unfused, True = fused or a ValueError saying why not."""
+    if not isinstance(graph, ConvGraph):
+        raise TypeError(f"graph: expected a ConvGraph (ConvGraph.build), got {type(graph).__name__}")
+    if problem.shared_weights or not problem.weight_numel:
+        raise ValueError("problem: radial_conv needs per-edge weights (shared_weights=False, weight_numel > 0)")
+    for name, t in (("h", h), ("weight", weight)):
+        if not isinstance(t, Tensor) or t.dim() != 2:
+            raise ValueError(f"{name}: expected a 2-d tensor, got "
+                             f"{tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__}")
+    if h.shape[0] != graph.num_edges:
+        raise ValueError(f"h: expected one row per edge ({graph.num_edges}), got {h.shape[0]}")
+    if weight.shape != (h.shape[1], problem.weight_numel):
+        raise ValueError(f"weight: expected shape ({h.shape[1]}, {problem.weight_numel}) "
+                         f"(h's width, the problem's weight_numel), got {tuple(weight.shape)}")
+    _check_same("h", h, x)
+    _check_same("weight", weight, x)
+    be = resolve_backend(backend, x.device)
+    why = _why_unfused(problem, x, y, h, weight, layout, be)
+    if fused is None:
+        fused = os.environ.get("EQUIKERNELS_RADIAL_CONV", "1") != "0" and why is None
+    elif fused and why is not None:
+        raise ValueError(f"fused=True: the fused radial convolution does not take this call ({why})")
+    if not fused:
+        return tensor_product_conv(problem, x, y, h @ weight, graph.src, graph.dst, graph.num_nodes, graph=graph,
+                                   layout=layout, backend=be, validate=False)
+    from ..codegen.radial_conv import kernels_for  # noqa: PLC0415
+    plan = plan_of(spec_of(problem, layout))
+    st = _Static(kernels_for(plan, h.shape[1]), _Conv(spec_of(problem, layout), graph, "deterministic", be, None, plan),
+                 graph)
+    return _RadialConv.apply(x.contiguous(), y.contiguous(), h.contiguous(), weight.contiguous(), st)
+
+
+def fused_available(problem: TPProblem, hidden: int, x: Tensor, layout: str = "mul_ir",
+                    backend: Optional[str] = None) -> bool:
+    """Whether ``radial_conv`` can run fused for node features like ``x`` (cheap: no kernel built)."""
+    if resolve_backend(backend, x.device) != "triton" or x.dtype not in KERNEL_DTYPES or not _eager(x):
+        return False
+    if problem.shared_weights or not problem.weight_numel:
+        return False
+    return fusable(problem, hidden, layout) is None
+
+
+def _why_unfused(problem, x, y, h, weight, layout, backend) -> Optional[str]:
+    if backend != "triton":
+        return "reference backend"
+    if not _eager(x, y, h, weight):
+        return "traced (torch.compile / export use the unfused custom ops)"
+    if x.dtype not in KERNEL_DTYPES or any(t.dtype != x.dtype for t in (y, h, weight)):
+        return "operands must all be float32 or all float64"
+    if autocast_dtype(x) is not None:
+        return "autocast"
+    return fusable(problem, h.shape[1], layout)
