@@ -211,30 +211,42 @@ def gen_gx(paths: List[RPath], layout: str) -> str:
             _edge_loop_head(s, 3, True, "dst_ptr")
             s("wb = tl.dot(hb.to(DT), wt, input_precision=PREC, out_dtype=DT)", 3)
             _load_y(s, 3, p)
-            ks = sorted({k for _, _, k, _ in p.entries})
-            _load_seg(s, 3, layout, "g", "g_ptr", "o", "DO", p.out, ks)
-            for k in ks:
+            # one g component live at a time (k outer): registers hold the partial sums t_i only
+            started = set()
+            for k in sorted({k for _, _, k, _ in p.entries}):
+                _load_seg(s, 3, layout, "g", "g_ptr", "o", "DO", p.out, [k])
                 s(f"g{k} = g{k} * wb", 3)
-            for i in sorted({i for i, _, _, _ in p.entries}):
-                terms = [f"g{k} * ({_coef_terms(p, (i, k))})[:, None]" for ii, k in _pairs(p) if ii == i]
-                s(f"a{i} += tl.sum({' + '.join(terms)}, axis=0)", 3)
+                for i, kk in _pairs(p):
+                    if kk == k:
+                        term = f"g{k} * ({_coef_terms(p, (i, k))})[:, None]"
+                        s(f"t{i} = {term}" if i not in started else f"t{i} += {term}", 3)
+                        started.add(i)
+            for i in sorted(started):
+                s(f"a{i} += tl.sum(t{i}, axis=0)", 3)
         for i in range(seg[2]):
             s(f"tl.store(gx_ptr + n * DX + {_addr(layout, seg, i, 'ru')}, a{i})", 2)
     return "\n".join(s.lines) + "\n"
 
 
-def _gw_block(s: _Src, ind: int, p: RPath, layout: str):
-    """gw_p [B, MUL] = sum_ijk C x_i y_j g_k for the current edge block (x, g gathered)."""
+def _gw_block(s: _Src, ind: int, p: RPath, layout: str, gy: bool):
+    """gw [B, MUL] = sum_ijk C x_i y_j g_k for the current edge block (x, g gathered); with ``gy``
+    also r{i}_{k} = sum_u x_i g_k wb (wb = h @ W_p must exist). One g component live at a time."""
     _load_y(s, ind, p)
     xs = sorted({i for i, _, _, _ in p.entries})
-    ks = sorted({k for _, _, k, _ in p.entries})
     _load_seg(s, ind, layout, "x", "x_ptr", "sr", "DX", p.x, xs)
-    _load_seg(s, ind, layout, "g", "g_ptr", "ds", "DO", p.out, ks)
-    pairs = _pairs(p)
-    for i, k in pairs:
-        s(f"q{i}_{k} = x{i} * g{k}", ind)
-    s("gw = " + " + ".join(f"q{i}_{k} * ({_coef_terms(p, (i, k))})[:, None]" for i, k in pairs), ind)
-    return pairs
+    first = True
+    for k in sorted({k for _, _, k, _ in p.entries}):
+        _load_seg(s, ind, layout, "g", "g_ptr", "ds", "DO", p.out, [k])
+        if gy:
+            s(f"gb{k} = g{k} * wb", ind)
+        for i, kk in _pairs(p):
+            if kk != k:
+                continue
+            term = f"x{i} * g{k} * ({_coef_terms(p, (i, k))})[:, None]"
+            s(f"gw = {term}" if first else f"gw += {term}", ind)
+            first = False
+            if gy:
+                s(f"r{i}_{k} = tl.sum(x{i} * gb{k}, axis=1)", ind)
 
 
 def gen_edge(paths: List[RPath], layout: str, dy: int) -> str:
@@ -255,16 +267,18 @@ def gen_edge(paths: List[RPath], layout: str, dy: int) -> str:
     for q, p in enumerate(paths):
         s(f"# path {q}")
         _w_tile(s, 1, p)
-        pairs = _gw_block(s, 1, p, layout)
-        s("if NEED_H:")
-        s("gh += tl.dot(gw, tl.trans(wt), input_precision=PREC, out_dtype=DT)", 2)
+        # NEED_Y / NEED_H are constexprs: the untaken branch costs nothing
         s("if NEED_Y:")
         s("wb = tl.dot(hb, wt, input_precision=PREC, out_dtype=DT)", 2)
-        for i, k in pairs:
-            s(f"r{i}_{k} = tl.sum(q{i}_{k} * wb, axis=1)", 2)
+        _gw_block(s, 2, p, layout, True)
         for j in sorted({j for _, j, _, _ in p.entries}):
             terms = [f"{_lit(c)} * r{i}_{k}" for i, jj, k, c in p.entries if jj == j]
             s(f"b{p.y[0] + j} += {' + '.join(terms)}", 2)
+        s("if NEED_H:", 2)
+        s("gh += tl.dot(gw, tl.trans(wt), input_precision=PREC, out_dtype=DT)", 3)
+        s("else:")
+        _gw_block(s, 2, p, layout, False)
+        s("gh += tl.dot(gw, tl.trans(wt), input_precision=PREC, out_dtype=DT)", 2)
     s("if NEED_H:")
     s("tl.store(gh_ptr + e[:, None] * H + rh[None, :], gh, mask=m[:, None])", 2)
     s("if NEED_Y:")
@@ -293,7 +307,7 @@ def gen_gw(paths: List[RPath], layout: str) -> str:
         s("sr = tl.load(src_ptr + e, mask=m, other=0)", 3)
         s("ds = tl.load(dst_ptr + e, mask=m, other=0)", 3)
         s("hb = tl.load(h_ptr + e[:, None] * H + rh[None, :], mask=m[:, None], other=0.0).to(DT)", 3)
-        _gw_block(s, 3, p, layout)
+        _gw_block(s, 3, p, layout, False)
         s("acc += tl.dot(tl.trans(hb), gw, input_precision=PREC, out_dtype=DT)", 3)
         s(f"tl.store(part_ptr + c * H * WN + rh[:, None] * WN + ({p.woff} + ru)[None, :], acc)", 2)
     return "\n".join(s.lines) + "\n"
