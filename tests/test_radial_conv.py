@@ -168,3 +168,30 @@ def test_standard_problems_gpu(name, dtype):
     gout = mk(n, p.dim_out)
     for a, b in zip(torch.autograd.grad(out, ins, gout.to(dtype)), torch.autograd.grad(ref, ref_in, gout)):
         assert rel_err(a, b) < tol
+
+
+def test_weight_gradient_only_when_asked(monkeypatch):
+    """autograd.grad to (x, y, h) alone (forces) skips the weight-gradient kernel; .backward()
+    and autograd.grad to W still get it."""
+    from equikernels.codegen import radial_conv as codegen
+    p = TPProblem.create(**KW)
+    n, e = 5, 20
+    src, dst = awkward_graph(n, e, seed=9)
+    graph = ConvGraph.build(src, dst, n)
+    asked = []
+    real = codegen.RadialConvKernels.backward
+
+    def spy(self, *a):
+        asked.append(a[-4:])
+        return real(self, *a)
+    monkeypatch.setattr(codegen.RadialConvKernels, "backward", spy)
+    x0, y0, h0 = (t.float().requires_grad_() for t in _inputs(p, n, e, seed=10)[:3])
+    W = torch.nn.Parameter(_inputs(p, n, e, seed=10)[3].float())
+    # derived operands, as in a model (a leaf under autograd.grad cannot be asked: kept)
+    x, y, h, Ws = x0 * 1, y0 * 1, h0 * 1, W / 2
+    out = radial_conv(p, x, y, h, Ws, graph, backend="triton", fused=True)
+    torch.autograd.grad(out.sum(), (y0, h0), retain_graph=True)
+    torch.autograd.grad(out.sum(), (W,), retain_graph=True)
+    out.sum().backward()
+    assert asked == [(False, True, True, False), (False, False, False, True), (True, True, True, True)]
+    assert W.grad is not None and W.grad.abs().sum() > 0

@@ -42,11 +42,43 @@ def fusable(problem: TPProblem, hidden: int, layout: str = "mul_ir") -> Optional
 
 
 class _Static:
-    """Not a tensor: autograd skips it."""
-    __slots__ = ("kernels", "conv", "graph")
+    """Not a tensor: autograd skips it. ``nodes``: the autograd nodes that receive each input's
+    gradient (None where it needs none)."""
+    __slots__ = ("kernels", "conv", "graph", "nodes")
 
-    def __init__(self, kernels, conv, graph):
-        self.kernels, self.conv, self.graph = kernels, conv, graph
+    def __init__(self, kernels, conv, graph, nodes=()):
+        self.kernels, self.conv, self.graph, self.nodes = kernels, conv, graph, nodes
+
+
+def _grad_node(t: Tensor):
+    """The node a gradient for ``t`` flows into (its grad_fn, or a leaf's AccumulateGrad)."""
+    if not t.requires_grad:
+        return None
+    if t.grad_fn is not None:
+        return t.grad_fn
+    with torch.enable_grad():
+        return t.view_as(t).grad_fn.next_functions[0][0]
+
+
+def _wanted(st: _Static, flags):
+    """needs_input_grad narrowed to what this backward pass will use: ``autograd.grad(E, positions)``
+    of a model whose weights require grad does not want the weight gradient (forces in MD), and
+    the fused weight-gradient kernel is then skipped, as autograd skips the unfused path's matmul."""
+    try:
+        if torch._C._current_graph_task_id() == -1 or len(st.nodes) != len(flags):
+            return flags
+    except AttributeError:  # private API; keep every gradient when it is unavailable
+        return flags
+    return tuple(f and _executes(n) for f, n in zip(flags, st.nodes))
+
+
+def _executes(node) -> bool:
+    if node is None:
+        return False
+    try:
+        return bool(torch._C._will_engine_execute_node(node))
+    except RuntimeError:  # a leaf under autograd.grad(): not answerable, assume wanted
+        return True
 
 
 class _RadialConv(torch.autograd.Function):
@@ -59,8 +91,8 @@ class _RadialConv(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         x, y, h, w = ctx.saved_tensors
-        nx, ny, nh, nw = ctx.needs_input_grad[:4]
         st, g = ctx.st, g.contiguous()
+        nx, ny, nh, nw = _wanted(st, ctx.needs_input_grad[:4])
         if torch.is_grad_enabled():  # a higher derivative is being recorded: differentiable ops
             gx, gy, gh, gw = _composed_grads(st.conv, x, y, h, w, g, (nx, ny, nh, nw))
         else:
@@ -113,9 +145,11 @@ def radial_conv(problem: TPProblem, x: Tensor, y: Tensor, h: Tensor, weight: Ten
                                    layout=layout, backend=be, validate=False)
     from ..codegen.radial_conv import kernels_for  # noqa: PLC0415
     plan = plan_of(spec_of(problem, layout))
+    ins = (x.contiguous(), y.contiguous(), h.contiguous(), weight.contiguous())
+    nodes = tuple(_grad_node(t) for t in ins) if torch.is_grad_enabled() else ()
     st = _Static(kernels_for(plan, h.shape[1]), _Conv(spec_of(problem, layout), graph, "deterministic", be, None, plan),
-                 graph)
-    return _RadialConv.apply(x.contiguous(), y.contiguous(), h.contiguous(), weight.contiguous(), st)
+                 graph, nodes)
+    return _RadialConv.apply(*ins, st)
 
 
 def fused_available(problem: TPProblem, hidden: int, x: Tensor, layout: str = "mul_ir",
