@@ -13,7 +13,7 @@ from ..nn.linear import Linear
 from ..ops.conv import ConvGraph, tensor_product_conv
 from ..ops.radial_conv import fused_available, radial_conv
 from ..problem import TPProblem
-from .chunked import EdgeChunk, chunked_edge_conv, edge_weights, resolve_edge_chunk
+from .chunked import EdgeChunk, chunked_edge_conv, edge_chunk_setting, edge_weights, resolve_edge_chunk
 from .element_linear import ElementGroups, ElementLinear
 from .radial import GATES, RadialMLP
 from .radial_fusion import choose_radial_fusion
@@ -69,10 +69,11 @@ class InteractionBlock(nn.Module):
         sc = self.skip(node_feats, groups) if self.residual else None
         h = self.linear_up(node_feats)
         fused = self._radial_fused(h, edge_attrs, edge_feats, cutoff, graph)
-        # large graphs: the per-edge part a chunk of destinations at a time, recomputed in the backward
-        # (fused: no per-edge weights; the MLP's saved activations, ~4 x hidden floats per edge, count)
-        per_edge = 4 * self.radial_mlp.hs[-2] if fused else self.problem.weight_numel
-        chunk = resolve_edge_chunk(self.edge_chunk, graph.num_edges, per_edge, h.element_size())
+        # large graphs: the per-edge part a chunk of destinations at a time, recomputed in the backward.
+        # The "auto" rule counts the per-edge weights, which the fused convolution never stores: it
+        # chunks only when asked for explicitly (then unfused inside the chunks)
+        chunk = 0 if fused and edge_chunk_setting(self.edge_chunk) == "auto" else resolve_edge_chunk(
+            self.edge_chunk, graph.num_edges, self.problem.weight_numel, h.element_size())
         if chunk:
             msg = chunked_edge_conv(self.problem, self.radial_mlp, h, edge_attrs, edge_feats, cutoff, graph, chunk,
                                     self.layout)
