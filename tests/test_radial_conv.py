@@ -148,8 +148,7 @@ def test_errors():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["mace-mp-medium-L2", "mace-large"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name,dtype", [("mace-mp-medium-L2", torch.float32), ("mace-large", torch.float64)])
 def test_standard_problems_gpu(name, dtype):
     from equikernels.catalog import problem as catalog_problem
     p = catalog_problem(name)

@@ -14,8 +14,8 @@ convolution). The kernels own one path's weight slice W_p [H, MUL] each, loaded 
   messages in registers and writes out[n, segment p] once: deterministic, no atomics.
 - ``gx``: program (node n, input segment s) walks n's outgoing edges (src order); the paths reading
   segment s run one after the other, each with its W_p, into one register sum; written once.
-- ``edge``: program (block of B edges): every path in turn (W_p re-read from L2), summing gy and
-  gh = sum_p gw_p @ W_p^T in registers; written once per edge.
+- ``edge``: program (node n) owns n's incoming edges and runs every path in turn over them, adding
+  its part of gy and gh = sum_p gw_p @ W_p^T into those edge rows (no atomics: one owner per row).
 - ``gW``: program (edge chunk, path p): sum over the chunk of h^T gw_p in registers, one partial
   per chunk (summed by the caller in a fixed order).
 
@@ -250,40 +250,55 @@ def _gw_block(s: _Src, ind: int, p: RPath, layout: str, gy: bool):
 
 
 def gen_edge(paths: List[RPath], layout: str, dy: int) -> str:
+    """gy and gh. Program n owns node n's incoming edges (dst order) and runs the paths one after the
+    other, each a loop over those edges that adds its part into the edge rows of gh / gy (the first
+    path to reach a gh row stores it; gy is zero-filled by the caller). Rows are owned by one
+    program, so no atomics, a fixed order, and a barrier between paths orders the read-modify-writes.
+    g[n] is one row per program: read once per path. (All paths in straight-line code per edge
+    block, keeping gh in registers, took Triton 3.6 + ptxas minutes to compile for MACE-MP's 10
+    paths, with tens of kB of spills.)"""
     s = _Src()
     s("@triton.jit", 0)
-    s(f"def rconv_edge(x_ptr, y_ptr, h_ptr, w_ptr, g_ptr, gy_ptr, gh_ptr, src_ptr, dst_ptr, E, {HEADER}, "
+    s(f"def rconv_edge(x_ptr, y_ptr, h_ptr, w_ptr, g_ptr, gy_ptr, gh_ptr, src_ptr, perm_ptr, ptr_ptr, {HEADER}, "
       "NEED_Y: tl.constexpr, NEED_H: tl.constexpr):", 0)
+    s("n = tl.program_id(0).to(tl.int64)")
+    s("start = tl.load(ptr_ptr + n)")
+    s("end = tl.load(ptr_ptr + n + 1)")
     s("rb = tl.arange(0, B)")
     s("rh = tl.arange(0, H)")
-    s("e = tl.program_id(0).to(tl.int64) * B + rb")
-    s("m = e < E")
-    s("sr = tl.load(src_ptr + e, mask=m, other=0)")
-    s("ds = tl.load(dst_ptr + e, mask=m, other=0)")
-    s("hb = tl.load(h_ptr + e[:, None] * H + rh[None, :], mask=m[:, None], other=0.0).to(DT)")
-    s("gh = tl.zeros([B, H], dtype=DT)")
-    for j in range(dy):
-        s(f"b{j} = tl.zeros([B], dtype=DT)")
     for q, p in enumerate(paths):
+        if q:
+            s("tl.debug_barrier()")
         s(f"# path {q}")
         _w_tile(s, 1, p)
-        # NEED_Y / NEED_H are constexprs: the untaken branch costs nothing
-        s("if NEED_Y:")
-        s("wb = tl.dot(hb, wt, input_precision=PREC, out_dtype=DT)", 2)
-        _gw_block(s, 2, p, layout, True)
+        ks = sorted({k for _, _, k, _ in p.entries})
+        for k in ks:
+            s(f"g{k} = tl.load(g_ptr + n * DO + {_addr(layout, p.out, k, 'ru')}).to(DT)")
+        s("for e0 in range(start, end, B):")
+        _edge_loop_head(s, 2, True, "src_ptr")
+        _load_y(s, 2, p)
+        xs = sorted({i for i, _, _, _ in p.entries})
+        _load_seg(s, 2, layout, "x", "x_ptr", "o", "DX", p.x, xs)
+        s("if NEED_Y:", 2)
+        s("wb = tl.dot(hb.to(DT), wt, input_precision=PREC, out_dtype=DT)", 3)
+        pairs = _pairs(p)
+        for k in ks:  # one g * wb tile live at a time
+            s(f"gb = g{k}[None, :] * wb", 3)
+            for i, kk in pairs:
+                if kk == k:
+                    s(f"r{i}_{k} = tl.sum(x{i} * gb, axis=1)", 3)
         for j in sorted({j for _, j, _, _ in p.entries}):
             terms = [f"{_lit(c)} * r{i}_{k}" for i, jj, k, c in p.entries if jj == j]
-            s(f"b{p.y[0] + j} += {' + '.join(terms)}", 2)
+            s(f"yp = gy_ptr + e * DY + {p.y[0] + j}", 3)
+            s(f"tl.store(yp, tl.load(yp, mask=m, other=0.0) + {' + '.join(terms)}, mask=m)", 3)
         s("if NEED_H:", 2)
-        s("gh += tl.dot(gw, tl.trans(wt), input_precision=PREC, out_dtype=DT)", 3)
-        s("else:")
-        _gw_block(s, 2, p, layout, False)
-        s("gh += tl.dot(gw, tl.trans(wt), input_precision=PREC, out_dtype=DT)", 2)
-    s("if NEED_H:")
-    s("tl.store(gh_ptr + e[:, None] * H + rh[None, :], gh, mask=m[:, None])", 2)
-    s("if NEED_Y:")
-    for j in range(dy):
-        s(f"tl.store(gy_ptr + e * DY + {j}, b{j}, mask=m)", 2)
+        s("gw = " + " + ".join(f"x{i} * (g{k}[None, :] * ({_coef_terms(p, (i, k))})[:, None])" for i, k in pairs), 3)
+        s("gb = tl.dot(gw, tl.trans(wt), input_precision=PREC, out_dtype=DT)", 3)
+        s("hp = gh_ptr + e[:, None] * H + rh[None, :]", 3)
+        if q == 0:
+            s("tl.store(hp, gb, mask=m[:, None])", 3)
+        else:
+            s("tl.store(hp, tl.load(hp, mask=m[:, None], other=0.0) + gb, mask=m[:, None])", 3)
     return "\n".join(s.lines) + "\n"
 
 
@@ -325,7 +340,7 @@ PRECISIONS = ("ieee", "tf32x3", "tf32")
 
 def default_config(kind: str, dtype: torch.dtype) -> RConfig:
     """EQUIKERNELS_RCONV_BLOCK / _WARPS / _PRECISION override (block >= 16: tl.dot's minimum)."""
-    block = int(os.environ.get("EQUIKERNELS_RCONV_BLOCK", 32 if kind == "edge" else 16))
+    block = int(os.environ.get("EQUIKERNELS_RCONV_BLOCK", 16))
     warps = int(os.environ.get("EQUIKERNELS_RCONV_WARPS", 4))
     prec = os.environ.get("EQUIKERNELS_RCONV_PRECISION", "tf32x3")
     if prec not in PRECISIONS:
@@ -391,12 +406,13 @@ class RadialConvKernels:
                 self.fn("gx")[(n, len(self.x_groups))](g, y, h, w, gx, graph.dst, graph.perm_src, graph.ptr_src,
                                                        **self._meta("gx", x.dtype))
         if need_y or need_h:
-            gy = _buffer(y.shape, y) if need_y else y.new_empty(0)
+            gy = torch.zeros(y.shape, dtype=y.dtype, device=y.device) if need_y else y.new_empty(0)
             gh = _buffer(h.shape, h) if need_h else h.new_empty(0)
-            meta = self._meta("edge", x.dtype)
             if e:
-                self.fn("edge")[(triton.cdiv(e, meta["B"]),)](x, y, h, w, g, gy, gh, graph.src, graph.dst, e,
-                                                               NEED_Y=need_y, NEED_H=need_h, **meta)
+                self.fn("edge")[(n,)](x, y, h, w, g, gy, gh, graph.src, graph.perm_dst, graph.ptr_dst,
+                                      NEED_Y=need_y, NEED_H=need_h, **self._meta("edge", x.dtype))
+            elif need_h:
+                gh.zero_()
             gy, gh = (gy if need_y else None), (gh if need_h else None)
         if need_w:
             meta = self._meta("gw", x.dtype)
