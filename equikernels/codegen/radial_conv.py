@@ -333,13 +333,14 @@ class RConfig:
     block: int       # edges per step
     warps: int
     precision: str   # float32 tl.dot precision: ieee | tf32x3 | tf32
+    stages: int      # software-pipelining depth of the edge loops
 
 
 PRECISIONS = ("ieee", "tf32x3", "tf32")
 
 
 def default_config(kind: str, dtype: torch.dtype) -> RConfig:
-    """EQUIKERNELS_RCONV_BLOCK / _WARPS / _PRECISION override (block >= 16: tl.dot's minimum)."""
+    """EQUIKERNELS_RCONV_BLOCK / _WARPS / _PRECISION / _STAGES override (block >= 16: tl.dot's minimum)."""
     block = int(os.environ.get("EQUIKERNELS_RCONV_BLOCK", 16))
     warps = int(os.environ.get("EQUIKERNELS_RCONV_WARPS", 4))
     prec = os.environ.get("EQUIKERNELS_RCONV_PRECISION", "tf32x3")
@@ -347,7 +348,8 @@ def default_config(kind: str, dtype: torch.dtype) -> RConfig:
         raise ValueError(f"EQUIKERNELS_RCONV_PRECISION: expected one of {PRECISIONS}, got {prec!r}")
     if block < 16 or block & (block - 1):
         raise ValueError(f"EQUIKERNELS_RCONV_BLOCK: expected a power of two >= 16, got {block}")
-    return RConfig(block, warps, "ieee" if dtype == torch.float64 else prec)
+    stages = int(os.environ.get("EQUIKERNELS_RCONV_STAGES", 3))
+    return RConfig(block, warps, "ieee" if dtype == torch.float64 else prec, stages)
 
 
 class RadialConvKernels:
@@ -383,7 +385,8 @@ class RadialConvKernels:
 
     def _meta(self, kind: str, dtype: torch.dtype) -> dict:
         cfg = default_config(kind, dtype)
-        return dict(B=cfg.block, DT=_DT[dtype], PREC=cfg.precision, num_warps=cfg.warps, **self.dims)
+        return dict(B=cfg.block, DT=_DT[dtype], PREC=cfg.precision, num_warps=cfg.warps, num_stages=cfg.stages,
+                    **self.dims)
 
     def forward(self, x, y, h, w, graph):
         n = graph.num_nodes
