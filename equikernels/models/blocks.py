@@ -106,8 +106,9 @@ class InteractionBlock(nn.Module):
                       cutoff: Optional[torch.Tensor], graph: ConvGraph) -> bool:
         """Whether this call runs the convolution with the radial MLP's last layer fused in
         (ops.radial_conv): ``radial_fusion`` (attribute, not saved) or EQUIKERNELS_RADIAL_CONV =
-        "auto" (default: fused when the kernels take the call and, with the autotuner on, it measured
-        faster for this graph size), "1" (whenever the kernels take it) or "0" (never)."""
+        "auto" (default: with the autotuner on, whichever measured faster for this graph size; else
+        ``radial_fusion.DEFAULT_FUSED``, unfused: slower on an H200 so far, though it stores no
+        per-edge weights), "1" (whenever the kernels take it: the memory-lean path) or "0" (never)."""
         setting = self.radial_fusion or os.environ.get("EQUIKERNELS_RADIAL_CONV", "auto")
         if setting not in ("auto", "0", "1"):
             raise ValueError(f"radial_fusion / EQUIKERNELS_RADIAL_CONV: expected 'auto', '0' or '1', got {setting!r}")

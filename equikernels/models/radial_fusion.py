@@ -16,8 +16,9 @@ from .. import tune
 from ..ops.conv import ConvGraph, tensor_product_conv
 from ..ops.radial_conv import radial_conv
 
-# heuristic without the tuner: measured on an H200 (benchmarks/results/session7_20261124)
-DEFAULT_FUSED = True
+# heuristic without the tuner: the fused kernels measured slower than the unfused path on an H200
+# (MACE-MP medium layer 2, 10,192 Cu atoms, E+F: 60.2 vs 13.6 ms; benchmarks/results/session7_20261124)
+DEFAULT_FUSED = False
 
 
 def _edge_part(block, h, edge_attrs, edge_feats, cutoff, graph: ConvGraph, fused: bool) -> torch.Tensor:
