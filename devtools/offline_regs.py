@@ -39,14 +39,20 @@ def stats(path: str, rows: int, warps: int, dt: str):
                                                   "PREC": "ieee"}[name]
     k = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": warps, "num_stages": 1})
+    regs, spill, _ = ptxas_report(k)
+    return regs, spill
+
+
+def ptxas_report(kernel):
+    """(registers, spill-store bytes, ptxas -v text) of a kernel compiled for sm_90."""
     from triton.backends.nvidia.compiler import get_ptxas  # noqa: PLC0415
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(k.asm["ptx"])
+        f.write(kernel.asm["ptx"])
     out = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
                          capture_output=True, text=True).stderr
     regs = re.search(r"Used (\d+) registers", out)
     spill = re.search(r"(\d+) bytes spill stores", out)
-    return int(regs.group(1)) if regs else None, int(spill.group(1)) if spill else 0
+    return int(regs.group(1)) if regs else None, int(spill.group(1)) if spill else 0, out
 
 
 if __name__ == "__main__":

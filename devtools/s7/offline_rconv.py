@@ -1,17 +1,18 @@
 """Compile the fused radial-conv kernels for sm_90 without a GPU (Triton's ptxas): time, registers,
 spills. usage: python devtools/s7/offline_rconv.py PROBLEM KIND [B] [WARPS] [PREC] [STAGES]"""
 import os
-import re
-import subprocess
 import sys
-import tempfile
 import time
+from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from offline_regs import ptxas_report  # noqa: E402
 
 from equikernels.catalog import problem as catalog_problem  # noqa: E402
 from equikernels.ops.tp import plan_of, spec_of  # noqa: E402
@@ -40,14 +41,9 @@ t0 = time.perf_counter()
 k = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
                    options={"num_warps": warps, "num_stages": stages})
 dt = time.perf_counter() - t0
-from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
-with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-    f.write(k.asm["ptx"])
-out = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
-                     capture_output=True, text=True).stderr
-regs = re.search(r"Used (\d+) registers", out)
-spill = re.search(r"(\d+) bytes spill stores", out)
+regs, spill, out = ptxas_report(k)
 smem = k.metadata.shared
-if os.environ.get("VERBOSE"): print(out)
-print(f"{name} {kind} B={B} warps={warps} {prec} stages={stages}: compile {dt:.1f}s regs {regs and regs.group(1)} "
-      f"spill {spill and spill.group(1)} smem {smem}")
+if os.environ.get("VERBOSE"):
+    print(out)
+print(f"{name} {kind} B={B} warps={warps} {prec} stages={stages}: compile {dt:.1f}s regs {regs} "
+      f"spill {spill} smem {smem}")

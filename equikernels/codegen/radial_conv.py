@@ -114,16 +114,24 @@ def _pairs(p: RPath) -> List[Tuple[int, int]]:
     return seen
 
 
-def _edge_loop_head(src: _Src, ind: int, perm: bool, other_ptr: Optional[str]):
-    """Inside ``for e0 in range(start, end, B)``: edge ids e (and the other endpoint o)."""
+def _node_prologue(src: _Src, second: Optional[str]):
+    """Program = node n (and ``second`` = program_id(1) if given): n's edge range in CSR order."""
+    src("n = tl.program_id(0).to(tl.int64)")
+    if second:
+        src(f"{second} = tl.program_id(1)")
+    src("start = tl.load(ptr_ptr + n)")
+    src("end = tl.load(ptr_ptr + n + 1)")
+    src("rb = tl.arange(0, B)")
+    src("rh = tl.arange(0, H)")
+
+
+def _edge_loop_head(src: _Src, ind: int, other_ptr: str):
+    """Inside ``for e0 in range(start, end, B)``: edge ids e (through the CSR permutation), the other
+    endpoint o and the hidden rows hb."""
     src("r = e0 + rb", ind)
     src("m = r < end", ind)
-    if perm:
-        src("e = tl.load(perm_ptr + r, mask=m, other=0)", ind)
-    else:
-        src("e = r", ind)
-    if other_ptr:
-        src(f"o = tl.load({other_ptr} + e, mask=m, other=0)", ind)
+    src("e = tl.load(perm_ptr + r, mask=m, other=0)", ind)
+    src(f"o = tl.load({other_ptr} + e, mask=m, other=0)", ind)
     src("hb = tl.load(h_ptr + e[:, None] * H + rh[None, :], mask=m[:, None], other=0.0)", ind)
 
 
@@ -153,12 +161,7 @@ def gen_fwd(paths: List[RPath], layout: str) -> str:
     s = _Src()
     s("@triton.jit", 0)
     s(f"def rconv_fwd(x_ptr, y_ptr, h_ptr, w_ptr, out_ptr, src_ptr, perm_ptr, ptr_ptr, {HEADER}):", 0)
-    s("n = tl.program_id(0).to(tl.int64)")
-    s("p = tl.program_id(1)")
-    s("start = tl.load(ptr_ptr + n)")
-    s("end = tl.load(ptr_ptr + n + 1)")
-    s("rb = tl.arange(0, B)")
-    s("rh = tl.arange(0, H)")
+    _node_prologue(s, "p")
     for q, p in enumerate(paths):
         s(f"{'if' if q == 0 else 'elif'} p == {q}:")
         _w_tile(s, 2, p)
@@ -166,7 +169,7 @@ def gen_fwd(paths: List[RPath], layout: str) -> str:
         for k in range(p.out[2]):
             s(f"o{k} = tl.zeros([{p.x[1]}], dtype=DT)", 2)
         s("for e0 in range(start, end, B):", 2)
-        _edge_loop_head(s, 3, True, "src_ptr")
+        _edge_loop_head(s, 3, "src_ptr")
         s("wb = tl.dot(hb.to(DT), wt, input_precision=PREC, out_dtype=DT)", 3)
         _load_y(s, 3, p)
         comps = sorted({i for i, _, _, _ in p.entries})
@@ -192,12 +195,7 @@ def gen_gx(paths: List[RPath], layout: str) -> str:
     s = _Src()
     s("@triton.jit", 0)
     s(f"def rconv_gx(g_ptr, y_ptr, h_ptr, w_ptr, gx_ptr, dst_ptr, perm_ptr, ptr_ptr, {HEADER}):", 0)
-    s("n = tl.program_id(0).to(tl.int64)")
-    s("q = tl.program_id(1)")
-    s("start = tl.load(ptr_ptr + n)")
-    s("end = tl.load(ptr_ptr + n + 1)")
-    s("rb = tl.arange(0, B)")
-    s("rh = tl.arange(0, H)")
+    _node_prologue(s, "q")
     for gi, (seg, members) in enumerate(in1_groups(paths)):
         s(f"{'if' if gi == 0 else 'elif'} q == {gi}:")
         s(f"ru = tl.arange(0, {seg[1]})", 2)
@@ -208,7 +206,7 @@ def gen_gx(paths: List[RPath], layout: str) -> str:
             s(f"# path {q}", 2)
             _w_tile(s, 2, p)
             s("for e0 in range(start, end, B):", 2)
-            _edge_loop_head(s, 3, True, "dst_ptr")
+            _edge_loop_head(s, 3, "dst_ptr")
             s("wb = tl.dot(hb.to(DT), wt, input_precision=PREC, out_dtype=DT)", 3)
             _load_y(s, 3, p)
             # one g component live at a time (k outer): registers hold the partial sums t_i only
@@ -261,11 +259,7 @@ def gen_edge(paths: List[RPath], layout: str, dy: int) -> str:
     s("@triton.jit", 0)
     s(f"def rconv_edge(x_ptr, y_ptr, h_ptr, w_ptr, g_ptr, gy_ptr, gh_ptr, src_ptr, perm_ptr, ptr_ptr, {HEADER}, "
       "NEED_Y: tl.constexpr, NEED_H: tl.constexpr):", 0)
-    s("n = tl.program_id(0).to(tl.int64)")
-    s("start = tl.load(ptr_ptr + n)")
-    s("end = tl.load(ptr_ptr + n + 1)")
-    s("rb = tl.arange(0, B)")
-    s("rh = tl.arange(0, H)")
+    _node_prologue(s, None)
     for q, p in enumerate(paths):
         if q:
             s("tl.debug_barrier()")
@@ -275,7 +269,7 @@ def gen_edge(paths: List[RPath], layout: str, dy: int) -> str:
         for k in ks:
             s(f"g{k} = tl.load(g_ptr + n * DO + {_addr(layout, p.out, k, 'ru')}).to(DT)")
         s("for e0 in range(start, end, B):")
-        _edge_loop_head(s, 2, True, "src_ptr")
+        _edge_loop_head(s, 2, "src_ptr")
         _load_y(s, 2, p)
         xs = sorted({i for i, _, _, _ in p.entries})
         _load_seg(s, 2, layout, "x", "x_ptr", "o", "DX", p.x, xs)
