@@ -8,12 +8,14 @@ and never written: the [E, weight_numel] tensor (93 % of the unfused convolution
 MACE-MP medium) disappears from the forward and the backward.
 
 Channel-wise (uvu) paths with ``mul 1`` edge irreps, one path per output segment (MACE's
-convolution). The kernels own one path's weight slice W_p [H, MUL] each, loaded once per program:
+convolution). The kernels own one path's weight slice W_p at a time, loaded once per program:
 
-- ``fwd``: program (node n, path p) walks n's incoming edges (dst order) B at a time, reduces the
-  messages in registers and writes out[n, segment p] once: deterministic, no atomics.
-- ``gx``: program (node n, input segment s) walks n's outgoing edges (src order); the paths reading
-  segment s run one after the other, each with its W_p, into one register sum; written once.
+- ``fwd``: program (path p, group of G destination nodes). Tiles are [channels, edges]: the
+  per-edge weights wb = W_p^T h^T come from the tensor cores (wgmma on Hopper; W_p^T stays in shared
+  memory, split into tf32 hi / lo parts on the host), the messages accumulate per node as 2-d
+  tiles and are summed over the edge axis once per node: deterministic, no atomics.
+- ``gx``: program (input segment s, group of source nodes): the paths reading s run one after the
+  other, the first storing the group's rows, the others adding into them.
 - ``edge``: program (node n) owns n's incoming edges and runs every path in turn over them, adding
   its part of gy and gh = sum_p gw_p @ W_p^T into those edge rows (no atomics: one owner per row).
 - ``gW``: program (edge chunk, path p): sum over the chunk of h^T gw_p in registers, one partial
@@ -155,32 +157,90 @@ def _w_tile(src: _Src, ind: int, p: RPath):
 
 HEADER = "B: tl.constexpr, H: tl.constexpr, DX: tl.constexpr, DY: tl.constexpr, DO: tl.constexpr, " \
          "WN: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr"
+# node-group kernels (fwd, gx): channels along the rows of every tile, edges along the columns
+HEADER_T = HEADER + ", G: tl.constexpr, SPLIT: tl.constexpr"
+
+
+def _wT_tiles(src: _Src, ind: int, p: RPath):
+    """W_p^T [MUL, H] (host-transposed, pre-split into tf32 hi / lo parts when SPLIT): loaded once
+    per program and held across its nodes, the tensor-core A operand of every edge block."""
+    src(f"ru = tl.arange(0, {p.x[1]})", ind)
+    src(f"wrow = ({p.woff} + ru)[:, None] * H + rh[None, :]", ind)
+    src("ahi = tl.load(whi_ptr + wrow).to(DT)", ind)
+    src("if SPLIT:", ind)
+    src("alo = tl.load(wlo_ptr + wrow)", ind + 1)
+
+
+def _wbT(src: _Src, ind: int, other_ptr: str):
+    """Inside the edge loop: edge ids (CSR order), the other endpoint o, and
+    wb [MUL, B] = W_p^T @ h^T, as three tf32 products of hi / lo parts when SPLIT (fp32 accuracy
+    on tensor cores; the parts of W come split from the host)."""
+    src("r = e0 + rb", ind)
+    src("m = r < end", ind)
+    src("e = tl.load(perm_ptr + r, mask=m, other=0)", ind)
+    src(f"o = tl.load({other_ptr} + e, mask=m, other=0)", ind)
+    src("hT = tl.load(h_ptr + e[None, :] * H + rh[:, None], mask=m[None, :], other=0.0).to(DT)", ind)
+    src("if SPLIT:", ind)
+    src("hhi = (hT.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)", ind + 1)
+    src('wb = tl.dot(alo, hhi, input_precision="tf32")', ind + 1)
+    src('wb = tl.dot(ahi, hT - hhi, wb, input_precision="tf32")', ind + 1)
+    src('wb = tl.dot(ahi, hhi, wb, input_precision="tf32")', ind + 1)
+    src("else:", ind)
+    src("wb = tl.dot(ahi, hT, input_precision=PREC, out_dtype=DT)", ind + 1)
+
+
+def _load_yT(src: _Src, ind: int, p: RPath):
+    off, _, dim = p.y
+    for j in sorted({j for _, j, _, _ in p.entries}):
+        src(f"y{j} = tl.load(y_ptr + e * DY + {off + j}, mask=m, other=0.0).to(DT)", ind)
+
+
+def _load_segT(src: _Src, ind: int, layout: str, name: str, ptr: str, stride: str, seg, comps):
+    for c in comps:
+        src(f"{name}{c} = tl.load({ptr} + o[None, :] * {stride} + {_addr(layout, seg, c, 'ru')}[:, None], "
+            f"mask=m[None, :], other=0.0).to(DT)", ind)
+
+
+def _group_prologue(src: _Src):
+    """Program (program_id(0) = path or input segment, program_id(1) = group of G nodes): grid
+    order puts the programs of one node group side by side, so its rows are read from L2."""
+    src("q = tl.program_id(0)")
+    src("n0 = tl.program_id(1).to(tl.int64) * G")
+    src("n1 = tl.minimum(n0 + G, N)")
+    src("rb = tl.arange(0, B)")
+    src("rh = tl.arange(0, H)")
 
 
 def gen_fwd(paths: List[RPath], layout: str) -> str:
+    """Program (path, node group): for each node of the group, its incoming edges B at a time;
+    the messages are accumulated as [MUL, B] tiles (no per-block reduction) and summed over the
+    edge axis once per node; every output row written once, no atomics."""
     s = _Src()
     s("@triton.jit", 0)
-    s(f"def rconv_fwd(x_ptr, y_ptr, h_ptr, w_ptr, out_ptr, src_ptr, perm_ptr, ptr_ptr, {HEADER}):", 0)
-    _node_prologue(s, "p")
+    s(f"def rconv_fwd(x_ptr, y_ptr, h_ptr, whi_ptr, wlo_ptr, out_ptr, src_ptr, perm_ptr, ptr_ptr, N, {HEADER_T}):", 0)
+    _group_prologue(s)
     for q, p in enumerate(paths):
-        s(f"{'if' if q == 0 else 'elif'} p == {q}:")
-        _w_tile(s, 2, p)
+        s(f"{'if' if q == 0 else 'elif'} q == {q}:")
+        _wT_tiles(s, 2, p)
         ks = sorted({k for _, _, k, _ in p.entries})
-        for k in range(p.out[2]):
-            s(f"o{k} = tl.zeros([{p.x[1]}], dtype=DT)", 2)
-        s("for e0 in range(start, end, B):", 2)
-        _edge_loop_head(s, 3, "src_ptr")
-        s("wb = tl.dot(hb.to(DT), wt, input_precision=PREC, out_dtype=DT)", 3)
-        _load_y(s, 3, p)
         comps = sorted({i for i, _, _, _ in p.entries})
-        _load_seg(s, 3, layout, "x", "x_ptr", "o", "DX", p.x, comps)
-        for i in comps:
-            s(f"x{i} = x{i} * wb", 3)
+        s("for n in range(n0, n1):", 2)
+        s("start = tl.load(ptr_ptr + n)", 3)
+        s("end = tl.load(ptr_ptr + n + 1)", 3)
         for k in ks:
-            terms = [f"x{i} * ({_coef_terms(p, (i, k))})[:, None]" for i, kk in _pairs(p) if kk == k]
-            s(f"o{k} += tl.sum({' + '.join(terms)}, axis=0)", 3)
+            s(f"acc{k} = tl.zeros([{p.x[1]}, B], dtype=DT)", 3)
+        s("for e0 in range(start, end, B):", 3)
+        _wbT(s, 4, "src_ptr")
+        _load_yT(s, 4, p)
+        _load_segT(s, 4, layout, "x", "x_ptr", "DX", p.x, comps)
+        for i in comps:
+            s(f"x{i} = x{i} * wb", 4)
+        for k in ks:
+            terms = [f"x{i} * ({_coef_terms(p, (i, k))})[None, :]" for i, kk in _pairs(p) if kk == k]
+            s(f"acc{k} += {' + '.join(terms)}", 4)
         for k in range(p.out[2]):
-            s(f"tl.store(out_ptr + n * DO + {_addr(layout, p.out, k, 'ru')}, o{k})", 2)
+            val = f"tl.sum(acc{k}, axis=1)" if k in ks else f"tl.zeros([{p.x[1]}], dtype=DT)"
+            s(f"tl.store(out_ptr + n * DO + {_addr(layout, p.out, k, 'ru')}, {val})", 3)
     return "\n".join(s.lines) + "\n"
 
 
@@ -192,37 +252,43 @@ def in1_groups(paths: List[RPath]) -> List[Tuple[Tuple[int, int, int], List[int]
 
 
 def gen_gx(paths: List[RPath], layout: str) -> str:
+    """Program (input segment, source-node group): the paths reading the segment run one after the
+    other, each with its W_p loaded once; per node, [MUL, B] tiles accumulate over the outgoing
+    edges and are summed once. The first path stores the group's rows, the next ones add into
+    them (rows owned by this program: a fixed order, no atomics)."""
     s = _Src()
     s("@triton.jit", 0)
-    s(f"def rconv_gx(g_ptr, y_ptr, h_ptr, w_ptr, gx_ptr, dst_ptr, perm_ptr, ptr_ptr, {HEADER}):", 0)
-    _node_prologue(s, "q")
+    s(f"def rconv_gx(g_ptr, y_ptr, h_ptr, whi_ptr, wlo_ptr, gx_ptr, dst_ptr, perm_ptr, ptr_ptr, N, {HEADER_T}):", 0)
+    _group_prologue(s)
     for gi, (seg, members) in enumerate(in1_groups(paths)):
         s(f"{'if' if gi == 0 else 'elif'} q == {gi}:")
-        s(f"ru = tl.arange(0, {seg[1]})", 2)
-        for i in range(seg[2]):
-            s(f"a{i} = tl.zeros([{seg[1]}], dtype=DT)", 2)
-        for q in members:
+        for mi, q in enumerate(members):
             p = paths[q]
+            if mi:
+                s("tl.debug_barrier()", 2)
             s(f"# path {q}", 2)
-            _w_tile(s, 2, p)
-            s("for e0 in range(start, end, B):", 2)
-            _edge_loop_head(s, 3, "dst_ptr")
-            s("wb = tl.dot(hb.to(DT), wt, input_precision=PREC, out_dtype=DT)", 3)
-            _load_y(s, 3, p)
-            # one g component live at a time (k outer): registers hold the partial sums t_i only
-            started = set()
-            for k in sorted({k for _, _, k, _ in p.entries}):
-                _load_seg(s, 3, layout, "g", "g_ptr", "o", "DO", p.out, [k])
-                s(f"g{k} = g{k} * wb", 3)
-                for i, kk in _pairs(p):
+            _wT_tiles(s, 2, p)
+            pairs = _pairs(p)
+            ks = sorted({k for _, _, k, _ in p.entries})
+            comps = sorted({i for i, _, _, _ in p.entries})
+            s("for n in range(n0, n1):", 2)
+            s("start = tl.load(ptr_ptr + n)", 3)
+            s("end = tl.load(ptr_ptr + n + 1)", 3)
+            for i in comps:
+                s(f"acc{i} = tl.zeros([{seg[1]}, B], dtype=DT)", 3)
+            s("for e0 in range(start, end, B):", 3)
+            _wbT(s, 4, "dst_ptr")
+            _load_yT(s, 4, p)
+            for k in ks:  # one g tile live at a time
+                _load_segT(s, 4, layout, "g", "g_ptr", "DO", p.out, [k])
+                s(f"g{k} = g{k} * wb", 4)
+                for i, kk in pairs:
                     if kk == k:
-                        term = f"g{k} * ({_coef_terms(p, (i, k))})[:, None]"
-                        s(f"t{i} = {term}" if i not in started else f"t{i} += {term}", 3)
-                        started.add(i)
-            for i in sorted(started):
-                s(f"a{i} += tl.sum(t{i}, axis=0)", 3)
-        for i in range(seg[2]):
-            s(f"tl.store(gx_ptr + n * DX + {_addr(layout, seg, i, 'ru')}, a{i})", 2)
+                        s(f"acc{i} += g{k} * ({_coef_terms(p, (i, k))})[None, :]", 4)
+            for i in range(seg[2]):
+                col = f"gx_ptr + n * DX + {_addr(layout, seg, i, 'ru')}"
+                val = f"tl.sum(acc{i}, axis=1)" if i in comps else f"tl.zeros([{seg[1]}], dtype=DT)"
+                s(f"tl.store({col}, {val})" if mi == 0 else f"tl.store({col}, tl.load({col}) + {val})", 3)
     return "\n".join(s.lines) + "\n"
 
 
@@ -382,14 +448,25 @@ class RadialConvKernels:
         return dict(B=cfg.block, DT=_DT[dtype], PREC=cfg.precision, num_warps=cfg.warps, num_stages=cfg.stages,
                     **self.dims)
 
+    def _meta_t(self, kind: str, dtype: torch.dtype) -> dict:
+        meta = self._meta(kind, dtype)
+        meta["G"] = int(os.environ.get("EQUIKERNELS_RCONV_GROUP", 8))
+        meta["SPLIT"] = dtype == torch.float32 and meta["PREC"] == "tf32x3"
+        # H200, 10,192 Cu atoms, MACE-MP L2 (benchmarks/results/session8_20261124/radial_conv):
+        # fwd / gx 8.3 / 10.1 ms at 16 edges x 4 warps, 12.2 / 14.6 at 8 warps, 12.6 / 12.8 at 32 x 8
+        meta["num_stages"] = int(os.environ.get("EQUIKERNELS_RCONV_STAGES", 1))
+        return meta
+
     def forward(self, x, y, h, w, graph):
         n = graph.num_nodes
         out = (torch.empty if self.out_covered else torch.zeros)((n, self.dims["DO"]), dtype=x.dtype, device=x.device)
         if _poison() and self.out_covered:
             out.fill_(float("nan"))
         if n:
-            self.fn("fwd")[(n, len(self.paths))](x, y, h, w, out, graph.src, graph.perm_dst, graph.ptr_dst,
-                                                  **self._meta("fwd", x.dtype))
+            meta = self._meta_t("fwd", x.dtype)
+            whi, wlo = split_wT(w, meta["SPLIT"])
+            self.fn("fwd")[(len(self.paths), triton.cdiv(n, meta["G"]))](
+                x, y, h, whi, wlo, out, graph.src, graph.perm_dst, graph.ptr_dst, n, **meta)
         return out
 
     def backward(self, x, y, h, w, g, graph, need_x: bool, need_y: bool, need_h: bool, need_w: bool):
@@ -400,8 +477,10 @@ class RadialConvKernels:
             if _poison() and self.gx_covered:
                 gx.fill_(float("nan"))
             if n:
-                self.fn("gx")[(n, len(self.x_groups))](g, y, h, w, gx, graph.dst, graph.perm_src, graph.ptr_src,
-                                                       **self._meta("gx", x.dtype))
+                meta = self._meta_t("gx", x.dtype)
+                whi, wlo = split_wT(w, meta["SPLIT"])
+                self.fn("gx")[(len(self.x_groups), triton.cdiv(n, meta["G"]))](
+                    g, y, h, whi, wlo, gx, graph.dst, graph.perm_src, graph.ptr_src, n, **meta)
         if need_y or need_h:
             gy = torch.zeros(y.shape, dtype=y.dtype, device=y.device) if need_y else y.new_empty(0)
             gh = _buffer(h.shape, h) if need_h else h.new_empty(0)
@@ -422,6 +501,17 @@ class RadialConvKernels:
                 self.fn("gw")[(chunks, len(self.paths))](x, y, h, g, part, graph.src, graph.dst, e, chunk, **meta)
             gw = part.sum(0)
         return gx, gy, gh, gw
+
+
+def split_wT(w: torch.Tensor, split: bool):
+    """W^T [WN, H] and, with ``split`` (float32, tf32x3), its parts hi (exact in tf32: low 13
+    mantissa bits cleared) and lo = W^T - hi, so three tf32 products give float32 accuracy;
+    otherwise (W^T, W^T) and the kernel reads the first alone."""
+    wt = w.t().contiguous()
+    if not split:
+        return wt, wt
+    hi = (wt.view(torch.int32) & -8192).view(torch.float32)
+    return hi, wt - hi
 
 
 def _poison() -> bool:
