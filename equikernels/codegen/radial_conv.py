@@ -172,13 +172,21 @@ def _wT_tiles(src: _Src, ind: int, p: RPath):
 
 
 def _wbT(src: _Src, ind: int, other_ptr: str):
-    """Inside the edge loop: edge ids (CSR order), the other endpoint o, and
-    wb [MUL, B] = W_p^T @ h^T, as three tf32 products of hi / lo parts when SPLIT (fp32 accuracy
-    on tensor cores; the parts of W come split from the host)."""
+    """Inside the edge loop: edge ids (CSR order), the other endpoint o, and wb = W_p^T @ h^T."""
+    _edge_ids(src, ind, other_ptr)
+    _wb_dot(src, ind)
+
+
+def _edge_ids(src: _Src, ind: int, other_ptr: str):
     src("r = e0 + rb", ind)
     src("m = r < end", ind)
     src("e = tl.load(perm_ptr + r, mask=m, other=0)", ind)
     src(f"o = tl.load({other_ptr} + e, mask=m, other=0)", ind)
+
+
+def _wb_dot(src: _Src, ind: int):
+    """wb [MUL, B] = W_p^T @ h^T, as three tf32 products of hi / lo parts when SPLIT (fp32 accuracy
+    on tensor cores; the parts of W come split from the host)."""
     src("hT = tl.load(h_ptr + e[None, :] * H + rh[:, None], mask=m[None, :], other=0.0).to(DT)", ind)
     src("if SPLIT:", ind)
     src("hhi = (hT.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)", ind + 1)
@@ -313,52 +321,77 @@ def _gw_block(s: _Src, ind: int, p: RPath, layout: str, gy: bool):
                 s(f"r{i}_{k} = tl.sum(x{i} * gb{k}, axis=1)", ind)
 
 
+def _g_node(p: RPath, layout: str):
+    """Lines loading node n's g components of path p as [MUL] vectors (once per node)."""
+    return [f"g{k} = tl.load(g_ptr + n * DO + {_addr(layout, p.out, k, 'ru')}).to(DT)"
+            for k in sorted({k for _, _, k, _ in p.entries})]
+
+
 def gen_edge(paths: List[RPath], layout: str, dy: int) -> str:
-    """gy and gh. Program n owns node n's incoming edges (dst order) and runs the paths one after the
-    other, each a loop over those edges that adds its part into the edge rows of gh / gy (the first
-    path to reach a gh row stores it; gy is zero-filled by the caller). Rows are owned by one
-    program, so no atomics, a fixed order, and a barrier between paths orders the read-modify-writes.
-    g[n] is one row per program: read once per path. (All paths in straight-line code per edge
-    block, keeping gh in registers, took Triton 3.6 + ptxas minutes to compile for MACE-MP's 10
-    paths, with tens of kB of spills.)"""
+    """gy and gh. Program (node group) owns the groups' incoming edges (dst order) and runs the
+    paths one after the other over them, with [channels, edges] tiles as the forward:
+
+    - gy_j[e] = sum_u wb[u, e] sum_i t_i[u, e] G_ij[u], t_i = x_i * wb, G_ij = sum_k C_ijk g_k (per node);
+    - gh[e] = W_p gw[:, e] on the tensor cores, gw = sum_(i,k) c_ik(y) x_i g_k.
+
+    Each path adds into the edge rows (the first path stores gh; gy is zero-filled by the caller):
+    rows owned by one program, a barrier between paths, no atomics."""
     s = _Src()
     s("@triton.jit", 0)
-    s(f"def rconv_edge(x_ptr, y_ptr, h_ptr, w_ptr, g_ptr, gy_ptr, gh_ptr, src_ptr, perm_ptr, ptr_ptr, {HEADER}, "
-      "NEED_Y: tl.constexpr, NEED_H: tl.constexpr):", 0)
-    _node_prologue(s, None)
+    s(f"def rconv_edge(x_ptr, y_ptr, h_ptr, whi_ptr, wlo_ptr, vhi_ptr, vlo_ptr, g_ptr, gy_ptr, gh_ptr, src_ptr, "
+      f"perm_ptr, ptr_ptr, N, {HEADER_T}, NEED_Y: tl.constexpr, NEED_H: tl.constexpr):", 0)
+    _group_prologue(s)
     for q, p in enumerate(paths):
         if q:
             s("tl.debug_barrier()")
         s(f"# path {q}")
-        _w_tile(s, 1, p)
-        ks = sorted({k for _, _, k, _ in p.entries})
-        for k in ks:
-            s(f"g{k} = tl.load(g_ptr + n * DO + {_addr(layout, p.out, k, 'ru')}).to(DT)")
-        s("for e0 in range(start, end, B):")
-        _edge_loop_head(s, 2, "src_ptr")
-        _load_y(s, 2, p)
-        xs = sorted({i for i, _, _, _ in p.entries})
-        _load_seg(s, 2, layout, "x", "x_ptr", "o", "DX", p.x, xs)
-        s("if NEED_Y:", 2)
-        s("wb = tl.dot(hb.to(DT), wt, input_precision=PREC, out_dtype=DT)", 3)
+        _wT_tiles(s, 1, p)  # W_p^T (wb for gy)
+        s(f"vrow = rh[:, None] * WN + ({p.woff} + ru)[None, :]")  # W_p (gh = W_p gw)
+        s("vhi = tl.load(vhi_ptr + vrow).to(DT)")
+        s("if SPLIT:")
+        s("vlo = tl.load(vlo_ptr + vrow)", 2)
         pairs = _pairs(p)
-        for k in ks:  # one g * wb tile live at a time
-            s(f"gb = g{k}[None, :] * wb", 3)
-            for i, kk in pairs:
-                if kk == k:
-                    s(f"r{i}_{k} = tl.sum(x{i} * gb, axis=1)", 3)
-        for j in sorted({j for _, j, _, _ in p.entries}):
-            terms = [f"{_lit(c)} * r{i}_{k}" for i, jj, k, c in p.entries if jj == j]
-            s(f"yp = gy_ptr + e * DY + {p.y[0] + j}", 3)
-            s(f"tl.store(yp, tl.load(yp, mask=m, other=0.0) + {' + '.join(terms)}, mask=m)", 3)
-        s("if NEED_H:", 2)
-        s("gw = " + " + ".join(f"x{i} * (g{k}[None, :] * ({_coef_terms(p, (i, k))})[:, None])" for i, k in pairs), 3)
-        s("gb = tl.dot(gw, tl.trans(wt), input_precision=PREC, out_dtype=DT)", 3)
-        s("hp = gh_ptr + e[:, None] * H + rh[None, :]", 3)
+        comps = sorted({i for i, _, _, _ in p.entries})
+        js = sorted({j for _, j, _, _ in p.entries})
+        s("for n in range(n0, n1):")
+        s("start = tl.load(ptr_ptr + n)", 2)
+        s("end = tl.load(ptr_ptr + n + 1)", 2)
+        for line in _g_node(p, layout):
+            s(line, 2)
+        s("if NEED_Y:", 2)
+        for i in comps:
+            for j in js:
+                terms = [f"{_lit(c)} * g{k}" for ii, jj, k, c in p.entries if (ii, jj) == (i, j)]
+                if terms:
+                    s(f"G{i}_{j} = ({' + '.join(terms)})[:, None]", 3)
+        s("for e0 in range(start, end, B):", 2)
+        _edge_ids(s, 3, "src_ptr")
+        _load_segT(s, 3, layout, "x", "x_ptr", "DX", p.x, comps)
+        s("if NEED_Y:", 3)
+        _wb_dot(s, 4)
+        for j in js:
+            terms = [f"x{i} * G{i}_{j}" for i in comps if any((ii, jj) == (i, j) for ii, jj, _, _ in p.entries)]
+            s(f"yp = gy_ptr + e * DY + {p.y[0] + j}", 4)
+            s(f"tl.store(yp, tl.load(yp, mask=m, other=0.0) + tl.sum(wb * ({' + '.join(terms)}), axis=0), mask=m)", 4)
+        s("if NEED_H:", 3)
+        _load_yT(s, 4, p)
+        first = True
+        for i in comps:
+            cs = [f"g{k}[:, None] * ({_coef_terms(p, (i, k))})[None, :]" for ii, k in pairs if ii == i]
+            s(f"gw {'=' if first else '+='} x{i} * ({' + '.join(cs)})", 4)
+            first = False
+        s("if SPLIT:", 4)
+        s("gwhi = (gw.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)", 5)
+        s('gb = tl.dot(vlo, gwhi, input_precision="tf32")', 5)
+        s('gb = tl.dot(vhi, gw - gwhi, gb, input_precision="tf32")', 5)
+        s('gb = tl.dot(vhi, gwhi, gb, input_precision="tf32")', 5)
+        s("else:", 4)
+        s("gb = tl.dot(vhi, gw, input_precision=PREC, out_dtype=DT)", 5)
+        s("hp = gh_ptr + e[None, :] * H + rh[:, None]", 4)
         if q == 0:
-            s("tl.store(hp, gb, mask=m[:, None])", 3)
+            s("tl.store(hp, gb, mask=m[None, :])", 4)
         else:
-            s("tl.store(hp, tl.load(hp, mask=m[:, None], other=0.0) + gb, mask=m[:, None])", 3)
+            s("tl.store(hp, tl.load(hp, mask=m[None, :], other=0.0) + gb, mask=m[None, :])", 4)
     return "\n".join(s.lines) + "\n"
 
 
@@ -485,8 +518,17 @@ class RadialConvKernels:
             gy = torch.zeros(y.shape, dtype=y.dtype, device=y.device) if need_y else y.new_empty(0)
             gh = _buffer(h.shape, h) if need_h else h.new_empty(0)
             if e:
-                self.fn("edge")[(n,)](x, y, h, w, g, gy, gh, graph.src, graph.perm_dst, graph.ptr_dst,
-                                      NEED_Y=need_y, NEED_H=need_h, **self._meta("edge", x.dtype))
+                meta = self._meta_t("edge", x.dtype)
+                whi, wlo = split_wT(w, meta["SPLIT"])
+                vhi, vlo = split_wT(w.t(), meta["SPLIT"])
+                # gy and gh in two passes by default: one kernel holding both spills (H200: see the
+                # session 8 notes); EQUIKERNELS_RCONV_EDGE_SPLIT=0 runs one
+                split = os.environ.get("EQUIKERNELS_RCONV_EDGE_SPLIT", "1") != "0"
+                for ny, nh in ([(need_y, False), (False, need_h)] if split else [(need_y, need_h)]):
+                    if ny or nh:
+                        self.fn("edge")[(1, triton.cdiv(n, meta["G"]))](
+                            x, y, h, whi, wlo, vhi, vlo, g, gy, gh, graph.src, graph.perm_dst, graph.ptr_dst, n,
+                            NEED_Y=ny, NEED_H=nh, **meta)
             elif need_h:
                 gh.zero_()
             gy, gh = (gy if need_y else None), (gh if need_h else None)
