@@ -28,7 +28,7 @@ stages = int(sys.argv[5]) if len(sys.argv) > 5 else 3
 p = catalog_problem(os.environ.get("PROBLEM", "mace-mp-medium-L2"))
 ks = kernels_for(plan_of(spec_of(p, "ir_mul")), 64)
 fn = ks.fn(kind)
-consts = dict(B=B, DT=tl.float32, PREC=prec, **ks.dims, NEED_Y=True, NEED_H=True, G=8, SPLIT=(prec == "tf32x3"))
+consts = dict(B=B, DT=tl.float32, PREC=prec, **ks.dims, NEED_Y=os.environ.get("NY", "1") == "1", NEED_H=os.environ.get("NH", "1") == "1", G=8, SPLIT=(prec == "tf32x3"))
 sig, const, attrs = {}, {}, {}
 for i, a in enumerate(fn.arg_names):
     if a.endswith("_ptr"):
