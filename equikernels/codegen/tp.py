@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import os
@@ -16,6 +17,7 @@ from .cache import load_module
 from ..ir import Table, double_backward_tables
 from ..reference import math_dtype_of
 from .emit import Group, KernelMeta, generate, path_segment
+from .launch import FastLaunch
 
 # storage dtype -> the kernels' math dtype (DT): half-precision operands are loaded, combined and
 # accumulated in float32 and only rounded when stored (stores cast to the output pointer's type)
@@ -63,14 +65,19 @@ def default_config(kind: str, dtype: torch.dtype, problem=None) -> LaunchConfig:
     return LaunchConfig(rows=rows, num_warps=warps, tf32=os.environ.get("EQUIKERNELS_TF32") == "1")
 
 
-def _alloc(shape, like: torch.Tensor, zero: bool, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+def _poison() -> bool:
+    return os.environ.get("EQUIKERNELS_POISON") == "1"
+
+
+def _alloc(shape, like: torch.Tensor, zero: bool, dtype: Optional[torch.dtype] = None,
+           poison: Optional[bool] = None) -> torch.Tensor:
     """Output buffer (dtype of ``like`` unless given). Elements the kernel does not write are
-    zero-filled; with EQUIKERNELS_POISON=1 the rest are NaN-filled so tests see any element a
-    kernel forgets to write."""
+    zero-filled; with EQUIKERNELS_POISON=1 (``poison``: the caller read it already) the rest are
+    NaN-filled so tests see any element a kernel forgets to write."""
     dtype = dtype or like.dtype
     if zero:
         return torch.zeros(shape, dtype=dtype, device=like.device)
-    if os.environ.get("EQUIKERNELS_POISON") == "1":
+    if _poison() if poison is None else poison:
         return torch.full(shape, float("nan"), dtype=dtype, device=like.device)
     return torch.empty(shape, dtype=dtype, device=like.device)
 
@@ -95,6 +102,7 @@ def in1_outer(problem, kind: str) -> bool:
     return kind == "dbwd" and all(i.mode == "uvu" for i in problem.instructions)
 
 
+@functools.lru_cache(maxsize=None)
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -110,17 +118,19 @@ class _Kernel:
         digest = hashlib.sha256((header + body).encode()).hexdigest()[:12]
         self.module = load_module(f"{name}_{digest}", header + body)
         self.fn = getattr(self.module, name)
+        self.launcher = FastLaunch(self.fn)
         self.source_path = self.module.__file__
         self.acc_outputs = frozenset(g.out_ptr for g in groups if g.accumulate and not g.reduce_rows)
 
     def launch(self, tensors: Dict[str, torch.Tensor], outputs: Dict[str, torch.Tensor], n: int,
                cfg: LaunchConfig, dtype: torch.dtype, programs: Optional[int] = None):
-        nblk = triton.cdiv(n, cfg.rows)
+        nblk = (n + cfg.rows - 1) // cfg.rows
         grid = (max(1, min(nblk, programs)) if programs else max(1, nblk),)
         args = [tensors[k] for k in self.meta.inputs] + [outputs[k] for k in self.meta.outputs]
-        prec = "tf32" if cfg.tf32 and _DT[dtype] == tl.float32 else "ieee"
-        self.fn[grid](*args, n, nblk, ROWS=cfg.rows, DT=_DT[dtype], PREC=prec, num_warps=cfg.num_warps,
-                      num_stages=cfg.num_stages)
+        dt = _DT[dtype]
+        prec = "tf32" if cfg.tf32 and dt == tl.float32 else "ieee"
+        # kernel parameters: pointers, N, NBLK, then the constexprs ROWS, DT, PREC (emit.generate)
+        self.launcher(grid, args, (n, nblk), (cfg.rows, dt, prec), cfg.num_warps, cfg.num_stages)
 
 
 def max_paths() -> int:
@@ -295,7 +305,7 @@ class TPKernels:
         EQUIKERNELS_AUTOTUNE=0. ``run(cfg)`` launches the direction with ``cfg``."""
         default = self._cfg(kind, math)
         from .. import tune  # noqa: PLC0415
-        if not tune.active(x.device):
+        if not (tune.enabled() and tune.active(x.device)):  # x.device builds an object: test the env first
             return default
         # a hit costs a dict lookup: the key string (problem hash, device name) is built once
         memo = (tag, x.dtype, math, x.device, tune.bucket(x.shape[0]), tune.cache().path)
@@ -326,7 +336,7 @@ class TPKernels:
                 math: Optional[torch.dtype] = None):
         math = math_of(x, y, w, math_dtype=math)
         k, ins = self.kernel("fwd"), {"x": x, "y": y, "w": w}
-        outs = {"out": torch.empty(0, self.problem.dim_out, dtype=out_dtype or x.dtype, device=x.device)}
+        outs = {"out": ((x.shape[0], self.problem.dim_out), out_dtype or x.dtype)}
         cfg = cfg or self._tuned("fwd", "fwd", x, math, lambda c: self._run(k, ins, outs, c, math))
         return self._run(k, ins, outs, cfg, math)["out"]
 
@@ -334,7 +344,8 @@ class TPKernels:
         math = math_of(x, y, w, g, math_dtype=math)
         if cfg is None:
             cfg = self._tuned("bwd", f"bwd{need}", x, math, lambda c: self.backward(x, y, w, g, need, c, math))
-        outs = {"g" + n: t for bit, n, t in ((NEED_X, "x", x), (NEED_Y, "y", y), (NEED_W, "w", w)) if need & bit}
+        outs = {"g" + n: (t.shape, t.dtype) for bit, n, t in ((NEED_X, "x", x), (NEED_Y, "y", y), (NEED_W, "w", w))
+                if need & bit}
         res = {}
         # a weight gradient summed by tl.dot over 16-row tiles gets its own kernel, so gx/gy keep
         # the default rows per program
@@ -346,17 +357,17 @@ class TPKernels:
                 names = {"g" + n for bit, n in ((NEED_X, "x"), (NEED_Y, "y"), (NEED_W, "w")) if part & bit}
                 res.update(self._run(self.kernel("bwd", part), {"x": x, "y": y, "w": w, "g": g},
                                      {k: v for k, v in outs.items() if k in names}, cfg, math))
-        return tuple(res.get("g" + n, t.new_empty(0)) for n, t in (("x", x), ("y", y), ("w", w)))
+        # placeholders only for the gradients not asked for (a .get default would allocate all three)
+        return tuple(res["g" + n] if "g" + n in res else t.new_empty(0) for n, t in (("x", x), ("y", y), ("w", w)))
 
     def double_backward(self, x, y, w, g, a, b, c, need: int, cfg: Optional[LaunchConfig] = None,
                         math: Optional[torch.dtype] = None):
         """(dx, dy, dw, dg) of the trilinear identity; a, b, c may be None."""
         math = math_of(x, y, w, g, a, b, c, math_dtype=math)
+        have = "".join(k for k, t in zip("abc", (a, b, c)) if t is not None)
         if cfg is None:
-            have = "".join(k for k, t in zip("abc", (a, b, c)) if t is not None)
             cfg = self._tuned("dbwd", f"dbwd{need}{have}", x, math,
                               lambda c_: self.double_backward(x, y, w, g, a, b, c, need, c_, math))
-        have = "".join(k for k, t in zip("abc", (a, b, c)) if t is not None)
         like = {"x": x, "y": y, "w": w, "g": g}
         names = [n for bit, n in zip((1, 2, 4, 8), "xywg") if need & bit]
         tensors = {"x": x, "y": y, "w": w, "g": g, "a": a, "b": b, "c": c}
@@ -373,41 +384,42 @@ class TPKernels:
             k = self.kernel("dbwd", part, have)
             if k is None:
                 continue
-            written.update(self._run(k, tensors, {"d" + n: like[n] for n in names if "d" + n in k.meta.outputs},
-                                     cfg, math))
-        # outputs with no contributing term (e.g. dg without cotangents) are zero
-        return tuple(written.get("d" + n, torch.zeros_like(like[n])) if n in names else like[n].new_empty(0)
-                     for n in "xywg")
+            written.update(self._run(k, tensors, {"d" + n: (like[n].shape, like[n].dtype) for n in names
+                                                  if "d" + n in k.meta.outputs}, cfg, math))
+        # outputs with no contributing term (e.g. dg without cotangents) are zero; zero-filled only
+        # then (a .get default would fill every output: one extra kernel and a full write each)
+        return tuple((written["d" + n] if "d" + n in written else torch.zeros_like(like[n])) if n in names
+                     else like[n].new_empty(0) for n in "xywg")
 
     def _run(self, k: _Kernel, tensors, outputs, cfg: LaunchConfig, math: torch.dtype):
-        """Allocate outputs shaped like ``outputs[name]`` (rows from x, dtype from ``outputs``),
-        launch, reduce partials. Buffers added into more than once (row partials, outputs several
-        kernels add into) are kept in float32 for half-precision results and rounded once at the end."""
+        """Allocate the outputs (``outputs[name]`` = (shape, dtype), on x's device), launch, reduce
+        partials. Buffers added into more than once (row partials, outputs several kernels add
+        into) are kept in float32 for half-precision results and rounded once at the end."""
         x = tensors["x"]
         n = x.shape[0]
         if cfg.rows < k.meta.min_rows:
             cfg = LaunchConfig(k.meta.min_rows, cfg.num_warps, cfg.num_stages, cfg.tf32)
         res, partial, wide = {}, {}, {}
-        for name, like in outputs.items():
-            shape = (n,) + tuple(like.shape[1:]) if like.dim() == 2 else tuple(like.shape)
+        poison = _poison()  # once per launch, not per buffer (an environment read is a few us)
+        for name, (shape, dtype) in outputs.items():
             if name in k.meta.reduce_rows:
-                partial[name] = like
+                partial[name] = (shape, dtype)
             else:
-                dt = acc_dtype(like.dtype) if name in k.acc_outputs else like.dtype
-                if dt != like.dtype:
-                    wide[name] = like.dtype
-                res[name] = _alloc(shape, like, name in k.meta.zero_init or name in wide, dt)
+                dt = acc_dtype(dtype) if name in k.acc_outputs else dtype
+                if dt != dtype:
+                    wide[name] = dtype
+                res[name] = _alloc(shape, x, name in k.meta.zero_init or name in wide, dt, poison)
         if n == 0:
-            res.update({name: torch.zeros_like(like) for name, like in partial.items()})
+            res.update({name: torch.zeros(shape, dtype=dt, device=x.device) for name, (shape, dt) in partial.items()})
             return {name: t.to(wide.get(name, t.dtype)) for name, t in res.items()}
         programs = None
         if partial:
             programs = min(triton.cdiv(n, cfg.rows), 4 * _num_sms(x.device))
-            for name, like in partial.items():
-                res[name] = _alloc((programs, like.shape[-1]), like, name in k.meta.zero_init, acc_dtype(like.dtype))
+            for name, (shape, dtype) in partial.items():
+                res[name] = _alloc((programs, shape[-1]), x, name in k.meta.zero_init, acc_dtype(dtype), poison)
         k.launch(tensors, res, n, cfg, math, programs)
-        for name, like in partial.items():  # deterministic, no precision loss
-            res[name] = res[name].sum(0, dtype=torch.float64).to(like.dtype)
+        for name, (_, dtype) in partial.items():  # deterministic, no precision loss
+            res[name] = res[name].sum(0, dtype=torch.float64).to(dtype)
         for name, dt in wide.items():
             res[name] = res[name].to(dt)
         return res

@@ -229,7 +229,7 @@ def _bwd_backward(ctx, ga, gb, gc):
     if not torch.is_grad_enabled():
         need = sum(bit for bit, n in zip((1, 2, 4, 8), (nx, ny, nw, ng)) if n)
         have = "".join(k for k, t in zip("abc", (a, b, c)) if t is not None)
-        e = x.new_empty(0)
+        e = x.new_empty(0) if len(have) < 3 else None  # placeholder for a missing cotangent
         res = dbwd(x, y, w, g, a if a is not None else e, b if b is not None else e,
                    c if c is not None else e, spec, be, have, need, m)
         return tuple(r if n else None for r, n in zip(res, (nx, ny, nw, ng))) + (None, None, None, None)

@@ -1,0 +1,129 @@
+"""Launch a Triton kernel with less host work per call than ``fn[grid](...)``.
+
+Triton 3.6's ``JITFunction.run`` binds the arguments, builds the specialisation key (as strings),
+looks the compiled kernel up and reads several knobs on every launch: 10-30 us, most of the time
+of a small tensor product (open issue 3, nequip-water). ``FastLaunch`` launches normally the first
+time and keeps the ``CompiledKernel``; a later call whose specialisation is the same calls its
+launcher directly.
+
+The key covers everything Triton specialises on for our kernels' arguments (pointer, int and
+constexpr parameters, in that order, no defaults): each pointer's dtype, each int's class (equal
+to 1, which Triton turns into a constexpr; divisible by 16; 32- or 64-bit range), the constexpr
+values, num_warps, num_stages, the current device and the two knobs Triton adds to the options
+(runtime.debug, compilation.instrumentation_mode). Pointers that are not all 16-byte aligned take
+the normal path (rare: offset views), so a kernel compiled with alignment hints never sees them.
+
+Normal path always: under the interpreter (``TRITON_INTERPRET=1``: the kernel is not a
+JITFunction), with ``EQUIKERNELS_FAST_LAUNCH=0`` (read at import; ``set_enabled`` toggles), while
+a launch hook is installed (profilers), and for a kernel with pre-run hooks.
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, Sequence
+
+try:
+    from triton import knobs as _knobs
+    from triton.compiler import CompiledKernel as _Compiled
+    from triton.runtime.jit import JITFunction as _JIT
+except ImportError:  # pragma: no cover - Triton missing or an older layout: always the normal path
+    _knobs = _Compiled = _JIT = None
+
+
+def env_enabled() -> bool:
+    return os.environ.get("EQUIKERNELS_FAST_LAUNCH", "1") != "0"
+
+
+ENABLED = env_enabled()
+_RT = _knobs.runtime if _knobs is not None else None
+_CT = _knobs.compilation if _knobs is not None else None
+_device = _stream = None  # the functions Triton itself asks (bound on the first fast launch)
+
+
+def set_enabled(on: bool) -> bool:
+    """Turn the fast path on or off for this process; returns the previous setting."""
+    global ENABLED
+    old, ENABLED = ENABLED, bool(on)
+    return old
+
+
+def int_class(v) -> int:
+    """What Triton's specialisation keeps of an int argument: 1 (compiled as a constexpr), multiple
+    of 16, and the width (i32, i64, u64). -1: not a plain int (bool / float / other), no fast path."""
+    if v.__class__ is not int:
+        return -1
+    if v == 1:
+        return 1
+    c = 2 if v % 16 == 0 else 0
+    if not -0x80000000 <= v <= 0x7FFFFFFF:
+        c |= 4 if -0x8000000000000000 <= v <= 0x7FFFFFFFFFFFFFFF else 8
+    return c
+
+
+def spec_key(tensors: Sequence, ints: Sequence, consts: tuple, num_warps: int, num_stages: int):
+    """The specialisation key of a launch, or None where the fast path must not be used
+    (a pointer not 16-byte aligned, an int argument that is not a plain int)."""
+    dtypes = []
+    ptrs = 0
+    for t in tensors:
+        dtypes.append(t.dtype)
+        ptrs |= t.data_ptr()
+    if ptrs & 15:
+        return None
+    classes = tuple([int_class(v) for v in ints])
+    if -1 in classes:
+        return None
+    return (tuple(dtypes), classes, consts, num_warps, num_stages)
+
+
+def _hooked() -> bool:
+    """A launch hook is installed (proton and other profilers): it needs Triton's own path.
+    Triton 3.6 keeps hooks in a HookChain; an older-style plain function counts as a hook."""
+    for h in (_RT.launch_enter_hook, _RT.launch_exit_hook):
+        if h is not None and getattr(h, "calls", True):
+            return True
+    return False
+
+
+class FastLaunch:
+    """``launch(grid, tensors, ints, consts, num_warps, num_stages)`` runs
+    ``fn[grid](*tensors, *ints, *consts, num_warps=..., num_stages=...)``."""
+
+    __slots__ = ("fn", "fast", "hits")
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.fast = _JIT is not None and isinstance(fn, _JIT)
+        self.hits: Dict[tuple, tuple] = {}  # key -> (launcher, CUfunction, packed metadata)
+
+    def __call__(self, grid, tensors: Sequence, ints: Sequence, consts: tuple, num_warps: int, num_stages: int):
+        if not (ENABLED and self.fast) or _hooked():
+            self.fn[grid](*tensors, *ints, *consts, num_warps=num_warps, num_stages=num_stages)
+            return
+        key = spec_key(tensors, ints, consts, num_warps, num_stages)
+        if key is None:
+            self.fn[grid](*tensors, *ints, *consts, num_warps=num_warps, num_stages=num_stages)
+            return
+        if _stream is None:
+            _bind_driver()
+        key = (_device(), _RT.debug, _CT.instrumentation_mode, key)
+        hit = self.hits.get(key)
+        if hit is not None:
+            run, function, meta = hit
+            g1 = grid[1] if len(grid) > 1 else 1
+            g2 = grid[2] if len(grid) > 2 else 1
+            # the launcher takes every parameter (constexprs too, it skips them); no launch hooks
+            run(grid[0], g1, g2, _stream(key[0]), function, meta, None, None, None, *tensors, *ints, *consts)
+            return
+        compiled = self.fn[grid](*tensors, *ints, *consts, num_warps=num_warps, num_stages=num_stages)
+        # async compiles (a future, not a kernel) and kernels with pre-run hooks are not kept
+        if (isinstance(compiled, _Compiled) and not self.fn.pre_run_hooks
+                and len(tensors) + len(ints) + len(consts) == len(self.fn.arg_names)):
+            self.hits[key] = (compiled.run, compiled.function, compiled.packed_metadata)
+
+
+def _bind_driver() -> None:
+    """Bind the device / stream queries Triton's run uses (needs the active driver, i.e. CUDA)."""
+    global _device, _stream
+    from triton.runtime.driver import driver  # noqa: PLC0415
+    _device, _stream = driver.active.get_current_device, driver.active.get_current_stream
