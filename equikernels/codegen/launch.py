@@ -14,7 +14,7 @@ values, num_warps, num_stages, the current device and the two knobs Triton adds 
 the normal path (rare: offset views), so a kernel compiled with alignment hints never sees them.
 
 Normal path always: under the interpreter (``TRITON_INTERPRET=1``: the kernel is not a
-JITFunction), with ``EQUIKERNELS_FAST_LAUNCH=0`` (read at import; ``set_enabled`` toggles), while
+JITFunction), unless ``EQUIKERNELS_FAST_LAUNCH=1`` (opt-in until measured on a GPU) (read at import; ``set_enabled`` toggles), while
 a launch hook is installed (profilers), and for a kernel with pre-run hooks.
 """
 from __future__ import annotations
@@ -31,7 +31,8 @@ except ImportError:  # pragma: no cover - Triton missing or an older layout: alw
 
 
 def env_enabled() -> bool:
-    return os.environ.get("EQUIKERNELS_FAST_LAUNCH", "1") != "0"
+    # opt-in (EQUIKERNELS_FAST_LAUNCH=1) until it has run on a GPU: the interpreter never takes it
+    return os.environ.get("EQUIKERNELS_FAST_LAUNCH", "0") == "1"
 
 
 ENABLED = env_enabled()
