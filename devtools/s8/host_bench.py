@@ -9,6 +9,7 @@ wall time per call (one sync at the end) is host time, next to ``autograd.grad``
 floor for a backward call), and the cost of one kernel launch through ``_Kernel.launch``.
 
 GPU:  python devtools/s8/host_bench.py --out /tmp/host_bench.json
+      (H200: about 3 minutes from a cold Triton cache, 1.5 of them compiling; 4 rounds took 205 s)
 CPU logic check (reference backend, nothing toggles):
       python devtools/s8/host_bench.py --device cpu --backend reference --rows 64 --target-ms 5 --out /tmp/h.json
 """
@@ -79,11 +80,15 @@ def host_calls(spec, rows: int, device, backend: str, layout: str):
 
 
 def launch_us(spec, device, layout: str, n: int) -> dict:
-    """us per launch of the forward kernel alone (64 rows), fast vs normal path."""
+    """us per launch of the forward kernel alone (64 rows), fast vs normal path, and the parts of
+    the fast path: the key, the device / stream queries, the launcher (tensors, or their
+    addresses, which skips the launcher's data_ptr call and pointer check)."""
+    from equikernels.codegen.tp import _DT
     from equikernels.ops.tp import plan_of, spec_of
     P = spec.P
     kernels = plan_of(spec_of(P, layout)).kernels
     k = kernels.kernel("fwd")
+    k = getattr(k, "parts", [k])[0]
     rows = 64
     x, y = torch.randn(rows, P.dim_in1, device=device), torch.randn(rows, P.dim_in2, device=device)
     w = torch.randn(*((P.weight_numel,) if P.shared_weights else (rows, P.weight_numel)), device=device)
@@ -94,6 +99,27 @@ def launch_us(spec, device, layout: str, n: int) -> dict:
     for mode, on in MODES.items():
         launch.set_enabled(on)
         res[mode] = per_call_us(call, device, n)
+    launch.set_enabled(True)
+    call()
+    tensors = [{"x": x, "y": y, "w": w, "out": out}[nm] for nm in k.meta.inputs + k.meta.outputs]
+    nblk = -(-rows // cfg.rows)
+    ints, consts = (rows, nblk), (cfg.rows, _DT[torch.float32], "ieee")
+    key = launch.spec_key(tensors, ints, consts, cfg.num_warps, cfg.num_stages)
+    run, fn, meta = k.launcher.hits[(launch._device(), launch._RT.debug, launch._CT.instrumentation_mode, key)]
+    stream = launch._stream(launch._device())
+    ptrs = [t.data_ptr() for t in tensors]
+    parts = {
+        "FastLaunch": lambda: k.launcher((nblk,), tensors, ints, consts, cfg.num_warps, cfg.num_stages),
+        "spec_key": lambda: launch.spec_key(tensors, ints, consts, cfg.num_warps, cfg.num_stages),
+        "device+stream": lambda: launch._stream(launch._device()),
+        "launcher(tensors)": lambda: run(nblk, 1, 1, stream, fn, meta, None, None, None, *tensors, *ints, *consts),
+        "launcher(addresses)": lambda: run(nblk, 1, 1, stream, fn, meta, None, None, None, *ptrs, *ints, *consts),
+        "triton fn[grid]": lambda: k.fn[(nblk,)](*tensors, *ints, *consts, num_warps=cfg.num_warps,
+                                                 num_stages=cfg.num_stages),
+        "torch.empty": lambda: torch.empty(rows, P.dim_out, device=device),
+    }
+    for name, f in parts.items():
+        res[name] = per_call_us(f, device, n)
     return res
 
 
@@ -105,8 +131,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--backend", default="triton", choices=("triton", "reference"))
     ap.add_argument("--directions", default="fwd,bwd,dbwd")
-    ap.add_argument("--rounds", type=int, default=2, help="fast/normal alternations per cell")
-    ap.add_argument("--target-ms", type=float, default=150.0, help="timed work per cell (bench_tp: 250)")
+    ap.add_argument("--rounds", type=int, default=3, help="fast/normal alternations per cell")
+    ap.add_argument("--target-ms", type=float, default=60.0, help="timed work per cell (bench_tp: 250)")
     ap.add_argument("--host-rows", type=int, default=64)
     ap.add_argument("--host-calls", type=int, default=300)
     ap.add_argument("--out", required=True, help="JSON output path")
@@ -141,10 +167,13 @@ def main(argv=None) -> int:
             calls = host_calls(spec, args.host_rows, device, args.backend, args.layout)
             host = data["host_us"][name] = {}
             for d in dirs:
-                host[d] = {}
-                for mode, on in MODES.items():
-                    launch.set_enabled(on)
-                    host[d][mode] = per_call_us(calls[d], device, args.host_calls)
+                runs = {m: [] for m in MODES}
+                for _ in range(args.rounds):
+                    for mode, on in MODES.items():
+                        launch.set_enabled(on)
+                        runs[mode].append(per_call_us(calls[d], device, args.host_calls, repeats=3))
+                host[d] = {m: statistics.median(v) for m, v in runs.items()}
+                host[d]["rounds"] = runs
             if args.backend == "triton":
                 data["launch_us"][name] = launch_us(spec, device, args.layout, 4 * args.host_calls)
         z = torch.randn(args.host_rows, 16, device=device, requires_grad=True)
@@ -175,7 +204,7 @@ def render(data, names, dirs) -> str:
                          f"{h['normal'] - h['fast']:7.1f}")
     lines.append(f"autograd.grad(x * 2): {data['host_us']['autograd_grad_x_times_2']:.1f} us")
     for name, r in data["launch_us"].items():
-        lines.append(f"one fwd kernel launch ({name}): fast {r['fast']:.1f} us, normal {r['normal']:.1f} us")
+        lines.append(f"one fwd kernel launch ({name}), us: " + ", ".join(f"{k} {v:.1f}" for k, v in r.items()))
     return "\n".join(lines)
 
 
