@@ -164,7 +164,7 @@ def test_env_switch(monkeypatch):
     monkeypatch.setenv("EQUIKERNELS_FAST_LAUNCH", "1")
     assert launch.env_enabled() is True
     monkeypatch.delenv("EQUIKERNELS_FAST_LAUNCH")
-    assert launch.env_enabled() is False  # opt-in until validated on a GPU
+    assert launch.env_enabled() is launch._TRITON_VERSION.startswith("3.6.")  # validated version only
 
 
 def _small_problem():

@@ -14,7 +14,7 @@ values, num_warps, num_stages, the current device and the two knobs Triton adds 
 the normal path (rare: offset views), so a kernel compiled with alignment hints never sees them.
 
 Normal path always: under the interpreter (``TRITON_INTERPRET=1``: the kernel is not a
-JITFunction), unless ``EQUIKERNELS_FAST_LAUNCH=1`` (opt-in until measured on a GPU) (read at import; ``set_enabled`` toggles), while
+JITFunction), with ``EQUIKERNELS_FAST_LAUNCH=0`` (default on for Triton 3.6 only) (read at import; ``set_enabled`` toggles), while
 a launch hook is installed (profilers), and for a kernel with pre-run hooks.
 """
 from __future__ import annotations
@@ -26,13 +26,17 @@ try:
     from triton import knobs as _knobs
     from triton.compiler import CompiledKernel as _Compiled
     from triton.runtime.jit import JITFunction as _JIT
+    from triton import __version__ as _TRITON_VERSION
 except ImportError:  # pragma: no cover - Triton missing or an older layout: always the normal path
     _knobs = _Compiled = _JIT = None
+    _TRITON_VERSION = ""
 
 
 def env_enabled() -> bool:
-    # opt-in (EQUIKERNELS_FAST_LAUNCH=1) until it has run on a GPU: the interpreter never takes it
-    return os.environ.get("EQUIKERNELS_FAST_LAUNCH", "0") == "1"
+    # on by default for the Triton it was validated with (3.6, H200: bit-identical to the normal
+    # path, benchmarks/results/session8_20261124/host_launch); other versions opt in with =1
+    default = "1" if _TRITON_VERSION.startswith("3.6.") else "0"
+    return os.environ.get("EQUIKERNELS_FAST_LAUNCH", default) == "1"
 
 
 ENABLED = env_enabled()
