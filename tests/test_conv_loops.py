@@ -16,3 +16,12 @@ def _loops(monkeypatch):
 def test_grad_single_loop(layout, dtype, second):
     check_conv(channelwise("3x0e+2x1o", "0e+1o+2e", "0e+1o+1e+2e"), "deterministic", dtype, layout,
                second_order=second)
+
+
+@pytest.mark.parametrize("prefetch", ["", "idx", "all"])
+def test_edge_loop_pipelining(monkeypatch, prefetch):
+    """Every edge-loop pipelining mode (emit.Rowing.prefetch; defaults: 'all' for the gradient
+    kernels, '' for the forward) in every direction, here with one loop per kernel."""
+    monkeypatch.setenv("EQUIKERNELS_CONV_PREFETCH", prefetch)
+    check_conv(channelwise("3x0e+2x1o", "0e+1o+2e", "0e+1o+1e+2e"), "deterministic", torch.float64, "ir_mul",
+               second_order=True)

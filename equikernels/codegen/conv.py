@@ -9,6 +9,7 @@ The kernels are the batched-TP kernels of ``emit.py`` with other row pointers:
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from typing import Dict, Optional
@@ -110,18 +111,21 @@ class ConvKernels:
         return len(segs) == len(set(segs))
 
     def _kernel(self, tag: str, groups, mode: str, owner: Optional[str] = None, sections: str = "segment",
-                hoist: bool = True, in1_outer: bool = False):
-        key = (tag, mode, owner, sections, hoist, in1_outer)
+                hoist: bool = True, in1_outer: bool = False, prefetch: str = "", maxnreg: int = 0):
+        key = (tag, mode, owner, sections, hoist, in1_outer, prefetch, maxnreg)
         if key not in self._cache:
             ops = set()
             for g in groups:
                 ops.add(g.out_ptr)
                 ops.update(o.name for o in g.table.operands if o.name != g.table.output)
             rowing = _rowing(mode, ops, owner, sections, hoist)
+            rowing.prefetch = prefetch
             name = f"conv_{tag}_{mode}_{self.problem.key()}_{self.plan.layout}"
             self._cache[key] = _ConvKernel(name, groups, self.plan.layout, self._row_operands(), rowing,
                                            f"{tag} of the convolution of {self.problem.describe()} "
                                            f"[{self.plan.layout}, {mode}]", self._in1_major(), owner, in1_outer)
+            if maxnreg:
+                self._cache[key].fn = self._Capped(self._cache[key].fn, maxnreg)
         return self._cache[key]
 
     def _groups(self, kind: str, names, have: str = "", carry=()):
@@ -136,6 +140,39 @@ class ConvKernels:
             return [Group(p.grad_tables[n], "g" + n, reduce_rows=red(n)) for n in names]
         tables = double_backward_tables(p.table, have, "".join(names))
         return [Group(tables[n], "d" + n, reduce_rows=red(n)) for n in names if n in tables]
+
+    @staticmethod
+    def _knob(name: str, kind: str, default: str = "") -> str:
+        """Setting ``name`` of direction ``kind`` (fwd / bwd / dbwd) for the node-parallel kernels:
+        EQUIKERNELS_CONV_<NAME>_<KIND>, else EQUIKERNELS_CONV_<NAME>, else ``default``."""
+        var = f"EQUIKERNELS_CONV_{name}"
+        return os.environ.get(f"{var}_{kind.upper()}", os.environ.get(var, default))
+
+    def _prefetch(self, kind: str) -> str:
+        """Edge-loop pipelining (emit.Rowing.prefetch): '', 'idx' or 'all'. The gradient kernels
+        run one warp per node at 247-255 registers (8 warps per multiprocessor) and were latency
+        bound: issuing the next edge's loads before this edge's arithmetic took the H200 kernels
+        (MACE-MP medium L2, 795k edges) from 4.76 to 3.57 ms (backward) and 3.36 + 7.31 to 2.84 +
+        5.52 ms (double backward); the forward got slower (1.40 -> 1.46 ms), so it keeps ''. Capping
+        registers for more warps, or two warps per node, was slower in every case tried (spills,
+        cross-warp sums). devtools/s8/conv_once.py --scan compares the settings."""
+        v = self._knob("PREFETCH", kind, "" if kind == "fwd" else "all")
+        if v not in ("", "idx", "all"):
+            raise ValueError(f"EQUIKERNELS_CONV_PREFETCH: expected '', 'idx' or 'all', got {v!r}")
+        return v
+
+    class _Capped:
+        """A JIT function launched with a register cap (ptxas -maxrregcount): more resident warps
+        per multiprocessor for the one-warp node-parallel programs."""
+
+        def __init__(self, fn, maxnreg: int):
+            self.fn, self.maxnreg = fn, maxnreg
+
+        def __getitem__(self, grid):
+            return functools.partial(self.fn[grid], maxnreg=self.maxnreg)
+
+        def __getattr__(self, name):  # device_caches etc. (diagnostics)
+            return getattr(self.fn, name)
 
     def _run(self, kind: str, names, tensors, like, graph, cfg, have: str = "", math=None) -> Dict[str, torch.Tensor]:
         """Launch the kernels computing outputs ``names`` (x, y, w, g / out) of one direction.
@@ -191,8 +228,11 @@ class ConvKernels:
             # the double backward's gradient kernel holds twice the operands: its owned-node rows
             # (g) are re-read per edge from cache instead of held in registers (H200, MACE-MP
             # medium L2, 795k edges: 8.3 vs 11.9 ms; the backward prefers holding them, 5.1 vs 5.6)
-            k = self._kernel(tg, groups, mode, owner, sections or "segment", hoist=kind != "dbwd",
-                             in1_outer=in1_outer(self.problem, kind))
+            nodes = mode == "nodes"
+            hoist = self._knob("HOIST", kind, "0" if kind == "dbwd" else "1") == "1" if nodes else kind != "dbwd"
+            k = self._kernel(tg, groups, mode, owner, sections or "segment", hoist=hoist,
+                             in1_outer=in1_outer(self.problem, kind), prefetch=self._prefetch(kind) if nodes else "",
+                             maxnreg=int(self._knob("MAXNREG", kind, "0")) if nodes else 0)
             outs, wide = {}, {}
             for g in groups:
                 t = like[g.out_ptr]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
@@ -64,6 +65,11 @@ class Rowing:
     index: Dict[str, str] = field(default_factory=dict)
     scatter: Tuple[str, ...] = ()
     hoist: bool = True  # nodes mode: load the owned node's operands once per node (registers)
+    # nodes mode: software pipelining of the edge loop. "idx": edge ids (perm) and gathered node
+    # ids (src) are loaded ahead, so a step's loads no longer wait on a chain of index loads;
+    # "all": also every per-edge load of the next step is issued before this step's arithmetic
+    # (more bytes in flight per warp, more registers). See KernelBuilder._pipelined.
+    prefetch: str = ""
 
     @property
     def args(self) -> Tuple[str, ...]:
@@ -119,6 +125,9 @@ class KernelBuilder:
         self.pre = _Writer()    # before the row loop (constants, aranges, loop-carried accumulators)
         self.body = _Writer()   # inside the row loop
         self.post = _Writer()   # after the loop
+        self.index = _Writer()  # prefetch "all": per-edge row offsets and masks of a loop step
+        self.fetch = _Writer()  # prefetch "all": per-edge loads of a loop step (issued a step early)
+        self.fetches: List[Tuple[List[str], List[str]]] = []  # (index, fetch) lines per node section
         self.consts: Dict[str, str] = {}
         self.aranges: Dict[Tuple[int, int, int], str] = {}
         self.masks: Dict[Tuple[int, int, int, int], str] = {}
@@ -189,14 +198,14 @@ class KernelBuilder:
         if key not in self.rowexpr:
             name = f"{operand}_r{nd}"
             var = self.rowing.rowvar.get(operand, "r64")
-            self.body.emit(f"{name} = {var}{self._row_axis(nd)} * {dim}")
+            (self.index if self._fetching() else self.body).emit(f"{name} = {var}{self._row_axis(nd)} * {dim}")
             self.rowexpr[key] = name
         return self.rowexpr[key]
 
     def rmask(self, nd: int) -> str:
         if nd not in self.rowmask:
             name = f"rm{nd}"
-            self.body.emit(f"{name} = rmask{self._row_axis(nd)}")
+            (self.index if self._fetching() else self.body).emit(f"{name} = rmask{self._row_axis(nd)}")
             self.rowmask[nd] = name
         return self.rowmask[nd]
 
@@ -261,6 +270,24 @@ class KernelBuilder:
             mask.append(self.colmask(dd, d, 2, 1))
         return ptr, " & ".join(mask)
 
+    def _fetching(self) -> bool:
+        return self.rowing.mode == "nodes" and self.rowing.prefetch == "all"
+
+    def _edge_load(self, name: str, expr: str, operand: str):
+        """Emit ``name = expr``, a load of a per-edge row: into the prefetched part of the step when
+        pipelining (the owned node's rows are the same every step: they stay in the body)."""
+        edge = self.rowing.rowvar.get(operand) != "noderow"
+        (self.fetch if self._fetching() and edge else self.body).emit(f"{name} = {expr}")
+
+    def _old(self, ptr: str, mask: str, operand: str) -> str:
+        """The current value of an output block that is added into (read-modify-write)."""
+        expr = f"tl.load({ptr}, mask={mask}, other=0.0).to(DT)"
+        if not self._fetching():
+            return expr
+        v = self.body.tmp(f"{operand}_o")
+        self._edge_load(v, expr, operand)
+        return v
+
     def _hoisted(self, operand: str) -> bool:
         """An operand of the node a node-parallel program owns: loaded once per node, before the
         edge loop (e.g. g[dst] in the backward over a destination's edges)."""
@@ -294,7 +321,7 @@ class KernelBuilder:
                     self.inputs.append(f.operand)
                 name = self.body.tmp(f"{f.operand}_t")
                 ptr, mask = self._tile_ptr(f.operand, off, d, ch, p, size)
-                self.body.emit(f"{name} = tl.load({ptr}, mask={mask}, other=0.0).to(DT)")
+                self._edge_load(name, f"tl.load({ptr}, mask={mask}, other=0.0).to(DT)", f.operand)
                 self.tiles[tkey] = self._split(name, p, _pow2(d))
             return self.tiles[tkey][comp]
         const, terms = self._address(table, f, comp, assign, block)
@@ -321,7 +348,10 @@ class KernelBuilder:
         elif nd == 0:
             ptr += " + r64 * 0"  # keep a row-shaped scalar so broadcasting stays uniform
         mask_s = f", mask={' & '.join(mask)}, other=0.0" if mask else ""
-        self.body.emit(f"{name} = tl.load({ptr}{mask_s}).to(DT)")
+        if has_rows:
+            self._edge_load(name, f"tl.load({ptr}{mask_s}).to(DT)", f.operand)
+        else:
+            self.body.emit(f"{name} = tl.load({ptr}{mask_s}).to(DT)")
         self.loads[key] = name
         return name
 
@@ -618,7 +648,7 @@ class KernelBuilder:
                 to.emit(f"tl.atomic_add({ptr}, {name}.to({out_ptr}_ptr.dtype.element_ty), mask={mask})", indent)
                 return
             if out_ptr in self.accumulate or key in self.acc_keys:
-                name = f"({name} + tl.load({ptr}, mask={mask}, other=0.0).to(DT))"
+                name = f"({name} + {self._old(ptr, mask, out_ptr)})"
             to.emit(f"tl.store({ptr}, {name}.to({out_ptr}_ptr.dtype.element_ty), mask={mask})", indent)
 
     def _store_segment(self, keys, accs, out_dims):
@@ -644,7 +674,7 @@ class KernelBuilder:
                 done.update(comps.values())
                 continue
             if out_ptr in self.accumulate or self.acc_keys & set(comps.values()):
-                tile = f"({tile} + tl.load({ptr}, mask={mask}, other=0.0).to(DT))"
+                tile = f"({tile} + {self._old(ptr, mask, out_ptr)})"
             self.body.emit(f"tl.store({ptr}, {tile}.to({out_ptr}_ptr.dtype.element_ty), mask={mask})")
             done.update(comps.values())
         for key in keys:
@@ -787,6 +817,7 @@ class KernelBuilder:
         sections, stored = [], set()
         for paths in units.values():
             self.body.lines, self.accpre = [], _Writer()
+            self.index, self.fetch = _Writer(), _Writer()
             self.loads, self.tiles, self.rowexpr, self.rowmask, self.exprs = {}, {}, {}, {}, {}
             start = len(order)
             for gi, p, bounds in paths:
@@ -803,6 +834,7 @@ class KernelBuilder:
             for key in keys:  # a later loop writing the same block starts a new accumulator
                 del accs[key]
             sections.append((self.accpre.lines, self.body.lines, post.lines))
+            self.fetches.append((self.index.lines, self.fetch.lines))
         return [], sections, stored
 
     def _assemble(self, main, sections, stored, accs, order, out_dims, reduce, coverage):
@@ -833,9 +865,12 @@ class KernelBuilder:
             inner += self.rowing.prologue("            ")
             if main:  # sections == "one": carried accumulators initialised per node, stored after
                 sections = [(self.accpre.lines, main, self.post.lines)]
+                self.fetches = [(self.index.lines, self.fetch.lines)]
                 self.post.lines = []
-            for init, body, post in sections:
-                src += ["    " + ln for ln in init] + inner + ["    " + ln for ln in body] + ["    " + ln for ln in post]
+            for n, (init, body, post) in enumerate(sections):
+                loop = (self._pipelined(body, *self.fetches[n]) if self.rowing.prefetch
+                        else inner + ["    " + ln for ln in body])
+                src += ["    " + ln for ln in init] + loop + ["    " + ln for ln in post]
             if not sections:
                 src.append("        pass")
         else:
@@ -847,6 +882,47 @@ class KernelBuilder:
         meta = KernelMeta(self.name, ins, outs, zero_init, tuple(g.out_ptr for g in self.groups if g.reduce_rows),
                           self.min_rows)
         return "\n".join(src) + "\n", meta
+
+    def _pipelined(self, body: List[str], index: List[str], fetch: List[str]) -> List[str]:
+        """A node's edge loop, software-pipelined (Rowing.prefetch): step k loads the edge ids of
+        step k + D + 2 and the gathered node ids of step k + D + 1 (values carried across
+        iterations), so no load waits on another issued in the same step; with "all" (D = 1) the
+        per-edge operands of step k + 1 are also loaded before step k's arithmetic. Every step
+        beyond the node's last edge is masked: it moves no data."""
+        d = 1 if self.rowing.prefetch == "all" else 0
+        ids, gathered = d + 2, d + 1   # steps ahead: perm, src / dst
+        defined = [m.group(1) for ln in index + fetch for m in [re.match(r"\s*(\w+) = ", ln)] if m]
+        data = [m.group(1) for ln in fetch for m in [re.match(r"\s*(\w+) = ", ln)] if m]
+        pat = re.compile(r"\b(" + "|".join(["r64", "rmask"] + list(self.rowing.index) + defined) + r")\b")
+
+        def at(lines, j, ind):  # the step-k lines rewritten for step k + j
+            sfx = f"__{j}" if j else ""
+            return [ind + pat.sub(lambda m: m.group(1) + sfx, ln.strip()) for ln in lines]
+
+        def ids_at(j, start, ind):
+            return [f"{ind}rmask__{j} = ({start} + {j} * ROWS + rr) < e1",
+                    f"{ind}r64__{j} = tl.load(perm_ptr + {start} + {j} * ROWS + rr, mask=rmask__{j}, other=0).to(tl.int64)"]
+
+        o, i = "        ", "            "
+        src = [f"{o}rmask = (e0 + rr) < e1", f"{o}r64 = tl.load(perm_ptr + e0 + rr, mask=rmask, other=0).to(tl.int64)"]
+        for j in range(1, ids):
+            src += ids_at(j, "e0", o)
+        for j in range(gathered):
+            src += at(self.rowing.prologue(""), j, o)
+        for j in range(d):
+            src += at(index + fetch, j, o)
+        src += [f"{o}for k0 in range(e0, e1, ROWS):", f"{i}rmask = (k0 + rr) < e1"] + ids_at(ids, "k0", i)
+        src += [f"{i}rmask__{gathered} = (k0 + {gathered} * ROWS + rr) < e1"] + at(self.rowing.prologue(""), gathered, i)
+        if d:
+            src += [f"{i}rmask__{d} = (k0 + {d} * ROWS + rr) < e1"] + at(index + fetch, d, i) + at(index, 0, i)
+        src += ["    " + ln for ln in body]
+        for j in range(ids):  # shift the carried values one step
+            src.append(f"{i}r64{f'__{j}' if j else ''} = r64__{j + 1}")
+        for var in self.rowing.index:
+            src += [f"{i}{var}{f'__{j}' if j else ''} = {var}__{j + 1}" for j in range(gathered)]
+        for name in data:
+            src += [f"{i}{name}{f'__{j}' if j else ''} = {name}__{j + 1}" for j in range(d)]
+        return src
 
     def _cover(self, key, coverage):
         out_ptr, const, terms, tsizes, nd = key
