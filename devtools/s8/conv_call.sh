@@ -5,6 +5,7 @@
 #   ncu:DIR:VARIANT     ncu on DIR's conv kernels and the segment sum, with VARIANT's settings ('-': defaults)
 #   diag                devtools/conv_diag.py mace-mp-medium-L2 10192 (kernel times of every direction)
 #   bench               benchmarks/bench_conv.py side by side with cuEquivariance and OpenEquivariance
+#                       (IMPLS=...: OpenEquivariance's JIT-built extension segfaulted on this machine)
 # Everything lands in $OUT; a summary is printed last. Steps start only before BUDGET_S seconds and
 # diag / bench stop at END_S seconds (defaults 330 / 400), so the call ends inside its limit.
 source .bundle/unpack-bundle.sh > $OUT/versions.txt 2>&1
@@ -35,7 +36,7 @@ for step in "$@"; do
     timeout $(( ${END_S:-400} - SECONDS )) python devtools/conv_diag.py mace-mp-medium-L2 10192 > $OUT/diag$n.json 2> $OUT/diag$n.err
     tail -1 $OUT/diag$n.err >> $SUM ;;
   bench)
-    timeout $(( ${END_S:-400} - SECONDS )) python benchmarks/bench_conv.py --atoms 10192 2916 --impls ek_det,cue_fused,oeq_det --check-atoms 256 \
+    timeout $(( ${END_S:-400} - SECONDS )) python benchmarks/bench_conv.py --atoms 10192 2916 --impls ${IMPLS:-ek_det,cue_fused,oeq_det} --check-atoms 256 \
       --out $OUT/conv.json > $OUT/bench.txt 2>&1
     tail -25 $OUT/bench.txt >> $SUM ;;
   esac
