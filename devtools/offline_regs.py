@@ -18,29 +18,49 @@ import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-INDEX = ("perm", "nptr", "src", "dst")
+INDEX = ("perm", "nptr", "ptr", "src", "dst")
 
 
-def stats(path: str, rows: int, warps: int, dt: str):
-    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    fn = next(v for v in vars(mod).values() if isinstance(v, triton.runtime.jit.JITFunction))
+def compile_sm90(fn, consts: dict, warps: int, stages: int = 1, fp: str = "fp32", ints=("N", "NBLK"),
+                 int_type: str = "i32"):
+    """Compile a JITFunction for sm_90 as a launch would specialise it: ``*_ptr`` arguments 16-byte
+    aligned (index arrays int64, the rest ``fp``), ``ints`` runtime integers, the rest constexprs
+    from ``consts``."""
     sig, const, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         if name.endswith("_ptr"):
-            sig[name] = "*i64" if name[:-4] in INDEX else f"*{dt}"
+            sig[name] = "*i64" if name[:-4] in INDEX else f"*{fp}"
             attrs[(i,)] = [["tt.divisibility", 16]]  # torch allocations are 16-byte aligned, as at launch
-        elif name in ("N", "NBLK"):
-            sig[name] = "i32"
+        elif name in ints:
+            sig[name] = int_type
         else:
             sig[name] = "constexpr"
-            const[(fn.arg_names.index(name),)] = {"ROWS": rows, "DT": getattr(tl, {"fp32": "float32", "fp64": "float64"}[dt]),
-                                                  "PREC": "ieee"}[name]
-    k = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": warps, "num_stages": 1})
-    regs, spill, _ = ptxas_report(k)
+            const[(i,)] = consts[name]
+    return triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps, "num_stages": stages})
+
+
+def jit_of(path: str):
+    """The JITFunction defined in a generated kernel file."""
+    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return next(v for v in vars(mod).values() if isinstance(v, triton.runtime.jit.JITFunction))
+
+
+def stats(path: str, rows: int, warps: int, dt: str):
+    consts = {"ROWS": rows, "DT": getattr(tl, {"fp32": "float32", "fp64": "float64"}[dt]), "PREC": "ieee"}
+    regs, spill, _ = ptxas_report(compile_sm90(jit_of(path), consts, warps, fp=dt))
     return regs, spill
+
+
+def sass_of(kernel) -> str:
+    """SASS listing of a compiled kernel (Triton's bundled cuobjdump)."""
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        return subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True).stdout
 
 
 def ptxas_report(kernel):

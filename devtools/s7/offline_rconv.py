@@ -6,13 +6,10 @@ import time
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)
-import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from offline_regs import ptxas_report  # noqa: E402
+from offline_regs import compile_sm90, ptxas_report  # noqa: E402
 
 from equikernels.catalog import problem as catalog_problem  # noqa: E402
 from equikernels.ops.tp import plan_of, spec_of  # noqa: E402
@@ -26,20 +23,9 @@ stages = int(sys.argv[6]) if len(sys.argv) > 6 else 3
 p = catalog_problem(name)
 ks = kernels_for(plan_of(spec_of(p, "ir_mul")), 64)
 fn = ks.fn(kind)
-consts = dict(B=B, DT=tl.float32, PREC=prec, **ks.dims, NEED_Y=True, NEED_H=True)
-sig, const, attrs = {}, {}, {}
-for i, a in enumerate(fn.arg_names):
-    if a.endswith("_ptr"):
-        sig[a] = "*i64" if a[:-4] in ("perm", "ptr", "src", "dst") else "*fp32"
-        attrs[(i,)] = [["tt.divisibility", 16]]
-    elif a in ("E", "CHUNK", "ONE"):
-        sig[a] = "i64"
-    else:
-        sig[a] = "constexpr"
-        const[(i,)] = consts[a]
+consts = dict(B=B, DT=tl.float32, PREC=prec, **ks.dims, NEED_Y=True, NEED_H=True, G=8, SPLIT=(prec == "tf32x3"))
 t0 = time.perf_counter()
-k = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
-                   options={"num_warps": warps, "num_stages": stages})
+k = compile_sm90(fn, consts, warps, stages, ints=("E", "CHUNK", "N"), int_type="i64")
 dt = time.perf_counter() - t0
 regs, spill, out = ptxas_report(k)
 smem = k.metadata.shared

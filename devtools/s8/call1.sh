@@ -5,11 +5,11 @@ export PYTHONPATH=$PWD:$PYTHONPATH EQUIKERNELS_CACHE_DIR=/tmp/ekc PYTHONUNBUFFER
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 which ncu || ls /opt/nvidia/nsight-compute/*/ncu
 NCU=$(which ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
-python devtools/s8/rconv_once.py fwd > $OUT/warm.log 2>&1; tail -2 $OUT/warm.log
+python devtools/s8/rconv_t.py once fwd > $OUT/warm.log 2>&1; tail -2 $OUT/warm.log
 for k in fwd edge; do
   timeout 200 $NCU --clock-control none -k regex:rconv --launch-skip 1 --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section InstructionStats \
-    python devtools/s8/rconv_once.py $k > $OUT/ncu_$k.txt 2>&1
+    python devtools/s8/rconv_t.py once $k > $OUT/ncu_$k.txt 2>&1
   echo "== $k rc=$?"; grep -E "Duration|Throughput|Registers|Achieved Occ|Theoretical Occ|Stall|Issued|Executed Ipc|Block Limit|Shared Memory Config|Dynamic Shared|Local" $OUT/ncu_$k.txt | head -40
 done

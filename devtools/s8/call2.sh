@@ -7,5 +7,5 @@ grep -v "Warn\|warn" $OUT/sweep.txt | tail -8
 NCU=/usr/local/cuda/bin/ncu
 EQUIKERNELS_RCONV_WARPS=8 EQUIKERNELS_RCONV_STAGES=1 timeout 150 $NCU --clock-control none -k regex:rconv_fwd --launch-skip 1 --launch-count 1 \
   --section SpeedOfLight --section Occupancy --section WarpStateStats --section InstructionStats \
-  python devtools/s8/rconv_once.py fwd > $OUT/ncu_fwd.txt 2>&1
+  python devtools/s8/rconv_t.py once fwd > $OUT/ncu_fwd.txt 2>&1
 grep -E "Duration|Registers Per|Achieved Occ|Issued Ipc|Executed Instructions  |L1/TEX Cache|Compute \(SM\)" $OUT/ncu_fwd.txt

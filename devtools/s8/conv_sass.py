@@ -5,47 +5,18 @@ SASS_DIR=dir writes each full SASS listing there)"""
 import collections
 import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)
-import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from offline_regs import INDEX, ptxas_report  # noqa: E402
+from offline_regs import compile_sm90, jit_of, ptxas_report, sass_of  # noqa: E402
 
 
 def compile_file(path: str, rows: int, warps: int, stages: int):
-    import importlib.util  # noqa: PLC0415
-    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    fn = next(v for v in vars(mod).values() if isinstance(v, triton.runtime.jit.JITFunction))
-    sig, const, attrs = {}, {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if name.endswith("_ptr"):
-            sig[name] = "*i64" if name[:-4] in INDEX else "*fp32"
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name in ("N", "NBLK"):
-            sig[name] = "i32"
-        else:
-            sig[name] = "constexpr"
-            const[(i,)] = {"ROWS": rows, "DT": tl.float32, "PREC": "ieee"}[name]
-    return triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": warps, "num_stages": stages})
-
-
-def sass_of(k) -> str:
-    cuobjdump = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"])
-        f.flush()
-        return subprocess.run([str(cuobjdump), "-sass", f.name], capture_output=True, text=True).stdout
+    return compile_sm90(jit_of(path), {"ROWS": rows, "DT": tl.float32, "PREC": "ieee"}, warps, stages)
 
 
 def summary(sass: str):

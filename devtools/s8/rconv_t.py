@@ -1,7 +1,8 @@
 """Kernel-only times of the fused radial conv's fwd and gx kernels (and optionally edge, gw) on the
 10,192-atom Cu graph, for each launch config given as B:WARPS:GROUP[:EDGE_SPLIT], plus the error of fwd / gx
 against the float64 unfused reference on the same graph. usage: python devtools/s8/rconv_t.py KINDS CFG...
-(KINDS e.g. fwd,gx)"""
+(KINDS e.g. fwd,gx). ``rconv_t.py once KIND`` runs one kernel twice and nothing else (for ncu, which
+captures the second launch)."""
 import os
 import sys
 import time
@@ -28,6 +29,15 @@ x, y = torch.randn(n, p.dim_in1, device=dev), torch.randn(e, p.dim_in2, device=d
 h, W = torch.randn(e, 64, device=dev), torch.randn(64, p.weight_numel, device=dev) / 8
 go = torch.randn(n, p.dim_out, device=dev)
 ks = kernels_for(plan_of(spec_of(p, "ir_mul")), 64)
+calls = {"fwd": lambda: ks.forward(x, y, h, W, graph),
+         "gx": lambda: ks.backward(x, y, h, W, go, graph, True, False, False, False)[0],
+         "edge": lambda: ks.backward(x, y, h, W, go, graph, False, True, True, False),
+         "gw": lambda: ks.backward(x, y, h, W, go, graph, False, False, False, True)}
+if sys.argv[1] == "once":
+    for _ in range(2):
+        calls[sys.argv[2]]()
+    torch.cuda.synchronize()
+    sys.exit(0)
 # float64 reference: unfused conv of h @ W, and its x gradient
 xd, yd, hd, Wd = (t.double() for t in (x, y, h, W))
 wd = (hd @ Wd).requires_grad_()
@@ -38,10 +48,6 @@ ref_gx, ref_gy, ref_gw = torch.autograd.grad(ref, (xd, yd, wd), go.double())
 ref_gh = ref_gw @ Wd.t()
 del ref_gw, wd
 rel = lambda a, b: ((a.double() - b).norm() / b.norm()).item()  # noqa: E731
-calls = {"fwd": lambda: ks.forward(x, y, h, W, graph),
-         "gx": lambda: ks.backward(x, y, h, W, go, graph, True, False, False, False)[0],
-         "edge": lambda: ks.backward(x, y, h, W, go, graph, False, True, True, False),
-         "gw": lambda: ks.backward(x, y, h, W, go, graph, False, False, False, True)}
 kinds = sys.argv[1].split(",")
 for cfg in sys.argv[2:]:
     b, w, g, *sp = cfg.split(":")

@@ -4,17 +4,15 @@ whole kernel and of the hottest loop. usage: python devtools/s8/sass_rconv.py KI
 import collections
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)
-import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from offline_regs import compile_sm90, ptxas_report, sass_of  # noqa: E402
 
 from equikernels.catalog import problem as catalog_problem  # noqa: E402
 from equikernels.ops.tp import plan_of, spec_of  # noqa: E402
@@ -28,29 +26,13 @@ stages = int(sys.argv[5]) if len(sys.argv) > 5 else 3
 p = catalog_problem(os.environ.get("PROBLEM", "mace-mp-medium-L2"))
 ks = kernels_for(plan_of(spec_of(p, "ir_mul")), 64)
 fn = ks.fn(kind)
-consts = dict(B=B, DT=tl.float32, PREC=prec, **ks.dims, NEED_Y=os.environ.get("NY", "1") == "1", NEED_H=os.environ.get("NH", "1") == "1", G=8, SPLIT=(prec == "tf32x3"))
-sig, const, attrs = {}, {}, {}
-for i, a in enumerate(fn.arg_names):
-    if a.endswith("_ptr"):
-        sig[a] = "*i64" if a[:-4] in ("perm", "ptr", "src", "dst", "dsts") else "*fp32"
-        attrs[(i,)] = [["tt.divisibility", 16]]
-    elif a in ("E", "CHUNK", "ONE", "N"):
-        sig[a] = "i64"
-    else:
-        sig[a] = "constexpr"
-        const[(i,)] = consts[a]
+consts = dict(B=B, DT=tl.float32, PREC=prec, **ks.dims, NEED_Y=os.environ.get("NY", "1") == "1",
+              NEED_H=os.environ.get("NH", "1") == "1", G=8, SPLIT=(prec == "tf32x3"))
 t0 = time.perf_counter()
-k = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
-                   options={"num_warps": warps, "num_stages": stages})
+k = compile_sm90(fn, consts, warps, stages, ints=("E", "CHUNK", "N"), int_type="i64")
 dt = time.perf_counter() - t0
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from offline_regs import ptxas_report  # noqa: E402
 R, S, _ = ptxas_report(k)
-bindir = Path(triton.__file__).parent / "backends/nvidia/bin"
-with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-    f.write(k.asm["cubin"])
-    f.flush()
-    sass = subprocess.run([str(bindir / "cuobjdump"), "-sass", f.name], capture_output=True, text=True).stdout
+sass = sass_of(k)
 if os.environ.get("SASS_OUT"):
     Path(os.environ["SASS_OUT"]).write_text(sass)
 ins = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", sass)

@@ -116,27 +116,6 @@ def _pairs(p: RPath) -> List[Tuple[int, int]]:
     return seen
 
 
-def _node_prologue(src: _Src, second: Optional[str]):
-    """Program = node n (and ``second`` = program_id(1) if given): n's edge range in CSR order."""
-    src("n = tl.program_id(0).to(tl.int64)")
-    if second:
-        src(f"{second} = tl.program_id(1)")
-    src("start = tl.load(ptr_ptr + n)")
-    src("end = tl.load(ptr_ptr + n + 1)")
-    src("rb = tl.arange(0, B)")
-    src("rh = tl.arange(0, H)")
-
-
-def _edge_loop_head(src: _Src, ind: int, other_ptr: str):
-    """Inside ``for e0 in range(start, end, B)``: edge ids e (through the CSR permutation), the other
-    endpoint o and the hidden rows hb."""
-    src("r = e0 + rb", ind)
-    src("m = r < end", ind)
-    src("e = tl.load(perm_ptr + r, mask=m, other=0)", ind)
-    src(f"o = tl.load({other_ptr} + e, mask=m, other=0)", ind)
-    src("hb = tl.load(h_ptr + e[:, None] * H + rh[None, :], mask=m[:, None], other=0.0)", ind)
-
-
 def _load_y(src: _Src, ind: int, p: RPath, prefix: str = "y"):
     off, _, dim = p.y
     for j in range(dim):
@@ -148,11 +127,6 @@ def _load_seg(src: _Src, ind: int, layout: str, name: str, ptr: str, row: str, s
     for c in comps:
         src(f"{name}{c} = tl.load({ptr} + {row}[:, None] * {stride} + {_addr(layout, seg, c, 'ru')}[None, :], "
             f"mask=m[:, None], other=0.0).to(DT)", ind)
-
-
-def _w_tile(src: _Src, ind: int, p: RPath):
-    src(f"ru = tl.arange(0, {p.x[1]})", ind)
-    src(f"wt = tl.load(w_ptr + rh[:, None] * WN + ({p.woff} + ru)[None, :]).to(DT)", ind)
 
 
 HEADER = "B: tl.constexpr, H: tl.constexpr, DX: tl.constexpr, DY: tl.constexpr, DO: tl.constexpr, " \
@@ -171,12 +145,6 @@ def _wT_tiles(src: _Src, ind: int, p: RPath):
     src("alo = tl.load(wlo_ptr + wrow)", ind + 1)
 
 
-def _wbT(src: _Src, ind: int, other_ptr: str):
-    """Inside the edge loop: edge ids (CSR order), the other endpoint o, and wb = W_p^T @ h^T."""
-    _edge_ids(src, ind, other_ptr)
-    _wb_dot(src, ind)
-
-
 def _edge_ids(src: _Src, ind: int, other_ptr: str):
     src("r = e0 + rb", ind)
     src("m = r < end", ind)
@@ -185,16 +153,28 @@ def _edge_ids(src: _Src, ind: int, other_ptr: str):
 
 
 def _wb_dot(src: _Src, ind: int):
-    """wb [MUL, B] = W_p^T @ h^T, as three tf32 products of hi / lo parts when SPLIT (fp32 accuracy
-    on tensor cores; the parts of W come split from the host)."""
+    """wb [MUL, B] = W_p^T @ h^T."""
     src("hT = tl.load(h_ptr + e[None, :] * H + rh[:, None], mask=m[None, :], other=0.0).to(DT)", ind)
+    _dot(src, ind, "wb", "ahi", "alo", "hT")
+
+
+def _dot(src: _Src, ind: int, out: str, a_hi: str, a_lo: str, b: str):
+    """out = A @ b: with SPLIT, three tf32 products of hi / lo parts (fp32 accuracy on tensor cores;
+    A comes split from the host, b is split here); otherwise one product at PREC."""
     src("if SPLIT:", ind)
-    src("hhi = (hT.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)", ind + 1)
-    src('wb = tl.dot(alo, hhi, input_precision="tf32")', ind + 1)
-    src('wb = tl.dot(ahi, hT - hhi, wb, input_precision="tf32")', ind + 1)
-    src('wb = tl.dot(ahi, hhi, wb, input_precision="tf32")', ind + 1)
+    src(f"bhi = ({b}.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)", ind + 1)
+    src(f'{out} = tl.dot({a_lo}, bhi, input_precision="tf32")', ind + 1)
+    src(f'{out} = tl.dot({a_hi}, {b} - bhi, {out}, input_precision="tf32")', ind + 1)
+    src(f'{out} = tl.dot({a_hi}, bhi, {out}, input_precision="tf32")', ind + 1)
     src("else:", ind)
-    src("wb = tl.dot(ahi, hT, input_precision=PREC, out_dtype=DT)", ind + 1)
+    src(f"{out} = tl.dot({a_hi}, {b}, input_precision=PREC, out_dtype=DT)", ind + 1)
+
+
+def _node_loop(src: _Src, ind: int):
+    """``for n in range(n0, n1)`` over the group's nodes, with n's edge range in CSR order."""
+    src("for n in range(n0, n1):", ind)
+    src("start = tl.load(ptr_ptr + n)", ind + 1)
+    src("end = tl.load(ptr_ptr + n + 1)", ind + 1)
 
 
 def _load_yT(src: _Src, ind: int, p: RPath):
@@ -232,13 +212,12 @@ def gen_fwd(paths: List[RPath], layout: str) -> str:
         _wT_tiles(s, 2, p)
         ks = sorted({k for _, _, k, _ in p.entries})
         comps = sorted({i for i, _, _, _ in p.entries})
-        s("for n in range(n0, n1):", 2)
-        s("start = tl.load(ptr_ptr + n)", 3)
-        s("end = tl.load(ptr_ptr + n + 1)", 3)
+        _node_loop(s, 2)
         for k in ks:
             s(f"acc{k} = tl.zeros([{p.x[1]}, B], dtype=DT)", 3)
         s("for e0 in range(start, end, B):", 3)
-        _wbT(s, 4, "src_ptr")
+        _edge_ids(s, 4, "src_ptr")
+        _wb_dot(s, 4)
         _load_yT(s, 4, p)
         _load_segT(s, 4, layout, "x", "x_ptr", "DX", p.x, comps)
         for i in comps:
@@ -279,13 +258,12 @@ def gen_gx(paths: List[RPath], layout: str) -> str:
             pairs = _pairs(p)
             ks = sorted({k for _, _, k, _ in p.entries})
             comps = sorted({i for i, _, _, _ in p.entries})
-            s("for n in range(n0, n1):", 2)
-            s("start = tl.load(ptr_ptr + n)", 3)
-            s("end = tl.load(ptr_ptr + n + 1)", 3)
+            _node_loop(s, 2)
             for i in comps:
                 s(f"acc{i} = tl.zeros([{seg[1]}, B], dtype=DT)", 3)
             s("for e0 in range(start, end, B):", 3)
-            _wbT(s, 4, "dst_ptr")
+            _edge_ids(s, 4, "dst_ptr")
+            _wb_dot(s, 4)
             _load_yT(s, 4, p)
             for k in ks:  # one g tile live at a time
                 _load_segT(s, 4, layout, "g", "g_ptr", "DO", p.out, [k])
@@ -300,25 +278,20 @@ def gen_gx(paths: List[RPath], layout: str) -> str:
     return "\n".join(s.lines) + "\n"
 
 
-def _gw_block(s: _Src, ind: int, p: RPath, layout: str, gy: bool):
-    """gw [B, MUL] = sum_ijk C x_i y_j g_k for the current edge block (x, g gathered); with ``gy``
-    also r{i}_{k} = sum_u x_i g_k wb (wb = h @ W_p must exist). One g component live at a time."""
+def _gw_block(s: _Src, ind: int, p: RPath, layout: str):
+    """gw [B, MUL] = sum_ijk C x_i y_j g_k for the current edge block (x, g gathered), one g
+    component live at a time."""
     _load_y(s, ind, p)
     xs = sorted({i for i, _, _, _ in p.entries})
     _load_seg(s, ind, layout, "x", "x_ptr", "sr", "DX", p.x, xs)
     first = True
     for k in sorted({k for _, _, k, _ in p.entries}):
         _load_seg(s, ind, layout, "g", "g_ptr", "ds", "DO", p.out, [k])
-        if gy:
-            s(f"gb{k} = g{k} * wb", ind)
         for i, kk in _pairs(p):
-            if kk != k:
-                continue
-            term = f"x{i} * g{k} * ({_coef_terms(p, (i, k))})[:, None]"
-            s(f"gw = {term}" if first else f"gw += {term}", ind)
-            first = False
-            if gy:
-                s(f"r{i}_{k} = tl.sum(x{i} * gb{k}, axis=1)", ind)
+            if kk == k:
+                term = f"x{i} * g{k} * ({_coef_terms(p, (i, k))})[:, None]"
+                s(f"gw = {term}" if first else f"gw += {term}", ind)
+                first = False
 
 
 def _g_node(p: RPath, layout: str):
@@ -353,9 +326,7 @@ def gen_edge(paths: List[RPath], layout: str, dy: int) -> str:
         pairs = _pairs(p)
         comps = sorted({i for i, _, _, _ in p.entries})
         js = sorted({j for _, j, _, _ in p.entries})
-        s("for n in range(n0, n1):")
-        s("start = tl.load(ptr_ptr + n)", 2)
-        s("end = tl.load(ptr_ptr + n + 1)", 2)
+        _node_loop(s, 1)
         for line in _g_node(p, layout):
             s(line, 2)
         s("if NEED_Y:", 2)
@@ -380,13 +351,7 @@ def gen_edge(paths: List[RPath], layout: str, dy: int) -> str:
             cs = [f"g{k}[:, None] * ({_coef_terms(p, (i, k))})[None, :]" for ii, k in pairs if ii == i]
             s(f"gw {'=' if first else '+='} x{i} * ({' + '.join(cs)})", 4)
             first = False
-        s("if SPLIT:", 4)
-        s("gwhi = (gw.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)", 5)
-        s('gb = tl.dot(vlo, gwhi, input_precision="tf32")', 5)
-        s('gb = tl.dot(vhi, gw - gwhi, gb, input_precision="tf32")', 5)
-        s('gb = tl.dot(vhi, gwhi, gb, input_precision="tf32")', 5)
-        s("else:", 4)
-        s("gb = tl.dot(vhi, gw, input_precision=PREC, out_dtype=DT)", 5)
+        _dot(s, 4, "gb", "vhi", "vlo", "gw")
         s("hp = gh_ptr + e[None, :] * H + rh[:, None]", 4)
         if q == 0:
             s("tl.store(hp, gb, mask=m[None, :])", 4)
@@ -415,7 +380,7 @@ def gen_gw(paths: List[RPath], layout: str) -> str:
         s("sr = tl.load(src_ptr + e, mask=m, other=0)", 3)
         s("ds = tl.load(dst_ptr + e, mask=m, other=0)", 3)
         s("hb = tl.load(h_ptr + e[:, None] * H + rh[None, :], mask=m[:, None], other=0.0).to(DT)", 3)
-        _gw_block(s, 3, p, layout, False)
+        _gw_block(s, 3, p, layout)
         s("acc += tl.dot(tl.trans(hb), gw, input_precision=PREC, out_dtype=DT)", 3)
         s(f"tl.store(part_ptr + c * H * WN + rh[:, None] * WN + ({p.woff} + ru)[None, :], acc)", 2)
     return "\n".join(s.lines) + "\n"
