@@ -245,3 +245,152 @@ def test_gpu_fast_equals_normal():
         launch.set_enabled(old)
     for a, b in zip(fast, normal):
         assert torch.equal(a, b)
+
+
+# --- ops.tp's direct eager backward (_bwd_direct): the resolved launch of TPKernels.backward -------
+def _odd():
+    """Widths 3 / 4 / 9 (odd row sizes: unaligned row offsets inside the buffers)."""
+    from equikernels.problem import TPProblem
+    return TPProblem.create("3x0e", "1x0e+1x1o", "3x0e+3x1o", [(0, 0, 0, "uvu", True), (0, 1, 1, "uvu", True)],
+                            shared_weights=False, internal_weights=False)
+
+
+@pytest.fixture
+def nan_alloc(monkeypatch):
+    """The direct path's buffers start as NaN, so an element no kernel writes shows."""
+    monkeypatch.setattr(ops_tp, "_empty_like", lambda t: torch.full_like(t, float("nan")))
+    monkeypatch.setattr(ops_tp, "FAST_BWD", True)
+
+
+def _grads(p, x, y, w, g, req, direct: bool):
+    """Gradients of tensor_product through autograd (bench_tp's bwd), direct path on or off."""
+    from equikernels.ops import tensor_product
+    old = ops_tp.FAST_BWD
+    ops_tp.FAST_BWD = direct
+    try:
+        leaves = [t.detach().clone().requires_grad_(r) for t, r in zip((x, y, w), req)]
+        out = tensor_product(p, *leaves, layout="ir_mul", backend="triton")
+        return torch.autograd.grad(out, [t for t in leaves if t.requires_grad], g)
+    finally:
+        ops_tp.FAST_BWD = old
+
+
+def _dev():
+    return "cpu" if INTERPRET else "cuda"
+
+
+@pytest.mark.parametrize("rows", [37, 1])
+def test_direct_backward_matches_full_path(nan_alloc, rows):
+    p = _odd() if INTERPRET else _small_problem()
+    x, y, w, g = _operands(p, rows, _dev())[:4]
+    spec = spec_of(p, "ir_mul")
+    ref = ops_tp._bwd_impl(*(t.double() for t in (x, y, w, g)), spec, "reference", 7)
+    ops_tp._BWD_DIRECT.clear()
+    for req in ((True, True, True), (True, False, False), (False, True, False), (False, False, True),
+                (True, True, False), (True, False, True), (False, True, True)):
+        full = _grads(p, x, y, w, g, req, direct=False)
+        for _ in range(2):  # the first launch of a specialisation and a later one (launch.Pinned's hit)
+            got = _grads(p, x, y, w, g, req, direct=True)
+            assert len(got) == len(full) == sum(req)
+            for a, b in zip(got, full):
+                assert a.shape == b.shape and a.dtype == b.dtype and a.is_contiguous()
+                assert torch.equal(a, b), req  # same kernel and arguments: bit-identical
+            want = [r for r, q in zip(ref, req) if q]
+            for a, b in zip(got, want):
+                assert float((a.double() - b).norm()) <= 1e-5 * max(1.0, float(b.norm()))
+    plans = [d for d in ops_tp._BWD_DIRECT.values() if d is not None]
+    assert len(plans) == 7  # the direct path ran for every need (it is not silently skipped)
+
+
+def test_direct_backward_leaf_grads_and_fallbacks(nan_alloc, monkeypatch):
+    from equikernels.ops import tensor_product
+    p = _odd() if INTERPRET else _small_problem()
+    x, y, w, g = _operands(p, 36, _dev())[:4]
+    full = _grads(p, x, y, w, g, (True, True, True), direct=False)
+    leaves = [t.detach().clone().requires_grad_() for t in (x, y, w)]
+    for _ in range(2):  # .backward(): leaf .grad set, then accumulated into
+        tensor_product(p, *leaves, layout="ir_mul", backend="triton").backward(g)
+    for t, f in zip(leaves, full):
+        assert torch.equal(t.grad, 2 * f)
+    # mixed operand dtypes: each gradient in its operand's dtype
+    wb = w.to(torch.bfloat16)
+    got = _grads(p, x, y, wb, g, (True, True, True), direct=True)
+    want = _grads(p, x, y, wb, g, (True, True, True), direct=False)
+    assert [t.dtype for t in got] == [torch.float32, torch.float32, torch.bfloat16]
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    # autotuning / poisoning / zero rows / create_graph / shared weights: the full path
+    calls = []
+    monkeypatch.setattr(ops_tp, "_empty_like", lambda t: calls.append(t) or torch.empty_like(t))
+    for var in ("EQUIKERNELS_POISON", "EQUIKERNELS_AUTOTUNE"):
+        monkeypatch.setenv(var, "1")
+        got = _grads(p, x, y, w, g, (True, True, True), direct=True)
+        monkeypatch.delenv(var)
+        assert all(torch.equal(a, b) for a, b in zip(got, full))
+    x0, y0, w0, g0 = (t[:0] for t in (x, y, w, g))
+    assert [t.shape for t in _grads(p, x0, y0, w0, g0, (True, True, True), direct=True)] == \
+        [x0.shape, y0.shape, w0.shape]
+    leaves = [t.detach().clone().requires_grad_() for t in (x, y, w)]
+    out = tensor_product(p, *leaves, layout="ir_mul", backend="triton")
+    hi = torch.autograd.grad(out, leaves, g, create_graph=True)
+    assert all(torch.equal(a, b) for a, b in zip(hi, full))
+    ps = _tiny_shared()
+    xs, ys = x[:, :ps.dim_in1].contiguous(), y
+    ws = torch.randn(ps.weight_numel, device=x.device)
+    gs = torch.randn(x.shape[0], ps.dim_out, device=x.device)
+    got = _grads(ps, xs, ys, ws, gs, (True, True, True), direct=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, _grads(ps, xs, ys, ws, gs, (True, True, True), direct=False)))
+    assert not calls
+    _grads(p, x, y, w, g, (True, True, True), direct=True)
+    assert calls  # and the direct path is back
+
+
+def _tiny_shared():
+    from equikernels.problem import TPProblem
+    return TPProblem.create("3x0e", "1x0e+1x1o", "3x0e+3x1o", [(0, 0, 0, "uvu", True), (0, 1, 1, "uvu", True)],
+                            shared_weights=True, internal_weights=False)
+
+
+class _Launcher:
+    """Stands in for a FastLaunch whose kernel is already compiled (hits filled on first call)."""
+
+    def __init__(self, jit):
+        self.fast, self.hits, self.jit, self.calls = True, {}, jit, []
+
+    def __call__(self, grid, tensors, ints, consts, num_warps, num_stages):
+        self.calls.append(grid)
+        compiled = _Compiled()
+        key = launch.spec_key(tensors, ints, consts, num_warps, num_stages)
+        self.hits[(launch._device(), launch._RT.debug, launch._CT.instrumentation_mode, key)] = \
+            (compiled.run, compiled.function, compiled.packed_metadata)
+        self.compiled = compiled
+
+
+class _Cuda:
+    """A tensor stand-in on a 'GPU' (launch.Pinned reads data_ptr and is_cuda only, spec_key dtype)."""
+
+    def __init__(self, ptr, cuda=True):
+        self.ptr, self.is_cuda, self.dtype = ptr, cuda, torch.float32
+
+    def data_ptr(self):
+        return self.ptr
+
+
+def test_pinned_launch(fake):
+    fl = _Launcher(None)
+    pin = launch.Pinned(fl, (4, "DT", "ieee"), 4, 1)
+    a, b = _Cuda(4096), _Cuda(8192)
+    pin(5, [a, b], (20, 5))  # first: the normal path, its hit kept
+    assert fl.calls == [(5,)] and len(pin.hits) == 1
+    pin(6, [b, a], (23, 6))  # same classes: direct, with addresses
+    assert fl.calls == [(5,)]
+    assert fl.compiled.calls == [(6, 1, 1, 77, 1234, (4, 1, 0), None, None, None, 8192, 4096, 23, 6, 4, "DT", "ieee")]
+    pin(1, [a, b], (16, 1))  # other int classes: the normal path again
+    pin(6, [a, _Cuda(8200)], (23, 6))  # misaligned
+    pin(6, [a, _Cuda(8192, cuda=False)], (23, 6))  # not on a GPU: the normal path (the launcher checks)
+    assert fl.calls == [(5,), (1,), (6,), (6,)]
+    old = launch.set_enabled(False)
+    try:
+        pin(6, [a, b], (23, 6))
+    finally:
+        launch.set_enabled(old)
+    assert len(fl.calls) == 5

@@ -13,6 +13,8 @@ values, num_warps, num_stages, the current device and the two knobs Triton adds 
 (runtime.debug, compilation.instrumentation_mode). Pointers that are not all 16-byte aligned take
 the normal path (rare: offset views), so a kernel compiled with alignment hints never sees them.
 
+``Pinned`` trims the per-call work further for a caller that fixes the dtypes and constexprs.
+
 Normal path always: under the interpreter (``TRITON_INTERPRET=1``: the kernel is not a
 JITFunction), with ``EQUIKERNELS_FAST_LAUNCH=0`` (default on for Triton 3.6 only) (read at import; ``set_enabled`` toggles), while
 a launch hook is installed (profilers), and for a kernel with pre-run hooks.
@@ -125,6 +127,48 @@ class FastLaunch:
         if (isinstance(compiled, _Compiled) and not self.fn.pre_run_hooks
                 and len(tensors) + len(ints) + len(consts) == len(self.fn.arg_names)):
             self.hits[key] = (compiled.run, compiled.function, compiled.packed_metadata)
+
+
+class Pinned:
+    """A FastLaunch whose constexprs and launch shape are fixed, for a caller that launches one
+    kernel with the same argument dtypes every time (it vouches for that; ops.tp's direct backward
+    keys its recipes on the dtypes). Per call only the device, the int classes and the pointers'
+    alignment are looked at (FastLaunch also rebuilds the dtype and constexpr parts of its key), and
+    the launcher gets integer addresses: it skips its own per-tensor data_ptr call and pointer check.
+    That check is what rejects CPU tensors, so tensors not on a GPU take the normal path here."""
+
+    __slots__ = ("launcher", "consts", "num_warps", "num_stages", "hits")
+
+    def __init__(self, launcher: FastLaunch, consts: tuple, num_warps: int, num_stages: int):
+        self.launcher, self.consts, self.num_warps, self.num_stages = launcher, consts, num_warps, num_stages
+        self.hits: Dict[tuple, tuple] = {}
+
+    def __call__(self, grid0: int, tensors: Sequence, ints: Sequence):
+        fl = self.launcher
+        if ENABLED and fl.fast and not _hooked():
+            ptrs, acc, gpu = [], 0, True
+            for t in tensors:
+                p = t.data_ptr()
+                ptrs.append(p)
+                acc |= p
+                gpu = gpu and t.is_cuda
+            if gpu and not acc & 15:
+                if _stream is None:
+                    _bind_driver()
+                dev = _device()
+                key = (dev, _RT.debug, _CT.instrumentation_mode, tuple([int_class(v) for v in ints]))
+                hit = self.hits.get(key)
+                if hit is not None:
+                    run, function, meta = hit
+                    run(grid0, 1, 1, _stream(dev), function, meta, None, None, None, *ptrs, *ints, *self.consts)
+                    return
+                fl((grid0,), tensors, ints, self.consts, self.num_warps, self.num_stages)
+                full = spec_key(tensors, ints, self.consts, self.num_warps, self.num_stages)
+                hit = fl.hits.get((dev, _RT.debug, _CT.instrumentation_mode, full)) if full is not None else None
+                if hit is not None and -1 not in key[3]:
+                    self.hits[key] = hit
+                return
+        fl((grid0,), tensors, ints, self.consts, self.num_warps, self.num_stages)
 
 
 def _bind_driver() -> None:

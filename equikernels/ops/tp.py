@@ -7,6 +7,7 @@ string argument, which keeps exported graphs self-contained.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -190,10 +191,15 @@ def _fwd_setup(ctx, inputs, output):
 
 def _fwd_backward(ctx, g, *_):
     x, y, w = ctx.saved_tensors
-    need = sum(bit for bit, n in zip((NEED_X, NEED_Y, NEED_W), ctx.needs_input_grad[:3]) if n)
+    ni = ctx.needs_input_grad
+    need = ni[0] + 2 * ni[1] + 4 * ni[2]
     if need == 0:
         return None, None, None, None, None, None, None
-    gx, gy, gw = bwd(x, y, w, g.contiguous(), ctx.spec, ctx.backend, need, ctx.math)
+    g = g.contiguous()
+    res = None
+    if (FAST_BWD and ctx.backend == "triton" and not torch.is_grad_enabled() and _eager(x, y, w, g)):
+        res = _bwd_direct(x, y, w, g, ctx.spec, need, ctx.math)
+    gx, gy, gw = res if res is not None else bwd(x, y, w, g, ctx.spec, ctx.backend, need, ctx.math)
     return (gx if need & NEED_X else None, gy if need & NEED_Y else None, gw if need & NEED_W else None,
             None, None, None, None)
 
@@ -327,6 +333,102 @@ class _Bwd(torch.autograd.Function):
         return _bwd_impl(x, y, w, g, spec, backend, need, math_dtype)
 
     backward = staticmethod(_bwd_backward)
+
+
+# --- eager backward without per-call planning ----------------------------------------------------
+# TPKernels.backward works out the kernel, launch shape, buffers and split on every call: ~35 us of
+# host time on the H200 machine, most of what makes a small product's backward host-bound
+# (nequip-water, issue 3). For channel-wise products with per-row weights whose backward is one
+# kernel writing every element once (no autotuning, no poisoning), that answer depends only on
+# (problem, need, dtypes): _BwdDirect keeps it, and a call allocates and launches (a launch.Pinned:
+# the dtypes are part of the recipe's key). Same kernel, configuration and arguments as
+# _Kernel.launch passes (pointers in meta.inputs + meta.outputs order, N, NBLK, ROWS, DT, PREC), so
+# results are bit-identical (tests/test_fast_launch.py compares the two paths). Only the eager
+# no-grad backward of tp_fwd takes it; EQUIKERNELS_FAST_BWD=0 turns it off.
+FAST_BWD = os.environ.get("EQUIKERNELS_FAST_BWD", "1") == "1"
+_ENV = getattr(os.environ, "_data", None)  # os.environ's own store: a read without the Mapping layers
+_ENV_ON = os.environ.encodevalue("1") if _ENV is not None else None
+_ENV_KEYS = tuple(os.environ.encodekey(k) for k in ("EQUIKERNELS_AUTOTUNE", "EQUIKERNELS_POISON")) \
+    if _ENV is not None else ()
+
+
+def _env_tuning_or_poison() -> bool:
+    """EQUIKERNELS_AUTOTUNE=1 or EQUIKERNELS_POISON=1 (both need TPKernels' full path); read per
+    call like the full path does (tests toggle them), ~0.1 us instead of ~1 us per os.environ.get."""
+    if _ENV is None:
+        return os.environ.get("EQUIKERNELS_AUTOTUNE") == "1" or os.environ.get("EQUIKERNELS_POISON") == "1"
+    return _ENV.get(_ENV_KEYS[0]) == _ENV_ON or _ENV.get(_ENV_KEYS[1]) == _ENV_ON
+
+
+class _BwdDirect:
+    """The resolved backward of one (problem, need, operand dtypes, math_dtype)."""
+    __slots__ = ("launch", "rows", "args", "order")
+
+    def __init__(self, launch, rows: int, args: tuple, order: tuple):
+        self.launch, self.rows = launch, rows
+        self.args = args    # kernel pointer parameters: index into (x, y, w, g, *outputs)
+        self.order = order  # operand index (x 0, y 1, w 2) of each gradient computed, in that order
+
+
+_BWD_DIRECT: dict = {}
+
+
+def _bwd_direct_plan(spec: str, need: int, x, y, w, g, math_dtype) -> Optional[_BwdDirect]:
+    """What TPKernels.backward would launch (None: a case it handles differently, so it runs)."""
+    from ..codegen import tp as ct  # noqa: PLC0415 - Triton is optional
+    from ..codegen.launch import Pinned  # noqa: PLC0415
+    plan = plan_of(spec)
+    p = plan.problem
+    # channel-wise products with per-row weights only (MACE / NequIP, the host-bound ones): shared
+    # weights are reduced over rows, and uvw products may split the weight gradient off
+    if (p.shared_weights or ct.weights_dominate(p) or any(i.mode != "uvu" for i in p.instructions)
+            or not plan.generated("bwd", need)):
+        return None
+    k = plan.kernels.kernel("bwd", need)
+    if not isinstance(k, ct._Kernel):  # split into parts that add into zero-filled outputs
+        return None
+    meta = k.meta
+    names = tuple("g" + n for bit, n in ((NEED_X, "x"), (NEED_Y, "y"), (NEED_W, "w")) if need & bit)
+    if set(meta.outputs) != set(names) or meta.zero_init or meta.reduce_rows or k.acc_outputs:
+        return None
+    math = ct.math_of(x, y, w, g, math_dtype=math_dtype)
+    cfg = plan.kernels._cfg("bwd", math)
+    rows = max(cfg.rows, meta.min_rows)  # as _run raises it
+    dt = ct._DT[math]
+    prec = "tf32" if cfg.tf32 and dt == ct.tl.float32 else "ieee"
+    slot = {n: i for i, n in enumerate(("x", "y", "w", "g") + names)}
+    args = tuple(slot[a] for a in meta.inputs + meta.outputs)
+    order = tuple("xyw".index(nm[1]) for nm in names)
+    return _BwdDirect(Pinned(k.launcher, (rows, dt, prec), cfg.num_warps, cfg.num_stages), rows, args, order)
+
+
+def _bwd_direct(x: Tensor, y: Tensor, w: Tensor, g: Tensor, spec: str, need: int,
+                math_dtype: Optional[torch.dtype]):
+    """(gx, gy, gw) as _bwd_impl computes them (None for those not in ``need``), or None where the full
+    path must run."""
+    if x.dim() != 2 or _env_tuning_or_poison():
+        return None
+    key = (spec, need, x.dtype, y.dtype, w.dtype, g.dtype, math_dtype)
+    d = _BWD_DIRECT.get(key, False)
+    if d is False:
+        d = _BWD_DIRECT[key] = _bwd_direct_plan(spec, need, x, y, w, g, math_dtype)
+    n = x.shape[0]
+    if d is None or n == 0:
+        return None
+    ops = [x, y, w]
+    outs = [_empty_like(ops[i]) for i in d.order]  # operands are contiguous: so are these
+    t = ops + [g] + outs
+    nblk = (n + d.rows - 1) // d.rows
+    d.launch(nblk, [t[i] for i in d.args], (n, nblk))
+    if len(outs) == 3:
+        return tuple(outs)
+    res = [None, None, None]  # None, not a placeholder, for a gradient not asked for: _fwd_backward drops it
+    for i, o in zip(d.order, outs):
+        res[i] = o
+    return tuple(res)
+
+
+_empty_like = torch.empty_like  # the direct backward's allocator (tests swap in a NaN fill)
 
 
 def fwd(x, y, w, spec, backend, math_dtype=None, out_dtype=None):
