@@ -1,6 +1,8 @@
 """Per-row weights larger than the output (DiffDock-shaped uvw): the weight gradient runs in a
 kernel of its own, in the backward and in the double backward (codegen.tp._weights_dominate).
-Both splits must give the reference's numbers, and the same numbers as one kernel."""
+Both splits must give the reference's numbers, and the same numbers as one kernel. These are the
+emit.py kernels (EQUIKERNELS_UVW_ROWS=0); the default for such problems, uvw_rows.py, is tested in
+test_uvw_rows.py."""
 import pytest
 import torch
 
@@ -24,6 +26,7 @@ def test_weight_gradient_kernel_split(split, monkeypatch, tmp_path):
     monkeypatch.setenv("EQUIKERNELS_POISON", "1")
     monkeypatch.setenv("EQUIKERNELS_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("EQUIKERNELS_SPLIT_GW", split)
+    monkeypatch.setenv("EQUIKERNELS_UVW_ROWS", "0")
     p = _problem()
     assert p.weight_numel > 4 * p.dim_out
     plan_of.cache_clear()

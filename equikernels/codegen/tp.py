@@ -18,6 +18,7 @@ from ..ir import Table, double_backward_tables
 from ..reference import math_dtype_of
 from .emit import Group, KernelMeta, generate, path_segment
 from .launch import FastLaunch
+from . import uvw_rows
 
 # storage dtype -> the kernels' math dtype (DT): half-precision operands are loaded, combined and
 # accumulated in float32 and only rounded when stored (stores cast to the output pointer's type)
@@ -25,6 +26,15 @@ _DT = {torch.float16: tl.float32, torch.bfloat16: tl.float32, torch.float32: tl.
        torch.float64: tl.float64}
 HALF = (torch.float16, torch.bfloat16)
 NEED_X, NEED_Y, NEED_W = 1, 2, 4
+# per-row uvw (uvw_rows.py), H200, DiffDock-L2, 50k rows, kernel only
+# (benchmarks/results/session9_20261124/diffdock_uvw): the backward's weight gradient in the same
+# kernel as gx / gy (1.03 ms at 2 rows x 2 warps; split: 0.635 ms at 1 row x 4 warps + 0.464 ms at
+# 2 x 2); the double backward split (dx, dy, dg 1.27 ms at 4 x 4 + dw 0.48 ms at 2 x 2; one kernel
+# for all four spills: 3.8 ms at 2 x 2)
+UVW_FUSED = {"bwd": True, "dbwd": False}
+# (rows, warps) per kernel: "xy" (gx/gy, or dx/dy/dg), "w" (weight gradient alone), "all" (fused)
+UVW_CFG = {("bwd", "xy"): (1, 4), ("bwd", "w"): (2, 2), ("bwd", "all"): (2, 2),
+           ("dbwd", "xy"): (4, 4), ("dbwd", "w"): (2, 2), ("dbwd", "all"): (4, 4)}
 
 
 @dataclass(frozen=True)
@@ -111,9 +121,10 @@ def _num_sms(device: torch.device) -> int:
 
 class _Kernel:
     def __init__(self, name: str, groups, layout: str, row_operands, describe: str, in1_major: bool = False,
-                 lazy_budget: Optional[int] = None, in1_outer: bool = False):
-        body, self.meta = generate(name, groups, layout, row_operands, in1_major=in1_major, lazy_budget=lazy_budget,
-                                   in1_outer=in1_outer)
+                 lazy_budget: Optional[int] = None, in1_outer: bool = False, built=None):
+        # ``built``: (source, KernelMeta) from another generator (uvw_rows), else emit.generate
+        body, self.meta = built or generate(name, groups, layout, row_operands, in1_major=in1_major,
+                                            lazy_budget=lazy_budget, in1_outer=in1_outer)
         header = f"# {describe}\nimport triton\nimport triton.language as tl\n\n\n"
         digest = hashlib.sha256((header + body).encode()).hexdigest()[:12]
         self.module = load_module(f"{name}_{digest}", header + body)
@@ -265,8 +276,40 @@ class TPKernels:
     def _in1_outer(self, kind: str) -> bool:
         return in1_outer(self.problem, kind)
 
+    def _uvw_rows(self) -> bool:
+        """Per-row uvw weights (DiffDock): backward and double backward from uvw_rows.py."""
+        if not hasattr(self, "_uvw"):
+            self._uvw = uvw_rows.eligible(self.problem, self.plan.table)
+        return self._uvw
+
+    def _uvw_fused(self, kind: str) -> bool:
+        """One kernel for the weight gradient and the rest (EQUIKERNELS_UVW_FUSE=1|0 overrides)."""
+        env = os.environ.get("EQUIKERNELS_UVW_FUSE")
+        return env == "1" if env in ("0", "1") else UVW_FUSED[kind]
+
+    def _uvw_cfg(self, kind: str, part: int, need: int, cfg: LaunchConfig, math) -> LaunchConfig:
+        """Launch shape of one uvw_rows kernel: UVW_CFG when ``cfg`` is the heuristic default and no
+        EQUIKERNELS_ROWS* / EQUIKERNELS_WARPS override is set (a tuned or given cfg is kept);
+        float64 with half the rows (registers)."""
+        if cfg is not self._cfg(kind, math) or any(k.startswith(("EQUIKERNELS_ROWS", "EQUIKERNELS_WARPS"))
+                                                   for k in os.environ):
+            return cfg
+        wbit = NEED_W
+        which = "all" if part == need and part & wbit and part & ~wbit else ("w" if part == wbit else "xy")
+        rows, warps = UVW_CFG[(kind, which)]
+        if math == torch.float64:
+            rows = max(1, rows // 2)
+        return LaunchConfig(rows, warps, cfg.num_stages, cfg.tf32)
+
     def kernel(self, kind: str, need: int = 0, have: str = "") -> Optional[_Kernel]:
         key = (kind, need, have)
+        if key not in self._cache and kind != "fwd" and self._uvw_rows():
+            p = self.plan
+            names = "".join(n for bit, n in zip((1, 2, 4, 8), "xywg") if need & bit)
+            name = f"tp_{kind}{need or ''}{have}_{self.problem.key()}_{p.layout}_uvw"
+            built = uvw_rows.generate(name, p.table, p.layout, kind, names, have)
+            self._cache[key] = None if built is None else _Kernel(
+                name, (), p.layout, (), f"{kind} of {self.problem.describe()} [{p.layout}], per-row uvw", built=built)
         if key not in self._cache:
             p = self.plan
             shared = self.problem.shared_weights
@@ -349,14 +392,18 @@ class TPKernels:
         res = {}
         # a weight gradient summed by tl.dot over 16-row tiles gets its own kernel, so gx/gy keep
         # the default rows per program
-        split = need & NEED_W and need & 3 and (self._weights_dominate() or (
-            self.problem.shared_weights and self.kernel("bwd", NEED_W).meta.min_rows > cfg.rows))
+        if self._uvw_rows():
+            split = need & NEED_W and need & 3 and not self._uvw_fused("bwd")
+        else:
+            split = need & NEED_W and need & 3 and (self._weights_dominate() or (
+                self.problem.shared_weights and self.kernel("bwd", NEED_W).meta.min_rows > cfg.rows))
         parts = (need & 3, need & NEED_W) if split else (need,)
         for part in parts:
             if part:
                 names = {"g" + n for bit, n in ((NEED_X, "x"), (NEED_Y, "y"), (NEED_W, "w")) if part & bit}
+                pcfg = self._uvw_cfg("bwd", part, need, cfg, math) if self._uvw_rows() else cfg
                 res.update(self._run(self.kernel("bwd", part), {"x": x, "y": y, "w": w, "g": g},
-                                     {k: v for k, v in outs.items() if k in names}, cfg, math))
+                                     {k: v for k, v in outs.items() if k in names}, pcfg, math))
         # placeholders only for the gradients not asked for (a .get default would allocate all three)
         return tuple(res["g" + n] if "g" + n in res else t.new_empty(0) for n, t in (("x", x), ("y", y), ("w", w)))
 
@@ -376,16 +423,20 @@ class TPKernels:
         # substituted arguments. One kernel for all four holds too many tiles at once. A shared
         # weight's gradient (loop-carried, row-summed accumulators) gets a third kernel of its own:
         # it reads only the small row operands again and frees the registers of the dx/dy kernel.
-        parts = ((need & 8, need & 3, need & 4) if self.problem.shared_weights or self._weights_dominate()
-                 else (need & 8, need & 7))
+        if self._uvw_rows():  # dx, dy, dg read the weights and c; dw (outer products) only writes
+            parts = (need,) if self._uvw_fused("dbwd") else (need & 11, need & 4)
+        else:
+            parts = ((need & 8, need & 3, need & 4) if self.problem.shared_weights or self._weights_dominate()
+                     else (need & 8, need & 7))
         for part in parts:
             if not part:
                 continue
             k = self.kernel("dbwd", part, have)
             if k is None:
                 continue
+            pcfg = self._uvw_cfg("dbwd", part, need, cfg, math) if self._uvw_rows() else cfg
             written.update(self._run(k, tensors, {"d" + n: (like[n].shape, like[n].dtype) for n in names
-                                                  if "d" + n in k.meta.outputs}, cfg, math))
+                                                  if "d" + n in k.meta.outputs}, pcfg, math))
         # outputs with no contributing term (e.g. dg without cotangents) are zero; zero-filled only
         # then (a .get default would fill every output: one extra kernel and a full write each)
         return tuple((written["d" + n] if "d" + n in written else torch.zeros_like(like[n])) if n in names
