@@ -119,17 +119,20 @@ def build_oeq(problem, kw, src, dst, n, dtype, deterministic):
     prob = oeq.TPProblem(kw["irreps_in1"], kw["irreps_in2"], kw["irreps_out"], instr, shared_weights=False,
                          internal_weights=False, irrep_dtype=npdt, weight_dtype=npdt)
     conv = oeq.TensorProductConv(prob, deterministic=deterministic)
-    rows, cols = dst.int(), src.int()
-    tperm = torch.argsort(cols * n + rows).int() if deterministic else None  # OEQ's transpose permutation
+    # OEQ 0.7 documents int64 indices (this passed int32 before, and segfaulted), out[rows] += f(x[cols]),
+    # and, for the deterministic kernel, edges sorted by (row, col) plus the transpose permutation.
+    eorder = torch.argsort(dst.long() * n + src.long())
+    rows, cols = dst.long()[eorder].contiguous(), src.long()[eorder].contiguous()
+    tperm = torch.argsort(cols * n + rows) if deterministic else None
 
-    def wt(w):
+    def wt(w):  # timed inputs are random: only the layout conversion, no edge reordering
         return conv.reorder_weights_from_e3nn(w.index_select(-1, perm).contiguous(), True)
 
     def raw(x, y, w):
         return conv(x, y, w, rows, cols, tperm) if deterministic else conv(x, y, w, rows, cols)
 
-    def fn(x, y, w):
-        return raw(x, y, wt(w))
+    def fn(x, y, w):  # e3nn layout, original edge order (the error check)
+        return raw(x, y.index_select(0, eorder), wt(w.index_select(0, eorder)))
     return fn, raw, "mul_ir_oeqw", wt
 
 

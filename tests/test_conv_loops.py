@@ -1,6 +1,6 @@
-"""The deterministic convolution's gradient kernels with a single edge loop
-(EQUIKERNELS_CONV_GRAD_LOOPS=one; the default is one loop per first-input segment, covered by
-test_conv.py): checked against the float64 oracle, first and second order, so both stay correct."""
+"""Convolution kernel arrangements beside the defaults (covered by test_conv.py): gradient kernels
+with a single edge loop (EQUIKERNELS_CONV_GRAD_LOOPS=one), every edge-loop pipelining mode, both
+atomic arrangements; checked against the float64 oracle, first and second order."""
 import pytest
 import torch
 
@@ -24,4 +24,13 @@ def test_edge_loop_pipelining(monkeypatch, prefetch):
     kernels, '' for the forward) in every direction, here with one loop per kernel."""
     monkeypatch.setenv("EQUIKERNELS_CONV_PREFETCH", prefetch)
     check_conv(channelwise("3x0e+2x1o", "0e+1o+2e", "0e+1o+1e+2e"), "deterministic", torch.float64, "ir_mul",
+               second_order=True)
+
+
+@pytest.mark.parametrize("atomic", ["nodes", "edges"])
+def test_atomic_kernels(monkeypatch, atomic):
+    """Both atomic arrangements (EQUIKERNELS_CONV_ATOMIC): the default walks destinations and adds
+    gx / dx atomically (ROWS = 1: one row per atomic), 'edges' scatters every node output."""
+    monkeypatch.setenv("EQUIKERNELS_CONV_ATOMIC", atomic)
+    check_conv(channelwise("3x0e+2x1o", "0e+1o+2e", "0e+1o+1e+2e"), "atomic", torch.float64, "ir_mul",
                second_order=True)

@@ -27,7 +27,7 @@ if os.environ.get("CONV_ONCE_TINY"):  # smoke test of this script under the Trit
     n = 6
     src, dst = torch.randint(0, n, (14,)), torch.randint(0, n, (14,))
 else:
-    src, dst, n = cu_graph(10192, 6.0, dev)
+    src, dst, n = cu_graph(int(os.environ.get("CONV_ONCE_ATOMS", 10192)), 6.0, dev)
 graph = ConvGraph.build(src, dst, n, validate=False)
 e = graph.num_edges
 torch.manual_seed(0)
@@ -35,7 +35,7 @@ mk = lambda *s: torch.randn(*s, device=dev)  # noqa: E731
 x, y, w, g = mk(n, p.dim_in1), mk(e, p.dim_in2), mk(e, p.weight_numel), mk(n, p.dim_out)
 a, b, c = mk(n, p.dim_in1), mk(e, p.dim_in2), mk(e, p.weight_numel)
 plan = plan_of(spec_of(p, "ir_mul"))
-ks = ConvKernels(plan, "deterministic")
+ks = ConvKernels(plan, os.environ.get("EQUIKERNELS_CONV_FLOW", "deterministic"))  # FLOW=atomic in a variant
 direction = sys.argv[1] if len(sys.argv) > 1 else "bwd"
 run = {"fwd": lambda: {"out": ks.forward(x, y, w, graph)},
        "bwd": lambda: ks.backward(x, y, w, g, graph, "xyw"),
@@ -63,7 +63,7 @@ for variant in sys.argv[sys.argv.index("--scan") + 1].split(";"):
         if kv != "-":
             k, v = kv.split("=")
             os.environ["EQUIKERNELS_CONV_" + k] = v
-    ks._cache.clear()
+    ks = ConvKernels(plan, os.environ.get("EQUIKERNELS_CONV_FLOW", "deterministic"))
     try:
         out = run()
         if dev.type == "cuda":

@@ -1,11 +1,13 @@
 """Generated Triton kernels for the fused graph convolution (DESIGN §4): build, cache, launch.
 
 The kernels are the batched-TP kernels of ``emit.py`` with other row pointers:
+- *nodes*: each program owns destination nodes and walks their edges in CSR order, carrying
+  [ROWS, MUL] partial sums of the node outputs (out, dg) and reducing them once per node; per-edge
+  outputs (gy, gw, dy, dw) are stored per edge. The source-side gradients (gx, dx) are either
+  written per edge and summed per source node in sorted order (the ``deterministic`` dataflow: no
+  atomics, a fixed order) or added into their rows atomically (the ``atomic`` dataflow).
 - *edges*: rows are edges; node operands are read through src[e] / dst[e]; node outputs are added
-  with atomics (the ``atomic`` dataflow), edge outputs (gy, gw, dy, dw) stored per edge.
-- *nodes*: each program owns nodes and walks their edges in CSR order (by dst for out / dg, by src
-  for gx / dx), carrying [ROWS, MUL] partial sums and reducing them once per node: no atomics, a
-  fixed summation order, every node row written once (the ``deterministic`` dataflow).
+  with atomics (the ``atomic`` dataflow with EQUIKERNELS_CONV_ATOMIC=edges; shared-weight gradients).
 """
 from __future__ import annotations
 
@@ -42,7 +44,8 @@ def conv_config(mode: str, dtype: torch.dtype) -> LaunchConfig:
     return LaunchConfig(rows=rows, num_warps=warps, tf32=os.environ.get("EQUIKERNELS_TF32") == "1")
 
 
-def _rowing(mode: str, operands, owner: Optional[str] = None, sections: str = "segment", hoist: bool = True) -> Rowing:
+def _rowing(mode: str, operands, owner: Optional[str] = None, sections: str = "segment", hoist: bool = True,
+            scatter_src: bool = False) -> Rowing:
     rowvar, index = {}, {}
     for name in operands:
         side = "src" if name in SRC_SIDE else "dst" if name in DST_SIDE else None
@@ -54,7 +57,8 @@ def _rowing(mode: str, operands, owner: Optional[str] = None, sections: str = "s
             var = "srcrow" if side == "src" else "dstrow"
             rowvar[name] = var
             index[var] = side
-    scatter = tuple(n for n in operands if mode == "edges" and n in ("out", "dg", "gx", "dx"))
+    scatter = tuple(n for n in operands if (mode == "edges" and n in ("out", "dg", "gx", "dx"))
+                    or (scatter_src and n in ("gx", "dx")))
     return Rowing(mode, sections, rowvar, index, scatter, hoist)
 
 
@@ -111,14 +115,15 @@ class ConvKernels:
         return len(segs) == len(set(segs))
 
     def _kernel(self, tag: str, groups, mode: str, owner: Optional[str] = None, sections: str = "segment",
-                hoist: bool = True, in1_outer: bool = False, prefetch: str = "", maxnreg: int = 0):
-        key = (tag, mode, owner, sections, hoist, in1_outer, prefetch, maxnreg)
+                hoist: bool = True, in1_outer: bool = False, prefetch: str = "", maxnreg: int = 0,
+                scatter_src: bool = False):
+        key = (tag, mode, owner, sections, hoist, in1_outer, prefetch, maxnreg, scatter_src)
         if key not in self._cache:
             ops = set()
             for g in groups:
                 ops.add(g.out_ptr)
                 ops.update(o.name for o in g.table.operands if o.name != g.table.output)
-            rowing = _rowing(mode, ops, owner, sections, hoist)
+            rowing = _rowing(mode, ops, owner, sections, hoist, scatter_src)
             rowing.prefetch = prefetch
             name = f"conv_{tag}_{mode}_{self.problem.key()}_{self.plan.layout}"
             self._cache[key] = _ConvKernel(name, groups, self.plan.layout, self._row_operands(), rowing,
@@ -182,7 +187,11 @@ class ConvKernels:
         math = math_of(*tensors.values(), math_dtype=math)
         plans = []  # (kernel tag, names, mode, owner, sections)
         tag = lambda ns: f"{kind}{have}_{''.join(ns)}"  # noqa: E731
-        if self.flow == "atomic":
+        # atomic: edge-parallel kernels with every node output scattered (EQUIKERNELS_CONV_ATOMIC=edges),
+        # or (default) the deterministic node-parallel kernels with the source-side gradients (gx,
+        # dx) added atomically into their rows instead of written per edge and segment-summed
+        nodes_atomic = self.flow == "atomic" and self._knob("ATOMIC", kind, "nodes") != "edges"
+        if self.flow == "atomic" and not nodes_atomic:
             if kind == "dbwd":  # dg alone; dx, dy, dw together (fewer live tiles, as the batched TP)
                 if "g" in names:
                     plans.append((tag("g"), ["g"], "edges", None, ""))
@@ -215,7 +224,7 @@ class ConvKernels:
         res = {}
         for tg, ns, mode, owner, sections in plans:
             carry = [n for n in ns if n in ("out", "g")] if mode == "nodes" else []
-            per_edge_x = mode == "nodes" and "x" in ns  # gx / dx written per edge, summed after
+            per_edge_x = mode == "nodes" and "x" in ns and not nodes_atomic  # written per edge, summed after
             groups = self._groups(kind, [n for n in ns if n != "out"], have, carry)
             if per_edge_x:
                 xo = "gx" if kind == "bwd" else "dx"
@@ -230,9 +239,11 @@ class ConvKernels:
             # medium L2, 795k edges: 8.3 vs 11.9 ms; the backward prefers holding them, 5.1 vs 5.6)
             nodes = mode == "nodes"
             hoist = self._knob("HOIST", kind, "0" if kind == "dbwd" else "1") == "1" if nodes else kind != "dbwd"
+            share = self._knob("IN1OUTER", kind, "1" if in1_outer(self.problem, kind) else "0") == "1"
             k = self._kernel(tg, groups, mode, owner, sections or "segment", hoist=hoist,
-                             in1_outer=in1_outer(self.problem, kind), prefetch=self._prefetch(kind) if nodes else "",
-                             maxnreg=int(self._knob("MAXNREG", kind, "0")) if nodes else 0)
+                             in1_outer=share, prefetch=self._prefetch(kind) if nodes else "",
+                             maxnreg=int(self._knob("MAXNREG", kind, "0")) if nodes else 0,
+                             scatter_src=nodes_atomic and nodes)
             outs, wide = {}, {}
             for g in groups:
                 t = like[g.out_ptr]

@@ -21,6 +21,12 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 from ..ir import Factor, Path, Table
 
 
+# Scatter atomics need no ordering: their sums are read only after the kernel ends. Triton's default
+# (acq_rel) adds a GPU-wide fence before every atomic and makes it a returning ATOM; relaxed ones
+# compile to fire-and-forget vector reductions (REDG.E.ADD.F32x4 on sm_90).
+RELAXED = 'sem="relaxed"'
+
+
 class Unsupported(Exception):
     """The generator cannot express this table (the dispatcher then uses the reference)."""
 
@@ -644,12 +650,22 @@ class KernelBuilder:
             rows = self.rows(out_ptr, dims[out_ptr], nd)
             ptr = f"{out_ptr}_ptr + {rows} + " + " + ".join(addr)
             mask = " & ".join([self.rmask(nd)] + cmask)
-            if out_ptr in self.rowing.scatter:  # edge-parallel node output: atomics
-                to.emit(f"tl.atomic_add({ptr}, {name}.to({out_ptr}_ptr.dtype.element_ty), mask={mask})", indent)
+            if out_ptr in self.rowing.scatter:  # a row other programs also add into: atomics
+                for ln in self._atomic(ptr, name, out_ptr, mask):
+                    to.emit(ln, indent)
                 return
             if out_ptr in self.accumulate or key in self.acc_keys:
                 name = f"({name} + {self._old(ptr, mask, out_ptr)})"
             to.emit(f"tl.store({ptr}, {name}.to({out_ptr}_ptr.dtype.element_ty), mask={mask})", indent)
+
+    def _atomic(self, ptr: str, val: str, out_ptr: str, mask: str) -> List[str]:
+        """Lines adding ``val`` into ``ptr`` atomically. The mask is materialised at the pointer's
+        shape: Triton 3.6's interpreter reads a broadcast mask's memory as if it were full-size (a
+        [1, 1] row mask with ROWS = 1 added one element of a row); compiled code folds the extra and."""
+        p = self.body.tmp("ap")
+        return [f"{p} = {ptr}",
+                f"tl.atomic_add({p}, {val}.to({out_ptr}_ptr.dtype.element_ty), "
+                f"mask=({mask}) & tl.full({p}.shape, 1, tl.int1), {RELAXED})"]
 
     def _store_segment(self, keys, accs, out_dims):
         for key in keys:
@@ -670,7 +686,8 @@ class KernelBuilder:
             tile = self._join(names, p)
             ptr, mask = self._tile_ptr(out_ptr, off, d, ch, p, size)
             if out_ptr in self.rowing.scatter:
-                self.body.emit(f"tl.atomic_add({ptr}, {tile}.to({out_ptr}_ptr.dtype.element_ty), mask={mask})")
+                for ln in self._atomic(ptr, tile, out_ptr, mask):
+                    self.body.emit(ln)
                 done.update(comps.values())
                 continue
             if out_ptr in self.accumulate or self.acc_keys & set(comps.values()):
