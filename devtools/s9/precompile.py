@@ -120,6 +120,29 @@ def rekey_compiles(gpu_key: str, stage: Path, target_dir: str) -> list:
     return done
 
 
+def log_keys(path: str, gpu_key) -> None:
+    """Wrap Triton's get_cache_key: each key's parts (hashed) as a JSON line, to find what differs
+    between two machines. With ``gpu_key`` the Triton part is that key (as --pack files them)."""
+    import triton.compiler.compiler as tc  # noqa: PLC0415
+    import triton.runtime.cache as rc  # noqa: PLC0415
+    orig = rc.get_cache_key
+    sha = lambda v: hashlib.sha256(str(v).encode()).hexdigest()[:16]  # noqa: E731
+
+    def logged(src, backend, backend_options, env_vars):
+        tk = gpu_key if gpu_key is not None else rc.triton_key()
+        parts = {"name": src.name, "triton": sha(tk), "src": sha(src.hash()), "fn": sha(src.fn.cache_key),
+                 "attrs": str(src.attrs), "signature": str(sorted(src.signature.items())),
+                 "constants": str(sorted(src.constants.items())), "backend": backend.hash(),
+                 "options": sha(backend_options.hash()), "options_dict": {k: str(v) for k, v in backend_options.__dict__.items()},
+                 "env": env_vars}
+        key = f"{tk}-{src.hash()}-{backend.hash()}-{backend_options.hash()}-{str(sorted(env_vars.items()))}"
+        parts["hash"] = hashlib.sha256(key.encode()).hexdigest()
+        with open(path, "a") as f:
+            f.write(json.dumps(parts) + "\n")
+        return orig(src, backend, backend_options, env_vars)
+    rc.get_cache_key = tc.get_cache_key = logged  # compile() holds its own reference
+
+
 def like_rows(rows: int, per_program: int) -> int:
     """The smallest row count whose N and NBLK classes equal those of ``rows``."""
     from equikernels.codegen.launch import int_class  # noqa: PLC0415
@@ -141,6 +164,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu-key", help="file from --dump-key on the GPU machine: file copies under its key")
     ap.add_argument("--pack", help="with --gpu-key: tar.gz of the re-keyed kernels")
     ap.add_argument("--target-dir", default="/tmp/tcache", help="TRITON_CACHE_DIR on the GPU machine")
+    ap.add_argument("--log-keys", help="append the parts of every kernel's cache key here (JSON lines)")
+    ap.add_argument("--real-driver", action="store_true", help="the machine's own driver (on the GPU)")
     args = ap.parse_args(argv)
     print("triton", triton.__version__, "key", triton_key(), "cache", os.environ.get("TRITON_CACHE_DIR"), flush=True)
     if args.dump_key:
@@ -156,7 +181,10 @@ def main(argv=None) -> int:
     from equikernels.ops.tp import plan_of, spec_of  # noqa: PLC0415
     from equikernels.problem import TPProblem  # noqa: PLC0415
 
-    driver.set_active(_H200Driver())
+    if args.log_keys:
+        log_keys(args.log_keys, Path(args.gpu_key).read_text() if args.gpu_key else None)
+    if not args.real_driver:
+        driver.set_active(_H200Driver())
     launch.set_enabled(False)  # every launch through fn[grid], i.e. Triton's run
     JITFunction.__getitem__ = lambda self, grid: (lambda *a, **kw: self.run(*a, grid=grid, warmup=True, **kw))
     ct._num_sms = lambda device: 132  # shared-weight partial sums: programs = min(blocks, 4 * SMs)
