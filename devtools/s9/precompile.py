@@ -13,7 +13,7 @@ Specialisation follows the row count only through the ints N and NBLK (== 1, div
 classes as 50,000 rows (and as --check-rows of bench_tp, when it is chosen to match).
 
     TRITON_CACHE_DIR=/tmp/tc python devtools/s9/precompile.py --problem nequip-revmd17-benzene \
-        --directions dbwd [--like-rows 50000]
+        --directions dbwd [--like-rows 50000] [--shard I/N] [--real-driver]
     python devtools/s9/precompile.py --print-key      (Triton's own key: compare with the GPU machine)
 
 Triton's key includes a hash of libtriton.so, which differs between Python versions' wheels of
@@ -166,6 +166,8 @@ def main(argv=None) -> int:
     ap.add_argument("--target-dir", default="/tmp/tcache", help="TRITON_CACHE_DIR on the GPU machine")
     ap.add_argument("--log-keys", help="append the parts of every kernel's cache key here (JSON lines)")
     ap.add_argument("--real-driver", action="store_true", help="the machine's own driver (on the GPU)")
+    ap.add_argument("--shard", default="0/1", help="i/n: compile only every n-th kernel launch from the i-th "
+                    "(n processes side by side: cold compiles in parallel, e.g. on the GPU machine's 16 cores)")
     args = ap.parse_args(argv)
     print("triton", triton.__version__, "key", triton_key(), "cache", os.environ.get("TRITON_CACHE_DIR"), flush=True)
     if args.dump_key:
@@ -186,7 +188,16 @@ def main(argv=None) -> int:
     if not args.real_driver:
         driver.set_active(_H200Driver())
     launch.set_enabled(False)  # every launch through fn[grid], i.e. Triton's run
-    JITFunction.__getitem__ = lambda self, grid: (lambda *a, **kw: self.run(*a, grid=grid, warmup=True, **kw))
+    shard, nshards = (int(v) for v in args.shard.split("/"))
+    count = [0]
+
+    def warmup_launch(self, grid):
+        def run(*a, **kw):
+            count[0] += 1
+            if (count[0] - 1) % nshards == shard:
+                return self.run(*a, grid=grid, warmup=True, **kw)
+        return run
+    JITFunction.__getitem__ = warmup_launch
     ct._num_sms = lambda device: 132  # shared-weight partial sums: programs = min(blocks, 4 * SMs)
     P = TPProblem.create(**standard_problems()[args.problem])
     K = plan_of(spec_of(P, args.layout)).kernels
