@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Measurements left open at the end of session 7 (2026-11-24; see benchmarks/results/session7_20261124), in priority order; each block is
+# Measurements left open (session 9, 2026-11-24: benchmarks/results/session9_20261124; benzene and conv were run
+# there), in priority order; each block is
 # sized for one device call (< 10 min). Usage on the GPU machine, from the repo root:
 #   source .bundle/unpack-bundle.sh; export PYTHONPATH=$PWD:$PYTHONPATH EQUIKERNELS_CACHE_DIR=/tmp/ekcache
 #   bash devtools/pending_gpu.sh BLOCK        (results under $OUT)
@@ -8,6 +9,11 @@ set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 M=/tmp/e3nn044  # mace-torch needs e3nn 0.4.4 first on the path
 case "${1:-}" in
+gputests)  # issue 3: the whole -m gpu suite in one call (the random-problem parity group now in four processes)
+    LIMIT=545 bash devtools/gpu_tests.sh ;;
+compile)  # issue 3: mace-large cold and cached first-call times (target < 10 s cold, < 1 s from the cache)
+    timeout 590 python benchmarks/bench_tp.py --compile-time --skip-bench --compile-problem mace-large \
+        --compile-layouts ir_mul,mul_ir --out "$OUT/compile" --tag compile ;;
 cuetrain)  # issue 10: cuEquivariance's bf16 training step (its NVRTC compiles took > 10.8 min over two calls
     # in session 7). Its kernel cache survives only while the machine is warm: keep it in $OUT as a tar
     # and carry it into the next call (untar to /tmp/cuecache first) until the first pass completes.
@@ -32,5 +38,5 @@ tunebenzene)
     timeout 590 python benchmarks/bench_tune.py --atoms none --problems nequip-revmd17-benzene --out "$OUT/tune" ;;
 conv)  # issue 5: conv side by side (cuEquivariance, OpenEquivariance) with the current defaults
     python benchmarks/bench_conv.py --atoms 10192 2916 --impls ek_det,cue_fused,oeq_det --check-atoms 256 --out "$OUT/conv.json" ;;
-*) echo "usage: $0 cuetrain|benzene|benzenedbwd|tunebenzene|conv" >&2; exit 2 ;;
+*) echo "usage: $0 gputests|compile|cuetrain|benzene|benzenedbwd|tunebenzene|conv" >&2; exit 2 ;;
 esac
