@@ -230,6 +230,22 @@ def test_bad_input():
         tensor_product_conv(p, x, y, w, src, dst, dataflow="atomic", deterministic=True)
 
 
+
+def test_auto_dataflow(monkeypatch):
+    """dataflow="auto": atomic (the faster one) unless determinism is asked for, by argument or by
+    torch.use_deterministic_algorithms; the reference backend runs unfused."""
+    from equikernels.ops.conv import resolve_dataflow
+    monkeypatch.delenv("EQUIKERNELS_CONV_DATAFLOW", raising=False)
+    assert resolve_dataflow("auto", None, "triton") == ("atomic", True)
+    assert resolve_dataflow("auto", True, "triton") == ("deterministic", False)
+    assert resolve_dataflow("auto", False, "reference") == ("unfused", False)
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        assert resolve_dataflow("auto", None, "triton") == ("deterministic", False)
+    finally:
+        torch.use_deterministic_algorithms(was)
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("flow", ["atomic", "deterministic"])
 @pytest.mark.parametrize("name", ["mace-mp-medium-L2", "nequip-water"])

@@ -330,14 +330,9 @@ class Builder:
         return self.cache[key]
 
     def _hadd(self, H, key, expr):
-        if key in H:
-            s = self.body.tmp("h")
-            self.body.emit(f"{s} = {H[key]} + {expr}")
-            H[key] = s
-        else:
-            s = self.body.tmp("h")
-            self.body.emit(f"{s} = {expr}")
-            H[key] = s
+        s = self.body.tmp("h")
+        self.body.emit(f"{s} = {H[key]} + {expr}" if key in H else f"{s} = {expr}")
+        H[key] = s
 
     def _gw_tile(self, P, up, wp, ks, is_, by_k, tk, gv, xv, ysc):
         gw_t = self.terms["gw"]
