@@ -423,12 +423,7 @@ class TPKernels:
         # substituted arguments. One kernel for all four holds too many tiles at once. A shared
         # weight's gradient (loop-carried, row-summed accumulators) gets a third kernel of its own:
         # it reads only the small row operands again and frees the registers of the dx/dy kernel.
-        if self._uvw_rows():  # dx, dy, dg read the weights and c; dw (outer products) only writes
-            parts = (need,) if self._uvw_fused("dbwd") else (need & 11, need & 4)
-        else:
-            parts = ((need & 8, need & 3, need & 4) if self.problem.shared_weights or self._weights_dominate()
-                     else (need & 8, need & 7))
-        for part in parts:
+        for part in self.dbwd_parts(need):
             if not part:
                 continue
             k = self.kernel("dbwd", part, have)
@@ -441,6 +436,19 @@ class TPKernels:
         # then (a .get default would fill every output: one extra kernel and a full write each)
         return tuple((written["d" + n] if "d" + n in written else torch.zeros_like(like[n])) if n in names
                      else like[n].new_empty(0) for n in "xywg")
+
+    def dbwd_parts(self, need: int) -> tuple:
+        """The need bitmasks of the kernels ``double_backward`` launches, in order (zero parts are
+        skipped by the callers). Channel-wise per-row products: dg in one kernel, dx / dy / dw in a
+        second, unless EQUIKERNELS_DBWD_ONE=1 (one kernel for all four: each operand and
+        cotangent read once, at the price of every tile live at once)."""
+        if self._uvw_rows():  # dx, dy, dg read the weights and c; dw (outer products) only writes
+            return (need,) if self._uvw_fused("dbwd") else (need & 11, need & 4)
+        if self.problem.shared_weights or self._weights_dominate():
+            return (need & 8, need & 3, need & 4)
+        if os.environ.get("EQUIKERNELS_DBWD_ONE") == "1":
+            return (need,)
+        return (need & 8, need & 7)
 
     def _run(self, k: _Kernel, tensors, outputs, cfg: LaunchConfig, math: torch.dtype):
         """Allocate the outputs (``outputs[name]`` = (shape, dtype), on x's device), launch, reduce
