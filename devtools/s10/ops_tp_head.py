@@ -1,0 +1,539 @@
+"""Batched tensor product as torch custom ops with a composable autograd chain.
+
+``tp_fwd(x, y, w)`` and ``tp_bwd(x, y, w, g) -> (gx, gy, gw)`` are opaque custom ops (Triton on
+CUDA, the reference elsewhere). The backward of ``tp_bwd`` is expressed with the same two ops by
+trilinearity (DESIGN §3), so derivatives of any order work. The static problem travels as a JSON
+string argument, which keeps exported graphs self-contained.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import warnings
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .. import reference
+from ..ir import Table, double_backward_tables, grad_table, tp_table
+from ..problem import TPProblem, problem_from_spec
+
+BACKENDS = ("auto", "triton", "reference")
+LAYOUTS = reference.LAYOUTS
+NEED_X, NEED_Y, NEED_W = 1, 2, 4
+# Precision policy (docs in tensor_product): operands in any of STORAGE_DTYPES; float16, bfloat16
+# and float32 operands may be mixed (each is read in its own dtype, nothing is copied), float64
+# only with float64. Math in MATH_DTYPES (default float32, float64 when the operands are float64).
+STORAGE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+MATH_DTYPES = (torch.float32, torch.float64)
+_AUTOCAST_DEVICES = ("cuda", "cpu")
+
+
+class Plan:
+    """Everything static about one (problem, layout): tables and (lazily) generated kernels."""
+
+    def __init__(self, problem: TPProblem, layout: str):
+        self.problem = problem
+        self.layout = layout
+        self.table: Table = tp_table(problem)
+        self.grad_tables = {n: grad_table(self.table, n) for n in ("x", "y", "w")}
+        self._kernels = None
+        self._unsupported = set()
+        self._supported = set()
+
+    def generated(self, kind: str, need: int = 0, have: str = "") -> bool:
+        """Whether the generator can express this direction (else the reference runs, with a warning)."""
+        if (kind, need, have) in self._supported:
+            return True
+        from ..codegen.emit import Unsupported
+        try:
+            self.kernels.kernel(kind, need, have)
+            self._supported.add((kind, need, have))
+            return True
+        except Unsupported as exc:
+            if (kind, need, have) not in self._unsupported:
+                self._unsupported.add((kind, need, have))
+                warnings.warn(f"equikernels: no generated kernel for {kind} of {self.problem.describe()} "
+                              f"({exc}); using the PyTorch reference")
+            return False
+
+    @property
+    def kernels(self):
+        if self._kernels is None:
+            from ..codegen.tp import TPKernels  # imported lazily: Triton is optional on CPU
+            self._kernels = TPKernels(self)
+        return self._kernels
+
+
+def spec_of(problem: TPProblem, layout: str) -> str:
+    return problem.spec_json[:-1] + ',"layout":"' + layout + '"}'
+
+
+@functools.lru_cache(maxsize=None)
+def plan_of(spec: str) -> Plan:
+    d = json.loads(spec)
+    layout = d.pop("layout")
+    # the tables are built from real CG tensors even when first asked for under a fake-tensor trace
+    with torch._subclasses.fake_tensor.unset_fake_temporarily():
+        return Plan(problem_from_spec(d), layout)
+
+
+def resolve_backend(backend: Optional[str], device: torch.device) -> str:
+    b = backend if backend is not None else os.environ.get("EQUIKERNELS_BACKEND", "auto")
+    if b not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {b!r} (argument or EQUIKERNELS_BACKEND)")
+    if b == "auto":
+        return "triton" if device.type == "cuda" and triton_available() else "reference"
+    return b
+
+
+@functools.lru_cache(maxsize=None)
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+# --- forward ------------------------------------------------------------------------------------
+def _fwd_impl(x: Tensor, y: Tensor, w: Tensor, spec: str, backend: str, math_dtype: Optional[torch.dtype] = None,
+              out_dtype: Optional[torch.dtype] = None) -> Tensor:
+    plan = plan_of(spec)
+    if backend == "triton" and plan.generated("fwd"):
+        return plan.kernels.forward(x, y, w, out_dtype=out_dtype, math=math_dtype)
+    return reference.evaluate(plan.table, {"x": x, "y": y, "w": w}, plan.layout, rows=x.shape[0],
+                              math_dtype=math_dtype, out_dtype=out_dtype or x.dtype)
+
+
+@torch.library.custom_op("equikernels::tp_fwd", mutates_args=())
+def tp_fwd(x: Tensor, y: Tensor, w: Tensor, spec: str, backend: str, math_dtype: Optional[torch.dtype] = None,
+           out_dtype: Optional[torch.dtype] = None) -> Tensor:
+    """out_dtype None: x's dtype (under autocast: the autocast dtype, see _autocast_fwd)."""
+    return _fwd_impl(x, y, w, spec, backend, math_dtype, out_dtype)
+
+
+@tp_fwd.register_fake
+def _(x, y, w, spec, backend, math_dtype=None, out_dtype=None):
+    return x.new_empty(x.shape[0], plan_of(spec).problem.dim_out, dtype=out_dtype or x.dtype)
+
+
+def autocast_dtype(x: Tensor) -> Optional[torch.dtype]:
+    """The output dtype autocast asks for (None when autocast is off for x's device, or x is float64:
+    autocast leaves float64 alone, as it does for matmul)."""
+    dev = x.device.type
+    if dev not in _AUTOCAST_DEVICES or x.dtype == torch.float64 or not torch.is_autocast_enabled(dev):
+        return None
+    return torch.get_autocast_dtype(dev)
+
+
+def _autocast_fwd(keyset, *args, **kwargs):
+    """Autocast rule of tp_fwd: the output is written in the autocast dtype (unless out_dtype is
+    given); the operands are *not* cast. The kernels read each operand in its own dtype and compute
+    in float32, so a cast would only add a read-and-write pass (and a rounding) per float32 operand.
+    Gradients come back in each operand's dtype (tp_bwd / tp_dbwd have no autocast rule)."""
+    names = ("x", "y", "w", "spec", "backend", "math_dtype", "out_dtype")
+    full = dict(zip(names, args), **kwargs)
+    full.setdefault("math_dtype", None)
+    if full.get("out_dtype") is None:
+        full["out_dtype"] = autocast_dtype(full["x"])
+    dev = full["x"].device.type
+    with torch.autocast(dev, enabled=False):
+        return tp_fwd._opoverload(*(full[n] for n in names))
+
+
+_autocast_lib = torch.library.Library("equikernels", "IMPL")  # kept alive: it owns the registrations
+for _key in ("AutocastCUDA", "AutocastCPU"):
+    _autocast_lib.impl("tp_fwd", _autocast_fwd, _key, with_keyset=True)
+
+
+# --- backward -----------------------------------------------------------------------------------
+def _bwd_impl(x: Tensor, y: Tensor, w: Tensor, g: Tensor, spec: str, backend: str, need: int,
+              math_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    plan = plan_of(spec)
+    if backend == "triton" and plan.generated("bwd", need):
+        return plan.kernels.backward(x, y, w, g, need, math=math_dtype)
+    ops = {"x": x, "y": y, "w": w, "g": g}
+    res = []
+    for bit, name, like in ((NEED_X, "x", x), (NEED_Y, "y", y), (NEED_W, "w", w)):
+        if need & bit:
+            shared = name == "w" and w.dim() == 1
+            res.append(reference.evaluate(plan.grad_tables[name], ops, plan.layout, reduce_rows=shared,
+                                          rows=x.shape[0], math_dtype=math_dtype, out_dtype=like.dtype))
+        else:
+            res.append(like.new_empty(0))
+    return tuple(res)
+
+
+@torch.library.custom_op("equikernels::tp_bwd", mutates_args=())
+def tp_bwd(x: Tensor, y: Tensor, w: Tensor, g: Tensor, spec: str, backend: str, need: int,
+           math_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    """(gx, gy, gw), each in the dtype of its operand."""
+    return _bwd_impl(x, y, w, g, spec, backend, need, math_dtype)
+
+
+@tp_bwd.register_fake
+def _(x, y, w, g, spec, backend, need, math_dtype=None):
+    return tuple(t.new_empty(t.shape) if need & bit else t.new_empty(0)
+                 for bit, t in ((NEED_X, x), (NEED_Y, y), (NEED_W, w)))
+
+
+# --- autograd -----------------------------------------------------------------------------------
+def _fwd_setup(ctx, inputs, output):
+    x, y, w, spec, backend = inputs[:5]
+    ctx.save_for_backward(x, y, w)
+    ctx.spec, ctx.backend = spec, backend
+    ctx.math = inputs[5] if len(inputs) > 5 else None
+
+
+def _fwd_backward(ctx, g, *_):
+    x, y, w = ctx.saved_tensors
+    ni = ctx.needs_input_grad
+    need = ni[0] + 2 * ni[1] + 4 * ni[2]
+    if need == 0:
+        return None, None, None, None, None, None, None
+    g = g.contiguous()
+    res = None
+    if (FAST_BWD and ctx.backend == "triton" and not torch.is_grad_enabled() and _eager(x, y, w, g)):
+        res = _bwd_direct(x, y, w, g, ctx.spec, need, ctx.math)
+    gx, gy, gw = res if res is not None else bwd(x, y, w, g, ctx.spec, ctx.backend, need, ctx.math)
+    return (gx if need & NEED_X else None, gy if need & NEED_Y else None, gw if need & NEED_W else None,
+            None, None, None, None)
+
+
+tp_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup)
+
+
+def _bwd_setup(ctx, inputs, output):
+    x, y, w, g, spec, backend, need = inputs[:7]
+    ctx.save_for_backward(x, y, w, g)
+    ctx.spec, ctx.backend, ctx.need = spec, backend, need
+    ctx.math = inputs[7] if len(inputs) > 7 else None
+
+
+def _cot(t: Optional[Tensor], like: Tensor, wanted: bool) -> Optional[Tensor]:
+    """A usable cotangent, or None when autograd gave none (or the output was a placeholder)."""
+    if not wanted or t is None or t.shape != like.shape:
+        return None
+    return t.contiguous()
+
+
+def _bwd_backward(ctx, ga, gb, gc):
+    """Trilinear identity: S = <g, T(a,y,w) + T(x,b,w) + T(x,y,c)>, (a,b,c) the cotangents.
+
+    When no higher derivative is being recorded (the usual force-training step) one fused op
+    computes all four results; otherwise the same identity is composed from tp_fwd / tp_bwd, which
+    are differentiable themselves, so any order works.
+    """
+    x, y, w, g = ctx.saved_tensors
+    spec, be, m = ctx.spec, ctx.backend, ctx.math
+    a, b, c = _cot(ga, x, ctx.need & NEED_X), _cot(gb, y, ctx.need & NEED_Y), _cot(gc, w, ctx.need & NEED_W)
+    nx, ny, nw, ng = ctx.needs_input_grad[:4]
+    if not torch.is_grad_enabled():
+        need = sum(bit for bit, n in zip((1, 2, 4, 8), (nx, ny, nw, ng)) if n)
+        have = "".join(k for k, t in zip("abc", (a, b, c)) if t is not None)
+        e = x.new_empty(0) if len(have) < 3 else None  # placeholder for a missing cotangent
+        res = dbwd(x, y, w, g, a if a is not None else e, b if b is not None else e,
+                   c if c is not None else e, spec, be, have, need, m)
+        return tuple(r if n else None for r, n in zip(res, (nx, ny, nw, ng))) + (None, None, None, None)
+    dx = dy = dw = dg = None
+
+    def acc(old, new):
+        return new if old is None else old + new
+
+    if ng:
+        for args in ((a, y, w), (x, b, w), (x, y, c)):
+            if all(t is not None for t in args):
+                dg = acc(dg, fwd(*args, spec, be, m, g.dtype))  # dg in g's dtype
+    if b is not None and (nx or nw):  # from T(x, b, w): d/dx and d/dw
+        rx, _, rw = bwd(x, b, w, g, spec, be, (NEED_X if nx else 0) | (NEED_W if nw else 0), m)
+        dx = acc(dx, rx) if nx else dx
+        dw = acc(dw, rw) if nw else dw
+    if c is not None and (nx or ny):  # from T(x, y, c)
+        rx, ry, _ = bwd(x, y, c, g, spec, be, (NEED_X if nx else 0) | (NEED_Y if ny else 0), m)
+        dx = acc(dx, rx) if nx else dx
+        dy = acc(dy, ry) if ny else dy
+    if a is not None and (ny or nw):  # from T(a, y, w)
+        _, ry, rw = bwd(a, y, w, g, spec, be, (NEED_Y if ny else 0) | (NEED_W if nw else 0), m)
+        dy = acc(dy, ry) if ny else dy
+        dw = acc(dw, rw) if nw else dw
+    if ng and dg is None:
+        dg = torch.zeros_like(g)
+    return dx, dy, dw, dg, None, None, None, None
+
+
+tp_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup)
+
+
+# --- fused double backward (not differentiable: used only when nothing records higher orders) ---
+def _dbwd_impl(x: Tensor, y: Tensor, w: Tensor, g: Tensor, a: Tensor, b: Tensor, c: Tensor, spec: str,
+               backend: str, have: str, need: int, math_dtype: Optional[torch.dtype] = None
+               ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    plan = plan_of(spec)
+    a_, b_, c_ = (t if k in have else None for k, t in zip("abc", (a, b, c)))
+    if backend == "triton" and all(plan.generated("dbwd", part, have) for part in (need & 8, need & 7) if part):
+        return plan.kernels.double_backward(x, y, w, g, a_, b_, c_, need, math=math_dtype)
+    tensors = {"x": x, "y": y, "w": w, "g": g, "a": a, "b": b, "c": c}
+    names = "".join(n for bit, n in zip((1, 2, 4, 8), "xywg") if need & bit)
+    tables = double_backward_tables(plan.table, have, names)
+    res = []
+    for n, like in zip("xywg", (x, y, w, g)):
+        if n not in names:
+            res.append(like.new_empty(0))
+        elif n in tables:
+            res.append(reference.evaluate(tables[n], {k: v for k, v in tensors.items() if k in "xywg" or k in have},
+                                          plan.layout, rows=x.shape[0], reduce_rows=(n == "w" and w.dim() == 1),
+                                          math_dtype=math_dtype, out_dtype=like.dtype))
+        else:
+            res.append(torch.zeros_like(like))
+    return tuple(res)
+
+
+@torch.library.custom_op("equikernels::tp_dbwd", mutates_args=())
+def tp_dbwd(x: Tensor, y: Tensor, w: Tensor, g: Tensor, a: Tensor, b: Tensor, c: Tensor, spec: str, backend: str,
+            have: str, need: int, math_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dx, dy, dw, dg), each in the dtype of x, y, w, g."""
+    return _dbwd_impl(x, y, w, g, a, b, c, spec, backend, have, need, math_dtype)
+
+
+@tp_dbwd.register_fake
+def _(x, y, w, g, a, b, c, spec, backend, have, need, math_dtype=None):
+    return tuple(t.new_empty(t.shape) if need & bit else t.new_empty(0)
+                 for bit, t in zip((1, 2, 4, 8), (x, y, w, g)))
+
+
+# --- eager fast path ------------------------------------------------------------------------------
+# torch.library dispatch costs tens of microseconds per call, which is most of the time of a small
+# product. Outside tracing the same implementations and autograd formulas run through plain
+# autograd.Functions; under torch.compile / export (or fake tensors) the custom ops are used.
+_PLAIN = (Tensor, torch.nn.Parameter)
+
+
+def _eager(*ts) -> bool:
+    return not torch.compiler.is_compiling() and all(t.__class__ in _PLAIN for t in ts)
+
+
+class _Fwd(torch.autograd.Function):
+    # ctx-style forward: a separate setup_context makes apply() bind arguments through inspect
+    @staticmethod
+    def forward(ctx, x, y, w, spec, backend, math_dtype, out_dtype):
+        _fwd_setup(ctx, (x, y, w, spec, backend, math_dtype, out_dtype), None)
+        return _fwd_impl(x, y, w, spec, backend, math_dtype, out_dtype)
+
+    backward = staticmethod(_fwd_backward)
+
+
+class _Bwd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y, w, g, spec, backend, need, math_dtype):
+        _bwd_setup(ctx, (x, y, w, g, spec, backend, need, math_dtype), None)
+        return _bwd_impl(x, y, w, g, spec, backend, need, math_dtype)
+
+    backward = staticmethod(_bwd_backward)
+
+
+# --- eager backward without per-call planning ----------------------------------------------------
+# TPKernels.backward works out the kernel, launch shape, buffers and split on every call: ~35 us of
+# host time on the H200 machine, most of what makes a small product's backward host-bound
+# (nequip-water, issue 3). For channel-wise products with per-row weights whose backward is one
+# kernel writing every element once (no autotuning, no poisoning), that answer depends only on
+# (problem, need, dtypes): _BwdDirect keeps it, and a call allocates and launches (a launch.Pinned:
+# the dtypes are part of the recipe's key). Same kernel, configuration and arguments as
+# _Kernel.launch passes (pointers in meta.inputs + meta.outputs order, N, NBLK, ROWS, DT, PREC), so
+# results are bit-identical (tests/test_fast_launch.py compares the two paths). Only the eager
+# no-grad backward of tp_fwd takes it; EQUIKERNELS_FAST_BWD=0 turns it off.
+FAST_BWD = os.environ.get("EQUIKERNELS_FAST_BWD", "1") == "1"
+
+
+def _env_tuning_or_poison() -> bool:
+    """EQUIKERNELS_AUTOTUNE=1 or EQUIKERNELS_POISON=1 (both need TPKernels' full path), read per call
+    as the full path reads them (tests toggle them)."""
+    return os.environ.get("EQUIKERNELS_AUTOTUNE") == "1" or os.environ.get("EQUIKERNELS_POISON") == "1"
+
+
+class _BwdDirect:
+    """The resolved backward of one (problem, need, operand dtypes, math_dtype)."""
+    __slots__ = ("launch", "rows", "args", "order")
+
+    def __init__(self, launch, rows: int, args: tuple, order: tuple):
+        self.launch, self.rows = launch, rows
+        self.args = args    # kernel pointer parameters: index into (x, y, w, g, *outputs)
+        self.order = order  # operand index (x 0, y 1, w 2) of each gradient computed, in that order
+
+
+_BWD_DIRECT: dict = {}
+
+
+def _bwd_direct_plan(spec: str, need: int, x, y, w, g, math_dtype) -> Optional[_BwdDirect]:
+    """What TPKernels.backward would launch (None: a case it handles differently, so it runs)."""
+    from ..codegen import tp as ct  # noqa: PLC0415 - Triton is optional
+    from ..codegen.launch import Pinned  # noqa: PLC0415
+    plan = plan_of(spec)
+    p = plan.problem
+    # channel-wise products with per-row weights only (MACE / NequIP, the host-bound ones): shared
+    # weights are reduced over rows, and uvw products may split the weight gradient off
+    if (p.shared_weights or ct.weights_dominate(p) or any(i.mode != "uvu" for i in p.instructions)
+            or not plan.generated("bwd", need)):
+        return None
+    k = plan.kernels.kernel("bwd", need)
+    if not isinstance(k, ct._Kernel):  # split into parts that add into zero-filled outputs
+        return None
+    meta = k.meta
+    names = tuple("g" + n for bit, n in ((NEED_X, "x"), (NEED_Y, "y"), (NEED_W, "w")) if need & bit)
+    if set(meta.outputs) != set(names) or meta.zero_init or meta.reduce_rows or k.acc_outputs:
+        return None
+    math = ct.math_of(x, y, w, g, math_dtype=math_dtype)
+    cfg = plan.kernels._cfg("bwd", math)
+    rows = max(cfg.rows, meta.min_rows)  # as _run raises it
+    dt = ct._DT[math]
+    prec = "tf32" if cfg.tf32 and dt == ct.tl.float32 else "ieee"
+    slot = {n: i for i, n in enumerate(("x", "y", "w", "g") + names)}
+    args = tuple(slot[a] for a in meta.inputs + meta.outputs)
+    order = tuple("xyw".index(nm[1]) for nm in names)
+    return _BwdDirect(Pinned(k.launcher, (rows, dt, prec), cfg.num_warps, cfg.num_stages), rows, args, order)
+
+
+def _bwd_direct(x: Tensor, y: Tensor, w: Tensor, g: Tensor, spec: str, need: int,
+                math_dtype: Optional[torch.dtype]):
+    """(gx, gy, gw) as _bwd_impl computes them (None for those not in ``need``), or None where the full
+    path must run."""
+    if x.dim() != 2 or _env_tuning_or_poison():
+        return None
+    key = (spec, need, x.dtype, y.dtype, w.dtype, g.dtype, math_dtype)
+    d = _BWD_DIRECT.get(key, False)
+    if d is False:
+        d = _BWD_DIRECT[key] = _bwd_direct_plan(spec, need, x, y, w, g, math_dtype)
+    n = x.shape[0]
+    if d is None or n == 0:
+        return None
+    ops = [x, y, w]
+    outs = [_empty_like(ops[i]) for i in d.order]  # operands are contiguous: so are these
+    t = ops + [g] + outs
+    nblk = (n + d.rows - 1) // d.rows
+    d.launch(nblk, [t[i] for i in d.args], (n, nblk))
+    if len(outs) == 3:
+        return tuple(outs)
+    res = [None, None, None]  # None, not a placeholder, for a gradient not asked for: _fwd_backward drops it
+    for i, o in zip(d.order, outs):
+        res[i] = o
+    return tuple(res)
+
+
+_empty_like = torch.empty_like  # the direct backward's allocator (tests swap in a NaN fill)
+
+
+def fwd(x, y, w, spec, backend, math_dtype=None, out_dtype=None):
+    if _eager(x, y, w):
+        # the eager path skips the dispatcher, so it applies tp_fwd's autocast rule itself
+        return _Fwd.apply(x, y, w, spec, backend, math_dtype, out_dtype or autocast_dtype(x))
+    return tp_fwd(x, y, w, spec, backend, math_dtype, out_dtype)
+
+
+def bwd(x, y, w, g, spec, backend, need, math_dtype=None):
+    if _eager(x, y, w, g):
+        if not torch.is_grad_enabled():  # a plain backward: nothing to record, skip Function.apply
+            return _bwd_impl(x, y, w, g, spec, backend, need, math_dtype)
+        return _Bwd.apply(x, y, w, g, spec, backend, need, math_dtype)
+    return tp_bwd(x, y, w, g, spec, backend, need, math_dtype)
+
+
+def dbwd(x, y, w, g, a, b, c, spec, backend, have, need, math_dtype=None):
+    if _eager(x, y, w, g, a, b, c):
+        return _dbwd_impl(x, y, w, g, a, b, c, spec, backend, have, need, math_dtype)
+    return tp_dbwd(x, y, w, g, a, b, c, spec, backend, have, need, math_dtype)
+
+
+# --- public entry point -------------------------------------------------------------------------
+def tensor_product(problem: TPProblem, x: Tensor, y: Tensor, weight: Optional[Tensor] = None, *,
+                   layout: str = "mul_ir", backend: Optional[str] = None, math_dtype: Optional[torch.dtype] = None,
+                   output_dtype: Optional[torch.dtype] = None) -> Tensor:
+    """out = TP(x, y, weight) with e3nn semantics; leading dimensions broadcast like e3nn's.
+
+    Precision: x, y and weight may be float16, bfloat16 or float32 in any combination (each is read
+    in its own dtype), or all float64. ``math_dtype`` (float32 or float64; default float64 for
+    float64 operands, else float32) is what every product is computed and accumulated in.
+    ``output_dtype`` defaults to x's dtype, under ``torch.autocast`` (CUDA or CPU, x not float64)
+    to the autocast dtype; the operands are not cast by autocast. Gradients come back in the dtype
+    of the operand they belong to (per-program partial sums of a shared weight's gradient are
+    float32 and summed in float64 before the final rounding).
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    _check_tensor("x", x, problem.dim_in1, "irreps_in1")
+    _check_tensor("y", y, problem.dim_in2, "irreps_in2")
+    _check_same("y", y, x)
+    check_dtypes(math_dtype, output_dtype)
+    nw = problem.weight_numel
+    be = resolve_backend(backend, x.device)
+    spec = spec_of(problem, layout)
+    if x.dim() == 2 and y.dim() == 2 and x.shape[0] == y.shape[0] and (
+            nw == 0 or (isinstance(weight, Tensor) and weight.dtype == x.dtype and weight.device == x.device and (
+                weight.shape == ((nw,) if problem.shared_weights else (x.shape[0], nw))))):
+        # the common case (rows x features, matching weights): no broadcasting work on the hot path
+        w = x.new_empty(0) if nw == 0 else weight.contiguous()
+        return fwd(x.contiguous(), y.contiguous(), w, spec, be, math_dtype, output_dtype)
+    try:
+        batch = torch.broadcast_shapes(x.shape[:-1], y.shape[:-1])
+    except RuntimeError:
+        raise ValueError(f"x and y: batch dimensions {tuple(x.shape[:-1])} and {tuple(y.shape[:-1])} "
+                         "do not broadcast") from None
+    if nw == 0:
+        w = x.new_empty(0)
+    else:
+        if weight is None:
+            raise ValueError("weight: this tensor product has weights (internal_weights=False); pass weight")
+        _check_same("weight", weight, x)
+        if not weight.is_floating_point():
+            raise TypeError(f"weight: expected a floating-point tensor, got {weight.dtype}")
+        if problem.shared_weights:
+            if weight.shape != (nw,):
+                raise ValueError(f"weight: expected shape ({nw},) for shared weights, got {tuple(weight.shape)}")
+            w = weight.contiguous()
+        else:
+            if weight.dim() < 1 or weight.shape[-1] != nw:
+                raise ValueError(f"weight: expected shape (..., {nw}) for per-row weights, got {tuple(weight.shape)}")
+            try:
+                batch = torch.broadcast_shapes(batch, weight.shape[:-1])
+            except RuntimeError:
+                raise ValueError(f"weight: batch dimensions {tuple(weight.shape[:-1])} do not broadcast with "
+                                 f"{tuple(batch)}") from None
+            w = weight.expand(batch + (nw,)).reshape(-1, nw).contiguous()
+    xf = x.expand(batch + x.shape[-1:]).reshape(-1, x.shape[-1]).contiguous()
+    yf = y.expand(batch + y.shape[-1:]).reshape(-1, y.shape[-1]).contiguous()
+    out = fwd(xf, yf, w, spec, be, math_dtype, output_dtype)
+    return out.reshape(batch + (problem.dim_out,))
+
+
+def check_dtypes(math_dtype: Optional[torch.dtype], output_dtype: Optional[torch.dtype]) -> None:
+    if math_dtype is not None and math_dtype not in MATH_DTYPES:
+        raise ValueError(f"math_dtype: expected torch.float32 or torch.float64 (or None), got {math_dtype}")
+    if output_dtype is not None and output_dtype not in STORAGE_DTYPES:
+        raise ValueError(f"output_dtype: expected one of {', '.join(map(str, STORAGE_DTYPES))} (or None), "
+                         f"got {output_dtype}")
+
+
+def _check_tensor(name: str, t, dim: int, irreps_name: str) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
+    if t.dtype not in STORAGE_DTYPES:
+        raise TypeError(f"{name}: expected a float16, bfloat16, float32 or float64 tensor, got {t.dtype}")
+    if t.dim() < 1 or t.shape[-1] != dim:
+        raise ValueError(f"{name}: expected last dimension {dim} ({irreps_name}), got shape {tuple(t.shape)}")
+
+
+def _check_same(name: str, t: Tensor, x: Tensor) -> None:
+    """Same device as x; dtypes that may be combined (float16/bfloat16/float32 freely, float64 only
+    with float64)."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.is_floating_point() and t.dtype not in STORAGE_DTYPES:
+        raise TypeError(f"{name}: expected a float16, bfloat16, float32 or float64 tensor, got {t.dtype}")
+    if t.dtype != x.dtype and torch.float64 in (t.dtype, x.dtype):
+        raise TypeError(f"{name}: dtype {t.dtype} does not match x ({x.dtype}); float64 operands cannot be mixed "
+                        "with other dtypes (float16, bfloat16 and float32 can)")
+    if t.device != x.device:
+        raise ValueError(f"{name}: device {t.device} does not match x ({x.device})")
