@@ -394,3 +394,243 @@ def test_pinned_launch(fake):
     finally:
         launch.set_enabled(old)
     assert len(fl.calls) == 5
+
+
+# --- ops.tp's direct eager double backward (_dbwd_direct): TPKernels.double_backward resolved -------
+def _dgrads(p, ops, R, req, greq, use, wrt, direct: bool):
+    """bench_tp's double backward through autograd, direct path on or off: first-order gradients of
+    tensor_product with create_graph (``req``: which of x, y, w require grad, ``greq``: g too),
+    L = sum over ``use`` (indexes into x, y, w) of <g_i, R_i>, then grad(L, the inputs in ``wrt``
+    (indexes into x, y, w, g))."""
+    from equikernels.ops import tensor_product
+    old = ops_tp.FAST_BWD
+    ops_tp.FAST_BWD = direct
+    try:
+        leaves = [t.detach().clone().requires_grad_(r) for t, r in zip(ops[:3], req)]
+        gg = ops[3].detach().clone().requires_grad_(greq)
+        out = tensor_product(p, *leaves, layout="ir_mul", backend="triton")
+        first = torch.autograd.grad(out, [t for t in leaves if t.requires_grad], gg, create_graph=True)
+        by = dict(zip([i for i, r in enumerate(req) if r], first))
+        loss = sum((by[i] * R[i]).sum() for i in use)
+        return torch.autograd.grad(loss, [t for i, t in enumerate(leaves + [gg]) if i in wrt], allow_unused=True)
+    finally:
+        ops_tp.FAST_BWD = old
+
+
+def _dbwd_cases(full: bool):
+    """(req, greq, use, wrt): every set of first-order gradients and g requiring grad (the need of
+    the double backward), every nonempty set of them in L (the cotangents autograd hands over),
+    gradients to every input that requires grad and to the first one alone."""
+    subsets = ((0,), (1,), (2,), (0, 1), (0, 2), (1, 2), (0, 1, 2))
+    for s in subsets:
+        req = tuple(i in s for i in range(3))
+        for greq in (True, False):
+            for use in subsets:
+                if not set(use) <= set(s) or not (full or use in ((s[-1],), s)):
+                    continue
+                wrt = s + ((3,) if greq else ())
+                yield req, greq, use, wrt
+                if full and len(wrt) > 1:
+                    yield req, greq, use, wrt[:1]
+
+
+@pytest.fixture
+def count_dbwd(monkeypatch):
+    """Results of _dbwd_direct: None (full path) or the tuple it returned."""
+    seen = []
+    inner = ops_tp._dbwd_direct
+
+    def spy(*args):
+        r = inner(*args)
+        seen.append(r is not None)
+        return r
+    monkeypatch.setattr(ops_tp, "_dbwd_direct", spy)
+    return seen
+
+
+def _check_dbwd(p, ops, R, cases, count, ref=None, repeat: int = 2):
+    """Direct == full path bit for bit (``repeat`` times: on a GPU the Pinned's first launch and a
+    later one), the direct path taken every time; optionally both against the float64 reference."""
+    ops_tp._DBWD_DIRECT.clear()
+    n = 0
+    for req, greq, use, wrt in cases:
+        full = _dgrads(p, ops, R, req, greq, use, wrt, direct=False)
+        for _ in range(repeat):
+            del count[:]
+            got = _dgrads(p, ops, R, req, greq, use, wrt, direct=True)
+            assert count == [True], (req, greq, use, wrt)  # one double backward, the direct one
+            assert len(got) == len(full) == len(wrt)
+            for a, b in zip(got, full):
+                assert (a is None) == (b is None)
+                if a is not None:
+                    assert a.shape == b.shape and a.dtype == b.dtype
+                    assert torch.equal(a, b), (req, greq, use, wrt)
+        if ref is not None:
+            want = ref(req, greq, use, wrt)
+            for a, b in zip(got, want):
+                assert float((a.double() - b).norm()) <= 1e-5 * max(1.0, float(b.norm())), (req, greq, use, wrt)
+        n += 1
+    assert n and all(d is not None for d in ops_tp._DBWD_DIRECT.values())
+
+
+def _reference_dgrads(p, ops, R):
+    """The same double backward on the float64 reference backend (the direct path never runs)."""
+    from equikernels.ops import tensor_product
+    ops64 = [t.double() for t in ops]
+    R64 = [t.double() for t in R]
+
+    def ref(req, greq, use, wrt):
+        leaves = [t.detach().clone().requires_grad_(r) for t, r in zip(ops64[:3], req)]
+        gg = ops64[3].detach().clone().requires_grad_(greq)
+        out = tensor_product(p, *leaves, layout="ir_mul", backend="reference")
+        first = torch.autograd.grad(out, [t for t in leaves if t.requires_grad], gg, create_graph=True)
+        by = dict(zip([i for i, r in enumerate(req) if r], first))
+        loss = sum((by[i] * R64[i]).sum() for i in use)
+        res = torch.autograd.grad(loss, [t for i, t in enumerate(leaves + [gg]) if i in wrt], allow_unused=True)
+        return [torch.zeros_like(t) if r is None else r for t, r in
+                zip([t for i, t in enumerate(leaves + [gg]) if i in wrt], res)]
+    return ref
+
+
+@pytest.mark.skipif(not INTERPRET, reason="CPU: the interpreter")
+def test_direct_double_backward_interpreter(nan_alloc, count_dbwd):
+    """Under the interpreter the direct path runs too (launch.Pinned's normal path): bit-identical to
+    the full path and as close to the float64 reference, for a few needs and cotangent sets."""
+    p = _odd()
+    x, y, w, g, a, b, c = _operands(p, 13, "cpu")
+    cases = [((True, True, True), True, (0, 1, 2), (0, 1, 2, 3)),  # need 15, have abc
+             ((True, False, False), True, (0,), (0, 3)),            # need 9, have a
+             ((False, True, True), False, (2,), (1, 2)),            # need 6 (gy not in L: b zeros)
+             ((False, False, True), True, (2,), (2, 3))]            # need 12, have c: dw no term (zeros)
+    _check_dbwd(p, (x, y, w, g), (a, b, c), cases, count_dbwd, _reference_dgrads(p, (x, y, w, g), (a, b, c)),
+                repeat=1)
+    keys = {k[1:3] for k in ops_tp._DBWD_DIRECT}
+    assert {("abc", 15), ("a", 9), ("c", 12)} <= keys
+
+
+def test_direct_double_backward_raw(nan_alloc, monkeypatch):
+    """_dbwd_direct against _dbwd_impl directly: every need, missing cotangents (placeholders, zeros
+    for results without a term), mixed dtypes; None for zero rows, 3-d operands, poison/autotune."""
+    p = _odd() if INTERPRET else _small_problem()
+    x, y, w, g, a, b, c = _operands(p, 5, _dev())
+    spec = spec_of(p, "ir_mul")
+    ops_tp._DBWD_DIRECT.clear()
+    e = x.new_empty(0)
+    for have, need, wb in (("abc", 15, w), ("", 15, w), ("a", 15, w), ("b", 5, w), ("ac", 8, w),
+                           ("abc", 7, w.bfloat16())):
+        cot = [t if k in have else None for k, t in zip("abc", (a, b, c.to(wb.dtype)))]
+        got = ops_tp._dbwd_direct(x, y, wb, g, *cot, spec, have, need, None)
+        want = ops_tp._dbwd_impl(x, y, wb, g, *(t if t is not None else e for t in cot), spec, "triton", have, need)
+        assert got is not None and len(got) == 4
+        for i, (s, t) in enumerate(zip(got, want)):
+            assert s.shape == t.shape and s.dtype == t.dtype and torch.equal(s, t), (have, need, i)
+    plans = {k[1:3]: d for k, d in ops_tp._DBWD_DIRECT.items()}
+    assert not plans[("", 15)].launches and plans[("", 15)].res == (-1, -1, -1, -1)  # no terms: zeros
+    assert len(plans[("a", 15)].launches) == 2 and plans[("a", 15)].res[0] == -1  # dx: no term with a
+    assert plans[("b", 5)].res[1::2] == (-2, -2)
+    assert ops_tp._dbwd_direct(x[:0], y[:0], w[:0], g[:0], a[:0], b[:0], c[:0], spec, "abc", 15, None) is None
+    assert ops_tp._dbwd_direct(x[None], y[None], w[None], g[None], a[None], b[None], c[None], spec, "abc", 15,
+                               None) is None
+    for var in ("EQUIKERNELS_POISON", "EQUIKERNELS_AUTOTUNE"):
+        monkeypatch.setenv(var, "1")
+        assert ops_tp._dbwd_direct(x, y, w, g, a, b, c, spec, "abc", 15, None) is None
+        monkeypatch.delenv(var)
+    assert ops_tp._dbwd_direct(x, y, w, g, a, b, c, spec, "abc", 15, None) is not None
+
+
+def test_direct_double_backward_plan_fallbacks(monkeypatch):
+    """No recipe for shared weights, uvw products (per-row: uvw_rows; shared) and a channel-wise
+    product whose double backward is split into parts (_KernelSet)."""
+    from equikernels.problem import TPProblem
+    uvw_rows = TPProblem.create("2x0e+2x1o", "1x0e+1x1o", "2x0e+2x1o", [(0, 0, 0, "uvw", True), (1, 1, 0, "uvw", True)],
+                                shared_weights=False, internal_weights=False)
+    uvw_shared = TPProblem.create("2x0e+2x1o", "1x0e+1x1o", "2x0e+2x1o", [(0, 0, 0, "uvw", True)],
+                                  shared_weights=True, internal_weights=False)
+    for p in (_tiny_shared(), uvw_rows, uvw_shared):
+        x, y, w, g, a, b, c = _operands(p, 4, "cpu")
+        if p.shared_weights:
+            w, c = w[0], c[0]
+        assert ops_tp._dbwd_direct_plan(spec_of(p, "ir_mul"), "abc", 15, x, y, w, g, a, b, c, None) is None
+    # a uvu problem split over several kernels (EQUIKERNELS_MAX_PATHS when first built: _KernelSet
+    # parts): no plan. A problem of its own, so the split kernels stay with it.
+    p = TPProblem.create("2x0o+2x1o", "1x0e+1x1o", "2x0o+2x1o+2x1e",
+                         [(0, 0, 0, "uvu", True), (0, 1, 2, "uvu", True), (1, 0, 1, "uvu", True),
+                          (1, 1, 2, "uvu", True)], shared_weights=False, internal_weights=False)
+    monkeypatch.setenv("EQUIKERNELS_MAX_PATHS", "1")
+    spec = spec_of(p, "ir_mul")
+    x, y, w, g, a, b, c = _operands(p, 4, "cpu")
+    assert ops_tp._dbwd_direct_plan(spec, "abc", 7, x, y, w, g, a, b, c, None) is None
+    assert len(plan_of(spec).kernels.kernel("dbwd", 7, "abc").parts) > 1
+
+
+@pytest.mark.skipif(not INTERPRET, reason="CPU: the interpreter")
+def test_direct_double_backward_shared_full_path(count_dbwd):
+    """Shared weights through autograd: _dbwd_direct declines, the result equals the direct-off run."""
+    p = _tiny_shared()
+    x, y, w, g, a, b, c = _operands(p, 6, "cpu")
+    w, c = w[0].clone(), c[0].clone()
+    case = ((True, True, True), True, (0, 1, 2), (0, 1, 2, 3))
+    full = _dgrads(p, (x, y, w, g), (a, b, c), *case, direct=False)
+    got = _dgrads(p, (x, y, w, g), (a, b, c), *case, direct=True)
+    assert count_dbwd == [False]
+    assert all(torch.equal(s, t) for s, t in zip(got, full))
+
+
+def test_dbwd_impl_generates_only_launched_parts():
+    """_dbwd_impl asks TPKernels.dbwd_parts which kernels double_backward launches: per-row uvw
+    (uvw_rows: dx/dy/dg and dw) generates no (need & 8, need & 7) kernels it never uses."""
+    from equikernels.problem import TPProblem
+    p = TPProblem.create("2x0e+2x1o", "1x0e+1x1o", "2x0e+2x1o", [(0, 0, 0, "uvw", True), (1, 1, 0, "uvw", True)],
+                         shared_weights=False, internal_weights=False)
+    kernels = plan_of(spec_of(p, "ir_mul")).kernels
+    if not hasattr(kernels, "dbwd_parts"):
+        pytest.skip("TPKernels.dbwd_parts not there")
+    assert kernels._uvw_rows()
+    parts = ops_tp._dbwd_parts(kernels, 15)
+    assert parts != (8, 7)
+    x, y, w, g, a, b, c = _operands(p, 3, "cpu")
+    ops_tp._dbwd_impl(x, y, w, g, a, b, c, spec_of(p, "ir_mul"), "triton", "abc", 15)
+    made = {k[1] for k in kernels._cache if k[0] == "dbwd"}
+    assert made == {q for q in parts if q}, (made, parts)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="CPU: the interpreter")
+def test_direct_double_backward_one_kernel(nan_alloc, monkeypatch):
+    """EQUIKERNELS_DBWD_ONE=1 (TPKernels.dbwd_parts: one kernel for all four): the plan launches the
+    same single kernel, bit-identical to the full path."""
+    p = _odd()
+    kernels = plan_of(spec_of(p, "ir_mul")).kernels
+    monkeypatch.setenv("EQUIKERNELS_DBWD_ONE", "1")
+    if ops_tp._dbwd_parts(kernels, 15) != (15,):
+        pytest.skip("TPKernels.dbwd_parts has no one-kernel switch")
+    ops_tp._DBWD_DIRECT.clear()
+    try:
+        x, y, w, g, a, b, c = _operands(p, 9, "cpu")
+        spec = spec_of(p, "ir_mul")
+        got = ops_tp._dbwd_direct(x, y, w, g, a, b, c, spec, "abc", 15, None)
+        want = ops_tp._dbwd_impl(x, y, w, g, a, b, c, spec, "triton", "abc", 15)
+        (d,) = ops_tp._DBWD_DIRECT.values()
+        assert len(d.launches) == 1
+        assert all(torch.equal(s, t) for s, t in zip(got, want))
+    finally:
+        ops_tp._DBWD_DIRECT.clear()  # the recipe is made under the switch: drop it
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["nequip-water", "mace-medium"])
+def test_gpu_direct_double_backward_matches_full_path(nan_alloc, count_dbwd, name):
+    """The bench's double backward (nequip-water, mace-medium), every need and every cotangent set
+    autograd hands over: the direct path runs and is bit-identical to TPKernels.double_backward."""
+    p = catalog_problem(name)
+    x, y, w, g, a, b, c = _operands(p, 1001, "cuda")
+    _check_dbwd(p, (x, y, w, g), (a, b, c), list(_dbwd_cases(full=True)), count_dbwd,
+                _reference_dgrads(p, (x, y, w, g), (a, b, c)))
+    # mixed dtypes (bfloat16 weights): each result in its operand's dtype, still identical
+    wb, cb = w.bfloat16(), c.bfloat16()
+    case = ((True, True, True), True, (0, 1, 2), (0, 1, 2, 3))
+    full = _dgrads(p, (x, y, wb, g), (a, b, cb), *case, direct=False)
+    del count_dbwd[:]
+    got = _dgrads(p, (x, y, wb, g), (a, b, cb), *case, direct=True)
+    assert count_dbwd == [True]
+    assert [t.dtype for t in got] == [torch.float32, torch.float32, torch.bfloat16, torch.float32]
+    assert all(torch.equal(s, t) for s, t in zip(got, full))

@@ -234,9 +234,13 @@ def _bwd_backward(ctx, ga, gb, gc):
     if not torch.is_grad_enabled():
         need = sum(bit for bit, n in zip((1, 2, 4, 8), (nx, ny, nw, ng)) if n)
         have = "".join(k for k, t in zip("abc", (a, b, c)) if t is not None)
-        e = x.new_empty(0) if len(have) < 3 else None  # placeholder for a missing cotangent
-        res = dbwd(x, y, w, g, a if a is not None else e, b if b is not None else e,
-                   c if c is not None else e, spec, be, have, need, m)
+        res = None
+        if FAST_BWD and be == "triton" and _eager(x, y, w, g, *(t for t in (a, b, c) if t is not None)):
+            res = _dbwd_direct(x, y, w, g, a, b, c, spec, have, need, m)
+        if res is None:
+            e = x.new_empty(0) if len(have) < 3 else None  # placeholder for a missing cotangent
+            res = dbwd(x, y, w, g, a if a is not None else e, b if b is not None else e,
+                       c if c is not None else e, spec, be, have, need, m)
         return tuple(r if n else None for r, n in zip(res, (nx, ny, nw, ng))) + (None, None, None, None)
     dx = dy = dw = dg = None
 
@@ -273,7 +277,8 @@ def _dbwd_impl(x: Tensor, y: Tensor, w: Tensor, g: Tensor, a: Tensor, b: Tensor,
                ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     plan = plan_of(spec)
     a_, b_, c_ = (t if k in have else None for k, t in zip("abc", (a, b, c)))
-    if backend == "triton" and all(plan.generated("dbwd", part, have) for part in (need & 8, need & 7) if part):
+    if backend == "triton" and all(plan.generated("dbwd", part, have) for part in _dbwd_parts(plan.kernels, need)
+                                   if part):
         return plan.kernels.double_backward(x, y, w, g, a_, b_, c_, need, math=math_dtype)
     tensors = {"x": x, "y": y, "w": w, "g": g, "a": a, "b": b, "c": c}
     names = "".join(n for bit, n in zip((1, 2, 4, 8), "xywg") if need & bit)
@@ -343,7 +348,8 @@ class _Bwd(torch.autograd.Function):
 # the dtypes are part of the recipe's key). Same kernel, configuration and arguments as
 # _Kernel.launch passes (pointers in meta.inputs + meta.outputs order, N, NBLK, ROWS, DT, PREC), so
 # results are bit-identical (tests/test_fast_launch.py compares the two paths). Only the eager
-# no-grad backward of tp_fwd takes it; EQUIKERNELS_FAST_BWD=0 turns it off.
+# no-grad backward of tp_fwd takes it (and of tp_bwd: _dbwd_direct below); EQUIKERNELS_FAST_BWD=0
+# turns both off.
 FAST_BWD = os.environ.get("EQUIKERNELS_FAST_BWD", "1") == "1"
 
 
@@ -422,6 +428,103 @@ def _bwd_direct(x: Tensor, y: Tensor, w: Tensor, g: Tensor, spec: str, need: int
 
 
 _empty_like = torch.empty_like  # the direct backward's allocator (tests swap in a NaN fill)
+
+
+def _dbwd_parts(kernels, need: int) -> tuple:
+    """The need bitmasks of the kernels TPKernels.double_backward launches (zero parts: none)."""
+    parts = getattr(kernels, "dbwd_parts", None)
+    return parts(need) if parts is not None else (need & 8, need & 7)
+
+
+# The double backward the same way (issue 4: nequip-water's double backward is host-bound too):
+# TPKernels.double_backward works out the parts, kernels, configuration and buffers per call. For
+# the same class of products (channel-wise, per-row weights, every part one plain kernel writing each
+# element of its outputs once) _DbwdDirect keeps that per (problem, have, need, dtypes, math_dtype)
+# and a call allocates, launches each part in double_backward's order and zero-fills the outputs no
+# kernel writes, as double_backward does. dbwd_parts (EQUIKERNELS_DBWD_ONE) is read when a recipe is
+# made, not per call.
+class _DbwdDirect:
+    """The resolved double backward of one (problem, have, need, operand dtypes, math_dtype)."""
+    __slots__ = ("launches", "res")
+
+    def __init__(self, launches: tuple, res: tuple):
+        # per kernel, in launch order: (launch.Pinned, rows, pointer parameters as indexes into
+        # (x, y, w, g, a, b, c, *outputs), operand index (x 0 .. g 3) of each output it allocates)
+        self.launches = launches
+        self.res = res  # per x, y, w, g: index of its output in that list, -1 zeros, -2 placeholder
+
+
+_DBWD_DIRECT: dict = {}
+
+
+def _dbwd_direct_plan(spec: str, have: str, need: int, x, y, w, g, a, b, c, math_dtype) -> Optional[_DbwdDirect]:
+    """What TPKernels.double_backward would launch (None: a case it handles differently)."""
+    from ..codegen import tp as ct  # noqa: PLC0415 - Triton is optional
+    from ..codegen.launch import Pinned  # noqa: PLC0415
+    plan = plan_of(spec)
+    p = plan.problem
+    kernels = plan.kernels
+    # as _bwd_direct_plan: channel-wise products with per-row weights (shared weights are reduced
+    # over rows in a kernel of their own, uvw products may take uvw_rows' kernels and shapes)
+    if (p.shared_weights or ct.weights_dominate(p) or any(i.mode != "uvu" for i in p.instructions)
+            or kernels._uvw_rows()):
+        return None
+    parts = tuple(part for part in _dbwd_parts(kernels, need) if part)
+    if not all(plan.generated("dbwd", part, have) for part in parts):
+        return None
+    math = ct.math_of(x, y, w, g, a, b, c, math_dtype=math_dtype)
+    cfg = kernels._cfg("dbwd", math)  # what _tuned returns without autotuning
+    dt = ct._DT[math]
+    prec = "tf32" if cfg.tf32 and dt == ct.tl.float32 else "ieee"
+    slot = {n: i for i, n in enumerate("xywgabc") if i < 4 or n in have}  # x, y, w, g, cotangents present
+    written: dict = {}  # "dx" ... -> index in (x, y, w, g, a, b, c, *outputs)
+    launches = []
+    for part in parts:
+        k = kernels.kernel("dbwd", part, have)
+        if k is None:  # nothing to compute (dg without cotangents): zeros below
+            continue
+        if not isinstance(k, ct._Kernel):  # split into parts that add into zero-filled outputs
+            return None
+        meta = k.meta
+        mine = {"d" + n for bit, n in zip((1, 2, 4, 8), "xywg") if part & bit}
+        if (meta.zero_init or meta.reduce_rows or k.acc_outputs or not set(meta.outputs) <= mine
+                or any(o in written for o in meta.outputs) or not set(meta.inputs) <= set(slot)):
+            return None
+        new = tuple(o for o in ("dx", "dy", "dw", "dg") if o in meta.outputs)  # _run's allocation order
+        for o in new:
+            written[o] = 7 + len(written)
+        args = tuple(slot[i] for i in meta.inputs) + tuple(written[o] for o in meta.outputs)
+        rows = max(cfg.rows, meta.min_rows)  # as _run raises it
+        launches.append((Pinned(k.launcher, (rows, dt, prec), cfg.num_warps, cfg.num_stages), rows, args,
+                         tuple("xywg".index(o[1]) for o in new)))
+    res = tuple(written.get("d" + n, -1) if need & bit else -2 for bit, n in zip((1, 2, 4, 8), "xywg"))
+    return _DbwdDirect(tuple(launches), res)
+
+
+def _dbwd_direct(x: Tensor, y: Tensor, w: Tensor, g: Tensor, a: Optional[Tensor], b: Optional[Tensor],
+                 c: Optional[Tensor], spec: str, have: str, need: int, math_dtype: Optional[torch.dtype]):
+    """(dx, dy, dw, dg) as _dbwd_impl computes them (zeros for a result no term contributes to, an
+    empty placeholder for one not in ``need``), or None where the full path must run. a, b, c: the
+    cotangents, None where absent (``have`` names the others)."""
+    if x.dim() != 2 or not need or _env_tuning_or_poison():
+        return None
+    key = (spec, have, need, x.dtype, y.dtype, w.dtype, g.dtype, a.dtype if a is not None else None,
+           b.dtype if b is not None else None, c.dtype if c is not None else None, math_dtype)
+    d = _DBWD_DIRECT.get(key, False)
+    if d is False:
+        d = _DBWD_DIRECT[key] = _dbwd_direct_plan(spec, have, need, x, y, w, g, a, b, c, math_dtype)
+    n = x.shape[0]
+    if d is None or n == 0:
+        return None
+    ops = (x, y, w, g)
+    t = [x, y, w, g, a, b, c]
+    for launch, rows, args, new in d.launches:
+        for i in new:
+            t.append(_empty_like(ops[i]))  # operands are contiguous: so are these
+        nblk = (n + rows - 1) // rows
+        launch(nblk, [t[i] for i in args], (n, nblk))
+    return tuple(t[j] if j >= 0 else (torch.zeros_like(o) if j == -1 else o.new_empty(0))
+                 for j, o in zip(d.res, ops))
 
 
 def fwd(x, y, w, spec, backend, math_dtype=None, out_dtype=None):
