@@ -200,6 +200,37 @@ def test_double_backward_matches_e3nn(mode):
         assert _rel(a, b) <= 1e-10, f"d/d{name}: {_rel(a, b):.2e}"
 
 
+@pytest.mark.parametrize("one", ["0", "1"])
+def test_channelwise_double_backward_one_or_two_kernels(one, monkeypatch):
+    """Channel-wise per-row double backward as one kernel (dx, dy, dw, dg) or two (dg; dx, dy, dw),
+    EQUIKERNELS_DBWD_ONE, against e3nn in fp64 (outputs NaN-poisoned), all cotangents and a subset."""
+    monkeypatch.setenv("EQUIKERNELS_DBWD_ONE", one)
+    i1, i2 = o3.Irreps("3x0e+3x1o"), o3.Irreps("0e+1o+2e+3o")
+    io = o3.Irreps("+".join(f"3x{ir}" for _, r1 in i1 for _, r2 in i2 for ir in r1 * r2))
+    ins = [(a, b, c, "uvu", True) for a, (_, r1) in enumerate(i1) for b, (_, r2) in enumerate(i2)
+           for c, (_, r) in enumerate(io) if r in r1 * r2]
+    p = TPProblem.create(i1, i2, io, ins, shared_weights=False, internal_weights=False)
+    torch.set_default_dtype(torch.float64)
+    e3 = o3.TensorProduct(i1, i2, io, ins, shared_weights=False, internal_weights=False)
+    x, y, w = (t.requires_grad_() for t in _inputs(p, 6, torch.float64, "cpu"))
+    ours = _double_backward(lambda a, b, c: tensor_product(p, a, b, c, backend="triton"), x, y, w)
+    ref = _double_backward(e3, x, y, w)
+    for name, a, b in zip("xyw", ours, ref):
+        assert not a.isnan().any() and _rel(a, b) <= 1e-10, f"d/d{name}: {_rel(a, b):.2e}"
+    # only x's cotangent (have = "a"): dy, dw from one substituted backward, dg from one product
+    g, r = torch.randn(6, p.dim_out).requires_grad_(), torch.randn(6, p.dim_in1)
+
+    def have_a(fn):  # gx is linear in g, y, w and independent of x: d/dx is zero
+        gx, = torch.autograd.grad(fn(x, y, w), x, g, create_graph=True)
+        res = torch.autograd.grad((gx * r).sum(), (x, y, w, g), allow_unused=True)
+        return [torch.zeros_like(t) if d is None else d for d, t in zip(res, (x, y, w, g))]
+    ours = have_a(lambda a, b, c: tensor_product(p, a, b, c, backend="triton"))
+    ref = have_a(e3)
+    assert ours[0].abs().max() == 0
+    for name, a, b in list(zip("xywg", ours, ref))[1:]:
+        assert not a.isnan().any() and _rel(a, b) <= 1e-10, f"d/d{name} (have a): {_rel(a, b):.2e}"
+
+
 @pytest.mark.parametrize("name", ["nequip-water", "tetris-poly-1"])
 def test_problem_split_over_several_kernels(name, monkeypatch, tmp_path):
     """Large problems are split into kernels of at most EQUIKERNELS_MAX_PATHS paths (compile time);

@@ -440,15 +440,26 @@ class TPKernels:
     def dbwd_parts(self, need: int) -> tuple:
         """The need bitmasks of the kernels ``double_backward`` launches, in order (zero parts are
         skipped by the callers). Channel-wise per-row products: dg in one kernel, dx / dy / dw in a
-        second, unless EQUIKERNELS_DBWD_ONE=1 (one kernel for all four: each operand and
-        cotangent read once, at the price of every tile live at once)."""
+        second, or all four in one kernel (each operand and cotangent read once, every tile live at
+        once) when ``_dbwd_one`` says so."""
         if self._uvw_rows():  # dx, dy, dg read the weights and c; dw (outer products) only writes
             return (need,) if self._uvw_fused("dbwd") else (need & 11, need & 4)
         if self.problem.shared_weights or self._weights_dominate():
             return (need & 8, need & 3, need & 4)
-        if os.environ.get("EQUIKERNELS_DBWD_ONE") == "1":
-            return (need,)
-        return (need & 8, need & 7)
+        return (need,) if self._dbwd_one() else (need & 8, need & 7)
+
+    def _dbwd_one(self) -> bool:
+        """One double-backward kernel for a channel-wise per-row product with few paths over wide
+        channel blocks (EQUIKERNELS_DBWD_ONE=1|0 overrides). H200, 20k / 50k rows, two kernels -> one:
+        mace-medium 0.744 / 1.105 -> 0.430 / 1.043 ms, MACE-MP L2 0.566 / 1.375 -> 0.546 / 1.331;
+        slower with many paths or narrow blocks: mace-large (17 paths, the fused kernel at the
+        register cap) 2.47 -> 4.60 at 50k, nequip-water (32 channels) 0.335 -> 0.458, nequip-lips
+        equal (benchmarks/results/session10_20261124/dbwd_one)."""
+        env = os.environ.get("EQUIKERNELS_DBWD_ONE")
+        if env in ("0", "1"):
+            return env == "1"
+        p = self.problem
+        return len(p.instructions) <= 12 and min(m for m, _, _ in p.irreps_in1) >= 64
 
     def _run(self, k: _Kernel, tensors, outputs, cfg: LaunchConfig, math: torch.dtype):
         """Allocate the outputs (``outputs[name]`` = (shape, dtype), on x's device), launch, reduce
