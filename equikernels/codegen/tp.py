@@ -66,6 +66,12 @@ def default_config(kind: str, dtype: torch.dtype, problem=None) -> LaunchConfig:
         # shared-weight uvw (tetris-poly-1): 8 rows, H200 tuner table: backward 0.55 -> 0.39 ms,
         # double backward 1.20 -> 0.72 ms (benchmarks/results/session6_20261124)
         rows = 8
+    elif (problem is not None and kind == "dbwd" and dtype != torch.float64 and not problem.shared_weights
+          and all(i.mode == "uvu" for i in problem.instructions) and max(m for m, _, _ in problem.irreps_in1) <= 32):
+        # narrow channel-wise blocks (32 channels: one element per thread at 4 rows) are latency-bound
+        # in the double backward; two rows per thread: nequip-lips 1.405 -> 1.280 ms at 50k rows (H200,
+        # benchmarks/results/session10_20261124/dbwd_variants)
+        rows = 8
     rows = int(env) if env else rows
     # warps along the row axis keep the channel reductions (tl.sum over a [ROWS, MUL] block) inside
     # a warp; a warp split over channels makes every reduction a shared-memory round trip
@@ -450,17 +456,16 @@ class TPKernels:
         return (need,) if self._dbwd_one() else (need & 8, need & 7)
 
     def _dbwd_one(self) -> bool:
-        """One double-backward kernel for a channel-wise per-row product with few paths over wide
-        channel blocks (EQUIKERNELS_DBWD_ONE=1|0 overrides). H200, 20k / 50k rows, two kernels -> one:
-        mace-medium 0.744 / 1.105 -> 0.430 / 1.043 ms, MACE-MP L2 0.566 / 1.375 -> 0.546 / 1.331;
-        slower with many paths or narrow blocks: mace-large (17 paths, the fused kernel at the
-        register cap) 2.47 -> 4.60 at 50k, nequip-water (32 channels) 0.335 -> 0.458, nequip-lips
-        equal (benchmarks/results/session10_20261124/dbwd_one)."""
+        """One double-backward kernel for a channel-wise per-row product with few paths
+        (EQUIKERNELS_DBWD_ONE=1|0 overrides). H200, 20k / 50k rows, two kernels -> one: mace-medium
+        0.744 / 1.105 -> 0.430 / 1.043 ms, MACE-MP L2 0.566 / 1.375 -> 0.546 / 1.331, nequip-water
+        (50k, fastest of several runs) 0.329 -> 0.299; slower with many paths: mace-large (17 paths,
+        the fused kernel at the register cap) 2.47 -> 4.60 at 50k; nequip-lips (30) equal or slower
+        (benchmarks/results/session10_20261124/dbwd_one, dbwd_variants)."""
         env = os.environ.get("EQUIKERNELS_DBWD_ONE")
         if env in ("0", "1"):
             return env == "1"
-        p = self.problem
-        return len(p.instructions) <= 12 and min(m for m, _, _ in p.irreps_in1) >= 64
+        return len(self.problem.instructions) <= 12
 
     def _run(self, k: _Kernel, tensors, outputs, cfg: LaunchConfig, math: torch.dtype):
         """Allocate the outputs (``outputs[name]`` = (shape, dtype), on x's device), launch, reduce
