@@ -511,6 +511,7 @@ def test_direct_double_backward_interpreter(nan_alloc, count_dbwd):
 def test_direct_double_backward_raw(nan_alloc, monkeypatch):
     """_dbwd_direct against _dbwd_impl directly: every need, missing cotangents (placeholders, zeros
     for results without a term), mixed dtypes; None for zero rows, 3-d operands, poison/autotune."""
+    monkeypatch.setenv("EQUIKERNELS_DBWD_ONE", "0")  # two kernels (dg; dx, dy, dw): the launch counts below
     p = _odd() if INTERPRET else _small_problem()
     x, y, w, g, a, b, c = _operands(p, 5, _dev())
     spec = spec_of(p, "ir_mul")
@@ -536,6 +537,7 @@ def test_direct_double_backward_raw(nan_alloc, monkeypatch):
         assert ops_tp._dbwd_direct(x, y, w, g, a, b, c, spec, "abc", 15, None) is None
         monkeypatch.delenv(var)
     assert ops_tp._dbwd_direct(x, y, w, g, a, b, c, spec, "abc", 15, None) is not None
+    ops_tp._DBWD_DIRECT.clear()  # recipes made with EQUIKERNELS_DBWD_ONE=0: not for later tests
 
 
 def test_direct_double_backward_plan_fallbacks(monkeypatch):
