@@ -14,9 +14,10 @@ run tests/test_kernels.py -k "mp-medium or lips" &
 run tests/test_kernels.py -k "water or diffdock or tetris" &
 run tests/test_kernels.py -k "random_problems_gpu or gradgradcheck_gpu or tl_dot_gpu" &
 run tests/test_parity.py -k "standard and not benzene" &
-# the 40 random problems compile every kernel cold (> 9 min in one process): four processes of 10
-for part in 0 1 2 3; do
-  run $(python -c "print(' '.join(f'tests/test_parity.py::test_random_problem_cuda[{s}]' for s in range(5 * 10 * $part, 5 * 10 * ($part + 1), 5)))") &
+# the 40 random problems compile every kernel cold (one took 6 min on its own in session 10; four
+# processes of 10 did 18 in 9 min): eight processes of 5
+for part in 0 1 2 3 4 5 6 7; do
+  run $(python -c "print(' '.join(f'tests/test_parity.py::test_random_problem_cuda[{s}]' for s in range(25 * $part, 25 * ($part + 1), 5)))") &
 done
 run tests/test_conv.py &
 run tests/test_mixed_precision.py -k "not standard_problems and not conv" &
