@@ -402,19 +402,25 @@ def _dgrads(p, ops, R, req, greq, use, wrt, direct: bool):
     tensor_product with create_graph (``req``: which of x, y, w require grad, ``greq``: g too),
     L = sum over ``use`` (indexes into x, y, w) of <g_i, R_i>, then grad(L, the inputs in ``wrt``
     (indexes into x, y, w, g))."""
-    from equikernels.ops import tensor_product
     old = ops_tp.FAST_BWD
     ops_tp.FAST_BWD = direct
     try:
-        leaves = [t.detach().clone().requires_grad_(r) for t, r in zip(ops[:3], req)]
-        gg = ops[3].detach().clone().requires_grad_(greq)
-        out = tensor_product(p, *leaves, layout="ir_mul", backend="triton")
-        first = torch.autograd.grad(out, [t for t in leaves if t.requires_grad], gg, create_graph=True)
-        by = dict(zip([i for i, r in enumerate(req) if r], first))
-        loss = sum((by[i] * R[i]).sum() for i in use)
-        return torch.autograd.grad(loss, [t for i, t in enumerate(leaves + [gg]) if i in wrt], allow_unused=True)
+        return _bench_dgrads(p, ops, R, req, greq, use, wrt, "triton")[1]
     finally:
         ops_tp.FAST_BWD = old
+
+
+def _bench_dgrads(p, ops, R, req, greq, use, wrt, backend):
+    """(the inputs in ``wrt``, their second-order gradients) as _dgrads describes, on ``backend``."""
+    from equikernels.ops import tensor_product
+    leaves = [t.detach().clone().requires_grad_(r) for t, r in zip(ops[:3], req)]
+    gg = ops[3].detach().clone().requires_grad_(greq)
+    out = tensor_product(p, *leaves, layout="ir_mul", backend=backend)
+    first = torch.autograd.grad(out, [t for t in leaves if t.requires_grad], gg, create_graph=True)
+    by = dict(zip([i for i, r in enumerate(req) if r], first))
+    loss = sum((by[i] * R[i]).sum() for i in use)
+    inputs = [t for i, t in enumerate(leaves + [gg]) if i in wrt]
+    return inputs, torch.autograd.grad(loss, inputs, allow_unused=True)
 
 
 def _dbwd_cases(full: bool):
@@ -475,20 +481,12 @@ def _check_dbwd(p, ops, R, cases, count, ref=None, repeat: int = 2):
 
 def _reference_dgrads(p, ops, R):
     """The same double backward on the float64 reference backend (the direct path never runs)."""
-    from equikernels.ops import tensor_product
     ops64 = [t.double() for t in ops]
     R64 = [t.double() for t in R]
 
     def ref(req, greq, use, wrt):
-        leaves = [t.detach().clone().requires_grad_(r) for t, r in zip(ops64[:3], req)]
-        gg = ops64[3].detach().clone().requires_grad_(greq)
-        out = tensor_product(p, *leaves, layout="ir_mul", backend="reference")
-        first = torch.autograd.grad(out, [t for t in leaves if t.requires_grad], gg, create_graph=True)
-        by = dict(zip([i for i, r in enumerate(req) if r], first))
-        loss = sum((by[i] * R64[i]).sum() for i in use)
-        res = torch.autograd.grad(loss, [t for i, t in enumerate(leaves + [gg]) if i in wrt], allow_unused=True)
-        return [torch.zeros_like(t) if r is None else r for t, r in
-                zip([t for i, t in enumerate(leaves + [gg]) if i in wrt], res)]
+        inputs, res = _bench_dgrads(p, ops64, R64, req, greq, use, wrt, "reference")
+        return [torch.zeros_like(t) if r is None else r for t, r in zip(inputs, res)]
     return ref
 
 
@@ -585,10 +583,8 @@ def test_dbwd_impl_generates_only_launched_parts():
     p = TPProblem.create("2x0e+2x1o", "1x0e+1x1o", "2x0e+2x1o", [(0, 0, 0, "uvw", True), (1, 1, 0, "uvw", True)],
                          shared_weights=False, internal_weights=False)
     kernels = plan_of(spec_of(p, "ir_mul")).kernels
-    if not hasattr(kernels, "dbwd_parts"):
-        pytest.skip("TPKernels.dbwd_parts not there")
     assert kernels._uvw_rows()
-    parts = ops_tp._dbwd_parts(kernels, 15)
+    parts = kernels.dbwd_parts(15)
     assert parts != (8, 7)
     x, y, w, g, a, b, c = _operands(p, 3, "cpu")
     ops_tp._dbwd_impl(x, y, w, g, a, b, c, spec_of(p, "ir_mul"), "triton", "abc", 15)
@@ -603,8 +599,7 @@ def test_direct_double_backward_one_kernel(nan_alloc, monkeypatch):
     p = _odd()
     kernels = plan_of(spec_of(p, "ir_mul")).kernels
     monkeypatch.setenv("EQUIKERNELS_DBWD_ONE", "1")
-    if ops_tp._dbwd_parts(kernels, 15) != (15,):
-        pytest.skip("TPKernels.dbwd_parts has no one-kernel switch")
+    assert kernels.dbwd_parts(15) == (15,)
     ops_tp._DBWD_DIRECT.clear()
     try:
         x, y, w, g, a, b, c = _operands(p, 9, "cpu")

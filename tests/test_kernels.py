@@ -210,6 +210,8 @@ def test_channelwise_double_backward_one_or_two_kernels(one, monkeypatch):
     ins = [(a, b, c, "uvu", True) for a, (_, r1) in enumerate(i1) for b, (_, r2) in enumerate(i2)
            for c, (_, r) in enumerate(io) if r in r1 * r2]
     p = TPProblem.create(i1, i2, io, ins, shared_weights=False, internal_weights=False)
+    from equikernels.ops.tp import plan_of, spec_of
+    assert plan_of(spec_of(p, "mul_ir")).kernels.dbwd_parts(15) == ((15,) if one == "1" else (8, 7))
     torch.set_default_dtype(torch.float64)
     e3 = o3.TensorProduct(i1, i2, io, ins, shared_weights=False, internal_weights=False)
     x, y, w = (t.requires_grad_() for t in _inputs(p, 6, torch.float64, "cpu"))

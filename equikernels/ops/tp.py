@@ -277,7 +277,7 @@ def _dbwd_impl(x: Tensor, y: Tensor, w: Tensor, g: Tensor, a: Tensor, b: Tensor,
                ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     plan = plan_of(spec)
     a_, b_, c_ = (t if k in have else None for k, t in zip("abc", (a, b, c)))
-    if backend == "triton" and all(plan.generated("dbwd", part, have) for part in _dbwd_parts(plan.kernels, need)
+    if backend == "triton" and all(plan.generated("dbwd", part, have) for part in plan.kernels.dbwd_parts(need)
                                    if part):
         return plan.kernels.double_backward(x, y, w, g, a_, b_, c_, need, math=math_dtype)
     tensors = {"x": x, "y": y, "w": w, "g": g, "a": a, "b": b, "c": c}
@@ -372,33 +372,49 @@ class _BwdDirect:
 _BWD_DIRECT: dict = {}
 
 
+def _direct_problem(problem) -> bool:
+    """Channel-wise products with per-row weights (MACE / NequIP, the host-bound ones) take the direct
+    paths: shared weights are reduced over rows, uvw products may split the weight gradient off or
+    take uvw_rows' kernels."""
+    from ..codegen import tp as ct  # noqa: PLC0415 - Triton is optional
+    return not (problem.shared_weights or ct.weights_dominate(problem)
+                or any(i.mode != "uvu" for i in problem.instructions))
+
+
+def _plain_kernel(k) -> bool:
+    """One kernel writing each element of its outputs once (not split into parts that add into
+    zero-filled outputs, no row partials, no wide accumulation buffers)."""
+    from ..codegen import tp as ct  # noqa: PLC0415
+    return isinstance(k, ct._Kernel) and not (k.meta.zero_init or k.meta.reduce_rows or k.acc_outputs)
+
+
+def _pinned_launch(kernels, kind: str, k, math: torch.dtype):
+    """(launch.Pinned, rows) with the configuration, rows and constexprs _Kernel.launch would use
+    (``_cfg``: what ``_tuned`` returns without autotuning)."""
+    from ..codegen import tp as ct  # noqa: PLC0415
+    from ..codegen.launch import Pinned  # noqa: PLC0415
+    cfg = kernels._cfg(kind, math)
+    rows = max(cfg.rows, k.meta.min_rows)  # as _run raises it
+    dt = ct._DT[math]
+    prec = "tf32" if cfg.tf32 and dt == ct.tl.float32 else "ieee"
+    return Pinned(k.launcher, (rows, dt, prec), cfg.num_warps, cfg.num_stages), rows
+
+
 def _bwd_direct_plan(spec: str, need: int, x, y, w, g, math_dtype) -> Optional[_BwdDirect]:
     """What TPKernels.backward would launch (None: a case it handles differently, so it runs)."""
     from ..codegen import tp as ct  # noqa: PLC0415 - Triton is optional
-    from ..codegen.launch import Pinned  # noqa: PLC0415
     plan = plan_of(spec)
-    p = plan.problem
-    # channel-wise products with per-row weights only (MACE / NequIP, the host-bound ones): shared
-    # weights are reduced over rows, and uvw products may split the weight gradient off
-    if (p.shared_weights or ct.weights_dominate(p) or any(i.mode != "uvu" for i in p.instructions)
-            or not plan.generated("bwd", need)):
+    if not _direct_problem(plan.problem) or not plan.generated("bwd", need):
         return None
     k = plan.kernels.kernel("bwd", need)
-    if not isinstance(k, ct._Kernel):  # split into parts that add into zero-filled outputs
-        return None
-    meta = k.meta
     names = tuple("g" + n for bit, n in ((NEED_X, "x"), (NEED_Y, "y"), (NEED_W, "w")) if need & bit)
-    if set(meta.outputs) != set(names) or meta.zero_init or meta.reduce_rows or k.acc_outputs:
+    if not _plain_kernel(k) or set(k.meta.outputs) != set(names):
         return None
-    math = ct.math_of(x, y, w, g, math_dtype=math_dtype)
-    cfg = plan.kernels._cfg("bwd", math)
-    rows = max(cfg.rows, meta.min_rows)  # as _run raises it
-    dt = ct._DT[math]
-    prec = "tf32" if cfg.tf32 and dt == ct.tl.float32 else "ieee"
+    launch, rows = _pinned_launch(plan.kernels, "bwd", k, ct.math_of(x, y, w, g, math_dtype=math_dtype))
     slot = {n: i for i, n in enumerate(("x", "y", "w", "g") + names)}
-    args = tuple(slot[a] for a in meta.inputs + meta.outputs)
+    args = tuple(slot[a] for a in k.meta.inputs + k.meta.outputs)
     order = tuple("xyw".index(nm[1]) for nm in names)
-    return _BwdDirect(Pinned(k.launcher, (rows, dt, prec), cfg.num_warps, cfg.num_stages), rows, args, order)
+    return _BwdDirect(launch, rows, args, order)
 
 
 def _bwd_direct(x: Tensor, y: Tensor, w: Tensor, g: Tensor, spec: str, need: int,
@@ -430,12 +446,6 @@ def _bwd_direct(x: Tensor, y: Tensor, w: Tensor, g: Tensor, spec: str, need: int
 _empty_like = torch.empty_like  # the direct backward's allocator (tests swap in a NaN fill)
 
 
-def _dbwd_parts(kernels, need: int) -> tuple:
-    """The need bitmasks of the kernels TPKernels.double_backward launches (zero parts: none)."""
-    parts = getattr(kernels, "dbwd_parts", None)
-    return parts(need) if parts is not None else (need & 8, need & 7)
-
-
 # The double backward the same way (issue 4: nequip-water's double backward is host-bound too):
 # TPKernels.double_backward works out the parts, kernels, configuration and buffers per call. For
 # the same class of products (channel-wise, per-row weights, every part one plain kernel writing each
@@ -460,22 +470,14 @@ _DBWD_DIRECT: dict = {}
 def _dbwd_direct_plan(spec: str, have: str, need: int, x, y, w, g, a, b, c, math_dtype) -> Optional[_DbwdDirect]:
     """What TPKernels.double_backward would launch (None: a case it handles differently)."""
     from ..codegen import tp as ct  # noqa: PLC0415 - Triton is optional
-    from ..codegen.launch import Pinned  # noqa: PLC0415
     plan = plan_of(spec)
-    p = plan.problem
-    kernels = plan.kernels
-    # as _bwd_direct_plan: channel-wise products with per-row weights (shared weights are reduced
-    # over rows in a kernel of their own, uvw products may take uvw_rows' kernels and shapes)
-    if (p.shared_weights or ct.weights_dominate(p) or any(i.mode != "uvu" for i in p.instructions)
-            or kernels._uvw_rows()):
+    if not _direct_problem(plan.problem):
         return None
-    parts = tuple(part for part in _dbwd_parts(kernels, need) if part)
+    kernels = plan.kernels
+    parts = tuple(part for part in kernels.dbwd_parts(need) if part)
     if not all(plan.generated("dbwd", part, have) for part in parts):
         return None
     math = ct.math_of(x, y, w, g, a, b, c, math_dtype=math_dtype)
-    cfg = kernels._cfg("dbwd", math)  # what _tuned returns without autotuning
-    dt = ct._DT[math]
-    prec = "tf32" if cfg.tf32 and dt == ct.tl.float32 else "ieee"
     slot = {n: i for i, n in enumerate("xywgabc") if i < 4 or n in have}  # x, y, w, g, cotangents present
     written: dict = {}  # "dx" ... -> index in (x, y, w, g, a, b, c, *outputs)
     launches = []
@@ -483,20 +485,16 @@ def _dbwd_direct_plan(spec: str, have: str, need: int, x, y, w, g, a, b, c, math
         k = kernels.kernel("dbwd", part, have)
         if k is None:  # nothing to compute (dg without cotangents): zeros below
             continue
-        if not isinstance(k, ct._Kernel):  # split into parts that add into zero-filled outputs
-            return None
         meta = k.meta
         mine = {"d" + n for bit, n in zip((1, 2, 4, 8), "xywg") if part & bit}
-        if (meta.zero_init or meta.reduce_rows or k.acc_outputs or not set(meta.outputs) <= mine
-                or any(o in written for o in meta.outputs) or not set(meta.inputs) <= set(slot)):
+        if (not _plain_kernel(k) or not set(meta.outputs) <= mine or any(o in written for o in meta.outputs)
+                or not set(meta.inputs) <= set(slot)):
             return None
         new = tuple(o for o in ("dx", "dy", "dw", "dg") if o in meta.outputs)  # _run's allocation order
         for o in new:
             written[o] = 7 + len(written)
         args = tuple(slot[i] for i in meta.inputs) + tuple(written[o] for o in meta.outputs)
-        rows = max(cfg.rows, meta.min_rows)  # as _run raises it
-        launches.append((Pinned(k.launcher, (rows, dt, prec), cfg.num_warps, cfg.num_stages), rows, args,
-                         tuple("xywg".index(o[1]) for o in new)))
+        launches.append(_pinned_launch(kernels, "dbwd", k, math) + (args, tuple("xywg".index(o[1]) for o in new)))
     res = tuple(written.get("d" + n, -1) if need & bit else -2 for bit, n in zip((1, 2, 4, 8), "xywg"))
     return _DbwdDirect(tuple(launches), res)
 
