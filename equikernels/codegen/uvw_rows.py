@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..ir import Table
-from .emit import KernelMeta, Unsupported
+from .emit import KernelMeta, Unsupported, _Writer
 
 # operand -> which argument of the forward product it stands for
 ROLE = {"x": "x", "a": "x", "gx": "x", "dx": "x", "y": "y", "b": "y", "gy": "y", "dy": "y",
@@ -116,19 +116,6 @@ class Options:
                        e("EQUIKERNELS_UVW_EXACT", "0") == "1", e("EQUIKERNELS_UVW_LAZY_H", "0") == "1")
 
 
-class _W:
-    def __init__(self):
-        self.lines: List[str] = []
-        self.n = 0
-
-    def tmp(self, p: str) -> str:
-        self.n += 1
-        return f"{p}{self.n}"
-
-    def emit(self, s: str, indent: int = 2):
-        self.lines.append("    " * indent + s)
-
-
 class Builder:
     """Straight-line kernel over row blocks. ``terms``: output -> list of operand tuples
     (gx: (y-like, w-like); gy: (x-like, w-like); gw: (x-like, y-like); g: (x-like, y-like, w-like))."""
@@ -141,7 +128,7 @@ class Builder:
         self.segs = {r: table.operand(r if r != "g" else "out").segments for r in ("x", "y", "g")}
         self.dims = {r: table.operand(r if r != "g" else "out").dim for r in ("x", "y", "w", "g")}
         self.terms = {o: ts for o, ts in terms.items() if ts}
-        self.pre, self.body = _W(), _W()
+        self.pre, self.body = _Writer(), _Writer()
         self.consts: Dict[str, str] = {}
         self.cache: Dict[tuple, str] = {}
         self.inputs: List[str] = []
