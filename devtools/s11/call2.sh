@@ -15,7 +15,7 @@ IMPLS=${IMPLS:-mace-cueq-bf16,ek-fp32,ek-bf16,mace-cueq-fp32}
 ( while sleep 30; do echo "[mon $(date +%T)] cache files $(ls /tmp/cuecache | wc -l)"; done ) &
 MON=$!
 PYTHONPATH=/tmp/e3nn044:$PYTHONPATH timeout -s ABRT ${LIMIT:-560} python -X faulthandler benchmarks/bench_train.py \
-    --impls $IMPLS --no-cueq-ref --time-budget-s $(( ${LIMIT:-560} - 25 )) --out "$OUT/$TAG.json" 2>&1 | tee "$OUT/$TAG.log" \
+    --impls $IMPLS ${EXTRA:-} --no-cueq-ref --time-budget-s $(( ${LIMIT:-560} - 25 )) --out "$OUT/$TAG.json" 2>&1 | tee "$OUT/$TAG.log" \
     | grep -vE "^\s*$" | tail -40
 kill $MON
 echo "cache files $(ls /tmp/cuecache | wc -l), $(du -sh /tmp/cuecache | cut -f1)"
