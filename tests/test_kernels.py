@@ -200,18 +200,51 @@ def test_double_backward_matches_e3nn(mode):
         assert _rel(a, b) <= 1e-10, f"d/d{name}: {_rel(a, b):.2e}"
 
 
-@pytest.mark.parametrize("one", ["0", "1"])
-def test_channelwise_double_backward_one_or_two_kernels(one, monkeypatch):
-    """Channel-wise per-row double backward as one kernel (dx, dy, dw, dg) or two (dg; dx, dy, dw),
-    EQUIKERNELS_DBWD_ONE, against e3nn in fp64 (outputs NaN-poisoned), all cotangents and a subset."""
-    monkeypatch.setenv("EQUIKERNELS_DBWD_ONE", one)
+@pytest.mark.parametrize("one,layout,own_outputs", [("0", "mul_ir", False), ("1", "mul_ir", False),
+                                                    ("1", "mul_ir", True), ("split", "mul_ir", True),
+                                                    ("split", "ir_mul", True)])
+def test_channelwise_double_backward_one_or_two_kernels(one, layout, own_outputs, monkeypatch, tmp_path):
+    """Channel-wise per-row double backward as one kernel (dx, dy, dw, dg), as one kernel split by
+    first-input segment (parts of at most 6 paths: each writes its dx, dw, dg whole and adds into dy;
+    the default for narrow products with more than 12 paths, like nequip-lips) or as two (dg; dx, dy,
+    dw), against e3nn in fp64 (outputs NaN-poisoned), all cotangents and a subset. ``own_outputs``:
+    every path writes an output segment of its own (NequIP's unmerged outputs: paths visited by
+    first-input segment), else paths of the same irrep share outputs."""
+    from equikernels.ops.tp import plan_of
+    monkeypatch.setenv("EQUIKERNELS_CACHE_DIR", str(tmp_path))
+    if one != "split":
+        monkeypatch.setenv("EQUIKERNELS_DBWD_ONE", one)
+        monkeypatch.setenv("EQUIKERNELS_DBWD_PATHS", "0")
     i1, i2 = o3.Irreps("3x0e+3x1o"), o3.Irreps("0e+1o+2e+3o")
     io = o3.Irreps("+".join(f"3x{ir}" for _, r1 in i1 for _, r2 in i2 for ir in r1 * r2))
-    ins = [(a, b, c, "uvu", True) for a, (_, r1) in enumerate(i1) for b, (_, r2) in enumerate(i2)
-           for c, (_, r) in enumerate(io) if r in r1 * r2]
+    if own_outputs:  # 14 paths: 4 from the scalar segment, 10 from the vector one (one part each)
+        pairs = [(a, b) for a, (_, r1) in enumerate(i1) for b, (_, r2) in enumerate(i2) for _ in r1 * r2]
+        ins = [(a, b, c, "uvu", True) for c, (a, b) in enumerate(pairs)]  # io lists them in this order
+    else:
+        ins = [(a, b, c, "uvu", True) for a, (_, r1) in enumerate(i1) for b, (_, r2) in enumerate(i2)
+               for c, (_, r) in enumerate(io) if r in r1 * r2]
     p = TPProblem.create(i1, i2, io, ins, shared_weights=False, internal_weights=False)
+    from equikernels.ops import tp as ops_tp
+    # kernels and direct-launch recipes are kept per plan: built again under this test's settings
+    plan_of.cache_clear()
+    ops_tp._DBWD_DIRECT.clear()
+    try:
+        _one_or_two_kernels(p, one, layout, i1, i2, io, ins, own_outputs)
+    finally:
+        plan_of.cache_clear()
+        ops_tp._DBWD_DIRECT.clear()
+
+
+def _one_or_two_kernels(p, one, layout, i1, i2, io, ins, own_outputs):
+    from equikernels.codegen.tp import _KernelSet
     from equikernels.ops.tp import plan_of, spec_of
-    assert plan_of(spec_of(p, "mul_ir")).kernels.dbwd_parts(15) == ((15,) if one == "1" else (8, 7))
+    kernels = plan_of(spec_of(p, layout)).kernels
+    assert kernels._in1_major() == own_outputs and len(p.instructions) == (14 if own_outputs else 30)
+    assert kernels.dbwd_parts(15) == ((8, 7) if one == "0" else (15,))
+    k = kernels.kernel("dbwd", 15, "abc")
+    assert isinstance(k, _KernelSet) == (one == "split")
+    if one == "split":
+        assert len(k.parts) == 2 and "dy" in k.meta.zero_init
     torch.set_default_dtype(torch.float64)
     e3 = o3.TensorProduct(i1, i2, io, ins, shared_weights=False, internal_weights=False)
     x, y, w = (t.requires_grad_() for t in _inputs(p, 6, torch.float64, "cpu"))

@@ -333,7 +333,7 @@ class TPKernels:
                 return None
             name = f"tp_{kind}{need or ''}{have}_{self.problem.key()}_{p.layout}"
             in1 = self._in1_major()
-            chunks = _chunks(p.table, max_paths(), in1)
+            chunks = _chunks(p.table, self._dbwd_part_paths() or max_paths() if kind == "dbwd" else max_paths(), in1)
             lazy = self._lazy_budget(kind)
             if len(chunks) == 1:
                 self._cache[key] = _Kernel(name, groups, p.layout, self._row_operands(),
@@ -455,17 +455,34 @@ class TPKernels:
             return (need & 8, need & 3, need & 4)
         return (need,) if self._dbwd_one() else (need & 8, need & 7)
 
+    def _dbwd_part_paths(self) -> Optional[int]:
+        """Paths per double-backward kernel when a channel-wise per-row product with many paths is split
+        by first-input segment (each part reads its x / a tiles once, writes its dx, dw and dg whole and
+        adds into dy only), else None. Narrow blocks (at most 32 channels) with more than 12 paths, 6 per
+        part (EQUIKERNELS_DBWD_PATHS=N overrides, 0 turns the split off). nequip-lips, H200, 50k rows:
+        two kernels 1.298 ms, one kernel in parts of 12 paths 1.269, of 6 paths 1.109 (cuEquivariance
+        1.135-1.792 across runs; benchmarks/results/session11_20261124)."""
+        env = os.environ.get("EQUIKERNELS_DBWD_PATHS")
+        if env is not None:
+            return int(env) or None
+        p = self.problem
+        if (self._in1_major() and len(p.instructions) > 12 and not p.shared_weights and not self._weights_dominate()
+                and all(i.mode == "uvu" for i in p.instructions) and max(m for m, _, _ in p.irreps_in1) <= 32):
+            return 6
+        return None
+
     def _dbwd_one(self) -> bool:
         """One double-backward kernel for a channel-wise per-row product with few paths
         (EQUIKERNELS_DBWD_ONE=1|0 overrides). H200, 20k / 50k rows, two kernels -> one: mace-medium
         0.744 / 1.105 -> 0.430 / 1.043 ms, MACE-MP L2 0.566 / 1.375 -> 0.546 / 1.331, nequip-water
         (50k, fastest of several runs) 0.329 -> 0.299; slower with many paths: mace-large (17 paths,
         the fused kernel at the register cap) 2.47 -> 4.60 at 50k; nequip-lips (30) equal or slower
-        (benchmarks/results/session10_20261124/dbwd_one, dbwd_variants)."""
+        (benchmarks/results/session10_20261124/dbwd_one, dbwd_variants) unless the kernel is split by
+        first-input segment (_dbwd_part_paths)."""
         env = os.environ.get("EQUIKERNELS_DBWD_ONE")
         if env in ("0", "1"):
             return env == "1"
-        return len(self.problem.instructions) <= 12
+        return len(self.problem.instructions) <= 12 or self._dbwd_part_paths() is not None
 
     def _run(self, k: _Kernel, tensors, outputs, cfg: LaunchConfig, math: torch.dtype):
         """Allocate the outputs (``outputs[name]`` = (shape, dtype), on x's device), launch, reduce
