@@ -3,7 +3,7 @@
 device time; the numbers match what the driver reports for the same num_warps.
 
     python devtools/offline_regs.py KERNEL.py [KERNEL.py ...]   (files from EQUIKERNELS_CACHE_DIR)
-    env: ROWS (default 4), WARPS (default 4), DT (fp32 | fp64)
+    env: ROWS (default 4), WARPS (default 4), DT (fp32 | fp64 | bf16 | fp16: storage of every operand)
 """
 import importlib.util
 import os
@@ -49,7 +49,8 @@ def jit_of(path: str):
 
 
 def stats(path: str, rows: int, warps: int, dt: str):
-    consts = {"ROWS": rows, "DT": getattr(tl, {"fp32": "float32", "fp64": "float64"}[dt]), "PREC": "ieee"}
+    # DT is the math dtype (float32 for half storage); ``dt`` the storage type of every pointer
+    consts = {"ROWS": rows, "DT": tl.float64 if dt == "fp64" else tl.float32, "PREC": "ieee"}
     regs, spill, _ = ptxas_report(compile_sm90(jit_of(path), consts, warps, fp=dt))
     return regs, spill
 

@@ -74,25 +74,30 @@ def test_spec_key_implies_triton_spec():
 
 
 class _Compiled:
-    def __init__(self):
+    def __init__(self, n_regs=96):
         self.calls = []
         self.run = lambda *a: self.calls.append(a)
-        self.function, self.packed_metadata = 1234, (4, 1, 0)
+        self.function, self.packed_metadata, self.n_regs = 1234, (4, 1, 0), n_regs
 
 
 class _Jit:
     """Stands in for a JITFunction: fn[grid](*args, **kw) records the call, returns a 'kernel'."""
     arg_names = ["x_ptr", "out_ptr", "N", "NBLK", "ROWS", "DT", "PREC"]
 
-    def __init__(self):
-        self.normal, self.compiled, self.pre_run_hooks = [], [], []
+    def __init__(self, n_regs=96):
+        self.normal, self.compiled, self.pre_run_hooks, self.warmed = [], [], [], []
+        self.n_regs = n_regs
 
     def __getitem__(self, grid):
         def run(*args, **kw):
             self.normal.append((grid, args, kw))
-            self.compiled.append(_Compiled())
+            self.compiled.append(_Compiled(self.n_regs))
             return self.compiled[-1]
         return run
+
+    def warmup(self, *args, grid, **kw):  # compiles, launches nothing
+        self.warmed.append((grid, args, kw))
+        return _Compiled(kw.get("maxnreg", self.n_regs))
 
 
 @pytest.fixture
@@ -126,6 +131,34 @@ def test_fast_launch_caches_per_specialisation(fake):
     assert len(fl.hits) == 3
     fl((6,), [x, out], [23, 6], (4, "DT", "ieee"), 4, 1)
     assert len(jit.normal) == 5 and len(jit.compiled[0].calls) == 2
+
+
+def test_register_cap():
+    """maxnreg only just above an occupancy step (4 warps: 4 programs per SM up to 128 registers, 3 up
+    to 168, 2 up to 256)."""
+    assert launch.register_cap(180, 4) == 168 and launch.register_cap(176, 4) == 168
+    assert launch.register_cap(130, 4) == 128
+    for regs in (168, 128, 96, 200, 255, 64):
+        assert launch.register_cap(regs, 4) is None, regs
+
+
+@pytest.mark.parametrize("dtype,regs,capped", [(torch.bfloat16, 180, True), (torch.float16, 176, True),
+                                               (torch.bfloat16, 200, False), (torch.float32, 180, False)])
+def test_fast_launch_half_register_cap(fake, dtype, regs, capped):
+    """A half-precision launch whose build sits just above an occupancy step: the first launch runs
+    as compiled, later ones use a build capped at the step (compiled by warmup, nothing launched)."""
+    jit, fl = fake
+    jit.n_regs = regs
+    x, out = torch.zeros(256, dtype=dtype), torch.zeros(256)
+    args = ((5,), [x, out], [20, 5], (4, "DT", "ieee"), 4, 1)
+    fl(*args)
+    fl(*args)
+    assert len(jit.normal) == 1
+    if capped:  # the second launch ran the capped build
+        assert len(jit.warmed) == 1 and jit.warmed[0][2]["maxnreg"] == 168
+        assert jit.warmed[0][1] == (x, out, 20, 5, 4, "DT", "ieee") and not jit.compiled[0].calls
+    else:
+        assert not jit.warmed and len(jit.compiled[0].calls) == 1
 
 
 def test_fast_launch_fallbacks(fake, monkeypatch):
@@ -631,3 +664,21 @@ def test_gpu_direct_double_backward_matches_full_path(nan_alloc, count_dbwd, nam
     assert count_dbwd == [True]
     assert [t.dtype for t in got] == [torch.float32, torch.float32, torch.bfloat16, torch.float32]
     assert all(torch.equal(s, t) for s, t in zip(got, full))
+
+
+@pytest.mark.gpu
+def test_gpu_half_register_cap_same_numbers():
+    """mace-large's bf16 backward needs 180 registers (168 with fp32 / fp16 operands): the first
+    launch runs that build, later ones a build capped at 168 (launch.register_cap). Same numbers."""
+    p = catalog_problem("mace-large")
+    x, y, w, g = (t.bfloat16() for t in _operands(p, 1000, "cuda")[:4])
+    spec = spec_of(p, "ir_mul")
+    launch.set_enabled(True)
+    first = ops_tp._bwd_impl(x, y, w, g, spec, "triton", 7)
+    second = ops_tp._bwd_impl(x, y, w, g, spec, "triton", 7)
+    k = plan_of(spec).kernels.kernel("bwd", 7)
+    assert k.launcher.hits
+    ref = ops_tp._bwd_impl(*(t.double() for t in (x, y, w, g)), spec, "reference", 7)
+    for a, b, r in zip(first, second, ref):
+        assert torch.equal(a, b)
+        assert ((a.double() - r).norm() / r.norm()).item() < 1e-2
