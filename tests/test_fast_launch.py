@@ -673,11 +673,13 @@ def test_gpu_half_register_cap_same_numbers():
     p = catalog_problem("mace-large")
     x, y, w, g = (t.bfloat16() for t in _operands(p, 1000, "cuda")[:4])
     spec = spec_of(p, "ir_mul")
-    launch.set_enabled(True)
-    first = ops_tp._bwd_impl(x, y, w, g, spec, "triton", 7)
-    second = ops_tp._bwd_impl(x, y, w, g, spec, "triton", 7)
-    k = plan_of(spec).kernels.kernel("bwd", 7)
-    assert k.launcher.hits
+    old = launch.set_enabled(True)
+    try:
+        first = ops_tp._bwd_impl(x, y, w, g, spec, "triton", 7)
+        second = ops_tp._bwd_impl(x, y, w, g, spec, "triton", 7)
+    finally:
+        launch.set_enabled(old)
+    assert plan_of(spec).kernels.kernel("bwd", 7).launcher.hits
     ref = ops_tp._bwd_impl(*(t.double() for t in (x, y, w, g)), spec, "reference", 7)
     for a, b, r in zip(first, second, ref):
         assert torch.equal(a, b)
