@@ -60,6 +60,12 @@ harmonics, scatters, elementwise ops) runs in the dtype of its inputs. The fp16 
 smaller), the standard fp16 recipe; bf16 needs none. If the cue kernels refuse mixed operand dtypes in
 some version, that implementation is reported as ``error`` with the exception, not dropped.
 
+cuEquivariance compiles its ``uniform_1d`` kernels with NVRTC on first use, for every candidate
+algorithm. For the bf16 autocast step that took more than 10 minutes on a fresh H200 without finishing
+one pass (sessions 6-7). ``CUEQUIVARIANCE_OPS_U1D_ALGOS=0`` (an environment variable of cuEquivariance's)
+limits it to algorithm 0: the first pass then took 2-3 minutes (session 11,
+``devtools/s11/call2.sh``). Results measured that way say so.
+
 Accuracy (same table): every implementation's first-step forward (before any optimizer step, so the
 weights are identical) against an equikernels float64 reference on the same batch: energy per atom (MAE
 and max, meV/atom), forces (RMSE and max |dF| in meV/A, ||dF|| / ||F64||), loss; and its parameter

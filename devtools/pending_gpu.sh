@@ -14,8 +14,9 @@ gputests)  # issue 3: the whole -m gpu suite in one call (the random-problem par
 compile)  # issue 3: mace-large cold and cached first-call times (target < 10 s cold, < 1 s from the cache)
     timeout 590 python benchmarks/bench_tp.py --compile-time --skip-bench --compile-problem mace-large \
         --compile-layouts ir_mul,mul_ir --out "$OUT/compile" --tag compile ;;
-cuetrain)  # issue 10: cuEquivariance's bf16 training step (its NVRTC compiles took > 10.8 min over two calls
-    # in session 7). Its kernel cache survives only while the machine is warm: keep it in $OUT as a tar
+cuetrain)  # issue 10: cuEquivariance's bf16 training step with EVERY algorithm (its NVRTC compiles took > 10.8 min
+    # over two calls in session 7; session 11 measured it with CUEQUIVARIANCE_OPS_U1D_ALGOS=0, devtools/s11/call2.sh).
+    # Its kernel cache survives only while the machine is warm: keep it in $OUT as a tar
     # and carry it into the next call (untar to /tmp/cuecache first) until the first pass completes.
     export CUEQUIVARIANCE_OPS_NVRTC_CACHE_DIR=/tmp/cuecache CUEQUIVARIANCE_OPS_PARALLEL_COMPILE=1 \
         CUEQUIVARIANCE_OPS_PARALLEL_THREADS=16
