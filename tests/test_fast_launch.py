@@ -673,13 +673,21 @@ def test_gpu_half_register_cap_same_numbers():
     p = catalog_problem("mace-large")
     x, y, w, g = (t.bfloat16() for t in _operands(p, 1000, "cuda")[:4])
     spec = spec_of(p, "ir_mul")
-    old = launch.set_enabled(True)
+    plan_of(spec).kernels.kernel("bwd", 7).launcher.hits.clear()  # kept from an earlier test: start over
+    caps = []
+
+    def spy(n_regs, num_warps):
+        caps.append(real(n_regs, num_warps))
+        return caps[-1]
+    real, old = launch.register_cap, launch.set_enabled(True)
+    launch.register_cap = spy
     try:
         first = ops_tp._bwd_impl(x, y, w, g, spec, "triton", 7)
         second = ops_tp._bwd_impl(x, y, w, g, spec, "triton", 7)
     finally:
+        launch.register_cap = real
         launch.set_enabled(old)
-    assert plan_of(spec).kernels.kernel("bwd", 7).launcher.hits
+    assert caps == [168]  # the second call ran the capped build
     ref = ops_tp._bwd_impl(*(t.double() for t in (x, y, w, g)), spec, "reference", 7)
     for a, b, r in zip(first, second, ref):
         assert torch.equal(a, b)

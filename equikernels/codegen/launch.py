@@ -24,6 +24,8 @@ from __future__ import annotations
 import os
 from typing import Dict, Sequence
 
+import torch
+
 try:
     from triton import knobs as _knobs
     from triton.compiler import CompiledKernel as _Compiled
@@ -42,11 +44,7 @@ def env_enabled() -> bool:
 
 
 ENABLED = env_enabled()
-try:
-    import torch as _torch
-    _HALF = (_torch.float16, _torch.bfloat16)
-except ImportError:  # pragma: no cover
-    _HALF = ()
+_HALF = (torch.float16, torch.bfloat16)
 _RT = _knobs.runtime if _knobs is not None else None
 _CT = _knobs.compilation if _knobs is not None else None
 _device = _stream = None  # the functions Triton itself asks (bound on the first fast launch)

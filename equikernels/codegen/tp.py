@@ -51,6 +51,13 @@ def weights_dominate(problem) -> bool:
     return not problem.shared_weights and problem.weight_numel > 4 * problem.dim_out
 
 
+def narrow_channelwise(problem) -> bool:
+    """Channel-wise (uvu) products with per-row weights and at most 32 channels per block: one
+    element per thread at 4 rows, latency-bound in the double backward (nequip-lips)."""
+    return (not problem.shared_weights and all(i.mode == "uvu" for i in problem.instructions)
+            and max(m for m, _, _ in problem.irreps_in1) <= 32)
+
+
 def default_config(kind: str, dtype: torch.dtype, problem=None) -> LaunchConfig:
     """Heuristic launch configuration (measured on an H100, benchmarks/results/NOTES.md): 4 rows per
     program; problems whose per-row weights dominate the row (uvw with per-row weights, e.g.
@@ -66,10 +73,8 @@ def default_config(kind: str, dtype: torch.dtype, problem=None) -> LaunchConfig:
         # shared-weight uvw (tetris-poly-1): 8 rows, H200 tuner table: backward 0.55 -> 0.39 ms,
         # double backward 1.20 -> 0.72 ms (benchmarks/results/session6_20261124)
         rows = 8
-    elif (problem is not None and kind == "dbwd" and dtype != torch.float64 and not problem.shared_weights
-          and all(i.mode == "uvu" for i in problem.instructions) and max(m for m, _, _ in problem.irreps_in1) <= 32):
-        # narrow channel-wise blocks (32 channels: one element per thread at 4 rows) are latency-bound
-        # in the double backward; two rows per thread: nequip-lips 1.405 -> 1.280 ms at 50k rows (H200,
+    elif problem is not None and kind == "dbwd" and dtype != torch.float64 and narrow_channelwise(problem):
+        # two rows per thread: nequip-lips 1.405 -> 1.280 ms at 50k rows (H200,
         # benchmarks/results/session10_20261124/dbwd_variants)
         rows = 8
     rows = int(env) if env else rows
@@ -333,7 +338,10 @@ class TPKernels:
                 return None
             name = f"tp_{kind}{need or ''}{have}_{self.problem.key()}_{p.layout}"
             in1 = self._in1_major()
-            chunks = _chunks(p.table, self._dbwd_part_paths() or max_paths() if kind == "dbwd" else max_paths(), in1)
+            limit = max_paths()
+            if kind == "dbwd":
+                limit = min(limit, self._dbwd_part_paths() or limit)
+            chunks = _chunks(p.table, limit, in1)
             lazy = self._lazy_budget(kind)
             if len(chunks) == 1:
                 self._cache[key] = _Kernel(name, groups, p.layout, self._row_operands(),
@@ -465,11 +473,10 @@ class TPKernels:
         env = os.environ.get("EQUIKERNELS_DBWD_PATHS")
         if env is not None:
             return int(env) or None
-        p = self.problem
-        if (self._in1_major() and len(p.instructions) > 12 and not p.shared_weights and not self._weights_dominate()
-                and all(i.mode == "uvu" for i in p.instructions) and max(m for m, _, _ in p.irreps_in1) <= 32):
-            return 6
-        return None
+        if not hasattr(self, "_part_paths"):  # double_backward asks on every call (via _dbwd_one)
+            p = self.problem
+            self._part_paths = 6 if len(p.instructions) > 12 and narrow_channelwise(p) and self._in1_major() else None
+        return self._part_paths
 
     def _dbwd_one(self) -> bool:
         """One double-backward kernel for a channel-wise per-row product with few paths
