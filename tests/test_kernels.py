@@ -342,3 +342,32 @@ def test_triangular_modes_are_generated(mode, layout, monkeypatch, tmp_path):
         ref = _double_backward(lambda a, b, c: tensor_product(p, a, b, c, layout=layout, backend="reference"), x, y, w)
         for name, a, b in zip("xyw", ours, ref):
             assert _rel(a, b) <= 1e-10, f"d/d{name}: {_rel(a, b):.2e}"
+
+
+@pytest.mark.parametrize("partial,prefetch,clamp", [("1", "3", "0"), ("1", "0", "1"), ("0", "3", "1"), ("1", "3", "1")])
+def test_wide_channelwise_backward_variants(partial, prefetch, clamp, monkeypatch, tmp_path):
+    """The wide channel-wise (MACE-shaped) forward and backward with per-thread partial channel
+    sums, loads issued early and rows clamped instead of masked (emit._partial, _prefetched,
+    _clamped), alone and together, against the reference in fp64 and fp32 (outputs NaN-poisoned,
+    7 rows: the last program runs past the end)."""
+    from equikernels.codegen.tp import wide_channelwise
+    from equikernels.ops import plan_of, spec_of
+    monkeypatch.setenv("EQUIKERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("EQUIKERNELS_PARTIAL_SUM", partial)
+    monkeypatch.setenv("EQUIKERNELS_PREFETCH", prefetch)
+    monkeypatch.setenv("EQUIKERNELS_CLAMP_ROWS", clamp)
+    i1, i2, io = "128x0e+128x1o", "0e+1o", "128x0e+128x1o+128x1e"
+    ins = [(a, b, c, "uvu", True) for a, (_, r1) in enumerate(o3.Irreps(i1)) for b, (_, r2) in enumerate(o3.Irreps(i2))
+           for c, (_, r) in enumerate(o3.Irreps(io)) if r in r1 * r2]
+    p = TPProblem.create(i1, i2, io, ins, shared_weights=False, internal_weights=False)
+    assert wide_channelwise(p)
+    plan_of.cache_clear()
+    try:
+        for layout, dtype in (("ir_mul", torch.float64), ("mul_ir", torch.float32)):
+            check_against_reference(p, rows=7, dtype=dtype, layout=layout)
+            src = open(plan_of(spec_of(p, layout)).kernels.kernel("bwd", 7).source_path).read()
+            assert ("tl.sum(tl.reshape(" in src) == (partial == "1")
+            assert ("__raw = tl.load(" in src) == (prefetch != "0")
+            assert ("tl.minimum(r, N - 1)" in src) == (clamp == "1")
+    finally:
+        plan_of.cache_clear()

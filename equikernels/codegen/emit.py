@@ -124,7 +124,8 @@ class _Writer:
 class KernelBuilder:
     def __init__(self, name: str, groups: Sequence[Group], layout: str, row_operands: Set[str],
                  split: bool = True, dot: bool = True, in1_major: bool = False,
-                 rowing: Optional["Rowing"] = None, lazy: bool = True, in1_outer: bool = False):
+                 rowing: Optional["Rowing"] = None, lazy: bool = True, in1_outer: bool = False,
+                 partial: bool = False, prefetch: int = 0):
         self.name, self.groups, self.layout = name, list(groups), layout
         self.rowing = rowing or Rowing()
         self.row_operands = set(row_operands)  # operands with a row dimension (others are shared)
@@ -157,6 +158,8 @@ class KernelBuilder:
         env = os.environ.get("EQUIKERNELS_LAZY_SUM")  # diagnostics: force on (1) / off (0)
         self.lazy_sums = lazy if env not in ("0", "1") else env == "1"
         self.lazy_live = self.lazy_peak = 0  # padded elements per row of live un-reduced accumulators
+        self.partial_sums = partial
+        self.prefetch = prefetch
         self.in1_outer = in1_outer
         self.inputs: List[str] = []
         self.operand_dims: Dict[str, int] = {}
@@ -452,8 +455,8 @@ class KernelBuilder:
                 if self.lazy_sums and nd and not self.out_block and not g.reduce_rows:
                     # every block label is summed: add the un-reduced block and reduce once per
                     # output component, after all paths writing it (one tl.sum, not one per path)
-                    self._add(g, p, k, s, assign, [], sizes, accs, order,
-                              lazy=tuple(_pow2(sizes[l]) for l in block))
+                    s, lazy = self._partial(s, tuple(_pow2(sizes[l]) for l in block))
+                    self._add(g, p, k, s, assign, [], sizes, accs, order, lazy=lazy)
                     continue
                 # reduce block labels that are not output labels (last axis first)
                 for pos in reversed(range(nd)):
@@ -462,6 +465,18 @@ class KernelBuilder:
                         self.body.emit(f"{v} = tl.sum({s}, axis={pos + 1})")
                         s = v
                 self._add(g, p, k, s, assign, self.out_block, sizes, accs, order)
+
+    def _partial(self, s: str, shape: tuple) -> Tuple[str, tuple]:
+        """A channel block to be summed later, first summed over groups of 4 neighbouring channels.
+        Those 4 sit in one thread (16-byte vectors along a channel axis of >= 128, 32 lanes), so
+        this needs no shuffles, and the accumulator holds a quarter of the registers; the final
+        tl.sum shuffles once per output component instead of once per path (mace-large backward:
+        355 -> 80 shuffles per thread, sm_90 SASS). Only where the caller asks (``partial``)."""
+        if not self.partial_sums or len(shape) != 1 or shape[0] < 128:
+            return s, shape
+        v = self.body.tmp("t")
+        self.body.emit(f"{v} = tl.sum(tl.reshape({s}, ({s}.shape[0], {shape[0] // 4}, 4)), axis=2)")
+        return v, (shape[0] // 4,)
 
     def _reduce(self, name: str, shape: Optional[tuple] = None) -> str:
         """The channel-summed value of ``name``: an accumulator (identity unless it is un-reduced)
@@ -896,9 +911,20 @@ class KernelBuilder:
             for init, body, post in sections:
                 src += init + loop + body + post
         src += self.post.lines
+        if self._clamp_rows():
+            src = _clamped(src)
+        if self.prefetch > 0 and self.rowing.mode == "rows" and not self.rowing.index:
+            src = _prefetched(src, self.prefetch)
         meta = KernelMeta(self.name, ins, outs, zero_init, tuple(g.out_ptr for g in self.groups if g.reduce_rows),
                           self.min_rows)
         return "\n".join(src) + "\n", meta
+
+    def _clamp_rows(self) -> bool:
+        """Whether loads read the last row in place of rows past N instead of being row-masked (no
+        zero-fill of the destination registers, no predicates). Needs independent rows: plain
+        rows mode, no cross-row reductions (the stores stay masked). EQUIKERNELS_CLAMP_ROWS=1."""
+        return (os.environ.get("EQUIKERNELS_CLAMP_ROWS") == "1" and self.rowing.mode == "rows"
+                and not self.rowing.index and not any(g.reduce_rows for g in self.groups))
 
     def _pipelined(self, body: List[str], index: List[str], fetch: List[str]) -> List[str]:
         """A node's edge loop, software-pipelined (Rowing.prefetch): step k loads the edge ids of
@@ -954,10 +980,65 @@ class KernelBuilder:
             cov[a] = sig
 
 
+_ROWMASK = re.compile(r"\brm\d+\b")
+
+
+def _clamped(src: List[str]) -> List[str]:
+    """``src`` with row indices clamped to N - 1 and the row masks dropped from its loads."""
+    out = []
+    for ln in src:
+        if ln.strip() == "r64 = r.to(tl.int64)":
+            ln = ln.replace("r.to(", "tl.maximum(tl.minimum(r, N - 1), 0).to(")
+        elif "tl.load(" in ln and "tl.store(" not in ln and "tl.atomic" not in ln:
+            ln = re.sub(r"mask=rm\d+ & ", "mask=", ln)
+            ln = re.sub(r" & rm\d+\b", "", ln)
+            ln = re.sub(r", mask=rm\d+, other=0\.0\)", ")", ln)
+        out.append(ln)
+    return out
+
+
+_LOAD = re.compile(r"^(\s+)(\w+) = (tl\.load\(.*\))\.to\(DT\)$")
+_ADDR = re.compile(r"^\s+(\w+_r\d+ = r64\b|rm\d+ = rmask\b)")
+
+
+def _prefetched(src: List[str], ahead: int) -> List[str]:
+    """``src`` with every row-block loop's loads issued ``ahead`` loads early: load i moves, still
+    in the stored dtype, to where load i - ``ahead`` is; its conversion to DT stays where it was.
+    Row addresses and masks (pure functions of r64) go to the top of the loop body."""
+    out, i = [], 0
+    while i < len(src):
+        out.append(src[i])
+        i += 1
+        if not src[i - 1].startswith("    for blk in range("):
+            continue
+        j = i
+        while j < len(src) and src[j].startswith("        "):
+            j += 1
+        body = src[i:j]
+        head = body[:3]  # r, rmask, r64
+        addr = [ln for ln in body[3:] if _ADDR.match(ln)]
+        rest = [ln for ln in body[3:] if not _ADDR.match(ln)]
+        loads = [n for n, ln in enumerate(rest) if _LOAD.match(ln)]
+        moved: Dict[int, List[str]] = {}
+        new = list(rest)
+        for k, n in enumerate(loads):
+            to = loads[max(0, k - ahead)]
+            if to == n:
+                continue
+            ind, name, expr = _LOAD.match(rest[n]).groups()
+            moved.setdefault(to, []).append(f"{ind}{name}__raw = {expr}")
+            new[n] = f"{ind}{name} = {name}__raw.to(DT)"
+        out += head + addr
+        for n, ln in enumerate(new):
+            out += moved.get(n, []) + [ln]
+        i = j
+    return out
+
+
 def generate(name: str, groups: Sequence[Group], layout: str, row_operands: Set[str],
              split: bool = True, dot: bool = True, in1_major: bool = False,
              rowing: Optional[Rowing] = None, lazy_budget: Optional[int] = None,
-             in1_outer: bool = False) -> Tuple[str, KernelMeta]:
+             in1_outer: bool = False, partial: bool = False, prefetch: int = 0) -> Tuple[str, KernelMeta]:
     """Kernel source and metadata. ``in1_outer``: share the gx/dx inner sums with the weight
     gradient (H200: mace-large double backward 2.87 -> 2.54 ms; the batched backward got slower,
     168 -> 182 registers and 0.81 -> 0.95 ms, so callers enable it for double backwards only).
@@ -965,10 +1046,14 @@ def generate(name: str, groups: Sequence[Group], layout: str, row_operands: Set[
     channel accumulators (KernelBuilder._add) may hold at once; above it the kernel is generated
     with a reduction per path instead (those accumulators cost registers: the MACE-shaped batched
     backward, 16 y components x 128 channels, went from 168 to 255 registers and 15 % slower with
-    them, while double backwards and the node-parallel convolution got faster; H200, 2026-11-23)."""
-    b = KernelBuilder(name, groups, layout, row_operands, split, dot, in1_major, rowing, in1_outer=in1_outer)
+    them, while double backwards and the node-parallel convolution got faster; H200, 2026-11-23).
+    ``partial``: un-reduced channel accumulators hold per-thread partial sums
+    (KernelBuilder._partial), a quarter of the registers. ``prefetch``: row-block loops issue each
+    load that many loads early (_prefetched)."""
+    kw = dict(in1_outer=in1_outer, partial=partial, prefetch=prefetch)
+    b = KernelBuilder(name, groups, layout, row_operands, split, dot, in1_major, rowing, **kw)
     res = b.build()
     if lazy_budget is not None and b.lazy_peak > lazy_budget:
         res = KernelBuilder(name, groups, layout, row_operands, split, dot, in1_major, rowing, lazy=False,
-                            in1_outer=in1_outer).build()
+                            **kw).build()
     return res

@@ -86,18 +86,32 @@ def spec_key(tensors: Sequence, ints: Sequence, consts: tuple, num_warps: int, n
     return (tuple(dtypes), classes, consts, num_warps, num_stages)
 
 
-def register_cap(n_regs: int, num_warps: int):
-    """``maxnreg`` for a kernel with half-precision operands whose register count lies at most about
-    8 % above an occupancy step (programs of ``num_warps`` warps per SM, 64K registers and 64 warps
-    per SM, per-thread allocation in steps of 8), else None. Converting bf16 costs registers: the mace-large
+def register_cap(n_regs: int, num_warps: int, window: int = 12):
+    """``maxnreg`` for a kernel whose register count lies at most about 1/``window`` above an
+    occupancy step (programs of ``num_warps`` warps per SM, 64K registers and 64 warps per SM,
+    per-thread allocation in steps of 8), else None. Converting bf16 costs registers: the mace-large
     backward needs 168 registers with float32 or float16 operands and 180 with bfloat16, which drops
     it from 3 to 2 programs per SM (H200: 0.742 ms bf16, 0.568 fp16); capped at 168, ptxas spills 8
-    bytes (devtools/offline_regs.py)."""
+    bytes (devtools/offline_regs.py). FastLaunch keeps a capped build only if it spills at most
+    SPILL_LIMIT bytes."""
     threads = 32 * num_warps
     programs = 65536 // (-(-n_regs // 8) * 8 * threads)
     cap = 65536 // ((programs + 1) * threads) // 8 * 8
     ok = cap >= 64 and (programs + 1) * num_warps <= 64
-    return cap if ok and 0 < n_regs - cap <= n_regs // 12 else None
+    return cap if ok and 0 < n_regs - cap <= n_regs // window else None
+
+
+SPILL_LIMIT = 16  # bytes per thread a capped build may spill (a few local loads)
+
+
+def cap_dtypes(fp32: bool):
+    """Operand dtypes whose kernels get register_cap: half precision, and float32 where the kernel
+    asks (``fp32``: the partial-sum backward, 182 registers in float32 with 4 bytes spilled at 168).
+    EQUIKERNELS_REG_CAP=0 turns the cap off, =all caps float32 everywhere."""
+    mode = os.environ.get("EQUIKERNELS_REG_CAP", "")
+    if mode == "0":
+        return ()
+    return _HALF + ((torch.float32,) if fp32 or mode == "all" else ())
 
 
 def _hooked() -> bool:
@@ -113,10 +127,11 @@ class FastLaunch:
     """``launch(grid, tensors, ints, consts, num_warps, num_stages)`` runs
     ``fn[grid](*tensors, *ints, *consts, num_warps=..., num_stages=...)``."""
 
-    __slots__ = ("fn", "fast", "hits")
+    __slots__ = ("fn", "fast", "hits", "cap_fp32")
 
-    def __init__(self, fn):
+    def __init__(self, fn, cap_fp32: bool = False):
         self.fn = fn
+        self.cap_fp32 = cap_fp32
         self.fast = _JIT is not None and isinstance(fn, _JIT)
         self.hits: Dict[tuple, tuple] = {}  # key -> (launcher, CUfunction, packed metadata)
 
@@ -143,11 +158,14 @@ class FastLaunch:
         # async compiles (a future, not a kernel) and kernels with pre-run hooks are not kept
         if (isinstance(compiled, _Compiled) and not self.fn.pre_run_hooks
                 and len(tensors) + len(ints) + len(consts) == len(self.fn.arg_names)):
-            cap = register_cap(compiled.n_regs, num_warps) if any(t.dtype in _HALF for t in tensors) else None
+            capped = cap_dtypes(self.cap_fp32)
+            cap = register_cap(compiled.n_regs, num_warps) if any(t.dtype in capped for t in tensors) else None
             if cap is not None:  # later launches use a build capped at the occupancy step below
-                compiled = self.fn.warmup(*tensors, *ints, *consts, grid=grid, num_warps=num_warps,
-                                          num_stages=num_stages, maxnreg=cap)
-                compiled.function  # noqa: B018 - load the module now, not on the first timed launch
+                build = self.fn.warmup(*tensors, *ints, *consts, grid=grid, num_warps=num_warps,
+                                       num_stages=num_stages, maxnreg=cap)
+                build.run  # noqa: B018 - loads the module now (sets n_spills), not on the first timed launch
+                if getattr(build, "n_spills", SPILL_LIMIT + 1) <= SPILL_LIMIT:
+                    compiled = build
             self.hits[key] = (compiled.run, compiled.function, compiled.packed_metadata)
 
 

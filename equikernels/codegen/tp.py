@@ -58,6 +58,16 @@ def narrow_channelwise(problem) -> bool:
             and max(m for m, _, _ in problem.irreps_in1) <= 32)
 
 
+def wide_channelwise(problem) -> bool:
+    """Channel-wise (uvu) products with per-row weights and at least 128 channels in every block
+    (the MACE products): their backward gets per-thread partial channel sums, loads issued early,
+    one-warp programs and a register cap in float32 too (TPKernels._tuned_backward; H200, session 12:
+    mace-large backward fp32 0.806 -> 0.770 ms, bf16 0.550 -> 0.505; mace-medium 0.333 -> 0.306,
+    0.217 -> 0.184)."""
+    return (not problem.shared_weights and all(i.mode == "uvu" for i in problem.instructions)
+            and min(m for m, _, _ in problem.irreps_in1) >= 128)
+
+
 def default_config(kind: str, dtype: torch.dtype, problem=None) -> LaunchConfig:
     """Heuristic launch configuration (measured on an H100, benchmarks/results/NOTES.md): 4 rows per
     program; problems whose per-row weights dominate the row (uvw with per-row weights, e.g.
@@ -77,12 +87,18 @@ def default_config(kind: str, dtype: torch.dtype, problem=None) -> LaunchConfig:
         # two rows per thread: nequip-lips 1.405 -> 1.280 ms at 50k rows (H200,
         # benchmarks/results/session10_20261124/dbwd_variants)
         rows = 8
+    one_warp = problem is not None and kind == "bwd" and dtype != torch.float64 and wide_channelwise(problem)
+    if one_warp:
+        # one row per one-warp program: no barriers between the warps of a program, and occupancy in
+        # steps of one warp (H200, 50k rows, mace-large backward fp32 0.791 -> 0.778 ms, bf16
+        # 0.550 -> 0.543; mace-medium bf16 0.217 -> 0.195; benchmarks/results/session12_20261124)
+        rows = 1
     rows = int(env) if env else rows
     # warps along the row axis keep the channel reductions (tl.sum over a [ROWS, MUL] block) inside
     # a warp; a warp split over channels makes every reduction a shared-memory round trip
     # (measured on an H100: mace-large backward 1.20 ms with 4 rows x 4 warps, 2.55 ms with 8 warps)
-    warps = 4 if rows == 1 else min(4, rows)
-    warps = int(os.environ.get("EQUIKERNELS_WARPS", warps))
+    warps = 1 if one_warp and rows == 1 else 4 if rows == 1 else min(4, rows)
+    warps = int(os.environ.get(f"EQUIKERNELS_WARPS_{kind.upper()}") or os.environ.get("EQUIKERNELS_WARPS", warps))
     return LaunchConfig(rows=rows, num_warps=warps, tf32=os.environ.get("EQUIKERNELS_TF32") == "1")
 
 
@@ -132,15 +148,18 @@ def _num_sms(device: torch.device) -> int:
 
 class _Kernel:
     def __init__(self, name: str, groups, layout: str, row_operands, describe: str, in1_major: bool = False,
-                 lazy_budget: Optional[int] = None, in1_outer: bool = False, built=None):
+                 lazy_budget: Optional[int] = None, in1_outer: bool = False, built=None, partial: bool = False,
+                 prefetch: int = 0, cap_fp32: bool = False):
         # ``built``: (source, KernelMeta) from another generator (uvw_rows), else emit.generate
         body, self.meta = built or generate(name, groups, layout, row_operands, in1_major=in1_major,
-                                            lazy_budget=lazy_budget, in1_outer=in1_outer)
+                                            lazy_budget=lazy_budget, in1_outer=in1_outer, partial=partial,
+                                            prefetch=prefetch)
         header = f"# {describe}\nimport triton\nimport triton.language as tl\n\n\n"
         digest = hashlib.sha256((header + body).encode()).hexdigest()[:12]
         self.module = load_module(f"{name}_{digest}", header + body)
         self.fn = getattr(self.module, name)
-        self.launcher = FastLaunch(self.fn)
+        # cap_fp32: float32 builds just above an occupancy step are capped too (launch.register_cap)
+        self.launcher = FastLaunch(self.fn, cap_fp32)
         self.source_path = self.module.__file__
         self.acc_outputs = frozenset(g.out_ptr for g in groups if g.accumulate and not g.reduce_rows)
 
@@ -153,6 +172,9 @@ class _Kernel:
         prec = "tf32" if cfg.tf32 and dt == tl.float32 else "ieee"
         # kernel parameters: pointers, N, NBLK, then the constexprs ROWS, DT, PREC (emit.generate)
         self.launcher(grid, args, (n, nblk), (cfg.rows, dt, prec), cfg.num_warps, cfg.num_stages)
+
+
+PREFETCH: Dict[str, int] = {"fwd": 4, "bwd": 4}  # kind -> default of TPKernels._prefetch
 
 
 def max_paths() -> int:
@@ -278,6 +300,24 @@ class TPKernels:
         cfg = self._cfg(kind, torch.float32)
         return 32 * 32 * cfg.num_warps // cfg.rows
 
+    def _partial_sums(self, kind: str) -> bool:
+        """Per-thread partial channel sums (emit.KernelBuilder._partial) in backward kernels: they
+        keep the y-gradient sums un-reduced within the lazy budget (mace-large backward, sm_90:
+        355 -> 80 shuffles per thread). EQUIKERNELS_PARTIAL_SUM=0|1 overrides for every kind."""
+        env = os.environ.get("EQUIKERNELS_PARTIAL_SUM")
+        return env == "1" if env in ("0", "1") else kind == "bwd" and wide_channelwise(self.problem)
+
+    def _prefetch(self, kind: str) -> int:
+        """Loads issued this many loads early (emit._prefetched) in the forward and backward of
+        wide channel-wise products (H200, 50k rows, one-warp backward: mace-large bf16 backward
+        0.543 ms with 0, 0.505 with 4, 0.534 with 2, 0.547 with 6 and 8; mace-medium 0.195, 0.184,
+        0.192, 0.171, 0.171; fp32 within 2 %). EQUIKERNELS_PREFETCH_<KIND> / EQUIKERNELS_PREFETCH
+        override."""
+        env = os.environ.get(f"EQUIKERNELS_PREFETCH_{kind.upper()}") or os.environ.get("EQUIKERNELS_PREFETCH")
+        if env:
+            return int(env)
+        return PREFETCH.get(kind, 0) if wide_channelwise(self.problem) else 0
+
     def _weights_dominate(self) -> bool:
         """Whether the weight gradient (a streamed outer product when weights_dominate) gets a
         kernel of its own, so the gx / gy kernel does not hold the weight tiles and the gradient
@@ -343,16 +383,18 @@ class TPKernels:
                 limit = min(limit, self._dbwd_part_paths() or limit)
             chunks = _chunks(p.table, limit, in1)
             lazy = self._lazy_budget(kind)
+            partial = self._partial_sums(kind)
+            kw = dict(partial=partial, prefetch=self._prefetch(kind), cap_fp32=partial)
             if len(chunks) == 1:
                 self._cache[key] = _Kernel(name, groups, p.layout, self._row_operands(),
                                            f"{kind} of {self.problem.describe()} [{p.layout}]", in1, lazy,
-                                           self._in1_outer(kind))
+                                           self._in1_outer(kind), **kw)
             else:
                 split, zero = _split_groups(groups, chunks, in1)
                 self._cache[key] = _KernelSet([
                     _Kernel(f"{name}_part{j}", gs, p.layout, self._row_operands(),
                             f"{kind} of {self.problem.describe()} [{p.layout}], part {j + 1}/{len(chunks)}", in1,
-                            lazy, self._in1_outer(kind))
+                            lazy, self._in1_outer(kind), **kw)
                     for j, gs in enumerate(split)], zero)
         return self._cache[key]
 
