@@ -911,20 +911,11 @@ class KernelBuilder:
             for init, body, post in sections:
                 src += init + loop + body + post
         src += self.post.lines
-        if self._clamp_rows():
-            src = _clamped(src)
         if self.prefetch > 0 and self.rowing.mode == "rows" and not self.rowing.index:
             src = _prefetched(src, self.prefetch)
         meta = KernelMeta(self.name, ins, outs, zero_init, tuple(g.out_ptr for g in self.groups if g.reduce_rows),
                           self.min_rows)
         return "\n".join(src) + "\n", meta
-
-    def _clamp_rows(self) -> bool:
-        """Whether loads read the last row in place of rows past N instead of being row-masked (no
-        zero-fill of the destination registers, no predicates). Needs independent rows: plain
-        rows mode, no cross-row reductions (the stores stay masked). EQUIKERNELS_CLAMP_ROWS=1."""
-        return (os.environ.get("EQUIKERNELS_CLAMP_ROWS") == "1" and self.rowing.mode == "rows"
-                and not self.rowing.index and not any(g.reduce_rows for g in self.groups))
 
     def _pipelined(self, body: List[str], index: List[str], fetch: List[str]) -> List[str]:
         """A node's edge loop, software-pipelined (Rowing.prefetch): step k loads the edge ids of
@@ -978,23 +969,6 @@ class KernelBuilder:
             if a in cov and cov[a] != sig:
                 raise Unsupported(f"output {out_ptr}: element {a} written by blocks of different shapes")
             cov[a] = sig
-
-
-_ROWMASK = re.compile(r"\brm\d+\b")
-
-
-def _clamped(src: List[str]) -> List[str]:
-    """``src`` with row indices clamped to N - 1 and the row masks dropped from its loads."""
-    out = []
-    for ln in src:
-        if ln.strip() == "r64 = r.to(tl.int64)":
-            ln = ln.replace("r.to(", "tl.maximum(tl.minimum(r, N - 1), 0).to(")
-        elif "tl.load(" in ln and "tl.store(" not in ln and "tl.atomic" not in ln:
-            ln = re.sub(r"mask=rm\d+ & ", "mask=", ln)
-            ln = re.sub(r" & rm\d+\b", "", ln)
-            ln = re.sub(r", mask=rm\d+, other=0\.0\)", ")", ln)
-        out.append(ln)
-    return out
 
 
 _LOAD = re.compile(r"^(\s+)(\w+) = (tl\.load\(.*\))\.to\(DT\)$")

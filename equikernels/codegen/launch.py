@@ -86,8 +86,8 @@ def spec_key(tensors: Sequence, ints: Sequence, consts: tuple, num_warps: int, n
     return (tuple(dtypes), classes, consts, num_warps, num_stages)
 
 
-def register_cap(n_regs: int, num_warps: int, window: int = 12):
-    """``maxnreg`` for a kernel whose register count lies at most about 1/``window`` above an
+def register_cap(n_regs: int, num_warps: int):
+    """``maxnreg`` for a kernel whose register count lies at most about 8 % above an
     occupancy step (programs of ``num_warps`` warps per SM, 64K registers and 64 warps per SM,
     per-thread allocation in steps of 8), else None. Converting bf16 costs registers: the mace-large
     backward needs 168 registers with float32 or float16 operands and 180 with bfloat16, which drops
@@ -98,7 +98,7 @@ def register_cap(n_regs: int, num_warps: int, window: int = 12):
     programs = 65536 // (-(-n_regs // 8) * 8 * threads)
     cap = 65536 // ((programs + 1) * threads) // 8 * 8
     ok = cap >= 64 and (programs + 1) * num_warps <= 64
-    return cap if ok and 0 < n_regs - cap <= n_regs // window else None
+    return cap if ok and 0 < n_regs - cap <= n_regs // 12 else None
 
 
 SPILL_LIMIT = 16  # bytes per thread a capped build may spill (a few local loads)
