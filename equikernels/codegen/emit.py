@@ -1009,10 +1009,59 @@ def _prefetched(src: List[str], ahead: int) -> List[str]:
     return out
 
 
+_ROWADDR = re.compile(r"^(\s+)(\w+)_r1 = r64\[:, None\] \* (\d+)$")
+_TILE = re.compile(r"tl\.load\((\w+)_ptr \+ \1_r1 \+ (\d+)(?: \+ (\d+) \* i(\d+)_\d+)?")
+L2_CHUNK = 1024  # elements per prefetched chunk: 32 addresses 32 elements apart (one 128-byte line each in float32)
+
+
+def l2_prefetched(src: str, ahead: int = 0) -> str:
+    """``src`` with the half-precision row operands it reads asked into L2 (``prefetch.global.L2``,
+    no registers held) in chunks of L2_CHUNK elements, one instruction per thread per chunk: every
+    chunk at the top of the row loop (``ahead`` 0), or ``ahead`` loads before the first load that
+    reads it. A half-precision warp moves half the bytes per load, so its loads alone keep too few
+    bytes in flight; float32 builds (the test on the pointer's element width is resolved at compile
+    time) get no prefetch: there they made the kernels slower (H200, mace-large backward 0.75 ->
+    0.86-1.0 ms, benchmarks/results/session13_20261124). Not for the interpreter (inline asm)."""
+    lines = src.split("\n")
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("    for blk in range("))
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith("        ")), len(lines))
+    body = lines[start + 1:end]
+    dims = {m.group(2): int(m.group(3)) for ln in body for m in [_ROWADDR.match(ln)] if m}
+    loads, first = [], {}
+    for n, ln in enumerate(body):
+        m = _TILE.search(ln)
+        if not m or m.group(1) not in dims:
+            continue
+        op, off = m.group(1), int(m.group(2))
+        last = off + (int(m.group(3)) * (int(m.group(4)) - 1) if m.group(3) else 0)
+        for c in range(off // L2_CHUNK, last // L2_CHUNK + 1):
+            first.setdefault((op, c), len(loads))
+        loads.append(n)
+    if not loads:
+        return src
+    at: Dict[int, List[str]] = {}
+    for (op, c), k in first.items():
+        n = loads[max(0, k - ahead)] if ahead else loads[0]
+        at.setdefault(n, []).extend([
+            f"        if {op}_ptr.dtype.element_ty.primitive_bitwidth <= 16:",
+            f'            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.b32 $0, 0;", "=r,l", '
+            f"[{op}_ptr + {op}__pfr + tl.minimum({c * L2_CHUNK} + pfi, {dims[op] - 1})], dtype=tl.int32, "
+            f"is_pure=False, pack=1)"])
+    head = ["        pfi = tl.arange(0, 32)[None, :] * 32"]
+    head += [f"        {op}__pfr = tl.minimum(r64, N - 1)[:, None] * {dims[op]}" for op in dict.fromkeys(o for o, _ in first)]
+    out = []
+    for n, ln in enumerate(body):
+        if n == loads[0]:
+            out += head
+        out += at.get(n, []) + [ln]
+    return "\n".join(lines[:start + 1] + out + lines[end:])
+
+
 def generate(name: str, groups: Sequence[Group], layout: str, row_operands: Set[str],
              split: bool = True, dot: bool = True, in1_major: bool = False,
              rowing: Optional[Rowing] = None, lazy_budget: Optional[int] = None,
-             in1_outer: bool = False, partial: bool = False, prefetch: int = 0) -> Tuple[str, KernelMeta]:
+             in1_outer: bool = False, partial: bool = False, prefetch: int = 0,
+             l2: Optional[int] = None) -> Tuple[str, KernelMeta]:
     """Kernel source and metadata. ``in1_outer``: share the gx/dx inner sums with the weight
     gradient (H200: mace-large double backward 2.87 -> 2.54 ms; the batched backward got slower,
     168 -> 182 registers and 0.81 -> 0.95 ms, so callers enable it for double backwards only).
@@ -1023,11 +1072,14 @@ def generate(name: str, groups: Sequence[Group], layout: str, row_operands: Set[
     them, while double backwards and the node-parallel convolution got faster; H200, 2026-11-23).
     ``partial``: un-reduced channel accumulators hold per-thread partial sums
     (KernelBuilder._partial), a quarter of the registers. ``prefetch``: row-block loops issue each
-    load that many loads early (_prefetched)."""
+    load that many loads early (_prefetched). ``l2``: half-precision row operands asked into L2 that
+    many loads ahead (l2_prefetched; 0: at the top of the row loop, None: not)."""
     kw = dict(in1_outer=in1_outer, partial=partial, prefetch=prefetch)
     b = KernelBuilder(name, groups, layout, row_operands, split, dot, in1_major, rowing, **kw)
     res = b.build()
     if lazy_budget is not None and b.lazy_peak > lazy_budget:
         res = KernelBuilder(name, groups, layout, row_operands, split, dot, in1_major, rowing, lazy=False,
                             **kw).build()
+    if l2 is not None:
+        res = (l2_prefetched(res[0], l2), res[1])
     return res

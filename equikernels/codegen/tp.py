@@ -149,11 +149,11 @@ def _num_sms(device: torch.device) -> int:
 class _Kernel:
     def __init__(self, name: str, groups, layout: str, row_operands, describe: str, in1_major: bool = False,
                  lazy_budget: Optional[int] = None, in1_outer: bool = False, built=None, partial: bool = False,
-                 prefetch: int = 0, cap_fp32: bool = False):
+                 prefetch: int = 0, cap_fp32: bool = False, l2: Optional[int] = None):
         # ``built``: (source, KernelMeta) from another generator (uvw_rows), else emit.generate
         body, self.meta = built or generate(name, groups, layout, row_operands, in1_major=in1_major,
                                             lazy_budget=lazy_budget, in1_outer=in1_outer, partial=partial,
-                                            prefetch=prefetch)
+                                            prefetch=prefetch, l2=l2)
         header = f"# {describe}\nimport triton\nimport triton.language as tl\n\n\n"
         digest = hashlib.sha256((header + body).encode()).hexdigest()[:12]
         self.module = load_module(f"{name}_{digest}", header + body)
@@ -175,6 +175,7 @@ class _Kernel:
 
 
 PREFETCH: Dict[str, int] = {"fwd": 4, "bwd": 4}  # kind -> default of TPKernels._prefetch
+L2_AHEAD: Dict[str, int] = {"bwd": 16}  # kind -> default of TPKernels._l2
 
 
 def max_paths() -> int:
@@ -318,6 +319,20 @@ class TPKernels:
             return int(env)
         return PREFETCH.get(kind, 0) if wide_channelwise(self.problem) else 0
 
+    def _l2(self, kind: str) -> Optional[int]:
+        """Half-precision row operands asked into L2 this many loads ahead (emit.l2_prefetched) in
+        the backward of wide channel-wise products. H200, 50k rows, bf16 backward, ms (fp32 builds get
+        none): mace-large 0.509 without, 0.488 all at the top of the row, 0.472 / 0.460 / 0.466 at
+        8 / 16 / 32 loads ahead; MACE-MP L2 0.246 -> 0.232 at 16; mace-medium 0.184 -> 0.164
+        (benchmarks/results/session13_20261124). None under the interpreter (inline asm).
+        EQUIKERNELS_L2_PREFETCH[_<KIND>]=off|row|N overrides."""
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return None
+        env = os.environ.get(f"EQUIKERNELS_L2_PREFETCH_{kind.upper()}") or os.environ.get("EQUIKERNELS_L2_PREFETCH")
+        if env:
+            return None if env == "off" else 0 if env == "row" else int(env)
+        return L2_AHEAD.get(kind) if wide_channelwise(self.problem) else None
+
     def _weights_dominate(self) -> bool:
         """Whether the weight gradient (a streamed outer product when weights_dominate) gets a
         kernel of its own, so the gx / gy kernel does not hold the weight tiles and the gradient
@@ -384,7 +399,7 @@ class TPKernels:
             chunks = _chunks(p.table, limit, in1)
             lazy = self._lazy_budget(kind)
             partial = self._partial_sums(kind)
-            kw = dict(partial=partial, prefetch=self._prefetch(kind), cap_fp32=partial)
+            kw = dict(partial=partial, prefetch=self._prefetch(kind), cap_fp32=partial, l2=self._l2(kind))
             if len(chunks) == 1:
                 self._cache[key] = _Kernel(name, groups, p.layout, self._row_operands(),
                                            f"{kind} of {self.problem.describe()} [{p.layout}]", in1, lazy,
