@@ -352,14 +352,12 @@ def test_wide_channelwise_backward_variants(partial, prefetch, monkeypatch, tmp_
     program the last one runs past the end)."""
     from equikernels.codegen.tp import wide_channelwise
     from equikernels.ops import plan_of, spec_of
+    from problems import wide_channelwise_problem
     monkeypatch.setenv("EQUIKERNELS_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("EQUIKERNELS_PARTIAL_SUM", partial)
     monkeypatch.setenv("EQUIKERNELS_PREFETCH", prefetch)
     monkeypatch.setenv("EQUIKERNELS_ROWS_BWD", "4")
-    i1, i2, io = "128x0e+128x1o", "0e+1o", "128x0e+128x1o+128x1e"
-    ins = [(a, b, c, "uvu", True) for a, (_, r1) in enumerate(o3.Irreps(i1)) for b, (_, r2) in enumerate(o3.Irreps(i2))
-           for c, (_, r) in enumerate(o3.Irreps(io)) if r in r1 * r2]
-    p = TPProblem.create(i1, i2, io, ins, shared_weights=False, internal_weights=False)
+    p = wide_channelwise_problem()
     assert wide_channelwise(p)
     plan_of.cache_clear()
     try:

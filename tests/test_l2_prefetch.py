@@ -9,23 +9,17 @@ import textwrap
 
 import pytest
 
-from equikernels._compat import o3
-from equikernels.codegen.emit import L2_CHUNK, Group, generate, l2_prefetched
+from problems import wide_channelwise_problem
+
+from equikernels.codegen import emit
+from equikernels.codegen.emit import Group, generate, l2_prefetched
 from equikernels.ops import plan_of, spec_of
-from equikernels.problem import TPProblem
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _wide_problem() -> TPProblem:
-    i1, i2, io = "128x0e+128x1o", "0e+1o", "128x0e+128x1o+128x1e"
-    ins = [(a, b, c, "uvu", True) for a, (_, r1) in enumerate(o3.Irreps(i1)) for b, (_, r2) in enumerate(o3.Irreps(i2))
-           for c, (_, r) in enumerate(o3.Irreps(io)) if r in r1 * r2]
-    return TPProblem.create(i1, i2, io, ins, shared_weights=False, internal_weights=False)
-
-
 def _backward_source(ahead):
-    plan = plan_of(spec_of(_wide_problem(), "ir_mul"))
+    plan = plan_of(spec_of(wide_channelwise_problem(), "ir_mul"))
     groups = [Group(plan.grad_tables[n], "g" + n) for n in "xyw"]
     return generate("k", groups, "ir_mul", {"x", "y", "w", "g"}, in1_major=True, partial=True, prefetch=4,
                     l2=ahead)[0]
@@ -35,10 +29,12 @@ _LOAD = re.compile(r"tl\.load\((\w+)_ptr \+ \1_r1 \+ (\d+)(?: \+ (\d+) \* i(\d+)
 _PF = re.compile(r"\[(\w+)_ptr \+ \1__pfr \+ tl\.minimum\((\d+) \+ pfi")
 
 
-@pytest.mark.parametrize("ahead", [0, 3])
-def test_every_chunk_prefetched_once_before_its_first_load(ahead):
+@pytest.mark.parametrize("ahead,chunk", [(0, 1024), (3, 1024), (3, 128)])
+def test_every_chunk_prefetched_once_before_its_first_load(ahead, chunk, monkeypatch):
+    monkeypatch.setattr(emit, "L2_CHUNK", chunk)  # 128: many chunks, most first read well after the top
+    L2_CHUNK = chunk
     src = _backward_source(ahead)
-    assert src == l2_prefetched(_backward_source(None), ahead)
+    assert src == "\n".join(l2_prefetched(_backward_source(None).split("\n"), ahead))
     lines = src.splitlines()
     loads, first, seen = [], {}, {}
     for n, ln in enumerate(lines):
@@ -56,6 +52,7 @@ def test_every_chunk_prefetched_once_before_its_first_load(ahead):
             assert lines[n - 1].strip() == f"if {key[0]}_ptr.dtype.element_ty.primitive_bitwidth <= 16:"
             seen[key] = sum(1 for i in loads if i < n)  # loads issued before this prefetch
     assert set(seen) == set(first) and {k[0] for k in seen} == {"x", "y", "w", "g"}
+    assert chunk == 1024 or sum(k > ahead + 1 for k in first.values()) > 5  # placement is tested
     for key, k in first.items():
         want = 0 if ahead == 0 else max(0, k - ahead)
         assert seen[key] == want, f"chunk {key}: prefetched after {seen[key]} loads, wanted {want}"

@@ -125,7 +125,7 @@ class KernelBuilder:
     def __init__(self, name: str, groups: Sequence[Group], layout: str, row_operands: Set[str],
                  split: bool = True, dot: bool = True, in1_major: bool = False,
                  rowing: Optional["Rowing"] = None, lazy: bool = True, in1_outer: bool = False,
-                 partial: bool = False, prefetch: int = 0):
+                 partial: bool = False, prefetch: int = 0, l2: Optional[int] = None):
         self.name, self.groups, self.layout = name, list(groups), layout
         self.rowing = rowing or Rowing()
         self.row_operands = set(row_operands)  # operands with a row dimension (others are shared)
@@ -160,6 +160,7 @@ class KernelBuilder:
         self.lazy_live = self.lazy_peak = 0  # padded elements per row of live un-reduced accumulators
         self.partial_sums = partial
         self.prefetch = prefetch
+        self.l2 = l2
         self.in1_outer = in1_outer
         self.inputs: List[str] = []
         self.operand_dims: Dict[str, int] = {}
@@ -911,8 +912,11 @@ class KernelBuilder:
             for init, body, post in sections:
                 src += init + loop + body + post
         src += self.post.lines
-        if self.prefetch > 0 and self.rowing.mode == "rows" and not self.rowing.index:
-            src = _prefetched(src, self.prefetch)
+        if self.rowing.mode == "rows" and not self.rowing.index:
+            if self.prefetch > 0:
+                src = _prefetched(src, self.prefetch)
+            if self.l2 is not None:
+                src = l2_prefetched(src, self.l2)
         meta = KernelMeta(self.name, ins, outs, zero_init, tuple(g.out_ptr for g in self.groups if g.reduce_rows),
                           self.min_rows)
         return "\n".join(src) + "\n", meta
@@ -975,10 +979,9 @@ _LOAD = re.compile(r"^(\s+)(\w+) = (tl\.load\(.*\))\.to\(DT\)$")
 _ADDR = re.compile(r"^\s+(\w+_r\d+ = r64\b|rm\d+ = rmask\b)")
 
 
-def _prefetched(src: List[str], ahead: int) -> List[str]:
-    """``src`` with every row-block loop's loads issued ``ahead`` loads early: load i moves, still
-    in the stored dtype, to where load i - ``ahead`` is; its conversion to DT stays where it was.
-    Row addresses and masks (pure functions of r64) go to the top of the loop body."""
+def _row_loops(src: List[str], rewrite) -> List[str]:
+    """``src`` with the body of every row-block loop (``for blk in range(...)``) replaced by
+    ``rewrite(body)``."""
     out, i = [], 0
     while i < len(src):
         out.append(src[i])
@@ -988,7 +991,16 @@ def _prefetched(src: List[str], ahead: int) -> List[str]:
         j = i
         while j < len(src) and src[j].startswith("        "):
             j += 1
-        body = src[i:j]
+        out += rewrite(src[i:j])
+        i = j
+    return out
+
+
+def _prefetched(src: List[str], ahead: int) -> List[str]:
+    """``src`` with every row-block loop's loads issued ``ahead`` loads early: load i moves, still
+    in the stored dtype, to where load i - ``ahead`` is; its conversion to DT stays where it was.
+    Row addresses and masks (pure functions of r64) go to the top of the loop body."""
+    def rewrite(body):
         head = body[:3]  # r, rmask, r64
         addr = [ln for ln in body[3:] if _ADDR.match(ln)]
         rest = [ln for ln in body[3:] if not _ADDR.match(ln)]
@@ -1002,11 +1014,11 @@ def _prefetched(src: List[str], ahead: int) -> List[str]:
             ind, name, expr = _LOAD.match(rest[n]).groups()
             moved.setdefault(to, []).append(f"{ind}{name}__raw = {expr}")
             new[n] = f"{ind}{name} = {name}__raw.to(DT)"
-        out += head + addr
+        out = head + addr
         for n, ln in enumerate(new):
             out += moved.get(n, []) + [ln]
-        i = j
-    return out
+        return out
+    return _row_loops(src, rewrite)
 
 
 _ROWADDR = re.compile(r"^(\s+)(\w+)_r1 = r64\[:, None\] \* (\d+)$")
@@ -1014,47 +1026,41 @@ _TILE = re.compile(r"tl\.load\((\w+)_ptr \+ \1_r1 \+ (\d+)(?: \+ (\d+) \* i(\d+)
 L2_CHUNK = 1024  # elements per prefetched chunk: 32 addresses 32 elements apart (one 128-byte line each in float32)
 
 
-def l2_prefetched(src: str, ahead: int = 0) -> str:
-    """``src`` with the half-precision row operands it reads asked into L2 (``prefetch.global.L2``,
-    no registers held) in chunks of L2_CHUNK elements, one instruction per thread per chunk: every
-    chunk at the top of the row loop (``ahead`` 0), or ``ahead`` loads before the first load that
-    reads it. A half-precision warp moves half the bytes per load, so its loads alone keep too few
-    bytes in flight; float32 builds (the test on the pointer's element width is resolved at compile
-    time) get no prefetch: there they made the kernels slower (H200, mace-large backward 0.75 ->
-    0.86-1.0 ms, benchmarks/results/session13_20261124). Not for the interpreter (inline asm)."""
-    lines = src.split("\n")
-    start = next(i for i, ln in enumerate(lines) if ln.startswith("    for blk in range("))
-    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith("        ")), len(lines))
-    body = lines[start + 1:end]
-    dims = {m.group(2): int(m.group(3)) for ln in body for m in [_ROWADDR.match(ln)] if m}
-    loads, first = [], {}
-    for n, ln in enumerate(body):
-        m = _TILE.search(ln)
-        if not m or m.group(1) not in dims:
-            continue
-        op, off = m.group(1), int(m.group(2))
-        last = off + (int(m.group(3)) * (int(m.group(4)) - 1) if m.group(3) else 0)
-        for c in range(off // L2_CHUNK, last // L2_CHUNK + 1):
-            first.setdefault((op, c), len(loads))
-        loads.append(n)
-    if not loads:
-        return src
-    at: Dict[int, List[str]] = {}
-    for (op, c), k in first.items():
-        n = loads[max(0, k - ahead)] if ahead else loads[0]
-        at.setdefault(n, []).extend([
-            f"        if {op}_ptr.dtype.element_ty.primitive_bitwidth <= 16:",
-            f'            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.b32 $0, 0;", "=r,l", '
-            f"[{op}_ptr + {op}__pfr + tl.minimum({c * L2_CHUNK} + pfi, {dims[op] - 1})], dtype=tl.int32, "
-            f"is_pure=False, pack=1)"])
-    head = ["        pfi = tl.arange(0, 32)[None, :] * 32"]
-    head += [f"        {op}__pfr = tl.minimum(r64, N - 1)[:, None] * {dims[op]}" for op in dict.fromkeys(o for o, _ in first)]
-    out = []
-    for n, ln in enumerate(body):
-        if n == loads[0]:
-            out += head
-        out += at.get(n, []) + [ln]
-    return "\n".join(lines[:start + 1] + out + lines[end:])
+def l2_prefetched(src: List[str], ahead: int = 0) -> List[str]:
+    """``src`` with the half-precision row operands each row-block loop reads asked into L2
+    (``prefetch.global.L2``, no registers held) in chunks of L2_CHUNK elements, one instruction per
+    thread per chunk: every chunk at the top of the loop (``ahead`` 0), or ``ahead`` loads before
+    the first load that reads it. A half-precision warp moves half the bytes per load, so its loads
+    alone keep too few bytes in flight; float32 builds (the test on the pointer's element width is
+    resolved at compile time) get no prefetch: there they made the kernels slower (H200, mace-large
+    backward 0.75 -> 0.86-1.0 ms, benchmarks/results/session13_20261124). Not for the interpreter
+    (inline asm)."""
+    def rewrite(body):
+        dims = {m.group(2): int(m.group(3)) for ln in body for m in [_ROWADDR.match(ln)] if m}
+        loads, first = [], {}
+        for n, ln in enumerate(body):
+            m = _TILE.search(ln)
+            if not m or m.group(1) not in dims:
+                continue
+            op, off = m.group(1), int(m.group(2))
+            last = off + (int(m.group(3)) * (int(m.group(4)) - 1) if m.group(3) else 0)
+            for c in range(off // L2_CHUNK, last // L2_CHUNK + 1):
+                first.setdefault((op, c), len(loads))
+            loads.append(n)
+        if not loads:
+            return body
+        at: Dict[int, List[str]] = {}
+        for (op, c), k in first.items():
+            at.setdefault(loads[max(0, k - ahead)] if ahead else loads[0], []).extend([
+                f"        if {op}_ptr.dtype.element_ty.primitive_bitwidth <= 16:",
+                f'            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.b32 $0, 0;", "=r,l", '
+                f"[{op}_ptr + {op}__pfr + tl.minimum({c * L2_CHUNK} + pfi, {dims[op] - 1})], dtype=tl.int32, "
+                f"is_pure=False, pack=1)"])
+        at[loads[0]] = (["        pfi = tl.arange(0, 32)[None, :] * 32"]
+                        + [f"        {op}__pfr = tl.minimum(r64, N - 1)[:, None] * {dims[op]}"
+                           for op in dict.fromkeys(o for o, _ in first)] + at.get(loads[0], []))
+        return [x for n, ln in enumerate(body) for x in at.get(n, []) + [ln]]
+    return _row_loops(src, rewrite)
 
 
 def generate(name: str, groups: Sequence[Group], layout: str, row_operands: Set[str],
@@ -1074,12 +1080,10 @@ def generate(name: str, groups: Sequence[Group], layout: str, row_operands: Set[
     (KernelBuilder._partial), a quarter of the registers. ``prefetch``: row-block loops issue each
     load that many loads early (_prefetched). ``l2``: half-precision row operands asked into L2 that
     many loads ahead (l2_prefetched; 0: at the top of the row loop, None: not)."""
-    kw = dict(in1_outer=in1_outer, partial=partial, prefetch=prefetch)
+    kw = dict(in1_outer=in1_outer, partial=partial, prefetch=prefetch, l2=l2)
     b = KernelBuilder(name, groups, layout, row_operands, split, dot, in1_major, rowing, **kw)
     res = b.build()
     if lazy_budget is not None and b.lazy_peak > lazy_budget:
         res = KernelBuilder(name, groups, layout, row_operands, split, dot, in1_major, rowing, lazy=False,
                             **kw).build()
-    if l2 is not None:
-        res = (l2_prefetched(res[0], l2), res[1])
     return res

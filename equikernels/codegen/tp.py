@@ -62,8 +62,9 @@ def wide_channelwise(problem) -> bool:
     """Channel-wise (uvu) products with per-row weights and at least 128 channels in every block
     (the MACE products): their backward gets per-thread partial channel sums, loads issued early,
     one-warp programs, a register cap in float32 too and, in half precision, rows asked into L2
-    ahead of their loads (TPKernels._partial_sums, _prefetch, _l2, default_config; H200, session 12: mace-large backward fp32 0.806 -> 0.750 ms, bf16 0.550 ->
-    0.505; mace-medium 0.333 -> 0.304, 0.217 -> 0.183)."""
+    ahead of their loads (TPKernels._partial_sums, _prefetch, _l2, default_config; H200, session
+    12: mace-large backward fp32 0.806 -> 0.750 ms, bf16 0.550 -> 0.505; mace-medium 0.333 ->
+    0.304, 0.217 -> 0.183; session 13, L2: bf16 mace-large 0.505 -> 0.459, mace-medium -> 0.164)."""
     return (not problem.shared_weights and all(i.mode == "uvu" for i in problem.instructions)
             and min(m for m, _, _ in problem.irreps_in1) >= 128)
 
