@@ -440,6 +440,8 @@ def time_cell(spec: Spec, built: Built, direction: str, rows: int, dtype, device
         call = lambda i: torch.autograd.grad(sets[i % n_sets][0], sets[i % n_sets][1], retain_graph=True)  # noqa: E731
     res = C.time_calls(call, device, n_sets=n_sets, target_ms=args.target_ms, min_reps=args.min_reps,
                        max_reps=args.max_reps, warmup=args.warmup)
+    if getattr(args, "gpu_time", True):
+        res.update(C.queued_gpu_times(call, device, res["est_ms"]))
     res["peak_gib"] = C.peak_gib(device)
     res["bytes_min"] = nbytes
     res["gbps"] = nbytes / (res["ms_median"] * 1e-3) / 1e9
@@ -582,8 +584,12 @@ def cell_line(k: int, total: int, c: dict) -> str:
     extra = f" err {C.fmt_err(c.get('rel_err'))}" if c.get("rel_err") is not None else \
         (f" check: {c['check_error'][:120]}" if c.get("check_error") else "")
     fb = " FALLBACK" if c.get("info", {}).get("FALLBACK") else ""
+    gpu = ""
+    if c.get("gpu_ms_median") is not None:
+        gpu = f" gpu {C.fmt_ms(c['gpu_ms_median'])} ms{'' if c.get('gpu_queued') else ' (not queued)'}" \
+              f" host {c['host_us_per_call']:.0f} us/call"
     return (f"{head} {C.fmt_ms(c['ms_median'])} ms (min {C.fmt_ms(c['ms_min'])}, n={c['n']}, sets={c['n_sets']}) "
-            f"{c['gbps']:.0f} GB/s{extra}{fb}")
+            f"{c['gbps']:.0f} GB/s{gpu}{extra}{fb}")
 
 
 # --- compile time -------------------------------------------------------------------------------
@@ -720,12 +726,15 @@ def _cell_ms(c: Optional[dict]) -> Optional[float]:
 
 def _detail_row(impl: str, c: dict, note: str) -> str:
     if c["status"] != "ok":
-        return f"| {impl} | — | | | | | | | | | {C.fmt_err(c.get('rel_err'))} | | {note} |"
+        return f"| {impl} | — | | | | | | | | | | | {C.fmt_err(c.get('rel_err'))} | | {note} |"
     frac = f"{100 * c['frac_copy']:.0f} %" if c.get("frac_copy") is not None else "—"
     peak = f"{c['peak_gib']:.2f}" if c.get("peak_gib") is not None else "—"
+    # GPU time with the host queued ahead (common.queued_gpu_times); "*": the host did not get ahead
+    gpu = "—" if c.get("gpu_ms_median") is None else C.fmt_ms(c["gpu_ms_median"]) + ("" if c.get("gpu_queued") else "*")
+    host = f"{c['host_us_per_call']:.0f}" if c.get("host_us_per_call") is not None else "—"
     return (f"| {impl} | {C.fmt_ms(c['ms_median'])} | {C.fmt_ms(c['ms_min'])} | {C.fmt_ms(c['ms_p20'])} | "
             f"{C.fmt_ms(c['ms_p80'])} | {c['ms_stdev']:.3g} | {c['n']} | {c['n_sets']} | {c['gbps']:.0f} | {frac} | "
-            f"{C.fmt_err(c.get('rel_err'))} | {peak} | {note} |")
+            f"{gpu} | {host} | {C.fmt_err(c.get('rel_err'))} | {peak} | {note} |")
 
 
 def render_markdown(data: dict) -> str:
@@ -777,8 +786,8 @@ def render_markdown(data: dict) -> str:
     for k in keys:
         p = data["problems"].get(k[0], {})
         L += [f"### {k[0]} · {k[1]} · {k[2]} · {k[3]} rows", "", f"{p.get('description', '')}", "",
-              "| impl | ms median | min | p20 | p80 | stdev | n | sets | GB/s | % copy | rel. err | peak GiB | note |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+              "| impl | ms median | min | p20 | p80 | stdev | n | sets | GB/s | % copy | GPU ms | host us/call | rel. err | peak GiB | note |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for impl, c in by[k].items():
             note = []
             if c["status"] != "ok":
@@ -926,6 +935,8 @@ def main(argv=None) -> int:
     ap.add_argument("--target-ms", type=float, help="timed work per cell (default 250; --quick 30)")
     ap.add_argument("--min-reps", type=int, help="minimum timed calls (default 5; --quick 3)")
     ap.add_argument("--max-reps", type=int, default=2000)
+    ap.add_argument("--no-gpu-time", dest="gpu_time", action="store_false",
+                    help="skip the per-cell GPU time with the host queued ahead (common.queued_gpu_times)")
     ap.add_argument("--warmup", type=int, help="warm-up calls (default 3; --quick 2)")
     ap.add_argument("--max-sets", type=int, default=8, help="max rotated input sets (1 disables rotation)")
     ap.add_argument("--rotate-factor", type=float, default=4.0, help="rotate sets until they cover this × L2")

@@ -116,6 +116,39 @@ def time_calls(fn: Callable[[int], object], device: torch.device, *, n_sets: int
     return out
 
 
+def queued_gpu_times(fn: Callable[[int], object], device: torch.device, est_ms: float, *,
+                     max_calls: int = 64, target_ms: float = 100.0) -> Dict[str, object]:
+    """GPU time per call without the host in it: calls each between their own pair of CUDA events
+    (as ``call_times``), issued while the GPU is held by ``torch.cuda._sleep`` long enough for the
+    host to queue every one of them first. The per-call times of ``time_calls`` include host work the
+    GPU cannot hide (ANCHORS' methodology: what a user sees calling one op in a loop); where the
+    host is slower than the kernels the two differ, and this one is the kernels' time.
+
+    ``queued`` says whether the host really finished issuing before the sleep ended (else the
+    figures include host gaps again and are not GPU time)."""
+    if device.type != "cuda":
+        return {}
+    n = int(min(max_calls, max(5, math.ceil(target_ms / max(est_ms, 1e-3)))))
+    sleep_ms = 2.0 * n * max(est_ms, 0.05) + 20.0
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    s0, s1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    synchronize(device)
+    s0.record()
+    torch.cuda._sleep(int(sleep_ms * 2.0e6))  # cycles: ~sleep_ms at 2 GHz, longer at a lower clock
+    s1.record()
+    t0 = time.perf_counter()
+    for i in range(n):
+        starts[i].record()
+        fn(i)
+        ends[i].record()
+    issue_ms = (time.perf_counter() - t0) * 1e3
+    ends[-1].synchronize()
+    times = sorted(a.elapsed_time(b) for a, b in zip(starts, ends))
+    return {"gpu_ms_median": statistics.median(times), "gpu_ms_min": times[0], "gpu_n": n,
+            "host_us_per_call": round(issue_ms / n * 1e3, 1), "gpu_queued": issue_ms < s0.elapsed_time(s1)}
+
+
 def l2_bytes(device: torch.device) -> int:
     if device.type != "cuda":
         return 0  # CPU debug runs: no rotation

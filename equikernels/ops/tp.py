@@ -196,8 +196,9 @@ def _fwd_backward(ctx, g, *_):
         return None, None, None, None, None, None, None
     g = g.contiguous()
     res = None
-    if (FAST_BWD and ctx.backend == "triton" and not torch.is_grad_enabled() and _eager(x, y, w, g)):
-        res = _bwd_direct(x, y, w, g, ctx.spec, need, ctx.math)
+    if (FAST_BWD and ctx.backend == "triton" and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+            and x.__class__ in _PLAIN and y.__class__ in _PLAIN and w.__class__ in _PLAIN and g.__class__ in _PLAIN):
+        res = _bwd_direct(x, y, w, g, ctx.spec, need, ctx.math)  # (_eager without its generator: host time)
     gx, gy, gw = res if res is not None else bwd(x, y, w, g, ctx.spec, ctx.backend, need, ctx.math)
     return (gx if need & NEED_X else None, gy if need & NEED_Y else None, gw if need & NEED_W else None,
             None, None, None, None)
@@ -213,11 +214,10 @@ def _bwd_setup(ctx, inputs, output):
     ctx.math = inputs[7] if len(inputs) > 7 else None
 
 
-def _cot(t: Optional[Tensor], like: Tensor, wanted: bool) -> Optional[Tensor]:
-    """A usable cotangent, or None when autograd gave none (or the output was a placeholder)."""
-    if not wanted or t is None or t.shape != like.shape:
-        return None
-    return t.contiguous()
+def _cot(t: Optional[Tensor], wanted: bool) -> Optional[Tensor]:
+    """A usable cotangent, or None when autograd gave none or the output was a placeholder (not
+    ``wanted``). A wanted one has its output's shape: autograd checks what it hands a node."""
+    return t.contiguous() if wanted and t is not None else None
 
 
 def _bwd_backward(ctx, ga, gb, gc):
@@ -229,13 +229,16 @@ def _bwd_backward(ctx, ga, gb, gc):
     """
     x, y, w, g = ctx.saved_tensors
     spec, be, m = ctx.spec, ctx.backend, ctx.math
-    a, b, c = _cot(ga, x, ctx.need & NEED_X), _cot(gb, y, ctx.need & NEED_Y), _cot(gc, w, ctx.need & NEED_W)
+    cn = ctx.need
+    a, b, c = _cot(ga, cn & NEED_X), _cot(gb, cn & NEED_Y), _cot(gc, cn & NEED_W)
     nx, ny, nw, ng = ctx.needs_input_grad[:4]
     if not torch.is_grad_enabled():
-        need = sum(bit for bit, n in zip((1, 2, 4, 8), (nx, ny, nw, ng)) if n)
-        have = "".join(k for k, t in zip("abc", (a, b, c)) if t is not None)
+        # plain arithmetic, not generators: this runs once per force-training step and is host time
+        need = nx + 2 * ny + 4 * nw + 8 * ng
+        have = ("a" if a is not None else "") + ("b" if b is not None else "") + ("c" if c is not None else "")
         res = None
-        if FAST_BWD and be == "triton" and _eager(x, y, w, g, *(t for t in (a, b, c) if t is not None)):
+        if (FAST_BWD and be == "triton" and _eager(x, y, w, g) and (a is None or a.__class__ in _PLAIN)
+                and (b is None or b.__class__ in _PLAIN) and (c is None or c.__class__ in _PLAIN)):
             res = _dbwd_direct(x, y, w, g, a, b, c, spec, have, need, m)
         if res is None:
             e = x.new_empty(0) if len(have) < 3 else None  # placeholder for a missing cotangent
@@ -353,9 +356,21 @@ class _Bwd(torch.autograd.Function):
 FAST_BWD = os.environ.get("EQUIKERNELS_FAST_BWD", "1") == "1"
 
 
+# os.environ.get of an unset name raises and catches a KeyError inside (~1.5 us, twice per call);
+# the mapping under os.environ (CPython keeps it in step with every set and delete) answers in 0.1 us
+_ENV = getattr(os.environ, "_data", None)
+try:
+    _ENV_KEYS = tuple(os.environ.encodekey(k) for k in ("EQUIKERNELS_AUTOTUNE", "EQUIKERNELS_POISON"))
+    _ENV_ONE = os.environ.encodevalue("1")
+except AttributeError:  # pragma: no cover - not CPython's os.environ
+    _ENV = None
+
+
 def _env_tuning_or_poison() -> bool:
     """EQUIKERNELS_AUTOTUNE=1 or EQUIKERNELS_POISON=1 (both need TPKernels' full path), read per call
     as the full path reads them (tests toggle them)."""
+    if _ENV is not None:
+        return _ENV.get(_ENV_KEYS[0]) == _ENV_ONE or _ENV.get(_ENV_KEYS[1]) == _ENV_ONE
     return os.environ.get("EQUIKERNELS_AUTOTUNE") == "1" or os.environ.get("EQUIKERNELS_POISON") == "1"
 
 
@@ -455,13 +470,14 @@ _empty_like = torch.empty_like  # the direct backward's allocator (tests swap in
 # made, not per call.
 class _DbwdDirect:
     """The resolved double backward of one (problem, have, need, operand dtypes, math_dtype)."""
-    __slots__ = ("launches", "res")
+    __slots__ = ("launches", "res", "written")
 
     def __init__(self, launches: tuple, res: tuple):
         # per kernel, in launch order: (launch.Pinned, rows, pointer parameters as indexes into
         # (x, y, w, g, a, b, c, *outputs), operand index (x 0 .. g 3) of each output it allocates)
         self.launches = launches
         self.res = res  # per x, y, w, g: index of its output in that list, -1 zeros, -2 placeholder
+        self.written = min(res) >= 0  # every result comes from a kernel (the usual case)
 
 
 _DBWD_DIRECT: dict = {}
@@ -521,8 +537,11 @@ def _dbwd_direct(x: Tensor, y: Tensor, w: Tensor, g: Tensor, a: Optional[Tensor]
             t.append(_empty_like(ops[i]))  # operands are contiguous: so are these
         nblk = (n + rows - 1) // rows
         launch(nblk, [t[i] for i in args], (n, nblk))
+    r = d.res
+    if d.written:
+        return t[r[0]], t[r[1]], t[r[2]], t[r[3]]
     return tuple(t[j] if j >= 0 else (torch.zeros_like(o) if j == -1 else o.new_empty(0))
-                 for j, o in zip(d.res, ops))
+                 for j, o in zip(r, ops))
 
 
 def fwd(x, y, w, spec, backend, math_dtype=None, out_dtype=None):
