@@ -71,7 +71,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--calls", type=int, default=1000)
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--ab", action="store_true", help="also ek_old: the session-13 host path on ek's graphs")
+    ap.add_argument("--ab", action="store_true", help="also ek_old: the session-13 host path on ek's graphs "
+                    "(needs the repository's git history)")
     a = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # cpu: a smoke test
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -90,9 +91,17 @@ def main():
     new_bwd = ops_tp._Bwd.backward
     backwards = {"ek": new_bwd}
     if a.ab:
-        import old_dbwd_src
+        # session 13's host-path functions (ops/tp.py at commit 8560b04) executed over a copy of
+        # today's namespace, so its _bwd_backward calls its own _cot / _dbwd_direct / env check
+        import ast
+        import subprocess
+        old = subprocess.run(["git", "-C", str(ROOT), "show", "8560b04:equikernels/ops/tp.py"], check=True,
+                             capture_output=True, text=True).stdout
+        want = {"_cot", "_bwd_backward", "_env_tuning_or_poison", "_dbwd_direct"}
+        src = "\n\n".join(ast.get_source_segment(old, f) for f in ast.parse(old).body
+                          if isinstance(f, ast.FunctionDef) and f.name in want)
         ns = dict(vars(ops_tp))
-        exec(old_dbwd_src.SOURCE, ns)
+        exec(compile(src, "tp_8560b04.py", "exec"), ns)
         backwards["ek_old"] = ns["_bwd_backward"]
         fns["ek_old"] = fns["ek"]
     for rows in [int(r) for r in a.rows.split(",")]:

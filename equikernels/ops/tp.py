@@ -196,9 +196,8 @@ def _fwd_backward(ctx, g, *_):
         return None, None, None, None, None, None, None
     g = g.contiguous()
     res = None
-    if (FAST_BWD and ctx.backend == "triton" and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
-            and x.__class__ in _PLAIN and y.__class__ in _PLAIN and w.__class__ in _PLAIN and g.__class__ in _PLAIN):
-        res = _bwd_direct(x, y, w, g, ctx.spec, need, ctx.math)  # (_eager without its generator: host time)
+    if FAST_BWD and ctx.backend == "triton" and not torch.is_grad_enabled() and _eager(x, y, w, g):
+        res = _bwd_direct(x, y, w, g, ctx.spec, need, ctx.math)
     gx, gy, gw = res if res is not None else bwd(x, y, w, g, ctx.spec, ctx.backend, need, ctx.math)
     return (gx if need & NEED_X else None, gy if need & NEED_Y else None, gw if need & NEED_W else None,
             None, None, None, None)
@@ -237,8 +236,7 @@ def _bwd_backward(ctx, ga, gb, gc):
         need = nx + 2 * ny + 4 * nw + 8 * ng
         have = ("a" if a is not None else "") + ("b" if b is not None else "") + ("c" if c is not None else "")
         res = None
-        if (FAST_BWD and be == "triton" and _eager(x, y, w, g) and (a is None or a.__class__ in _PLAIN)
-                and (b is None or b.__class__ in _PLAIN) and (c is None or c.__class__ in _PLAIN)):
+        if FAST_BWD and be == "triton" and _eager(x, y, w, g, a, b, c):
             res = _dbwd_direct(x, y, w, g, a, b, c, spec, have, need, m)
         if res is None:
             e = x.new_empty(0) if len(have) < 3 else None  # placeholder for a missing cotangent
@@ -320,7 +318,14 @@ _PLAIN = (Tensor, torch.nn.Parameter)
 
 
 def _eager(*ts) -> bool:
-    return not torch.compiler.is_compiling() and all(t.__class__ in _PLAIN for t in ts)
+    """Plain tensors outside tracing (None: an absent cotangent, skipped). A loop, not a generator:
+    the eager backward and double backward ask this on every call (host time)."""
+    if torch.compiler.is_compiling():
+        return False
+    for t in ts:
+        if t is not None and t.__class__ not in _PLAIN:
+            return False
+    return True
 
 
 class _Fwd(torch.autograd.Function):
