@@ -402,12 +402,13 @@ def direction_error(errs: Optional[Dict[str, float]], direction: str) -> Optiona
 
 
 # --- timing one cell ----------------------------------------------------------------------------
-def time_cell(spec: Spec, built: Built, direction: str, rows: int, dtype, device, args) -> dict:
+def make_call(spec: Spec, built: Built, direction: str, rows: int, dtype, device, args):
+    """(call, n_sets, minimal bytes): ``call(i)`` runs one timed call of ``direction`` on input set
+    ``i % n_sets`` (graphs built here, outside the timing)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     nbytes = C.minimal_bytes(direction, rows, spec.d1, spec.d2, spec.d3, spec.nw, spec.shared, itemsize)
     n_sets = C.rotation_sets(nbytes, device, factor=args.rotate_factor, max_sets=args.max_sets) \
         if args.max_sets > 1 else 1
-    C.reset_peak(device)
     torch.manual_seed(args.seed + rows)
     mk = lambda *s: torch.randn(*s, device=device, dtype=dtype)  # noqa: E731
     sets = []
@@ -438,6 +439,12 @@ def time_cell(spec: Spec, built: Built, direction: str, rows: int, dtype, device
                                              retain_graph=True)
     else:
         call = lambda i: torch.autograd.grad(sets[i % n_sets][0], sets[i % n_sets][1], retain_graph=True)  # noqa: E731
+    return call, n_sets, nbytes
+
+
+def time_cell(spec: Spec, built: Built, direction: str, rows: int, dtype, device, args) -> dict:
+    C.reset_peak(device)
+    call, n_sets, nbytes = make_call(spec, built, direction, rows, dtype, device, args)
     res = C.time_calls(call, device, n_sets=n_sets, target_ms=args.target_ms, min_reps=args.min_reps,
                        max_reps=args.max_reps, warmup=args.warmup)
     if getattr(args, "gpu_time", True):
@@ -445,7 +452,7 @@ def time_cell(spec: Spec, built: Built, direction: str, rows: int, dtype, device
     res["peak_gib"] = C.peak_gib(device)
     res["bytes_min"] = nbytes
     res["gbps"] = nbytes / (res["ms_median"] * 1e-3) / 1e9
-    del sets, call
+    del call
     return res
 
 
