@@ -574,9 +574,8 @@ def test_direct_double_backward_raw(nan_alloc, monkeypatch):
     ops_tp._DBWD_DIRECT.clear()  # recipes made with EQUIKERNELS_DBWD_ONE=0: not for later tests
 
 
-def test_direct_double_backward_plan_fallbacks(monkeypatch):
-    """No recipe for shared weights, uvw products (per-row: uvw_rows; shared) and a channel-wise
-    product whose double backward is split into parts (_KernelSet)."""
+def test_direct_double_backward_plan_fallbacks():
+    """No recipe for shared weights and uvw products (per-row: uvw_rows; shared)."""
     from equikernels.problem import TPProblem
     uvw_rows = TPProblem.create("2x0e+2x1o", "1x0e+1x1o", "2x0e+2x1o", [(0, 0, 0, "uvw", True), (1, 1, 0, "uvw", True)],
                                 shared_weights=False, internal_weights=False)
@@ -587,16 +586,39 @@ def test_direct_double_backward_plan_fallbacks(monkeypatch):
         if p.shared_weights:
             w, c = w[0], c[0]
         assert ops_tp._dbwd_direct_plan(spec_of(p, "ir_mul"), "abc", 15, x, y, w, g, a, b, c, None) is None
-    # a uvu problem split over several kernels (EQUIKERNELS_MAX_PATHS when first built: _KernelSet
-    # parts): no plan. A problem of its own, so the split kernels stay with it.
+
+
+def test_direct_double_backward_kernel_set(nan_alloc, monkeypatch):
+    """A channel-wise product whose double backward is split over several kernels (a _KernelSet, as
+    nequip-lips' split by first-input segment; here forced by EQUIKERNELS_MAX_PATHS=1 when first built):
+    the recipe launches every part, zero-fills the outputs parts add into, and equals the full path bit
+    for bit; half-precision outputs added into (a float32 buffer in the full path) get no recipe. A
+    problem of its own, so the split kernels stay with it."""
+    from equikernels.codegen import tp as ct
+    from equikernels.problem import TPProblem
     p = TPProblem.create("2x0o+2x1o", "1x0e+1x1o", "2x0o+2x1o+2x1e",
                          [(0, 0, 0, "uvu", True), (0, 1, 2, "uvu", True), (1, 0, 1, "uvu", True),
                           (1, 1, 2, "uvu", True)], shared_weights=False, internal_weights=False)
     monkeypatch.setenv("EQUIKERNELS_MAX_PATHS", "1")
     spec = spec_of(p, "ir_mul")
-    x, y, w, g, a, b, c = _operands(p, 4, "cpu")
-    assert ops_tp._dbwd_direct_plan(spec, "abc", 7, x, y, w, g, a, b, c, None) is None
-    assert len(plan_of(spec).kernels.kernel("dbwd", 7, "abc").parts) > 1
+    x, y, w, g, a, b, c = _operands(p, 7, _dev())
+    ops_tp._DBWD_DIRECT.clear()
+    try:
+        for need in (15, 7, 2):
+            k = plan_of(spec).kernels.kernel("dbwd", need, "abc")
+            assert isinstance(k, ct._KernelSet) and len(k.parts) > 1 and k.meta.zero_init
+            got = ops_tp._dbwd_direct(x, y, w, g, a, b, c, spec, "abc", need, None)
+            want = ops_tp._dbwd_impl(x, y, w, g, a, b, c, spec, "triton", "abc", need)
+            assert got is not None
+            for i, (s, t) in enumerate(zip(got, want)):
+                assert s.shape == t.shape and s.dtype == t.dtype and torch.equal(s, t), (need, i)
+            d = ops_tp._DBWD_DIRECT[next(key for key in ops_tp._DBWD_DIRECT if key[2] == need)]
+            assert len(d.launches) == len(k.parts)
+            assert any(z for _, _, _, allocs in d.launches for _, z in allocs)  # an output parts add into
+        h = y.half()
+        assert ops_tp._dbwd_direct_plan(spec, "abc", 15, x, h, w, g, a, b.half(), c, None) is None
+    finally:
+        ops_tp._DBWD_DIRECT.clear()  # recipes made under EQUIKERNELS_MAX_PATHS=1: not for later tests
 
 
 @pytest.mark.skipif(not INTERPRET, reason="CPU: the interpreter")
@@ -658,6 +680,20 @@ def test_gpu_direct_double_backward_matches_full_path(nan_alloc, count_dbwd, nam
     x, y, w, g, a, b, c = _operands(p, 1001, "cuda")
     _check_dbwd(p, (x, y, w, g), (a, b, c), list(_dbwd_cases(full=True)), count_dbwd,
                 _reference_dgrads(p, (x, y, w, g), (a, b, c)))
+
+
+@pytest.mark.gpu
+def test_gpu_direct_double_backward_kernel_set(nan_alloc, count_dbwd):
+    """nequip-lips (30 paths: the double backward split by first-input segment, a _KernelSet adding
+    into a zero-filled dy): the direct path runs and is bit-identical to TPKernels.double_backward, for
+    the bench's case and one with x's cotangent alone (few cases: every (need, have) compiles five
+    kernels)."""
+    from equikernels.codegen import tp as ct
+    p = catalog_problem("nequip-lips")
+    x, y, w, g, a, b, c = _operands(p, 1001, "cuda")
+    assert isinstance(plan_of(spec_of(p, "ir_mul")).kernels.kernel("dbwd", 15, "abc"), ct._KernelSet)
+    cases = [((True, True, True), True, (0, 1, 2), (0, 1, 2, 3)), ((True, False, False), True, (0,), (0, 3))]
+    _check_dbwd(p, (x, y, w, g), (a, b, c), cases, count_dbwd, _reference_dgrads(p, (x, y, w, g), (a, b, c)))
     # mixed dtypes (bfloat16 weights): each result in its operand's dtype, still identical
     wb, cb = w.bfloat16(), c.bfloat16()
     case = ((True, True, True), True, (0, 1, 2), (0, 1, 2, 3))

@@ -408,13 +408,24 @@ def _plain_kernel(k) -> bool:
     return isinstance(k, ct._Kernel) and not (k.meta.zero_init or k.meta.reduce_rows or k.acc_outputs)
 
 
-def _pinned_launch(kernels, kind: str, k, math: torch.dtype):
+def _set_parts(k) -> Optional[list]:
+    """The kernels of a _KernelSet (a product split over kernels launched in sequence; outputs two
+    parts write are zero-filled and added into) when they are plain kernels without row partials,
+    else None."""
+    from ..codegen import tp as ct  # noqa: PLC0415
+    if not isinstance(k, ct._KernelSet) or k.meta.reduce_rows:
+        return None
+    return k.parts if all(isinstance(q, ct._Kernel) and not q.meta.reduce_rows for q in k.parts) else None
+
+
+def _pinned_launch(kernels, kind: str, k, math: torch.dtype, min_rows: int = 0):
     """(launch.Pinned, rows) with the configuration, rows and constexprs _Kernel.launch would use
-    (``_cfg``: what ``_tuned`` returns without autotuning)."""
+    (``_cfg``: what ``_tuned`` returns without autotuning; ``min_rows``: a _KernelSet's, which _run
+    applies to every part)."""
     from ..codegen import tp as ct  # noqa: PLC0415
     from ..codegen.launch import Pinned  # noqa: PLC0415
     cfg = kernels._cfg(kind, math)
-    rows = max(cfg.rows, k.meta.min_rows)  # as _run raises it
+    rows = max(cfg.rows, k.meta.min_rows, min_rows)  # as _run raises it
     dt = ct._DT[math]
     prec = "tf32" if cfg.tf32 and dt == ct.tl.float32 else "ieee"
     return Pinned(k.launcher, (rows, dt, prec), cfg.num_warps, cfg.num_stages), rows
@@ -468,18 +479,20 @@ _empty_like = torch.empty_like  # the direct backward's allocator (tests swap in
 
 # The double backward the same way (issue 4: nequip-water's double backward is host-bound too):
 # TPKernels.double_backward works out the parts, kernels, configuration and buffers per call. For
-# the same class of products (channel-wise, per-row weights, every part one plain kernel writing each
-# element of its outputs once) _DbwdDirect keeps that per (problem, have, need, dtypes, math_dtype)
-# and a call allocates, launches each part in double_backward's order and zero-fills the outputs no
-# kernel writes, as double_backward does. dbwd_parts (EQUIKERNELS_DBWD_ONE) is read when a recipe is
-# made, not per call.
+# the same class of products (channel-wise, per-row weights; every part one plain kernel writing each
+# element of its outputs once, or a _KernelSet whose kernels add into zero-filled outputs, as
+# nequip-lips' split by first-input segment) _DbwdDirect keeps that per (problem, have, need, dtypes,
+# math_dtype) and a call allocates, launches each kernel in double_backward's order and zero-fills the
+# outputs no kernel writes, as double_backward does. dbwd_parts (EQUIKERNELS_DBWD_ONE) is read when a
+# recipe is made, not per call.
 class _DbwdDirect:
     """The resolved double backward of one (problem, have, need, operand dtypes, math_dtype)."""
     __slots__ = ("launches", "res", "written")
 
     def __init__(self, launches: tuple, res: tuple):
         # per kernel, in launch order: (launch.Pinned, rows, pointer parameters as indexes into
-        # (x, y, w, g, a, b, c, *outputs), operand index (x 0 .. g 3) of each output it allocates)
+        # (x, y, w, g, a, b, c, *outputs), (operand index (x 0 .. g 3), zero-filled) of each output
+        # allocated before it)
         self.launches = launches
         self.res = res  # per x, y, w, g: index of its output in that list, -1 zeros, -2 placeholder
         self.written = min(res) >= 0  # every result comes from a kernel (the usual case)
@@ -508,14 +521,22 @@ def _dbwd_direct_plan(spec: str, have: str, need: int, x, y, w, g, a, b, c, math
             continue
         meta = k.meta
         mine = {"d" + n for bit, n in zip((1, 2, 4, 8), "xywg") if part & bit}
-        if (not _plain_kernel(k) or not set(meta.outputs) <= mine or any(o in written for o in meta.outputs)
+        sub = [k] if _plain_kernel(k) else _set_parts(k)
+        if (sub is None or not set(meta.outputs) <= mine or any(o in written for o in meta.outputs)
                 or not set(meta.inputs) <= set(slot)):
+            return None
+        # outputs the parts add into: _run keeps half-precision ones in a float32 buffer (declined here)
+        dt = {"dx": x.dtype, "dy": y.dtype, "dw": w.dtype, "dg": g.dtype}
+        if any(ct.acc_dtype(dt[o]) != dt[o] for o in k.acc_outputs):
             return None
         new = tuple(o for o in ("dx", "dy", "dw", "dg") if o in meta.outputs)  # _run's allocation order
         for o in new:
             written[o] = 7 + len(written)
-        args = tuple(slot[i] for i in meta.inputs) + tuple(written[o] for o in meta.outputs)
-        launches.append(_pinned_launch(kernels, "dbwd", k, math) + (args, tuple("xywg".index(o[1]) for o in new)))
+        allocs = tuple(("xywg".index(o[1]), o in meta.zero_init) for o in new)
+        for q in sub:
+            args = tuple(slot[i] for i in q.meta.inputs) + tuple(written[o] for o in q.meta.outputs)
+            launches.append(_pinned_launch(kernels, "dbwd", q, math, meta.min_rows) + (args, allocs))
+            allocs = ()
     res = tuple(written.get("d" + n, -1) if need & bit else -2 for bit, n in zip((1, 2, 4, 8), "xywg"))
     return _DbwdDirect(tuple(launches), res)
 
@@ -538,8 +559,8 @@ def _dbwd_direct(x: Tensor, y: Tensor, w: Tensor, g: Tensor, a: Optional[Tensor]
     ops = (x, y, w, g)
     t = [x, y, w, g, a, b, c]
     for launch, rows, args, new in d.launches:
-        for i in new:
-            t.append(_empty_like(ops[i]))  # operands are contiguous: so are these
+        for i, zero in new:  # operands are contiguous: so are these
+            t.append(torch.zeros_like(ops[i]) if zero else _empty_like(ops[i]))
         nblk = (n + rows - 1) // rows
         launch(nblk, [t[i] for i in args], (n, nblk))
     r = d.res
