@@ -368,3 +368,33 @@ def test_wide_channelwise_backward_variants(partial, prefetch, monkeypatch, tmp_
             assert ("__raw = tl.load(" in src) == (prefetch != "0")
     finally:
         plan_of.cache_clear()
+
+
+def test_channelwise_double_backward_prefetch(monkeypatch, tmp_path):
+    """Channel-wise per-row double backwards in one kernel issue their loads early by default
+    (TPKernels._dbwd_prefetched: nequip-water's shape at 4 channels); mace-large's two-kernel shape
+    (17 paths, wide) does not. Second-order gradients of the prefetched kernel against the reference
+    in fp64 with outputs NaN-poisoned, 13 rows (8 per program: the last program runs past the end)."""
+    from equikernels.catalog import uvu_problem
+    from equikernels.codegen.tp import DBWD_PREFETCH
+    from equikernels.ops import plan_of, spec_of
+    monkeypatch.setenv("EQUIKERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("EQUIKERNELS_POISON", "1")
+    for var in ("EQUIKERNELS_PREFETCH", "EQUIKERNELS_PREFETCH_DBWD", "EQUIKERNELS_DBWD_ONE", "EQUIKERNELS_ROWS_DBWD"):
+        monkeypatch.delenv(var, raising=False)
+    p = TPProblem.create(**uvu_problem("4x0o+4x0e+4x1o+4x1e", "0e+1o", "4x0o+4x0e+4x1o+4x1e"))
+    plan_of.cache_clear()
+    try:
+        kernels = plan_of(spec_of(p, "ir_mul")).kernels
+        assert DBWD_PREFETCH > 0 and kernels._prefetch("dbwd") == DBWD_PREFETCH
+        src = open(kernels.kernel("dbwd", 15, "abc").source_path).read()
+        assert "__raw = tl.load(" in src
+        x, y, w = (t.requires_grad_() for t in _inputs(p, 13, torch.float64, "cpu"))
+        ours = _double_backward(lambda a, b, c: tensor_product(p, a, b, c, layout="ir_mul", backend="triton"), x, y, w)
+        ref = _double_backward(lambda a, b, c: tensor_product(p, a, b, c, layout="ir_mul", backend="reference"), x, y, w)
+        for name, a, b in zip("xyw", ours, ref):
+            assert _rel(a, b) <= 1e-10, f"d/d{name}: {_rel(a, b):.2e}"
+        large = plan_of(spec_of(catalog_problem("mace-large"), "ir_mul")).kernels
+        assert not large._dbwd_one() and large._prefetch("dbwd") == 0
+    finally:
+        plan_of.cache_clear()

@@ -176,6 +176,7 @@ class _Kernel:
 
 
 PREFETCH: Dict[str, int] = {"fwd": 4, "bwd": 4}  # kind -> default of TPKernels._prefetch
+DBWD_PREFETCH = 16  # TPKernels._dbwd_prefetched's double backwards
 L2_AHEAD: Dict[str, int] = {"bwd": 16}  # kind -> default of TPKernels._l2
 
 
@@ -318,7 +319,21 @@ class TPKernels:
         env = os.environ.get(f"EQUIKERNELS_PREFETCH_{kind.upper()}") or os.environ.get("EQUIKERNELS_PREFETCH")
         if env:
             return int(env)
+        if kind == "dbwd":
+            return DBWD_PREFETCH if self._dbwd_prefetched() else 0
         return PREFETCH.get(kind, 0) if wide_channelwise(self.problem) else 0
+
+    def _dbwd_prefetched(self) -> bool:
+        """The channel-wise per-row double backwards that run as one kernel (or one split by
+        first-input segment) wait on their loads (ncu, nequip-water 50k rows: 87 % of stall cycles on
+        the long scoreboard, 63 % of DRAM bandwidth); issuing loads DBWD_PREFETCH loads early keeps
+        more in flight. H200, 50k rows, ms, prefetch 0 / 8 / 16 / 32: nequip-water 0.301 / 0.256 /
+        0.249 / 0.248, nequip-lips 1.111 / 0.913 / 0.921 / 0.890, mace-medium 1.042 / 0.854 / 0.811 /
+        0.823, MACE-MP L2 1.331 / 1.095 / 1.082 / 1.268. mace-large's two kernels are not faster
+        (2.468 -> 2.506 at 16) and keep none (benchmarks/results/session15_20261125)."""
+        p = self.problem
+        return (not p.shared_weights and all(i.mode == "uvu" for i in p.instructions)
+                and not self._weights_dominate() and self._dbwd_one())
 
     def _l2(self, kind: str) -> Optional[int]:
         """Half-precision row operands asked into L2 this many loads ahead (emit.l2_prefetched) in
