@@ -370,17 +370,20 @@ def test_wide_channelwise_backward_variants(partial, prefetch, monkeypatch, tmp_
         plan_of.cache_clear()
 
 
-def test_channelwise_double_backward_prefetch(monkeypatch, tmp_path):
+def test_channelwise_prefetch_defaults(monkeypatch, tmp_path):
     """Channel-wise per-row double backwards in one kernel issue their loads early by default
-    (TPKernels._dbwd_prefetched: nequip-water's shape at 4 channels); mace-large's two-kernel shape
-    (17 paths, wide) does not. Second-order gradients of the prefetched kernel against the reference
-    in fp64 with outputs NaN-poisoned, 13 rows (8 per program: the last program runs past the end)."""
+    (TPKernels._dbwd_prefetched), and so do the forward and backward of narrow ones (NARROW_PREFETCH),
+    here nequip-water's shape at 4 channels; mace-large's two-kernel double backward (17 paths, wide)
+    does not. The prefetched kernels against the reference with outputs NaN-poisoned, 13 rows (8 per
+    program in the double backward: the last program runs past the end): forward and gradients in fp64
+    and fp32, second-order gradients in fp64."""
     from equikernels.catalog import uvu_problem
-    from equikernels.codegen.tp import DBWD_PREFETCH
+    from equikernels.codegen.tp import DBWD_PREFETCH, NARROW_PREFETCH
     from equikernels.ops import plan_of, spec_of
     monkeypatch.setenv("EQUIKERNELS_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("EQUIKERNELS_POISON", "1")
-    for var in ("EQUIKERNELS_PREFETCH", "EQUIKERNELS_PREFETCH_DBWD", "EQUIKERNELS_DBWD_ONE", "EQUIKERNELS_ROWS_DBWD"):
+    for var in ("EQUIKERNELS_PREFETCH", "EQUIKERNELS_PREFETCH_DBWD", "EQUIKERNELS_PREFETCH_FWD", "EQUIKERNELS_PREFETCH_BWD",
+                "EQUIKERNELS_DBWD_ONE", "EQUIKERNELS_ROWS_DBWD"):
         monkeypatch.delenv(var, raising=False)
     p = TPProblem.create(**uvu_problem("4x0o+4x0e+4x1o+4x1e", "0e+1o", "4x0o+4x0e+4x1o+4x1e"))
     plan_of.cache_clear()
@@ -389,6 +392,11 @@ def test_channelwise_double_backward_prefetch(monkeypatch, tmp_path):
         assert DBWD_PREFETCH > 0 and kernels._prefetch("dbwd") == DBWD_PREFETCH
         src = open(kernels.kernel("dbwd", 15, "abc").source_path).read()
         assert "__raw = tl.load(" in src
+        for kind, need in (("fwd", 0), ("bwd", 7)):
+            assert NARROW_PREFETCH > 0 and kernels._prefetch(kind) == NARROW_PREFETCH
+            assert "__raw = tl.load(" in open(kernels.kernel(kind, need).source_path).read()
+        for dtype in (torch.float64, torch.float32):
+            check_against_reference(p, rows=13, dtype=dtype, layout="ir_mul")
         x, y, w = (t.requires_grad_() for t in _inputs(p, 13, torch.float64, "cpu"))
         ours = _double_backward(lambda a, b, c: tensor_product(p, a, b, c, layout="ir_mul", backend="triton"), x, y, w)
         ref = _double_backward(lambda a, b, c: tensor_product(p, a, b, c, layout="ir_mul", backend="reference"), x, y, w)

@@ -177,6 +177,7 @@ class _Kernel:
 
 PREFETCH: Dict[str, int] = {"fwd": 4, "bwd": 4}  # kind -> default of TPKernels._prefetch
 DBWD_PREFETCH = 16  # TPKernels._dbwd_prefetched's double backwards
+NARROW_PREFETCH = 16  # forward and backward of narrow channel-wise products (TPKernels._prefetch)
 L2_AHEAD: Dict[str, int] = {"bwd": 16}  # kind -> default of TPKernels._l2
 
 
@@ -312,6 +313,7 @@ class TPKernels:
 
     def _prefetch(self, kind: str) -> int:
         """Loads issued this many loads early (emit._prefetched) in the forward and backward of
+        channel-wise products (narrow ones: NARROW_PREFETCH; the double backward: _dbwd_prefetched);
         wide channel-wise products (H200, 50k rows, one-warp backward: mace-large bf16 backward
         0.543 ms with 0, 0.505 with 4, 0.534 with 2, 0.547 with 6 and 8; mace-medium 0.195, 0.184,
         0.192, 0.171, 0.171; fp32 within 2 %). EQUIKERNELS_PREFETCH_<KIND> / EQUIKERNELS_PREFETCH
@@ -321,6 +323,12 @@ class TPKernels:
             return int(env)
         if kind == "dbwd":
             return DBWD_PREFETCH if self._dbwd_prefetched() else 0
+        if kind in ("fwd", "bwd") and narrow_channelwise(self.problem):
+            # narrow (<= 32 channels) channel-wise rows are small: 16 loads ahead keeps enough in
+            # flight (H200, 50k rows, GPU ms, 0 / 8 / 16 ahead: nequip-water forward 0.075 / 0.069 /
+            # 0.068, backward 0.106 / 0.093 / 0.092; nequip-lips forward 0.328 / 0.260 / 0.256,
+            # backward 0.431 / 0.364 / 0.316; benchmarks/results/session15_20261125, call 7)
+            return NARROW_PREFETCH
         return PREFETCH.get(kind, 0) if wide_channelwise(self.problem) else 0
 
     def _dbwd_prefetched(self) -> bool:
