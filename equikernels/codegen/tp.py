@@ -314,10 +314,10 @@ class TPKernels:
     def _prefetch(self, kind: str) -> int:
         """Loads issued this many loads early (emit._prefetched): in the double backward of
         channel-wise products (_dbwd_prefetched), the forward and backward of narrow ones
-        (NARROW_PREFETCH) and those of wide ones (PREFETCH; H200, 50k rows, one-warp backward: mace-large bf16 backward
-        0.543 ms with 0, 0.505 with 4, 0.534 with 2, 0.547 with 6 and 8; mace-medium 0.195, 0.184,
-        0.192, 0.171, 0.171; fp32 within 2 %). EQUIKERNELS_PREFETCH_<KIND> / EQUIKERNELS_PREFETCH
-        override."""
+        (NARROW_PREFETCH) and those of wide ones (PREFETCH; H200, 50k rows, one-warp backward:
+        mace-large bf16 backward 0.543 ms with 0, 0.505 with 4, 0.534 with 2, 0.547 with 6 and 8;
+        mace-medium 0.195, 0.184, 0.192, 0.171, 0.171; fp32 within 2 %).
+        EQUIKERNELS_PREFETCH_<KIND> / EQUIKERNELS_PREFETCH override."""
         env = os.environ.get(f"EQUIKERNELS_PREFETCH_{kind.upper()}") or os.environ.get("EQUIKERNELS_PREFETCH")
         if env:
             return int(env)
