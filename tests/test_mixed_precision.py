@@ -6,6 +6,8 @@ accumulation): relative error ||a - ref|| / ||ref|| at most TOL[dtype]. Outputs 
 before the kernels run. On CPU the Triton kernels run in the interpreter, which cannot execute
 bfloat16 code: interpreter tests use float16, bfloat16 runs on the reference path (and on the GPU).
 """
+import os
+
 import pytest
 import torch
 
@@ -323,6 +325,18 @@ def test_modules_half_features_float32_parameters(dt):
                                          backend="reference", output_dtype=torch.float32)
     src, dst = torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 0])
     assert conv(x, y, src=src, dst=dst).dtype == torch.float32
+
+
+# --- interpreter: every standard problem's kernels in fp16 (bf16 does not run there) --------------------
+@pytest.mark.parametrize("name", list(standard_problems()))
+def test_standard_problems_fp16_interpreter(name):
+    """The generated forward and backward of every standard problem (and nequip-water's double backward)
+    with fp16 operands under the Triton interpreter, against the float64 reference, outputs NaN-poisoned;
+    3 rows. On a GPU, test_standard_problems_gpu_half compiles them (both half types, 1000 rows)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("interpreter only (the GPU has test_standard_problems_gpu_half)")
+    check_all_orders(catalog_problem(name), 3, [torch.float16] * 3, layout="mul_ir", device="cpu",
+                     second_order=name == "nequip-water")
 
 
 # --- GPU: every standard problem, both half types, and the convolution ---------------------------------
