@@ -51,11 +51,15 @@ def weights_dominate(problem) -> bool:
     return not problem.shared_weights and problem.weight_numel > 4 * problem.dim_out
 
 
+def channelwise_rows(problem) -> bool:
+    """Channel-wise (uvu) products with per-row weights: MACE's and NequIP's convolution products."""
+    return not problem.shared_weights and all(i.mode == "uvu" for i in problem.instructions)
+
+
 def narrow_channelwise(problem) -> bool:
     """Channel-wise (uvu) products with per-row weights and at most 32 channels per block: one
     element per thread at 4 rows, latency-bound in the double backward (nequip-lips)."""
-    return (not problem.shared_weights and all(i.mode == "uvu" for i in problem.instructions)
-            and max(m for m, _, _ in problem.irreps_in1) <= 32)
+    return channelwise_rows(problem) and max(m for m, _, _ in problem.irreps_in1) <= 32
 
 
 def wide_channelwise(problem) -> bool:
@@ -65,8 +69,7 @@ def wide_channelwise(problem) -> bool:
     ahead of their loads (TPKernels._partial_sums, _prefetch, _l2, default_config; H200, session
     12: mace-large backward fp32 0.806 -> 0.750 ms, bf16 0.550 -> 0.505; mace-medium 0.333 ->
     0.304, 0.217 -> 0.183; session 13, L2: bf16 mace-large 0.505 -> 0.459, mace-medium -> 0.164)."""
-    return (not problem.shared_weights and all(i.mode == "uvu" for i in problem.instructions)
-            and min(m for m, _, _ in problem.irreps_in1) >= 128)
+    return channelwise_rows(problem) and min(m for m, _, _ in problem.irreps_in1) >= 128
 
 
 def default_config(kind: str, dtype: torch.dtype, problem=None) -> LaunchConfig:
@@ -339,9 +342,7 @@ class TPKernels:
         0.249 / 0.248, nequip-lips 1.111 / 0.913 / 0.921 / 0.890, mace-medium 1.042 / 0.854 / 0.811 /
         0.823, MACE-MP L2 1.331 / 1.095 / 1.082 / 1.268. mace-large's two kernels are not faster
         (2.468 -> 2.506 at 16) and keep none (benchmarks/results/session15_20261125)."""
-        p = self.problem
-        return (not p.shared_weights and all(i.mode == "uvu" for i in p.instructions)
-                and not self._weights_dominate() and self._dbwd_one())
+        return channelwise_rows(self.problem) and not self._weights_dominate() and self._dbwd_one()
 
     def _l2(self, kind: str) -> Optional[int]:
         """Half-precision row operands asked into L2 this many loads ahead (emit.l2_prefetched) in

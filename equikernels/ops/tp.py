@@ -397,8 +397,7 @@ def _direct_problem(problem) -> bool:
     paths: shared weights are reduced over rows, uvw products may split the weight gradient off or
     take uvw_rows' kernels."""
     from ..codegen import tp as ct  # noqa: PLC0415 - Triton is optional
-    return not (problem.shared_weights or ct.weights_dominate(problem)
-                or any(i.mode != "uvu" for i in problem.instructions))
+    return ct.channelwise_rows(problem) and not ct.weights_dominate(problem)
 
 
 def _plain_kernel(k) -> bool:
@@ -410,12 +409,10 @@ def _plain_kernel(k) -> bool:
 
 def _set_parts(k) -> Optional[list]:
     """The kernels of a _KernelSet (a product split over kernels launched in sequence; outputs two
-    parts write are zero-filled and added into) when they are plain kernels without row partials,
-    else None."""
+    parts write are zero-filled and added into) without row partials (its meta's reduce_rows is
+    every part's), else None."""
     from ..codegen import tp as ct  # noqa: PLC0415
-    if not isinstance(k, ct._KernelSet) or k.meta.reduce_rows:
-        return None
-    return k.parts if all(isinstance(q, ct._Kernel) and not q.meta.reduce_rows for q in k.parts) else None
+    return k.parts if isinstance(k, ct._KernelSet) and not k.meta.reduce_rows else None
 
 
 def _pinned_launch(kernels, kind: str, k, math: torch.dtype, min_rows: int = 0):
