@@ -15,6 +15,13 @@ triton = pytest.importorskip("triton")
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
+@pytest.fixture(autouse=True)
+def _python_node(monkeypatch):
+    """These tests count the Python direct paths' calls: the C++ node (tests/test_native_node.py) off."""
+    from equikernels.ops import native
+    monkeypatch.setattr(native, "MODE", "0")
+
+
 def _triton_spec(arg):
     """Triton's specialisation of one non-constexpr argument (what JITFunction.run keys on)."""
     from triton._C.libtriton import native_specialize_impl
@@ -397,7 +404,7 @@ class _Launcher:
         compiled = _Compiled()
         key = launch.spec_key(tensors, ints, consts, num_warps, num_stages)
         self.hits[(launch._device(), launch._RT.debug, launch._CT.instrumentation_mode, key)] = \
-            (compiled.run, compiled.function, compiled.packed_metadata)
+            (compiled.run, compiled.function, compiled.packed_metadata, compiled)
         self.compiled = compiled
 
 

@@ -50,10 +50,15 @@ _CT = _knobs.compilation if _knobs is not None else None
 _device = _stream = None  # the functions Triton itself asks (bound on the first fast launch)
 
 
+LISTENERS: list = []  # called with the new setting (ops.native's C++ launches follow this switch)
+
+
 def set_enabled(on: bool) -> bool:
     """Turn the fast path on or off for this process; returns the previous setting."""
     global ENABLED
     old, ENABLED = ENABLED, bool(on)
+    for f in LISTENERS:
+        f(ENABLED)
     return old
 
 
@@ -133,7 +138,7 @@ class FastLaunch:
         self.fn = fn
         self.cap_fp32 = cap_fp32
         self.fast = _JIT is not None and isinstance(fn, _JIT)
-        self.hits: Dict[tuple, tuple] = {}  # key -> (launcher, CUfunction, packed metadata)
+        self.hits: Dict[tuple, tuple] = {}  # key -> (launcher, CUfunction, packed metadata, CompiledKernel)
 
     def __call__(self, grid, tensors: Sequence, ints: Sequence, consts: tuple, num_warps: int, num_stages: int):
         if not (ENABLED and self.fast) or _hooked():
@@ -148,7 +153,7 @@ class FastLaunch:
         key = (_device(), _RT.debug, _CT.instrumentation_mode, key)
         hit = self.hits.get(key)
         if hit is not None:
-            run, function, meta = hit
+            run, function, meta, _ = hit
             g1 = grid[1] if len(grid) > 1 else 1
             g2 = grid[2] if len(grid) > 2 else 1
             # the launcher takes every parameter (constexprs too, it skips them); no launch hooks
@@ -166,7 +171,7 @@ class FastLaunch:
                 build.run  # noqa: B018 - loads the module now (sets n_spills), not on the first timed launch
                 if getattr(build, "n_spills", SPILL_LIMIT + 1) <= SPILL_LIMIT:
                     compiled = build
-            self.hits[key] = (compiled.run, compiled.function, compiled.packed_metadata)
+            self.hits[key] = (compiled.run, compiled.function, compiled.packed_metadata, compiled)
 
 
 class Pinned:
@@ -199,7 +204,7 @@ class Pinned:
                 key = (dev, _RT.debug, _CT.instrumentation_mode, tuple([int_class(v) for v in ints]))
                 hit = self.hits.get(key)
                 if hit is not None:
-                    run, function, meta = hit
+                    run, function, meta, _ = hit
                     run(grid0, 1, 1, _stream(dev), function, meta, None, None, None, *ptrs, *ints, *self.consts)
                     return
                 fl((grid0,), tensors, ints, self.consts, self.num_warps, self.num_stages)

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from .. import reference
+from . import native
 from ..ir import Table, double_backward_tables, grad_table, tp_table
 from ..problem import TPProblem, problem_from_spec
 
@@ -220,17 +221,22 @@ def _cot(t: Optional[Tensor], wanted: bool) -> Optional[Tensor]:
 
 
 def _bwd_backward(ctx, ga, gb, gc):
-    """Trilinear identity: S = <g, T(a,y,w) + T(x,b,w) + T(x,y,c)>, (a,b,c) the cotangents.
+    x, y, w, g = ctx.saved_tensors
+    cn = ctx.need
+    a, b, c = _cot(ga, cn & NEED_X), _cot(gb, cn & NEED_Y), _cot(gc, cn & NEED_W)
+    nx, ny, nw, ng = ctx.needs_input_grad[:4]
+    return _double_backward(x, y, w, g, a, b, c, ctx.spec, ctx.backend, ctx.math, nx, ny, nw, ng) \
+        + (None, None, None, None)
+
+
+def _double_backward(x, y, w, g, a, b, c, spec, be, m, nx, ny, nw, ng):
+    """Trilinear identity: S = <g, T(a,y,w) + T(x,b,w) + T(x,y,c)>, (a,b,c) the cotangents (None:
+    absent). (dx, dy, dw, dg), None for those not asked for (nx ... ng).
 
     When no higher derivative is being recorded (the usual force-training step) one fused op
     computes all four results; otherwise the same identity is composed from tp_fwd / tp_bwd, which
     are differentiable themselves, so any order works.
     """
-    x, y, w, g = ctx.saved_tensors
-    spec, be, m = ctx.spec, ctx.backend, ctx.math
-    cn = ctx.need
-    a, b, c = _cot(ga, cn & NEED_X), _cot(gb, cn & NEED_Y), _cot(gc, cn & NEED_W)
-    nx, ny, nw, ng = ctx.needs_input_grad[:4]
     if not torch.is_grad_enabled():
         # plain arithmetic, not generators: this runs once per force-training step and is host time
         need = nx + 2 * ny + 4 * nw + 8 * ng
@@ -242,7 +248,7 @@ def _bwd_backward(ctx, ga, gb, gc):
             e = x.new_empty(0) if len(have) < 3 else None  # placeholder for a missing cotangent
             res = dbwd(x, y, w, g, a if a is not None else e, b if b is not None else e,
                        c if c is not None else e, spec, be, have, need, m)
-        return tuple(r if n else None for r, n in zip(res, (nx, ny, nw, ng))) + (None, None, None, None)
+        return tuple(r if n else None for r, n in zip(res, (nx, ny, nw, ng)))
     dx = dy = dw = dg = None
 
     def acc(old, new):
@@ -266,7 +272,7 @@ def _bwd_backward(ctx, ga, gb, gc):
         dw = acc(dw, rw) if nw else dw
     if ng and dg is None:
         dg = torch.zeros_like(g)
-    return dx, dy, dw, dg, None, None, None, None
+    return dx, dy, dw, dg
 
 
 tp_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup)
@@ -567,6 +573,46 @@ def _dbwd_direct(x: Tensor, y: Tensor, w: Tensor, g: Tensor, a: Optional[Tensor]
                  for j, o in zip(r, ops))
 
 
+# --- the backward as a C++ autograd node (ops/native.py) ---------------------------------------------
+# Under create_graph the backward's node is C++: its backward (the double backward) launches the
+# direct path's kernels without Python, else calls _native_fallback. One entry per (problem, need,
+# dtypes, math_dtype), kept for the process.
+_NATIVE_ENTRIES: dict = {}
+
+
+def _native_fallback(spec, be, m, cn, box):
+    def fallback(x, y, w, g, a, b, c, need):
+        res = _double_backward(x, y, w, g, a, b, c, spec, be, m, need & 1, need >> 1 & 1, need >> 2 & 1,
+                               need >> 3 & 1)
+        if not torch.is_grad_enabled() and FAST_BWD and x.is_cuda:  # hand the C++ node what just ran
+            have = ("a" if a is not None else "") + ("b" if b is not None else "") + ("c" if c is not None else "")
+            key = (spec, have, need, x.dtype, y.dtype, w.dtype, g.dtype, a.dtype if a is not None else None,
+                   b.dtype if b is not None else None, c.dtype if c is not None else None, m)
+            d = _DBWD_DIRECT.get(key)
+            if d:
+                hb = (a is not None) | (b is not None) << 1 | (c is not None) << 2
+                native.register(box[0], hb, need, d, x.shape[0])
+        return res
+    return fallback
+
+
+def _bwd_native(x, y, w, g, spec, backend, need, math_dtype):
+    """bwd under create_graph with a C++ node recording it (same results as _Bwd.apply)."""
+    key = (spec, backend, need, x.dtype, y.dtype, w.dtype, g.dtype, math_dtype)
+    entry = _NATIVE_ENTRIES.get(key)
+    if entry is None:
+        box = []  # the fallback registers recipes on its own entry
+        entry = native._ext.make_entry(need, _native_fallback(spec, backend, math_dtype, need, box))
+        box.append(entry)
+        _NATIVE_ENTRIES[key] = entry
+    with torch.no_grad():
+        res = _bwd_direct(x, y, w, g, spec, need, math_dtype) if x.is_cuda else None
+        if res is None:
+            res = _bwd_impl(x, y, w, g, spec, backend, need, math_dtype)
+    gx, gy, gw = (r if need & bit else None for r, bit in zip(res, (NEED_X, NEED_Y, NEED_W)))
+    return native._ext.attach(entry, x, y, w, g, gx, gy, gw)
+
+
 def fwd(x, y, w, spec, backend, math_dtype=None, out_dtype=None):
     if _eager(x, y, w):
         # the eager path skips the dispatcher, so it applies tp_fwd's autocast rule itself
@@ -578,6 +624,8 @@ def bwd(x, y, w, g, spec, backend, need, math_dtype=None):
     if _eager(x, y, w, g):
         if not torch.is_grad_enabled():  # a plain backward: nothing to record, skip Function.apply
             return _bwd_impl(x, y, w, g, spec, backend, need, math_dtype)
+        if FAST_BWD and backend == "triton" and native.wanted(x):
+            return _bwd_native(x, y, w, g, spec, backend, need, math_dtype)
         return _Bwd.apply(x, y, w, g, spec, backend, need, math_dtype)
     return tp_bwd(x, y, w, g, spec, backend, need, math_dtype)
 

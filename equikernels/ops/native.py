@@ -1,0 +1,171 @@
+"""The C++ autograd node of the eager backward (``csrc/tp_node.cpp``): build, load, recipes.
+
+Under create_graph (force training) the backward of a tensor product is itself recorded, and its
+node's backward is the fused double backward. As a Python node (``ops.tp._Bwd``) that costs the GIL
+on the autograd engine's device thread plus Triton's Python launch: on the lent H200 ~40 us more host
+time per call than OpenEquivariance's C++ node, which decided nequip-water's host-bound cell (issue 4).
+The C++ node launches the kernels ``ops.tp``'s direct double backward would, from recipes this module
+hands it, and calls back into Python for anything else.
+
+The extension is compiled once per machine (g++ against the installed torch, ~30 s), cached under
+``codegen.cache.cache_dir()/native`` by a hash of its source, torch and Python; no ninja needed.
+``EQUIKERNELS_NATIVE``: ``auto`` (default: CUDA tensors), ``1`` (every device: the CPU tests, where
+every call takes the Python fallback), ``0`` (off). A failed build warns once and leaves the Python
+node in use. Triton's launch hooks (proton) do not see the C++ node's launches (CUDA profilers do):
+profile Triton-side with EQUIKERNELS_NATIVE=0.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+log = logging.getLogger(__name__)
+
+MODE = os.environ.get("EQUIKERNELS_NATIVE", "auto")
+NAME = "_ek_tp_node"
+SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "tp_node.cpp"
+_ext = None
+_failed: Optional[str] = None
+_SENT: set = set()  # (entry id, have, need) whose plan the extension has
+
+
+def build_command(src: Path, out: Path) -> list:
+    """The g++ command line: torch's and Python's headers, linked against torch's libraries."""
+    tdir = Path(torch.__file__).resolve().parent
+    abi = int(torch.compiled_with_cxx11_abi())
+    return [os.environ.get("CXX", "g++"), "-O2", "-shared", "-fPIC", "-std=c++17", "-w",
+            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-DTORCH_EXTENSION_NAME={NAME}",
+            f"-I{tdir / 'include'}", f"-I{tdir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+            "-I" + sysconfig.get_paths()["include"], str(src), f"-L{tdir / 'lib'}", "-lc10", "-ltorch",
+            "-ltorch_cpu", "-ltorch_python", "-ldl", f"-Wl,-rpath,{tdir / 'lib'}", "-o", str(out)]
+
+
+def library_path() -> Path:
+    from ..codegen.cache import cache_dir  # noqa: PLC0415
+    h = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), torch.__version__.encode(), sys.version.encode(),
+                 str(torch.compiled_with_cxx11_abi()).encode(), os.environ.get("CXX", "g++").encode()):
+        h.update(part)
+    return cache_dir() / "native" / h.hexdigest()[:20] / (NAME + sysconfig.get_config_var("EXT_SUFFIX"))
+
+
+def load():
+    """The extension module (built first if needed), or None where it cannot be built (warned once)."""
+    global _ext, _failed
+    if _ext is not None or _failed is not None:
+        return _ext
+    try:
+        path = library_path()
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
+            os.close(fd)
+            log.info("equikernels: compiling the native autograd node (once per machine, ~30 s)")
+            r = subprocess.run(build_command(SOURCE, Path(tmp)), capture_output=True, text=True, timeout=900)
+            if r.returncode != 0:
+                os.unlink(tmp)
+                raise RuntimeError(f"g++ exited with {r.returncode}: {r.stderr[-1500:]}")
+            os.replace(tmp, path)  # atomic: a concurrent process sees no half-written library
+        spec = importlib.util.spec_from_file_location(NAME, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        from ..codegen import launch  # noqa: PLC0415
+        mod.set_enabled(launch.ENABLED)
+        launch.LISTENERS.append(mod.set_enabled)
+        _ext = mod
+    except Exception as e:  # noqa: BLE001 - any failure leaves the Python node in use
+        _failed = f"{type(e).__name__}: {e}"
+        warnings.warn(f"equikernels: the native autograd node could not be built ({_failed}); the Python "
+                      "node is used instead (set EQUIKERNELS_NATIVE=0 to skip the attempt)", RuntimeWarning,
+                      stacklevel=2)
+    return _ext
+
+
+def wanted(x: torch.Tensor) -> bool:
+    """Use the C++ node for this call (builds it the first time)."""
+    if MODE == "0" or _failed is not None or not (x.is_cuda or MODE == "1"):
+        return False
+    return _ext is not None or load() is not None
+
+
+def set_enabled(on: bool) -> None:
+    """Native launches on or off (launch.set_enabled calls this: off means Triton's own launch path)."""
+    if _ext is not None:
+        _ext.set_enabled(bool(on))
+
+
+def counts():
+    """(double backwards launched natively, fallbacks to Python) since the last reset_counts."""
+    return tuple(_ext.counts()) if _ext is not None else (0, 0)
+
+
+def reset_counts() -> None:
+    if _ext is not None:
+        _ext.reset_counts()
+
+
+def kernel_kinds(fn, compiled) -> Optional[str]:
+    """The launch ABI of a compiled Triton kernel, one letter per parameter of ``fn``: 'p' pointer,
+    'i' int32, 'l' int64, 'c' constexpr (not passed). None where the C++ launch cannot do it (scratch
+    memory, clusters, programmatic launch, other parameter types)."""
+    md = compiled.metadata
+    if (getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0)
+            or getattr(md, "launch_pdl", False) or getattr(md, "launch_cooperative_grid", False)
+            or getattr(md, "num_ctas", 1) != 1):
+        return None
+    sig = getattr(compiled.src, "signature", None)
+    if not isinstance(sig, dict):
+        return None
+    kinds = []
+    for name in fn.arg_names:
+        ty = sig.get(name)
+        if ty == "constexpr":
+            kinds.append("c")
+        elif isinstance(ty, str) and ty.startswith("*"):
+            kinds.append("p")
+        elif ty in ("i32", "i64"):
+            kinds.append("i" if ty == "i32" else "l")
+        else:
+            return None
+    return "".join(kinds)
+
+
+def register(entry, have: int, need: int, plan, rows_n: int) -> None:
+    """Hands the C++ node ``plan`` (an ops.tp._DbwdDirect that just ran for (have, need) on ``rows_n``
+    rows), with every kernel Triton has compiled for this row count's int classes."""
+    from ..codegen import launch  # noqa: PLC0415
+    if not launch.ENABLED or launch._device is None:  # Triton's own path: no compiled kernels kept
+        return
+    ext = _ext
+    res = [r if r >= 0 else -1 for r in plan.res]
+    sent = (id(entry), have, need)  # entries live as long as the process: ids are not reused
+    if sent not in _SENT:
+        ext.add_plan(entry, have, need, [(rows, list(args), [(int(i), bool(z)) for i, z in allocs])
+                                         for _, rows, args, allocs in plan.launches], res)
+        _SENT.add(sent)
+    dev = launch._device()
+    for k, (pinned, rows, _, _) in enumerate(plan.launches):
+        nblk = (rows_n + rows - 1) // rows
+        classes = (launch.int_class(rows_n), launch.int_class(nblk))
+        key = classes[0] | (classes[1] << 4) | (dev << 8)  # as tp_node.cpp's run_native
+        if ext.has_variant(entry, have, need, k, key):
+            continue
+        hit = pinned.hits.get((dev, launch._RT.debug, launch._CT.instrumentation_mode, classes))
+        if hit is None or len(hit) < 4:
+            continue
+        _, function, meta, compiled = hit
+        kinds = kernel_kinds(pinned.launcher.fn, compiled)
+        if kinds is None:
+            continue
+        ext.add_variant(entry, have, need, k, key, int(function), int(meta[0]), int(meta[2]), kinds)
