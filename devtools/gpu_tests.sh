@@ -25,6 +25,7 @@ run tests/test_mixed_precision.py -k "conv or (standard_problems and not benzene
 run tests/test_graphed.py tests/test_calculator_gpu.py tests/test_mace_model.py &
 run tests/test_nn_modules.py tests/test_errors.py tests/test_autograd.py tests/test_compile.py tests/test_convert.py &
 run tests/test_fast_launch.py tests/test_uvw_rows.py tests/test_conv_loops.py tests/test_tune.py &
+run tests/test_native_node.py &
 run tests/test_radial_conv.py tests/test_radial_mlp.py tests/test_mace_mixed.py &
 run tests/test_mace_chunked.py &  # not in the list before session 10 (6 tests)
 [ "${SKIP_BENZENE:-0}" = 1 ] || run tests/test_mixed_precision.py -k "standard_problems and benzene" &  # 2 tests, likewise

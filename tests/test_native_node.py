@@ -19,6 +19,9 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the interpreter, ev
 
 @pytest.fixture
 def mode(monkeypatch):
+    if native.load() is None:  # g++ without torch's or Python's headers, say (the reason was warned)
+        pytest.skip(f"the node does not build here: {native._failed}")
+
     def set_mode(m):
         monkeypatch.setattr(native, "MODE", m)
     set_mode("1")
@@ -106,17 +109,16 @@ def test_node_frees_its_graph(mode):
         assert ops_tp.bwd(x, y, w, out, ops_tp.spec_of(p, "ir_mul"), "triton", 7)[0].grad_fn is None
 
 
-def test_build_failure_warns_and_uses_python_node(mode, monkeypatch):
+def test_build_failure_warns_and_uses_python_node(mode, monkeypatch, tmp_path):
     monkeypatch.setattr(native, "_ext", None)
     monkeypatch.setattr(native, "_failed", None)
     monkeypatch.setattr(native, "build_command", lambda src, out: ["false"])
-    monkeypatch.setattr(native, "library_path", lambda: native.SOURCE.parent / "nowhere" / "x.so")
+    monkeypatch.setattr(native, "library_path", lambda: tmp_path / "x.so")
     p = problem("nequip-water")
     x, y, w = _inputs(p, 1)
     with pytest.warns(RuntimeWarning, match="native autograd node could not be built"):
         got, name = _second_order(p, x, y, w)
     assert name != NODE and native._failed is not None
-    shutil.rmtree(native.SOURCE.parent / "nowhere", ignore_errors=True)
 
 
 def test_kernel_kinds():
