@@ -286,12 +286,7 @@ void add_plan(const std::shared_ptr<Entry>& e, int have, int need, const std::ve
     p->launches.push_back(std::move(L));
   }
   for (int i = 0; i < 4; ++i) p->res[i] = res[i];
-  std::lock_guard<std::mutex> lock(e->mu);
-  auto it = e->plans.find(have | (need << 3));
-  if (it != e->plans.end()) {  // keep the variants already known
-    for (size_t k = 0; k < p->launches.size() && k < it->second->launches.size(); ++k)
-      p->launches[k].variants = it->second->launches[k].variants;
-  }
+  std::lock_guard<std::mutex> lock(e->mu);  // sent once per (have, need): ops/native.py's _SENT
   e->plans[have | (need << 3)] = p;
 }
 

@@ -229,6 +229,11 @@ def _bwd_backward(ctx, ga, gb, gc):
         + (None, None, None, None)
 
 
+def _have(a, b, c) -> str:
+    """The cotangents present, as dbwd's ``have``."""
+    return ("a" if a is not None else "") + ("b" if b is not None else "") + ("c" if c is not None else "")
+
+
 def _double_backward(x, y, w, g, a, b, c, spec, be, m, nx, ny, nw, ng):
     """Trilinear identity: S = <g, T(a,y,w) + T(x,b,w) + T(x,y,c)>, (a,b,c) the cotangents (None:
     absent). (dx, dy, dw, dg), None for those not asked for (nx ... ng).
@@ -240,7 +245,7 @@ def _double_backward(x, y, w, g, a, b, c, spec, be, m, nx, ny, nw, ng):
     if not torch.is_grad_enabled():
         # plain arithmetic, not generators: this runs once per force-training step and is host time
         need = nx + 2 * ny + 4 * nw + 8 * ng
-        have = ("a" if a is not None else "") + ("b" if b is not None else "") + ("c" if c is not None else "")
+        have = _have(a, b, c)
         res = None
         if FAST_BWD and be == "triton" and _eager(x, y, w, g, a, b, c):
             res = _dbwd_direct(x, y, w, g, a, b, c, spec, have, need, m)
@@ -544,6 +549,12 @@ def _dbwd_direct_plan(spec: str, have: str, need: int, x, y, w, g, a, b, c, math
     return _DbwdDirect(tuple(launches), res)
 
 
+def _dbwd_key(x, y, w, g, a, b, c, spec, have, need, math_dtype) -> tuple:
+    """_DBWD_DIRECT's key: the recipe depends on these only."""
+    return (spec, have, need, x.dtype, y.dtype, w.dtype, g.dtype, a.dtype if a is not None else None,
+            b.dtype if b is not None else None, c.dtype if c is not None else None, math_dtype)
+
+
 def _dbwd_direct(x: Tensor, y: Tensor, w: Tensor, g: Tensor, a: Optional[Tensor], b: Optional[Tensor],
                  c: Optional[Tensor], spec: str, have: str, need: int, math_dtype: Optional[torch.dtype]):
     """(dx, dy, dw, dg) as _dbwd_impl computes them (zeros for a result no term contributes to, an
@@ -551,8 +562,7 @@ def _dbwd_direct(x: Tensor, y: Tensor, w: Tensor, g: Tensor, a: Optional[Tensor]
     cotangents, None where absent (``have`` names the others)."""
     if x.dim() != 2 or not need or _env_tuning_or_poison():
         return None
-    key = (spec, have, need, x.dtype, y.dtype, w.dtype, g.dtype, a.dtype if a is not None else None,
-           b.dtype if b is not None else None, c.dtype if c is not None else None, math_dtype)
+    key = _dbwd_key(x, y, w, g, a, b, c, spec, have, need, math_dtype)
     d = _DBWD_DIRECT.get(key, False)
     if d is False:
         d = _DBWD_DIRECT[key] = _dbwd_direct_plan(spec, have, need, x, y, w, g, a, b, c, math_dtype)
@@ -580,18 +590,19 @@ def _dbwd_direct(x: Tensor, y: Tensor, w: Tensor, g: Tensor, a: Optional[Tensor]
 _NATIVE_ENTRIES: dict = {}
 
 
-def _native_fallback(spec, be, m, cn, box):
+def _native_fallback(key):
+    """The double backward for the C++ node of entry ``key`` where it has no recipe; a direct-path
+    recipe that just ran is handed to the node."""
+    spec, be, m = key[0], key[1], key[-1]
+
     def fallback(x, y, w, g, a, b, c, need):
         res = _double_backward(x, y, w, g, a, b, c, spec, be, m, need & 1, need >> 1 & 1, need >> 2 & 1,
                                need >> 3 & 1)
-        if not torch.is_grad_enabled() and FAST_BWD and x.is_cuda:  # hand the C++ node what just ran
-            have = ("a" if a is not None else "") + ("b" if b is not None else "") + ("c" if c is not None else "")
-            key = (spec, have, need, x.dtype, y.dtype, w.dtype, g.dtype, a.dtype if a is not None else None,
-                   b.dtype if b is not None else None, c.dtype if c is not None else None, m)
-            d = _DBWD_DIRECT.get(key)
+        if not torch.is_grad_enabled() and FAST_BWD and x.is_cuda:
+            d = _DBWD_DIRECT.get(_dbwd_key(x, y, w, g, a, b, c, spec, _have(a, b, c), need, m))
             if d:
                 hb = (a is not None) | (b is not None) << 1 | (c is not None) << 2
-                native.register(box[0], hb, need, d, x.shape[0])
+                native.register(_NATIVE_ENTRIES[key], hb, need, d, x.shape[0])
         return res
     return fallback
 
@@ -601,12 +612,9 @@ def _bwd_native(x, y, w, g, spec, backend, need, math_dtype):
     key = (spec, backend, need, x.dtype, y.dtype, w.dtype, g.dtype, math_dtype)
     entry = _NATIVE_ENTRIES.get(key)
     if entry is None:
-        box = []  # the fallback registers recipes on its own entry
-        entry = native._ext.make_entry(need, _native_fallback(spec, backend, math_dtype, need, box))
-        box.append(entry)
-        _NATIVE_ENTRIES[key] = entry
+        entry = _NATIVE_ENTRIES[key] = native._ext.make_entry(need, _native_fallback(key))
     with torch.no_grad():
-        res = _bwd_direct(x, y, w, g, spec, need, math_dtype) if x.is_cuda else None
+        res = _bwd_direct(x, y, w, g, spec, need, math_dtype)
         if res is None:
             res = _bwd_impl(x, y, w, g, spec, backend, need, math_dtype)
     gx, gy, gw = (r if need & bit else None for r, bit in zip(res, (NEED_X, NEED_Y, NEED_W)))
