@@ -21,7 +21,7 @@ def register(subparsers) -> None:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from .io import load, save  # noqa: PLC0415 (keeps `equikernels --help` light)
+    from ..models.io import load, save  # noqa: PLC0415 (keeps `equikernels --help` light)
 
     model = load(args.input, device="cpu", dtype=DTYPES[args.dtype] if args.dtype else None)
     save(model, args.output)

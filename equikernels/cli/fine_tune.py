@@ -67,7 +67,7 @@ def register(subparsers) -> None:
 def config_from_args(args: argparse.Namespace):
     import yaml
 
-    from .config import TrainConfig, load_yaml
+    from ..training.config import TrainConfig, load_yaml
 
     values = load_yaml(args.config) if args.config else {}
     for flag, name in _SIMPLE.items():
@@ -98,7 +98,7 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import fine_tune
+    from ..training import fine_tune
 
     import torch.distributed as dist
 

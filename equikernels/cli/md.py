@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .md import BUILTIN_STRUCTURES, ENSEMBLES, MDSettings
+from ..calculators.md import BUILTIN_STRUCTURES, ENSEMBLES, MDSettings
 
 
 def register(subparsers) -> None:
@@ -39,7 +39,7 @@ def register(subparsers) -> None:
 
 
 def load_structure(spec):
-    from .md import builtin_structure
+    from ..calculators.md import builtin_structure
 
     if spec is None:
         return builtin_structure("cu-fcc")
@@ -53,9 +53,9 @@ def load_structure(spec):
 
 
 def run(args: argparse.Namespace) -> int:
-    from .calculator import MACECalculator
-    from .md import run_md
-    from .neighbors import DEFAULT_SKIN
+    from ..calculators.calculator import MACECalculator
+    from ..calculators.md import run_md
+    from ..calculators.neighbors import DEFAULT_SKIN
 
     atoms = load_structure(args.structure)
     if args.supercell:

@@ -1,0 +1,69 @@
+"""The ``equikernels`` command line: one module per sub-command, each with ``register(subparsers)``.
+
+Errors a user can cause (bad files, arguments, devices) end in one line on stderr and exit status 2;
+``--debug`` (or ``EQUIKERNELS_DEBUG=1``) shows the traceback instead.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from typing import List, Optional
+
+# sub-command modules, in the order `equikernels --help` lists them
+COMMAND_MODULES = (
+    "equikernels.cli.md",           # md
+    "equikernels.cli.fine_tune",    # fine-tune
+    "equikernels.cli.convert",      # convert
+    "equikernels.cli.tune",         # tune
+)
+
+# exceptions that describe bad input rather than a bug; their message is the whole story
+USER_ERRORS = (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError, KeyError,
+               TypeError, RuntimeError, OSError, ImportError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    parser = argparse.ArgumentParser(prog="equikernels",
+                                     description="Fast e3nn-compatible equivariant kernels, MACE, MD and fine-tuning.")
+    parser.add_argument("--version", action="version", version=f"equikernels {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def _debug_requested(args: Optional[argparse.Namespace]) -> bool:
+    return bool(getattr(args, "debug", False)) or os.environ.get("EQUIKERNELS_DEBUG", "") not in ("", "0")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        if _debug_requested(args):
+            raise
+        print(f"equikernels {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except USER_ERRORS as exc:
+        if _debug_requested(args):
+            raise
+        msg = str(exc) or type(exc).__name__
+        if isinstance(exc, KeyError):
+            msg = f"missing key {exc}"
+        first = msg.strip().splitlines()[0] if msg.strip() else type(exc).__name__
+        print(f"equikernels {args.command}: error: {first} (run with --debug for the traceback)", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
