@@ -13,7 +13,8 @@ from equikernels.models import atoms_list_to_data
 from equikernels.models import blocks as model_blocks
 from equikernels.models import chunked
 from equikernels.models.builder import mace_config, random_model
-from equikernels.models.chunked import (AUTO_CHUNK_BYTES, AUTO_CHUNK_THRESHOLD_BYTES, EDGE_CHUNK_ENV, chunk_plan,
+from equikernels.models import chunked
+from equikernels.models.chunked import (CHUNK_FRACTION, EDGE_CHUNK_ENV, MEMORY_MARGIN, STEP_BYTES_PER_WEIGHT_BYTE, chunk_plan,
                                         resolve_edge_chunk, set_edge_chunk)
 
 ZS = (1, 6, 8)
@@ -240,20 +241,37 @@ def test_saves_less(count_chunked):
     assert count_chunked["convs"] == 2
 
 
-def test_auto_rule(count_chunked):
+def test_auto_rule(count_chunked, monkeypatch):
     model = _model()
     model(_data())
     assert count_chunked["convs"] == 0  # the default ("auto") leaves small systems unchunked
-    # MACE-MP-0-medium shape, fp32 (weight_numel 512 and 1280): 10,192 Cu atoms stay unchunked,
-    # 110,000 atoms (~8.6M edges) are chunked with ~1 GiB of per-edge weights per chunk
+    gib = 1 << 30
+    monkeypatch.setattr(chunked, "available_bytes", lambda device: 70 * gib)
+    # MACE-MP-0-medium shape (weight_numel 512 and 1280), 795k edges: unchunked in fp32 and fp64
+    # when the memory is there, whatever the dtype
     for nw in (512, 1280):
-        assert resolve_edge_chunk(None, 795_010, nw, 4) == 0
-        assert resolve_edge_chunk("auto", 8_600_000, nw, 4) == AUTO_CHUNK_BYTES // (nw * 4)
-    assert resolve_edge_chunk(None, AUTO_CHUNK_THRESHOLD_BYTES // 8, 2, 4) == 0
-    assert resolve_edge_chunk(None, AUTO_CHUNK_THRESHOLD_BYTES // 8 + 1, 2, 4) > 0
+        for itemsize in (4, 8):
+            assert resolve_edge_chunk(None, 795_010, nw, itemsize, "cuda") == 0
+    # ~8.6M edges in fp32 do not fit: chunks take CHUNK_FRACTION of the available memory
+    step = 1280 * 4 * STEP_BYTES_PER_WEIGHT_BYTE
+    assert resolve_edge_chunk("auto", 8_600_000, 1280, 4, "cuda") == int(CHUNK_FRACTION * 70 * gib) // step
+    # the boundary is the margin of the available memory, the same for every dtype
+    fits = int(MEMORY_MARGIN * 70 * gib) // step
+    assert resolve_edge_chunk(None, fits, 1280, 4, "cuda") == 0
+    assert resolve_edge_chunk(None, fits + 1, 1280, 4, "cuda") > 0
+    assert resolve_edge_chunk(None, fits // 2, 1280, 8, "cuda") == 0
+    assert resolve_edge_chunk(None, fits // 2 + 1, 1280, 8, "cuda") > 0
+    # less memory left: the same layer is chunked
+    monkeypatch.setattr(chunked, "available_bytes", lambda device: 2 * gib)
+    assert resolve_edge_chunk(None, 795_010, 1280, 4, "cuda") > 0
+    # an explicit setting wins over the memory rule
     assert resolve_edge_chunk(0, 10 ** 9, 1280, 4) == 0
     assert resolve_edge_chunk(100, 100, 1280, 4) == 0  # one chunk: unchunked
     assert resolve_edge_chunk(100, 101, 1280, 4) == 100
+
+
+def test_available_bytes_on_host():
+    assert chunked.available_bytes("cpu") > 0
 
 
 def test_never_while_compiling(monkeypatch):

@@ -73,7 +73,7 @@ class InteractionBlock(nn.Module):
         # The "auto" rule counts the per-edge weights, which the fused convolution never stores: it
         # chunks only when asked for explicitly (then unfused inside the chunks)
         chunk = 0 if fused and edge_chunk_setting(self.edge_chunk) == "auto" else resolve_edge_chunk(
-            self.edge_chunk, graph.num_edges, self.problem.weight_numel, h.element_size())
+            self.edge_chunk, graph.num_edges, self.problem.weight_numel, h.element_size(), h.device)
         if chunk:
             msg = chunked_edge_conv(self.problem, self.radial_mlp, h, edge_attrs, edge_feats, cutoff, graph, chunk,
                                     self.layout)

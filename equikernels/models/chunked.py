@@ -28,9 +28,12 @@ The values are the unchunked ones: per-edge weights and per-destination sums of 
 computed in the same order; only the gradient of h sums its per-chunk parts in a different order.
 
 When: ``InteractionBlock.edge_chunk`` (None = the environment) or ``EQUIKERNELS_EDGE_CHUNK``:
-"auto" (``EDGE_CHUNK_DEFAULT``) chunks a layer only when its per-edge weights
-E * weight_numel * itemsize exceed ``AUTO_CHUNK_THRESHOLD_BYTES``, in chunks of about
-``AUTO_CHUNK_BYTES`` of weights; an integer is the number of edges per chunk (0 = never). Chunking
+"auto" (``EDGE_CHUNK_DEFAULT``) chunks a layer only when its unchunked step would not fit in the
+memory available on its device (free device memory plus the allocator's cached free blocks, or the
+host's available memory on CPU): the step is estimated at ``STEP_BYTES_PER_WEIGHT_BYTE`` times the
+per-edge weights E * weight_numel * itemsize, and must fit in ``MEMORY_MARGIN`` of what is
+available. Chunks then hold ``CHUNK_FRACTION`` of the available memory each. The rule is the same
+for every dtype; an integer setting is the number of edges per chunk (0 = never). Chunking
 needs host synchronisation (chunk boundaries, unique sources), so it is never used while
 torch.compile traces or a CUDA graph is captured: those paths always run unchunked.
 ``set_edge_chunk(model, value)`` sets every interaction of a model.
@@ -51,15 +54,14 @@ from ..problem import TPProblem
 
 EDGE_CHUNK_ENV = "EQUIKERNELS_EDGE_CHUNK"
 EDGE_CHUNK_DEFAULT = "auto"
-# "auto": chunk a layer when its per-edge weights [E, weight_numel] would take more than this. At
-# 4 GiB a MACE-MP-0-medium-shaped fp32 model (weight_numel 512 and 1280) runs unchunked up to about
-# 840k edges (~10.7k Cu atoms at r_max 6 A; the 10,192-atom benchmark cell, 795k edges, stays
-# unchunked: its unchunked step peaks at 15.6 GiB); its second layer is chunked beyond, the first
-# beyond 2.1M edges (2 GiB would already chunk the 10k cell's second layer)
-AUTO_CHUNK_THRESHOLD_BYTES = 4 << 30
-# "auto", once chunking: about this many bytes of per-edge weights per chunk (fp32 weight_numel
-# 1280: 209,715 edges per chunk; the backward's transient peak is a few times this)
-AUTO_CHUNK_BYTES = 1 << 30
+# "auto": an unchunked step's peak is about this many times its per-edge weights (saved for the
+# backward, their gradient, the radial MLP's activations); MACE-MP-0-medium on 795k edges peaks at
+# 2.5-3x the weights of both layers in fp32 and fp64
+STEP_BYTES_PER_WEIGHT_BYTE = 3
+# "auto": run unchunked only when the estimated step fits in this fraction of the available memory
+MEMORY_MARGIN = 0.8
+# "auto", once chunking: each chunk's estimated step takes about this fraction of the available memory
+CHUNK_FRACTION = 0.25
 
 EdgeChunk = Union[str, int]
 
@@ -91,18 +93,35 @@ def edge_chunk_setting(setting: Optional[EdgeChunk] = None) -> EdgeChunk:
     return _parse_env(env) if env is not None and env != "" else EDGE_CHUNK_DEFAULT
 
 
-def resolve_edge_chunk(setting: Optional[EdgeChunk], num_edges: int, weight_numel: int, itemsize: int) -> int:
+def available_bytes(device: torch.device) -> int:
+    """Bytes a step on ``device`` can still allocate: the device's free memory plus the blocks
+    PyTorch's caching allocator holds unused (CUDA), or the host's available memory (CPU)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):  # no sysconf: never chunk on the host
+        return 1 << 62
+
+
+def resolve_edge_chunk(setting: Optional[EdgeChunk], num_edges: int, weight_numel: int, itemsize: int,
+                       device: Union[str, torch.device] = "cpu") -> int:
     """Edges per chunk for a layer with ``num_edges`` edges and ``weight_numel`` per-edge weights of
-    ``itemsize`` bytes; 0 = run unchunked (always while compiling or capturing a CUDA graph)."""
+    ``itemsize`` bytes on ``device``; 0 = run unchunked (always while compiling or capturing a CUDA
+    graph). "auto" chunks only when the estimated unchunked step does not fit (module docstring)."""
     if torch.compiler.is_compiling() or (torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()):
         return 0
     value = edge_chunk_setting(setting)
     num_edges = int(num_edges)
     if value == "auto":
-        per_edge = max(1, weight_numel * itemsize)
-        if num_edges * per_edge <= AUTO_CHUNK_THRESHOLD_BYTES:
+        step_per_edge = max(1, weight_numel * itemsize * STEP_BYTES_PER_WEIGHT_BYTE)
+        avail = available_bytes(device)
+        if num_edges * step_per_edge <= MEMORY_MARGIN * avail:
             return 0
-        return max(1, AUTO_CHUNK_BYTES // per_edge)
+        chunk = max(1, int(CHUNK_FRACTION * avail) // step_per_edge)
+        return 0 if num_edges <= chunk else chunk
     return 0 if value == 0 or num_edges <= value else value
 
 
