@@ -151,10 +151,18 @@ def from_e3nn(module: nn.Module) -> nn.Module:
 
 @dataclass
 class AccelerateReport:
-    """What ``accelerate`` did: ``replaced`` (name, e3nn type, new type) and ``left_alone``
-    (name, type, reason) for e3nn modules it kept."""
+    """What ``accelerate`` did: ``replaced`` (name, e3nn type, new type), ``left_alone`` (name, type,
+    reason) for e3nn modules it kept, ``fused`` (name, layer class, what) for whole layers rewired
+    in place by an adapter (``equikernels.adapters``) and ``not_fused`` (name, class, reason) for
+    layers an adapter recognised but left as they were."""
     replaced: List[Tuple[str, str, str]] = field(default_factory=list)
     left_alone: List[Tuple[str, str, str]] = field(default_factory=list)
+    fused: List[Tuple[str, str, str]] = field(default_factory=list)
+    not_fused: List[Tuple[str, str, str]] = field(default_factory=list)
+
+    @property
+    def fused_names(self) -> List[str]:
+        return [n for n, _, _ in self.fused]
 
     @property
     def replaced_names(self) -> List[str]:
@@ -169,7 +177,10 @@ class AccelerateReport:
 
     def __str__(self) -> str:
         lines = [f"equikernels.accelerate: replaced {len(self.replaced)} module(s), "
-                 f"left {len(self.left_alone)} e3nn module(s) alone"]
+                 f"left {len(self.left_alone)} e3nn module(s) alone, fused {len(self.fused)} layer(s), "
+                 f"left {len(self.not_fused)} recognised layer(s) unfused"]
+        lines += [f"  fused       {n or '<root>'}: {t} ({what})" for n, t, what in self.fused]
+        lines += [f"  not fused   {n or '<root>'}: {t} ({why})" for n, t, why in self.not_fused]
         lines += [f"  replaced    {n or '<root>'}: {a} -> {b}" for n, a, b in self.replaced]
         lines += [f"  left alone  {n or '<root>'}: {t} ({why})" for n, t, why in self.left_alone]
         return "\n".join(lines)
@@ -190,11 +201,18 @@ def _accelerate_why_not(module) -> Optional[str]:
     return why
 
 
-def accelerate(model: nn.Module) -> AccelerateReport:
+def accelerate(model: nn.Module, fuse: bool = True) -> AccelerateReport:
     """Replace, in place, every supported e3nn submodule of ``model`` (at any depth, including inside
     ModuleList/Sequential/ModuleDict and e3nn containers such as ``nn.Gate``) by its equikernels
     equivalent sharing the same Parameters. ``model.state_dict()`` is unchanged. A module reached
     through several parents is converted once and stays shared.
+
+    With ``fuse`` (default), whole layers are then rewired by the adapters of
+    ``equikernels.adapters``: message passing (gather -> tensor product with per-edge weights ->
+    scatter-sum) becomes one fused convolution on a graph shared by every layer, and mace-torch's
+    symmetric contraction runs as generated kernels; the layers keep their class names,
+    parameters, ``state_dict`` keys and call signatures. The report lists what was fused and why
+    a recognised layer was not.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -238,4 +256,7 @@ def accelerate(model: nn.Module) -> AccelerateReport:
     if _is_e3nn(model):
         note = f"; {n} submodule(s) inside it replaced" if n else ""
         report.left_alone.insert(0, ("", type(model).__name__, f"{_accelerate_why_not(model)}{note}"))
+    if fuse:
+        from ..adapters import accelerate_layers  # noqa: PLC0415 (the adapters build on nn, ops and models)
+        accelerate_layers(model, report)
     return report

@@ -1,0 +1,63 @@
+"""Subclasses that keep a layer's class name: an adapter swaps an instance's ``__class__`` for a
+subclass overriding a few methods, so ``type(layer).__name__``, parameters, ``state_dict`` keys
+and the call signature stay the original's.
+
+The subclasses are importable from this module by a generated name, so models holding them
+pickle (``torch.save(model)``) and unpickle; private state (attributes starting with ``_ek_``)
+is not pickled and is rebuilt on the next call.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Callable, Dict, Tuple
+
+# adapter name -> function(original class) -> dict of overriding methods
+_OVERRIDES: Dict[str, Callable[[type], dict]] = {}
+_MADE: Dict[Tuple[str, type], type] = {}
+
+
+def register_overrides(adapter: str, make: Callable[[type], dict]) -> None:
+    _OVERRIDES[adapter] = make
+
+
+def _name(adapter: str, cls: type) -> str:
+    return f"{adapter}|{cls.__module__.replace('.', '/')}|{cls.__qualname__.replace('.', '/')}"
+
+
+def _getstate(self):
+    state = self.__dict__.copy()
+    for k in [k for k in state if k.startswith("_ek_")]:
+        del state[k]
+    return state
+
+
+def accelerated_class(adapter: str, cls: type) -> type:
+    """The subclass of ``cls`` with ``adapter``'s overrides (one per adapter and class)."""
+    if getattr(cls, "_ek_adapter", None) is not None:
+        return cls
+    key = (adapter, cls)
+    if key not in _MADE:
+        ns = dict(_OVERRIDES[adapter](cls))
+        ns.update(_ek_adapter=adapter, _ek_base=cls, __getstate__=_getstate, __module__=__name__,
+                  __qualname__=_name(adapter, cls), __doc__=cls.__doc__)
+        _MADE[key] = type(cls.__name__, (cls,), ns)
+    return _MADE[key]
+
+
+def original_class(module) -> type:
+    """The class ``module`` had before acceleration."""
+    return getattr(type(module), "_ek_base", type(module))
+
+
+def __getattr__(name: str):
+    """Unpickling: rebuild the subclass named by ``_name``."""
+    parts = name.split("|")
+    if len(parts) != 3 or parts[0] not in _OVERRIDES:
+        if len(parts) == 3:  # the adapter registers itself when its module is imported
+            importlib.import_module(f"{__package__}.{parts[0]}")
+        if len(parts) != 3 or parts[0] not in _OVERRIDES:
+            raise AttributeError(name)
+    obj = importlib.import_module(parts[1].replace("/", "."))
+    for attr in parts[2].split("/"):
+        obj = getattr(obj, attr)
+    return accelerated_class(parts[0], obj)

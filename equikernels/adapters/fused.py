@@ -1,0 +1,27 @@
+"""The fused replacement of gather -> tensor product with per-edge weights -> scatter-sum."""
+from __future__ import annotations
+
+import torch
+
+from ..nn.tensor_product import TensorProduct
+from ..ops.conv import tensor_product_conv
+from .graph_cache import shared_graph
+
+
+def fusable_tp(tp) -> str:
+    """'' if ``tp`` (an equikernels TensorProduct) can run as a fused convolution, else why not."""
+    if not isinstance(tp, TensorProduct):
+        return f"its tensor product is a {type(tp).__name__}, not an equikernels TensorProduct"
+    if tp.weight_numel and tp.shared_weights:
+        return "its tensor product has shared (not per-edge) weights"
+    return ""
+
+
+def message_passing(tp: TensorProduct, x: torch.Tensor, y: torch.Tensor, weight, src: torch.Tensor,
+                    dst: torch.Tensor, num_nodes) -> torch.Tensor:
+    """out[n] = sum over edges e with dst[e] == n of tp(x[src[e]], y[e], weight[e]): the same numbers
+    as the unfused layer, through ``tensor_product_conv`` on the graph shared by every layer."""
+    graph = shared_graph(src, dst, num_nodes)
+    return tensor_product_conv(tp.problem, x, y, tp._get_weights(weight), graph.src, graph.dst, graph.num_nodes,
+                               graph=graph, layout=tp.layout, backend=tp.backend, validate=False,
+                               math_dtype=tp.math_dtype, output_dtype=tp.output_dtype)

@@ -1,0 +1,65 @@
+"""Adapters that accelerate whole layers of known model families, registered in one place.
+
+An adapter recognises a layer (``matches``) and rewires it in place (``apply``), keeping its class
+name, parameters, ``state_dict`` keys and call signature; ``apply`` returns what it did or raises
+``NotFused`` with the reason. ``accelerate_layers`` runs every adapter over a model (after the
+module-by-module conversion of ``equikernels.nn.convert``) and records the outcome in the report.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable, List
+
+from torch import nn
+
+
+class NotFused(Exception):
+    """Raised by an adapter's ``apply``: the layer is recognised but cannot be rewired (the message says why)."""
+
+
+@dataclass
+class Adapter:
+    name: str
+    matches: Callable[[nn.Module], bool]
+    apply: Callable[[nn.Module], str]
+
+
+ADAPTERS: List[Adapter] = []
+_FAMILIES = ("mace", "sevenn", "e3nn_graph")  # the generic detector last: family adapters take precedence
+_loaded = False
+
+
+def register(adapter: Adapter) -> Adapter:
+    ADAPTERS[:] = [a for a in ADAPTERS if a.name != adapter.name] + [adapter]
+    return adapter
+
+
+def _load() -> None:
+    global _loaded
+    if not _loaded:
+        for fam in _FAMILIES:
+            importlib.import_module(f"{__package__}.{fam}")
+        _loaded = True
+
+
+def accelerate_layers(model: nn.Module, report) -> None:
+    """Apply the first matching adapter to every submodule of ``model`` (and ``model`` itself);
+    appends (name, class, what) to ``report.fused`` and (name, class, why) to ``report.not_fused``."""
+    _load()
+    seen = set()
+    for name, module in list(model.named_modules()):
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        adapter = next((a for a in ADAPTERS if a.matches(module)), None)
+        if adapter is None:
+            continue
+        try:
+            what = adapter.apply(module)
+        except NotFused as exc:
+            report.not_fused.append((name, type(module).__name__, str(exc)))
+            continue
+        if what:
+            report.fused.append((name, type(module).__name__, what))
+            report.left_alone[:] = [e for e in report.left_alone if e[0] != name]
