@@ -25,10 +25,10 @@ class TensorProductConv(TensorProduct):
     def forward(self, x: torch.Tensor, y: torch.Tensor, weight=None, src: Optional[torch.Tensor] = None,
                 dst: Optional[torch.Tensor] = None, num_nodes: Optional[int] = None,
                 graph: Optional[ConvGraph] = None) -> torch.Tensor:
+        """With ``graph``, ``src``/``dst`` may be omitted; if given they must be the graph's edges
+        (see ``ops.tensor_product_conv``)."""
         if graph is None and (src is None or dst is None):
             raise ValueError("src and dst: required (or pass graph=ConvGraph.build(src, dst, num_nodes))")
-        if graph is not None:
-            src, dst = graph.src, graph.dst
         return tensor_product_conv(self.problem, x, y, self._get_weights(weight), src, dst, num_nodes, graph=graph,
                                    layout=self.layout, backend=self.backend, dataflow=self.dataflow,
                                    deterministic=self.deterministic, math_dtype=self.math_dtype,

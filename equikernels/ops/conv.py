@@ -6,7 +6,7 @@ one graph; build it once (``ConvGraph.build``) and pass it to every layer.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
 import torch
@@ -39,6 +39,9 @@ class ConvGraph:
     ptr_dst: Tensor
     perm_src: Tensor
     ptr_src: Tensor
+    # the src/dst tensors ``build`` was given (before the int64 cast), so that a call passing them
+    # back is recognised by identity, without comparing values
+    given: Tuple[Tensor, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def num_edges(self) -> int:
@@ -60,7 +63,27 @@ class ConvGraph:
         src64, dst64 = src.long(), dst.long()
         perm_dst, ptr_dst = _order(dst64, src64, num_nodes)
         perm_src, ptr_src = _order(src64, dst64, num_nodes)
-        return ConvGraph(src64.contiguous(), dst64.contiguous(), num_nodes, perm_dst, ptr_dst, perm_src, ptr_src)
+        return ConvGraph(src64.contiguous(), dst64.contiguous(), num_nodes, perm_dst, ptr_dst, perm_src, ptr_src,
+                         (src, dst))
+
+    def check_edges(self, src: Optional[Tensor], dst: Optional[Tensor]) -> None:
+        """Raise unless ``src``/``dst`` are this graph's edges. None, the graph's own tensors or the
+        ones it was built from pass by identity (no work, no host sync); other tensors are compared
+        by value (one host sync when eager, an asynchronous assert when traced)."""
+        for name, t, mine in (("src", src, self.src), ("dst", dst, self.dst)):
+            if t is None or t is mine or (self.given and t is self.given[name == "dst"]):
+                continue
+            t = _check_index(name, t)
+            if t.shape != mine.shape:
+                raise ValueError(f"{name}: has {t.shape[0]} edges but graph was built for {mine.shape[0]}; "
+                                 f"pass the graph's own {name} (graph.{name}) or None")
+            if t.device != mine.device:
+                raise ValueError(f"{name}: on {t.device}, graph is on {mine.device}")
+            if not _eager(t):
+                torch._assert_async((t.long() == mine).all(), f"{name}: differs from the edges graph was built for")
+            elif not torch.equal(t.long(), mine):
+                raise ValueError(f"{name}: differs from the edges graph was built for; build a ConvGraph for "
+                                 f"these edges, or pass graph.{name} (or None)")
 
 
 def _check_index(name: str, t) -> Tensor:
@@ -117,8 +140,8 @@ def resolve_dataflow(dataflow: str, deterministic: Optional[bool], backend: str)
     return dataflow, False
 
 
-def tensor_product_conv(problem: TPProblem, x: Tensor, y: Tensor, weight: Optional[Tensor], src: Tensor,
-                        dst: Tensor, num_nodes: Optional[int] = None, *, graph: Optional[ConvGraph] = None,
+def tensor_product_conv(problem: TPProblem, x: Tensor, y: Tensor, weight: Optional[Tensor], src: Optional[Tensor],
+                        dst: Optional[Tensor], num_nodes: Optional[int] = None, *, graph: Optional[ConvGraph] = None,
                         layout: str = "mul_ir", backend: Optional[str] = None, dataflow: str = "auto",
                         deterministic: Optional[bool] = None, validate: bool = True,
                         math_dtype: Optional[torch.dtype] = None, output_dtype: Optional[torch.dtype] = None) -> Tensor:
@@ -127,7 +150,10 @@ def tensor_product_conv(problem: TPProblem, x: Tensor, y: Tensor, weight: Option
     x: [N, dim_in1] node features; y: [E, dim_in2] edge features; weight: [E, weight_numel] per
     edge or [weight_numel] shared; src, dst: [E] int32/int64 node indices; num_nodes: rows of the
     output (default x.shape[0]). ``graph`` (from ``ConvGraph.build``) reuses sorted orders across
-    layers. Differentiable to any order in x, y and weight. Precision arguments and rules as
+    layers; then ``src``/``dst`` may be None, and if given they must be the graph's edges (its own
+    ``graph.src``/``graph.dst`` or the tensors it was built from are recognised by identity at no
+    cost; other tensors are compared by value, a host sync, and a mismatch raises ValueError).
+    Differentiable to any order in x, y and weight. Precision arguments and rules as
     ``ops.tensor_product`` (mixed float16/bfloat16/float32 operands, math in float32, output in
     ``output_dtype`` / the autocast dtype / x's); sums over edges of half-precision results are
     accumulated in float32 and rounded once.
@@ -142,8 +168,13 @@ def tensor_product_conv(problem: TPProblem, x: Tensor, y: Tensor, weight: Option
     n_out = x.shape[0] if num_nodes is None else num_nodes
     checked_src = graph is None and num_nodes is None  # build checks src < n_out = x.shape[0]
     if graph is None:
+        if src is None or dst is None:
+            raise ValueError("src and dst: required unless graph=ConvGraph.build(src, dst, num_nodes) is given")
         graph = ConvGraph.build(src, dst, n_out, validate)
     else:
+        if not isinstance(graph, ConvGraph):
+            raise TypeError(f"graph: expected a ConvGraph (ConvGraph.build), got {type(graph).__name__}")
+        graph.check_edges(src, dst)
         if graph.num_nodes != n_out:
             raise ValueError(f"graph: built for {graph.num_nodes} nodes, but num_nodes is {n_out}")
         if graph.num_edges != y.shape[0]:
@@ -210,8 +241,7 @@ def _tuned_dataflow(problem: TPProblem, x: Tensor, y: Tensor, weight: Optional[T
 
 
 def _segment_sum(msgs: Tensor, graph: ConvGraph, n: int) -> Tensor:
-    """Sum of edge rows per destination (index_add: the reference path), differentiable."""
-    out = msgs.new_zeros(n, msgs.shape[1])
-    if graph.num_edges == 0:
-        return out
-    return out.index_add(0, graph.dst, msgs)
+    """Sum of edge rows per destination (index_add: the reference path), differentiable. With no
+    edges the zeros still come from ``msgs`` (index_add of nothing), so they stay in its autograd
+    graph: gradients through them are zeros, not missing."""
+    return msgs.new_zeros(n, msgs.shape[1]).index_add(0, graph.dst, msgs)
