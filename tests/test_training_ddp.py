@@ -27,7 +27,7 @@ def _run(cfg_dict, result_path):
     idx = epoch_batches(len(trainer.train_set), cfg.batch_size, 0, cfg.seed, rank, world)[0]
     batch = collate([trainer.train_set.graphs[i] for i in idx], trainer.dtype, trainer.device)
     initial = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    loss, _ = backward_step(trainer.ddp, batch, cfg)
+    loss, _, _ = backward_step(trainer.ddp, batch, cfg)
     grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
     trainer.optimizer.zero_grad(set_to_none=True)
     summary = trainer.fit()

@@ -1,5 +1,12 @@
 """``equikernels fine-tune``: train or fine-tune a MACE from a YAML file and/or flags (flags win).
-Under ``torchrun --nproc_per_node N`` it trains on N devices with DDP."""
+Under ``torchrun --nproc_per_node N`` it trains on N devices with DDP.
+
+Against forgetting when a foundation model is fine-tuned on a small data set: ``--replay FILE``
+mixes structures from FILE into every epoch's training batches (their loss weighted by
+``--replay-weight``; frames without labels are labelled by the starting model), ``--freeze``
+keeps layers fixed, and ``--head-weight HEAD=W`` weights the loss of each head of a multi-head
+model. SIGINT/SIGTERM stop after the current step with a checkpoint and the metrics so far
+(exit status 130/143); ``--resume`` continues."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +20,7 @@ _SIMPLE = {
     "lr_schedule": "lr_schedule", "warmup_steps": "warmup_steps", "ema_decay": "ema_decay",
     "clip_grad_norm": "clip_grad_norm", "checkpoint_every": "checkpoint_every", "patience": "patience",
     "seed": "seed", "device": "device", "dtype": "dtype", "backend": "model_backend",
+    "replay": "replay_file", "replay_weight": "replay_weight",
 }
 _KEYS = {"energy_key": "energy", "forces_key": "forces", "stress_key": "stress",
          "virials_key": "virials", "head_key": "head"}
@@ -23,7 +31,12 @@ def register(subparsers) -> None:
         "fine-tune", help="fine-tune (or train) a MACE potential on ASE-readable data",
         description="Fine-tune a MACE model (mace-torch .model or equikernels) on labelled structures. "
                     "Options come from --config (YAML, keys as in equikernels.training.TrainConfig) "
-                    "and are overridden by flags. Multi-GPU: torchrun --nproc_per_node N -m equikernels.cli fine-tune ...")
+                    "and are overridden by flags. Labels are read from the REF_* keys, or from the calculator "
+                    "results ASE writes (energy, forces, stress) when those are absent. The closing table shows "
+                    "the starting and the fine-tuned model on the validation set; model.pt is the best "
+                    "validation epoch's weights and model_last.pt the last ones (plus mace-torch .model "
+                    "files when mace-torch is installed). Ctrl-C/SIGTERM: checkpoint, metrics, exit; "
+                    "--resume continues. Multi-GPU: torchrun --nproc_per_node N -m equikernels.cli fine-tune ...")
     a = p.add_argument
     a("--config", help="YAML file of training options")
     a("--model", help="model file to fine-tune (default: the bundled default model)")
@@ -52,6 +65,13 @@ def register(subparsers) -> None:
                      "a YAML mapping such as '{Cu: -3.5, Ni: -4.1}'")
     a("--freeze", action="append", metavar="PREFIX",
       help="keep parameters whose name starts with PREFIX fixed (repeatable), e.g. interactions.0")
+    a("--replay", metavar="FILE",
+      help="replay structures mixed into every epoch's training batches, against forgetting (e.g. a sample "
+           "of the foundation model's training data); frames without energy/forces labels get the starting "
+           "model's predictions")
+    a("--replay-weight", type=float, help="loss weight multiplier of the replay structures (default 1)")
+    a("--head-weight", action="append", metavar="HEAD=W",
+      help="loss weight multiplier of the structures of one head of a multi-head model (repeatable)")
     a("--seed", type=int, help="random seed (default 0)")
     a("--device", help="torch device (default cuda:LOCAL_RANK when available, else cpu)")
     a("--dtype", choices=("float32", "float64"), help="training precision (default: the model's)")
@@ -84,6 +104,17 @@ def config_from_args(args: argparse.Namespace):
         values["e0s"] = e0s
     if args.freeze:
         values["freeze"] = list(values.get("freeze") or []) + args.freeze
+    if args.head_weight:
+        weights = dict(values.get("head_weights") or {})
+        for item in args.head_weight:
+            head, sep, w = item.rpartition("=")
+            try:
+                weights[head] = float(w)
+            except ValueError:
+                head = ""
+            if not sep or not head:
+                raise ValueError(f"--head-weight: expected HEAD=WEIGHT, e.g. Default=1.0, got {item!r}")
+        values["head_weights"] = weights
     if args.no_ema:
         values["ema_decay"] = None
     if args.no_progress:
@@ -98,14 +129,20 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..training import fine_tune
+    import sys
 
     import torch.distributed as dist
+
+    from ..training import fine_tune
+    from ..training.trainer import TrainingInterrupted
 
     cfg = config_from_args(args)
     try:
         fine_tune(cfg, resume=args.resume)
+    except TrainingInterrupted as stop:  # its one line is printed; checkpoint and metrics are written
+        return 128 + int(stop.signum)
     finally:
+        sys.stdout.flush()
         if dist.is_available() and dist.is_initialized():  # joined under torchrun
             dist.destroy_process_group()
     return 0

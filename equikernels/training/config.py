@@ -29,6 +29,14 @@ class TrainConfig:
     valid_file: Optional[str] = None
     valid_fraction: float = 0.1
     keys: DataKeys = field(default_factory=DataKeys)
+    # replay: structures mixed into every epoch's training batches so that fine-tuning does not
+    # forget them (e.g. a sample of the foundation model's own training data). Frames without
+    # energy/forces labels are labelled by the starting model, which then anchors the model to
+    # its own starting predictions there. Their loss weight is multiplied by replay_weight.
+    replay_file: Optional[str] = None
+    replay_weight: float = 1.0
+    # per-head loss weight multipliers of a multi-head model, e.g. {"Default": 1.0, "pt_head": 0.1}
+    head_weights: Dict[str, float] = field(default_factory=dict)
     # model: a model file to fine-tune (mace-torch .model or ours), or None to build `new_model`
     model: Optional[str] = None
     new_model: Optional[Dict[str, Any]] = None  # hyper-parameters of a model trained from scratch
@@ -95,8 +103,16 @@ class TrainConfig:
         need(self.checkpoint_every >= 1, f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
         need(self.keep_checkpoints >= 1, f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
         need(self.patience is None or self.patience >= 1, f"patience must be >= 1, got {self.patience}")
-        for name in ("energy_weight", "forces_weight", "stress_weight", "huber_delta", "weight_decay"):
+        for name in ("energy_weight", "forces_weight", "stress_weight", "huber_delta", "weight_decay",
+                     "replay_weight"):
             need(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
+        need(self.energy_weight + self.forces_weight + self.stress_weight > 0,
+             "energy_weight, forces_weight and stress_weight are all 0: the loss would be exactly 0 "
+             "and nothing would be trained; give at least one a positive weight")
+        need(isinstance(self.head_weights, dict), f"head_weights must be a mapping head -> weight, got {self.head_weights!r}")
+        for head, w in self.head_weights.items():
+            need(isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0,
+                 f"head_weights[{head!r}] must be a number >= 0, got {w!r}")
         need(self.train_file is not None, "train_file is required (the structures to train on)")
         need(self.model is not None or self.new_model is not None,
              "give a model file to fine-tune (model) or the hyper-parameters of a new one (new_model)")

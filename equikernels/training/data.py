@@ -32,6 +32,8 @@ class Config:
     weight: float = 1.0
     head: str = "Default"
     source: str = ""                    # "file, frame i" for error messages
+    label_keys: Dict[str, str] = field(default_factory=dict)  # property -> where its label was found
+    available: str = ""                 # the frame's label-like keys, for "label not found" messages
 
     @property
     def num_atoms(self) -> int:
@@ -52,6 +54,33 @@ def _lookup(atoms, key: str):
     calc = getattr(atoms, "calc", None)
     results = getattr(calc, "results", None) or {}
     return results.get(key)
+
+
+# ASE's own names: extxyz, traj and db files keep a calculator's results under these
+_CALC_NAMES = {"energy": "energy", "forces": "forces", "stress": "stress"}
+
+
+def _find(atoms, keys: DataKeys, prop: str):
+    """(value, where) of one label: the configured key, else (when that key is the default
+    ``REF_*`` one, i.e. not chosen by the user) ASE's calculator result of the same property."""
+    key = getattr(keys, prop)
+    value = _lookup(atoms, key)
+    if value is not None:
+        return value, repr(key)
+    fallback = _CALC_NAMES.get(prop)
+    if fallback is not None and key == getattr(DataKeys(), prop):
+        value = _lookup(atoms, fallback)
+        if value is not None:
+            return value, f"{fallback!r} (calculator results)"
+    return None, None
+
+
+def _available_keys(atoms) -> str:
+    info = sorted(k for k in atoms.info if k not in ("pbc",))
+    arrays = sorted(k for k in atoms.arrays if k not in ("numbers", "positions"))
+    calc = getattr(atoms, "calc", None)
+    results = sorted(getattr(calc, "results", None) or {})
+    return f"info keys {info}, per-atom arrays {arrays}, calculator results {results}"
 
 
 def _as_float_array(value, what: str, where: str) -> np.ndarray:
@@ -83,21 +112,22 @@ def config_from_atoms(atoms, keys: DataKeys, where: str) -> Config:
     cell = _as_float_array(atoms.get_cell().array, "cell", where)
     pbc = np.asarray(atoms.get_pbc(), dtype=bool)
 
-    energy = _lookup(atoms, keys.energy)
+    used = {}
+    energy, used["energy"] = _find(atoms, keys, "energy")
     if energy is not None:
         e = _as_float_array(energy, f"energy '{keys.energy}'", where).reshape(-1)
         if e.size != 1:
             raise DataError(f"{where}: energy '{keys.energy}' has {e.size} values; expected one number")
         energy = float(e[0])
 
-    forces = _lookup(atoms, keys.forces)
+    forces, used["forces"] = _find(atoms, keys, "forces")
     if forces is not None:
         forces = _as_float_array(forces, f"forces '{keys.forces}'", where)
         if forces.shape != (n, 3):
             raise DataError(f"{where}: forces '{keys.forces}' have shape {tuple(forces.shape)}; "
                             f"expected ({n}, 3) for {n} atoms")
 
-    stress = _lookup(atoms, keys.stress)
+    stress, used["stress"] = _find(atoms, keys, "stress")
     if stress is not None:
         stress = _stress_3x3(stress, f"stress '{keys.stress}'", where)
     else:
@@ -109,6 +139,7 @@ def config_from_atoms(atoms, keys: DataKeys, where: str) -> Config:
                 raise DataError(f"{where}: virials '{keys.virials}' given for a structure without "
                                 "a periodic cell of nonzero volume")
             stress = -virials / volume  # mace-torch: virials = -stress * volume
+            used["stress"] = f"{keys.virials!r} (virials)"
     if stress is not None and not pbc.all():
         stress = None  # a stress is meaningless without a periodic cell; never fit it
 
@@ -119,7 +150,9 @@ def config_from_atoms(atoms, keys: DataKeys, where: str) -> Config:
     head = str(atoms.info.get(keys.head, "Default"))
     return Config(atomic_numbers=np.asarray(atoms.get_atomic_numbers(), dtype=np.int64),
                   positions=positions, cell=cell, pbc=pbc, energy=energy, forces=forces,
-                  stress=stress, weight=weight, head=head, source=where)
+                  stress=stress, weight=weight, head=head, source=where,
+                  label_keys={k: v for k, v in used.items() if v is not None},
+                  available=_available_keys(atoms))
 
 
 def read_configs(path: str, keys: DataKeys, *, index: str = ":") -> List[Config]:
@@ -140,25 +173,47 @@ def read_configs(path: str, keys: DataKeys, *, index: str = ":") -> List[Config]
 
 
 def check_labels(configs: Sequence[Config], path: str, *, need_energy: bool, need_forces: bool,
-                 need_stress: bool) -> None:
+                 need_stress: bool, keys: Optional[DataKeys] = None) -> None:
     """Labels the loss needs must be there. Energy and forces: in every frame; stress: in at least
     one periodic frame (molecules in a mixed set have none)."""
     if need_energy:
         for c in configs:
             if c.energy is None:
-                raise DataError(f"{c.source}: no energy label (looked for the energy key in "
-                                "atoms.info and the calculator results); set the energy key or "
-                                "energy_weight: 0")
+                raise DataError(f"{c.source}: no energy label (looked for {_wanted(keys, 'energy')}); "
+                                f"the frame has {c.available}; set the energy key (--energy-key) "
+                                "or energy_weight: 0")
     if need_forces:
         for c in configs:
             if c.forces is None:
-                raise DataError(f"{c.source}: no forces label (looked for the forces key in "
-                                "atoms.arrays and the calculator results); set the forces key or "
-                                "forces_weight: 0")
+                raise DataError(f"{c.source}: no forces label (looked for {_wanted(keys, 'forces')}); "
+                                f"the frame has {c.available}; set the forces key (--forces-key) "
+                                "or forces_weight: 0")
     if need_stress and configs and all(c.stress is None for c in configs):
         raise DataError(f"{path}: no frame has a stress or virials label (and a periodic cell), "
                         "but the stress loss weight is nonzero; set the stress/virials key or "
                         "stress_weight: 0")
+
+
+def _wanted(keys: Optional[DataKeys], prop: str) -> str:
+    key = getattr(keys or DataKeys(), prop)
+    if key == getattr(DataKeys(), prop):
+        return f"{key!r} and the calculator's {prop!r}"
+    return repr(key)
+
+
+def label_sources(configs: Sequence[Config]) -> str:
+    """Which keys the labels came from, e.g. "energy from 'energy' (calculator results) in 16 of
+    16 frames; forces from 'REF_forces' in 16 of 16 frames"."""
+    parts = []
+    for prop in ("energy", "forces", "stress"):
+        counts: Dict[str, int] = {}
+        for c in configs:
+            where = c.label_keys.get(prop)
+            if where is not None:
+                counts[where] = counts.get(where, 0) + 1
+        for where, n in counts.items():
+            parts.append(f"{prop} from {where} in {n} of {len(configs)} frames")
+    return "; ".join(parts) if parts else "no energy, forces or stress labels"
 
 
 def check_elements(configs: Sequence[Config], atomic_numbers: Sequence[int]) -> None:

@@ -1,9 +1,14 @@
 """torch.distributed helpers: one process per device, launched by ``torchrun`` (which sets RANK,
-WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). NCCL on CUDA, gloo on CPU."""
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). NCCL on CUDA, gloo on CPU.
+
+Every collective here names its device: an NCCL barrier or object broadcast otherwise runs on the
+*current* CUDA device, which is cuda:0 in every process that never called ``set_device``, and a
+rank that enters a collective on another device than its peers waits forever."""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -14,6 +19,7 @@ class DistInfo:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    device: Optional[torch.device] = None
 
     @property
     def is_main(self) -> bool:
@@ -24,15 +30,35 @@ class DistInfo:
         return self.world_size > 1
 
 
+_DEVICE: Optional[torch.device] = None  # this process's device for collectives (CUDA only)
+
+
+def process_device(device: torch.device, local_rank: int) -> torch.device:
+    """The device this process trains on: a bare ``cuda`` means cuda:LOCAL_RANK under torchrun."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", local_rank)
+    return device
+
+
 def setup(device: torch.device) -> DistInfo:
-    """Join the process group torchrun describes (no-op for a single process)."""
+    """Join the process group torchrun describes (no-op for a single process). On CUDA the
+    process's device is made current and bound to the group, so that every collective, barriers
+    included, runs on it."""
+    global _DEVICE
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return DistInfo()
+    if world <= 1 and not is_active():
+        return DistInfo(device=device)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = process_device(device, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        _DEVICE = device
     if not dist.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend)
-    return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+        if device.type == "cuda":
+            dist.init_process_group(backend="nccl", device_id=device)
+        else:
+            dist.init_process_group(backend="gloo")
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device)
 
 
 def default_device() -> torch.device:
@@ -56,14 +82,41 @@ def world_size() -> int:
     return dist.get_world_size() if is_active() else 1
 
 
+def _object_device() -> Optional[torch.device]:
+    return _DEVICE if _DEVICE is not None and dist.get_backend() == "nccl" else None
+
+
 def broadcast_object(obj, src: int = 0):
     if not is_active():
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src)
+    dist.broadcast_object_list(box, src=src, device=_object_device())
     return box[0]
 
 
 def barrier() -> None:
     if is_active():
-        dist.barrier()
+        device = _object_device()
+        dist.barrier(device_ids=[device.index] if device is not None else None)
+
+
+def on_main(fn: Callable[[], object]):
+    """Run ``fn`` on rank 0 only and give every rank its result. An exception on rank 0 is raised
+    on every rank (as a RuntimeError naming it on the others), so no rank is left waiting in a
+    collective that rank 0 will never reach."""
+    result, error = None, None
+    if not is_active() or dist.get_rank() == 0:
+        try:
+            result = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, after the peers know
+            error = exc
+    if not is_active():
+        if error is not None:
+            raise error
+        return result
+    shared = broadcast_object((result, None if error is None else f"{type(error).__name__}: {error}"))
+    if error is not None:
+        raise error
+    if shared[1] is not None:
+        raise RuntimeError(f"rank 0 failed: {shared[1]}")
+    return shared[0]

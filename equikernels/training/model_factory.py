@@ -94,12 +94,16 @@ def _mace_class(name: str):
     return getattr(mm, name)
 
 
-def _have_mace() -> bool:
+def have_mace() -> bool:
+    """Whether mace-torch is importable."""
     try:
         importlib.import_module("mace")
     except ImportError:
         return False
     return True
+
+
+_have_mace = have_mace
 
 
 def build_new_model(hparams: Optional[Dict[str, Any]], atomic_numbers: Sequence[int],
@@ -219,8 +223,14 @@ def freeze(model: torch.nn.Module, prefixes: Sequence[str]) -> List[str]:
     return frozen
 
 
-def save_mace_torch(model: torch.nn.Module, path: str) -> str:
-    """A mace-torch model as mace-torch's own file (a pickled module), written atomically."""
+def save_mace_torch(model: torch.nn.Module, path: str, template: Optional[str] = None) -> str:
+    """The model as mace-torch's own file (a pickled mace-torch module), written atomically; one
+    of ours is rebuilt as mace-torch's first (``mace_export.to_mace``, filling in ``template``, a
+    mace-torch file of the same structure, when it is one). Needs mace-torch."""
+    if is_ours(model):
+        from .mace_export import to_mace
+
+        model = to_mace(model, template)
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         torch.save(model, tmp)

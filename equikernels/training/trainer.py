@@ -1,19 +1,28 @@
 """The training loop: data, model, AdamW + schedule + EMA + clipping, evaluation, checkpoints with
-exact resume, early stopping, DDP.
+exact resume, early stopping, DDP, replay data, clean stop on SIGINT/SIGTERM.
 
 Exact resume: a checkpoint holds the model, optimiser, scheduler, EMA, best-model and
 early-stopping state, the history, every RNG state, and the position in the epoch. The order of
 structures in an epoch is a pure function of (seed, epoch), so a resumed run visits exactly the
 batches the uninterrupted run would have, and reproduces it bit for bit wherever the model's own
 arithmetic is deterministic (CPU; on CUDA, atomic scatter-adds differ in the last bits from run
-to run, resumed or not)."""
+to run, resumed or not). On CPU the model runs with TorchScript's graph optimiser off: e3nn's
+scripted functions (spherical harmonics) otherwise take a different, symbolically differentiated
+path from their second call on, so the first step of a fresh process would differ in the last bit.
+
+Processes: every rank runs the same sequence of collectives; work only rank 0 does (files, the
+plot, the table) goes through ``distributed.on_main``, which shares its result and its errors."""
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
 import json
 import math
 import os
 import random
+import signal
+import threading
 import warnings
 from typing import Dict, List, Optional, Sequence
 
@@ -24,13 +33,27 @@ from . import checkpoint as ckpt
 from . import distributed as dist_utils
 from . import model_factory as mf
 from .config import TrainConfig
-from .data import (Config, GraphDataset, build_dataset, check_labels, collate, read_configs,
+from .data import (Config, GraphDataset, build_dataset, check_labels, collate, label_sources, read_configs,
                    split_train_valid)
 from .ema import EMA
 from .loss import error_sums, local_counts, loss_terms, metrics_from_sums, reduce_sums
 from .statistics import avg_num_neighbors, average_e0s, parse_given_e0s, scale_shift
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+# options a resumed run may change (the rest decide the data, the model or the batch order)
+RESUMABLE_CHANGES = ("epochs", "max_steps", "lr", "out_dir", "checkpoint_every", "keep_checkpoints",
+                     "eval_every_epochs", "patience", "save_best", "progress", "plot", "device",
+                     "clip_grad_norm", "weight_decay", "energy_weight", "forces_weight", "stress_weight",
+                     "loss", "huber_delta", "min_lr_ratio", "plateau_factor", "plateau_patience")
+
+
+class TrainingInterrupted(Exception):
+    """Training stopped on SIGINT/SIGTERM after writing a checkpoint and the metrics so far."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum
 
 
 def seed_everything(seed: int) -> None:
@@ -54,25 +77,39 @@ def epoch_batches(n: int, batch_size: int, epoch: int, seed: int, rank: int = 0,
     return out
 
 
+def model_context(device: torch.device):
+    """How the model runs in training and evaluation: on CPU with TorchScript's graph optimiser
+    off, so that every call (the first one of a process included) takes the same arithmetic path."""
+    if torch.device(device).type == "cpu":
+        return torch.jit.optimized_execution(False)
+    return contextlib.nullcontext()
+
+
 def forward(model, batch: Dict[str, torch.Tensor], *, training: bool, stress: bool):
-    return model(dict(batch), training=training, compute_force=True, compute_stress=stress)
+    device = batch["positions"].device
+    with model_context(device):
+        return model(dict(batch), training=training, compute_force=True, compute_stress=stress)
 
 
-def backward_step(model, batch: Dict[str, torch.Tensor], cfg: TrainConfig):
+def backward_step(model, batch: Dict[str, torch.Tensor], cfg: TrainConfig, stop: bool = False):
     """Forward, loss and backward for one (local share of a) batch; gradients end up in .grad.
     Under DDP each process's gradients are averaged; the loss is scaled so that the average equals
-    the gradient of the global-batch loss. Returns (global loss, its parts), detached."""
+    the gradient of the global-batch loss. ``stop`` (this process wants to stop) rides along in
+    the reduction of the loss, so all processes learn whether any wants to, without an extra
+    collective. Returns (global loss, its parts, any process wants to stop), detached."""
     counts = reduce_sums(local_counts(batch))
     out = forward(model, batch, training=True, stress=cfg.stress_weight > 0)
     loss, parts = loss_terms(out, batch, cfg, counts)
     (loss * dist_utils.world_size()).backward()
-    stats = torch.stack([loss.detach()] + [p.detach() for p in parts.values()])
+    flag = loss.new_tensor(1.0 if stop else 0.0).detach()
+    stats = torch.stack([loss.detach()] + [p.detach() for p in parts.values()] + [flag])
     stats = reduce_sums(stats)
-    return float(stats[0]), {k: float(v) for k, v in zip(parts, stats[1:])}
+    return float(stats[0]), {k: float(v) for k, v in zip(parts, stats[1:-1])}, bool(stats[-1] > 0)
 
 
 class Trainer:
-    """``Trainer(cfg).fit()``. ``configs`` lets Python callers pass structures instead of files."""
+    """``Trainer(cfg).fit()``. ``train_configs``/``valid_configs`` let Python callers pass
+    structures instead of files."""
 
     def __init__(self, cfg: TrainConfig, *, train_configs: Optional[Sequence[Config]] = None,
                  valid_configs: Optional[Sequence[Config]] = None, log=print):
@@ -81,9 +118,11 @@ class Trainer:
             cfg.train_file = "<in memory>"
         self.cfg = cfg.validate()
         self.log = log
-        self.device = torch.device(cfg.device) if cfg.device else dist_utils.default_device()
-        self.dist = dist_utils.setup(self.device)
+        device = torch.device(cfg.device) if cfg.device else dist_utils.default_device()
+        self.dist = dist_utils.setup(device)
+        self.device = self.dist.device or device
         seed_everything(cfg.seed)
+        self._stop_signal: Optional[int] = None
         self._load_data(train_configs, valid_configs)
         self._build_model()
         self._build_optimiser()
@@ -92,26 +131,32 @@ class Trainer:
         self.batch_in_epoch = 0
         self.epoch_evaluated = False
         self.history: Dict[str, List] = {"train": [], "valid": []}
-        self.best = {"loss": math.inf, "step": None, "state": None, "bad_evals": 0}
+        self.best = {"loss": math.inf, "step": None, "epoch": None, "state": None, "bad_evals": 0}
         self.stopped_early = False
 
     # ---- setup --------------------------------------------------------------------------------
+    def _read(self, path: str) -> List[Config]:
+        configs = read_configs(path, self.cfg.keys)
+        self._say(f"{path}: {len(configs)} structures; {label_sources(configs)}")
+        return configs
+
     def _load_data(self, train_configs, valid_configs):
         cfg = self.cfg
-        train = list(train_configs) if train_configs is not None else read_configs(cfg.train_file, cfg.keys)
+        train = list(train_configs) if train_configs is not None else self._read(cfg.train_file)
         if valid_configs is not None:
             valid = list(valid_configs)
         elif cfg.valid_file:
-            valid = read_configs(cfg.valid_file, cfg.keys)
+            valid = self._read(cfg.valid_file)
         elif cfg.valid_fraction > 0:
             train, valid = split_train_valid(train, cfg.valid_fraction, cfg.seed)
         else:
             valid = []
         need = dict(need_energy=cfg.energy_weight > 0, need_forces=cfg.forces_weight > 0,
-                    need_stress=cfg.stress_weight > 0)
+                    need_stress=cfg.stress_weight > 0, keys=cfg.keys)
         check_labels(train, cfg.train_file, **need)
         if valid:
             check_labels(valid, cfg.valid_file or cfg.train_file, **{**need, "need_stress": False})
+        self.replay_configs = self._read(cfg.replay_file) if cfg.replay_file else []
         self.train_configs, self.valid_configs = train, valid
 
     def _build_model(self):
@@ -120,20 +165,23 @@ class Trainer:
             model = mf.load_model(cfg.model, cfg.model_backend)
             z_table = mf.atomic_numbers(model)
         else:
-            zs = sorted({int(z) for c in self.train_configs + self.valid_configs for z in c.atomic_numbers})
+            zs = sorted({int(z) for c in self.train_configs + self.valid_configs + self.replay_configs
+                         for z in c.atomic_numbers})
             z_table, model = zs, None
         dtype = _DTYPES[cfg.dtype] if cfg.dtype else (mf.model_dtype(model) if model is not None else torch.float64)
         cutoff = mf.r_max(model) if model is not None else float((cfg.new_model or {}).get("r_max", mf.DEFAULT_NEW_MODEL["r_max"]))
         head_names = mf.heads(model) if model is not None else ["Default"]
-        self.train_set = build_dataset(self.train_configs, z_table, cutoff, head_names)
-        self.valid_set = build_dataset(self.valid_configs, z_table, cutoff, head_names)
+        unknown = sorted(set(cfg.head_weights) - set(head_names))
+        if unknown:
+            raise ValueError(f"head_weights: {unknown} not among the model's heads {head_names}")
 
         e0s = self._e0s(model, z_table)
         if model is None:
             e0_vec = np.array([e0s.get(z, 0.0) for z in z_table])
             scale, shift = scale_shift(self.train_configs, e0s)
+            graphs = build_dataset(self.train_configs, z_table, cutoff, head_names).graphs
             with _default_dtype(dtype):
-                model = mf.build_new_model(cfg.new_model, z_table, e0_vec, avg_num_neighbors(self.train_set.graphs),
+                model = mf.build_new_model(cfg.new_model, z_table, e0_vec, avg_num_neighbors(graphs),
                                            scale, shift, head_names, cfg.model_backend)
         elif e0s:
             table = mf.get_e0s(model)
@@ -141,10 +189,15 @@ class Trainer:
                 table[:, z_table.index(z)] = e
             mf.set_e0s(model, table)
         model = model.to(device=self.device, dtype=dtype)
+        self.model, self.dtype = model, dtype
+        replay = self._label_replay(self.replay_configs, z_table, cutoff, head_names)
+        train = [self._weighted(c, cfg.head_weights.get(c.head, 1.0)) for c in self.train_configs]
+        train += [self._weighted(c, cfg.replay_weight * cfg.head_weights.get(c.head, 1.0)) for c in replay]
+        self.train_set = build_dataset(train, z_table, cutoff, head_names)
+        self.valid_set = build_dataset(self.valid_configs, z_table, cutoff, head_names)
         if cfg.freeze:
             frozen = mf.freeze(model, cfg.freeze)
             self._say(f"frozen {len(frozen)} parameter tensors ({', '.join(cfg.freeze)})")
-        self.model, self.dtype = model, dtype
         self.params = [p for p in model.parameters() if p.requires_grad]
         if self.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel as DDP
@@ -153,6 +206,39 @@ class Trainer:
             self.ddp = DDP(model, device_ids=ids)
         else:
             self.ddp = model
+
+    @staticmethod
+    def _weighted(c: Config, factor: float) -> Config:
+        return c if factor == 1.0 else dataclasses.replace(c, weight=c.weight * factor)
+
+    def _label_replay(self, configs: List[Config], z_table, cutoff, head_names) -> List[Config]:
+        """Replay frames as given; those without an energy or forces label get the starting
+        model's predictions for the missing ones (and its stress, for periodic frames)."""
+        missing = [i for i, c in enumerate(configs) if c.energy is None or c.forces is None]
+        if not missing:
+            return configs
+        out = list(configs)
+        dataset = build_dataset([configs[i] for i in missing], z_table, cutoff, head_names)
+        self.model.eval()
+        bs = self.cfg.batch_size
+        for k in range(0, len(missing), bs):
+            idx = missing[k:k + bs]
+            batch = collate(dataset.graphs[k:k + bs], self.dtype, self.device)
+            pred = forward(self.model, batch, training=False, stress=True)
+            ptr = batch["ptr"].tolist()
+            for j, i in enumerate(idx):
+                c = configs[i]
+                stress = c.stress
+                if stress is None and c.pbc.all() and pred.get("stress") is not None:
+                    stress = pred["stress"][j].detach().double().cpu().numpy()
+                forces = pred["forces"][ptr[j]:ptr[j + 1]].detach().double().cpu().numpy()
+                out[i] = dataclasses.replace(
+                    c, energy=c.energy if c.energy is not None else float(pred["energy"][j]),
+                    forces=c.forces if c.forces is not None else forces, stress=stress)
+        self.model.train()
+        self._say(f"{self.cfg.replay_file}: {len(missing)} of {len(configs)} replay frames labelled by the "
+                  "starting model")
+        return out
 
     def _e0s(self, model, z_table) -> Dict[int, float]:
         """Elements -> E0 to write into the model ({} = keep the model's own)."""
@@ -163,6 +249,16 @@ class Trainer:
             return average_e0s(self.train_configs, z_table)
         return {}
 
+    def _schedule_factor(self, step: int) -> float:
+        cfg = self.cfg
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.lr_schedule == "constant":
+            return 1.0
+        total = cfg.epochs * self.steps_per_epoch
+        t = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+
     def _build_optimiser(self):
         cfg = self.cfg
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -171,19 +267,11 @@ class Trainer:
         if self.steps_per_epoch == 0:
             raise ValueError(f"{len(self.train_set)} training structure(s) cannot fill one step on "
                              f"{self.dist.world_size} process(es)")
-        total = cfg.epochs * self.steps_per_epoch
         if cfg.lr_schedule == "plateau":
             self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
                 self.optimizer, factor=cfg.plateau_factor, patience=cfg.plateau_patience)
         else:
-            def factor(step: int) -> float:
-                if step < cfg.warmup_steps:
-                    return (step + 1) / cfg.warmup_steps
-                if cfg.lr_schedule == "constant":
-                    return 1.0
-                t = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
-                return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._schedule_factor)
         self.ema = EMA(self.params, cfg.ema_decay) if cfg.ema_decay else None
 
     # ---- state --------------------------------------------------------------------------------
@@ -201,10 +289,24 @@ class Trainer:
             "world_size": self.dist.world_size,
         }
 
+    def _check_resumable(self, saved: Dict) -> List[str]:
+        """Options changed since the checkpoint: refuse those that would change the data, the
+        model or the batch order; return the honoured ones."""
+        now = self.cfg.to_dict()
+        changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+        refused = [k for k in changed if k not in RESUMABLE_CHANGES]
+        if refused:
+            what = ", ".join(f"{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in refused)
+            raise ValueError(f"cannot resume with changed {what}: the checkpoint's run used the old value(s), "
+                             "and continuing would not be the same run; restore them, or start a new run "
+                             "in another --out directory")
+        return [k for k in changed if k != "out_dir"]
+
     def load_state_dict(self, state: Dict) -> None:
         if state["world_size"] != self.dist.world_size:
             raise ValueError(f"checkpoint was written by {state['world_size']} process(es); resuming with "
                              f"{self.dist.world_size} would change the data order")
+        honoured = self._check_resumable(state.get("config") or {}) if state.get("config") else []
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -212,12 +314,35 @@ class Trainer:
             self.ema.load_state_dict(state["ema"])
         for key in ("step", "epoch", "batch_in_epoch", "epoch_evaluated", "history", "best", "stopped_early"):
             setattr(self, key, state[key])
+        self.best.setdefault("epoch", None)
         ckpt.set_rng_states(state["rng"])
+        if "lr" in honoured:
+            self._set_base_lr(self.cfg.lr)
+        for key in ("weight_decay",):
+            if key in honoured:
+                for group in self.optimizer.param_groups:
+                    group[key] = getattr(self.cfg, key)
+        if honoured:
+            old = state["config"]
+            self._say("resuming with changed " + ", ".join(
+                f"{k} {old.get(k)!r} -> {getattr(self.cfg, k)!r}" for k in honoured))
+
+    def _set_base_lr(self, lr: float) -> None:
+        """A new base learning rate for the rest of the run: the schedule continues from where it
+        was, scaled to the new base (plateau: the new value, reductions start again)."""
+        for group in self.optimizer.param_groups:
+            group["initial_lr"] = lr
+            group["lr"] = lr
+        if isinstance(self.scheduler, torch.optim.lr_scheduler.LambdaLR):
+            self.scheduler.base_lrs = [lr] * len(self.optimizer.param_groups)
+            factor = self._schedule_factor(self.scheduler.last_epoch)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr * factor
+            self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
     def save_checkpoint(self) -> None:
-        if self.dist.is_main:
-            ckpt.save(self.ckpt_dir, self.step, self.state_dict(), self.cfg.keep_checkpoints)
-        dist_utils.barrier()
+        state = self.state_dict() if self.dist.is_main else None
+        dist_utils.on_main(lambda: ckpt.save(self.ckpt_dir, self.step, state, self.cfg.keep_checkpoints))
 
     def resume(self, path: Optional[str] = None) -> bool:
         """Continue from ``path`` or the newest checkpoint in out_dir; False when there is none."""
@@ -230,7 +355,7 @@ class Trainer:
 
     # ---- evaluation ---------------------------------------------------------------------------
     def evaluate(self, dataset: GraphDataset, batch_size: Optional[int] = None) -> Dict[str, float]:
-        """RMSE/MAE over ``dataset`` with the current (EMA) weights, shared across processes."""
+        """RMSE/MAE over ``dataset`` with the weights now in the model, shared across processes."""
         sums = torch.zeros(3, 3, dtype=torch.float64, device=self.device)
         mine = list(range(self.dist.rank, len(dataset), self.dist.world_size))
         bs = batch_size or self.cfg.batch_size
@@ -249,9 +374,15 @@ class Trainer:
         return result
 
     def _ema_context(self):
-        import contextlib
-
         return self.ema.average_parameters() if self.ema is not None else contextlib.nullcontext()
+
+    def _evaluate_start(self) -> None:
+        """The starting model's validation errors, once, before the first step."""
+        if "valid_start" in self.history or not len(self.valid_set):
+            return
+        metrics = self.evaluate(self.valid_set)
+        self.history["valid_start"] = metrics
+        self._say("starting model: " + _format_metrics(metrics))
 
     def _end_of_epoch(self) -> None:
         cfg = self.cfg
@@ -261,7 +392,7 @@ class Trainer:
             metrics = self.evaluate(self.valid_set)
             improved = metrics["loss"] < self.best["loss"]
             if improved:
-                self.best.update(loss=metrics["loss"], step=self.step, bad_evals=0,
+                self.best.update(loss=metrics["loss"], step=self.step, epoch=self.epoch + 1, bad_evals=0,
                                  state={k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()})
         if not improved:
             self.best["bad_evals"] += 1
@@ -273,32 +404,87 @@ class Trainer:
             self.stopped_early = True
             self._say(f"early stop: no improvement in {cfg.patience} evaluation(s)")
 
+    # ---- signals ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _stop_on_signals(self):
+        """SIGINT/SIGTERM ask the loop to stop after the current step; a second one stops at once."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        sigs = [signal.SIGINT, signal.SIGTERM]
+        old = {s: signal.getsignal(s) for s in sigs}
+
+        def handler(signum, frame):
+            self._stop_signal = signum
+            for s in sigs:  # the next one acts at once
+                signal.signal(s, old[s] if callable(old[s]) else signal.SIG_DFL)
+
+        for s in sigs:
+            signal.signal(s, handler)
+        try:
+            yield
+        finally:
+            for s in sigs:
+                signal.signal(s, old[s])
+
+    def _interrupted(self) -> None:
+        signum = self._stop_signal or signal.SIGTERM
+        name = signal.Signals(signum).name
+        self.save_checkpoint()
+        summary = {"interrupted": name, "step": self.step, "epoch": self.epoch,
+                   "valid_start": self.history.get("valid_start")}
+        metrics = dist_utils.on_main(lambda: self._write_metrics(summary))
+        msg = (f"stopped by {name} at step {self.step} (epoch {self.epoch + 1}): checkpoint in {self.ckpt_dir}, "
+               f"metrics so far in {metrics}; continue with --resume")
+        self._say(msg)
+        raise TrainingInterrupted(signum, msg)
+
     # ---- the loop -----------------------------------------------------------------------------
     def fit(self, resume: bool = False) -> Dict:
+        cfg = self.cfg
+        dist_utils.on_main(self._prepare_out_dir)
+        if resume and not self.resume():
+            self._say(f"no checkpoint in {self.ckpt_dir}; starting from the beginning")
+        with self._stop_on_signals():
+            if self.step == 0 and self.batch_in_epoch == 0:
+                self._evaluate_start()
+            self._loop()
+        return self._finish()
+
+    def _prepare_out_dir(self) -> None:
+        os.makedirs(self.cfg.out_dir, exist_ok=True)
+        removed = ckpt.remove_stale_temporaries([self.cfg.out_dir, self.ckpt_dir])
+        if removed:
+            self._say(f"removed {len(removed)} unfinished file(s) of an interrupted run: "
+                      + ", ".join(os.path.basename(p) for p in removed))
+
+    def _loop(self) -> None:
         from tqdm.auto import tqdm
 
         cfg = self.cfg
-        if self.dist.is_main:
-            os.makedirs(cfg.out_dir, exist_ok=True)
-        if resume and not self.resume():
-            self._say(f"no checkpoint in {self.ckpt_dir}; starting from the beginning")
         self.ddp.train()
         while self.epoch < cfg.epochs and not self.stopped_early and not self._budget_spent():
             batches = epoch_batches(len(self.train_set), cfg.batch_size, self.epoch, cfg.seed,
                                     self.dist.rank, self.dist.world_size)
             bar = tqdm(total=len(batches), initial=self.batch_in_epoch, desc=f"epoch {self.epoch + 1}/{cfg.epochs}",
                        disable=not (cfg.progress and self.dist.is_main), leave=False, dynamic_ncols=True)
-            while self.batch_in_epoch < len(batches) and not self._budget_spent():
-                batch = collate([self.train_set.graphs[i] for i in batches[self.batch_in_epoch]], self.dtype, self.device)
-                loss, parts = self._train_step(batch)
-                self.batch_in_epoch += 1
-                self.history["train"].append({"step": self.step, "epoch": self.epoch, "loss": loss,
-                                              "lr": self.optimizer.param_groups[0]["lr"], **parts})
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss:.4g}")
-                if self.step % cfg.checkpoint_every == 0:
-                    self.save_checkpoint()
-            bar.close()
+            try:
+                while self.batch_in_epoch < len(batches) and not self._budget_spent():
+                    batch = collate([self.train_set.graphs[i] for i in batches[self.batch_in_epoch]],
+                                    self.dtype, self.device)
+                    loss, parts, stop = self._train_step(batch)
+                    self.batch_in_epoch += 1
+                    self.history["train"].append({"step": self.step, "epoch": self.epoch, "loss": loss,
+                                                  "lr": self.optimizer.param_groups[0]["lr"], **parts})
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{loss:.4g}")
+                    if stop:
+                        bar.close()
+                        self._interrupted()
+                    if self.step % cfg.checkpoint_every == 0:
+                        self.save_checkpoint()
+            finally:
+                bar.close()
             if self.batch_in_epoch < len(batches):
                 break  # max_steps reached mid-epoch
             if not self.epoch_evaluated:
@@ -308,7 +494,6 @@ class Trainer:
             self.batch_in_epoch = 0
             self.epoch_evaluated = False
         self.save_checkpoint()
-        return self._finish()
 
     def _budget_spent(self) -> bool:
         return self.cfg.max_steps is not None and self.step >= self.cfg.max_steps
@@ -316,7 +501,7 @@ class Trainer:
     def _train_step(self, batch):
         cfg = self.cfg
         self.optimizer.zero_grad(set_to_none=True)
-        loss, parts = backward_step(self.ddp, batch, cfg)
+        loss, parts, stop = backward_step(self.ddp, batch, cfg, stop=self._stop_signal is not None)
         if not math.isfinite(loss):
             raise FloatingPointError(f"training loss is {loss} at step {self.step + 1} (epoch {self.epoch + 1}); "
                                      "lower lr or check the data")
@@ -328,7 +513,12 @@ class Trainer:
         if self.ema is not None:
             self.ema.update()
         self.step += 1
-        return loss, parts
+        return loss, parts, stop
+
+    def _last_state(self) -> Dict[str, torch.Tensor]:
+        """The weights at the end of training (the EMA's, when there is one)."""
+        with self._ema_context():
+            return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
     def load_final_weights(self) -> torch.nn.Module:
         """Put the weights to ship into the model, in place (training is over; continue a run
@@ -344,28 +534,59 @@ class Trainer:
         return self.model
 
     def _finish(self) -> Dict:
+        """Evaluate and save the shipped model (best validation epoch, or the last weights) and,
+        when they differ, the last weights too; every rank takes part in every evaluation."""
         cfg = self.cfg
+        last = self._last_state()
         final = self.load_final_weights()
-        summary = {"train": self.evaluate(self.train_set)}
+        best_is_last = self.best["step"] == self.step
+        saved = "best" if cfg.save_best and self.best["state"] is not None and not best_is_last else "last"
+        summary: Dict = {"train": self.evaluate(self.train_set)}
         if len(self.valid_set):
             summary["valid"] = self.evaluate(self.valid_set)
+        if "valid_start" in self.history:
+            summary["valid_start"] = self.history["valid_start"]
         summary.update(step=self.step, epochs_completed=self.epoch, stopped_early=self.stopped_early,
-                       best_step=self.best["step"])
-        if self.dist.is_main:
-            summary["model_path"] = mf.save_model(final, os.path.join(cfg.out_dir, "model.pt"))
-            if not mf.is_ours(final):  # also keep it usable by mace-torch's own tools
-                try:
-                    summary["mace_model_path"] = mf.save_mace_torch(final, os.path.join(cfg.out_dir, "mace.model"))
-                except Exception as exc:  # pickling whole modules is fragile; our format is the product
-                    warnings.warn(f"could not also save the mace-torch model file: {exc}", stacklevel=2)
-            with open(os.path.join(cfg.out_dir, "metrics.json"), "w") as fh:
-                json.dump({"summary": summary, "history": self.history}, fh, indent=1)
-            if cfg.plot and self.history["train"]:
-                from .plot import plot_history
-
-                summary["plot_path"] = plot_history(self.history, os.path.join(cfg.out_dir, "training.png"))
-            self._say(metrics_table(summary))
+                       best_step=self.best["step"], best_epoch=self.best.get("epoch"), saved=saved)
+        summary.update(dist_utils.on_main(lambda: self._save_models(final, "model.pt", "mace.model")))
+        if saved == "best":  # keep the last weights as well
+            self.model.load_state_dict(last)
+            summary["valid_last"] = self.evaluate(self.valid_set)
+            paths = dist_utils.on_main(lambda: self._save_models(self.model, "model_last.pt", "mace_last.model"))
+            summary.update({k.replace("_path", "_last_path"): v for k, v in paths.items()})
+            self.model.load_state_dict(self.best["state"])
+        summary.update(dist_utils.on_main(lambda: self._report(summary)))
         return summary
+
+    def _save_models(self, model, name: str, mace_name: str) -> Dict[str, str]:
+        cfg = self.cfg
+        out = {"model_path": mf.save_model(model, os.path.join(cfg.out_dir, name))}
+        if mf.have_mace():  # also usable by mace-torch's own tools
+            try:
+                out["mace_model_path"] = mf.save_mace_torch(model, os.path.join(cfg.out_dir, mace_name),
+                                                            template=cfg.model)
+            except Exception as exc:  # a model mace-torch cannot express; ours is the product
+                warnings.warn(f"could not also save a mace-torch model file: {exc}", stacklevel=2)
+        return out
+
+    def _write_metrics(self, summary: Dict) -> str:
+        path = os.path.join(self.cfg.out_dir, "metrics.json")
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as fh:
+            json.dump({"summary": summary, "history": self.history}, fh, indent=1)
+        os.replace(tmp, path)
+        return path
+
+    def _report(self, summary: Dict) -> Dict[str, str]:
+        cfg = self.cfg
+        out = {}
+        self._write_metrics(summary)
+        if cfg.plot and self.history["train"]:
+            from .plot import plot_history
+
+            out["plot_path"] = plot_history(self.history, os.path.join(cfg.out_dir, "training.png"))
+        self._say(metrics_table({**summary, **out}))
+        return out
 
     def _say(self, msg: str) -> None:
         if self.dist.is_main and self.log is not None:
@@ -395,14 +616,26 @@ def _format_metrics(m: Dict[str, float]) -> str:
 
 
 def metrics_table(summary: Dict) -> str:
+    """The closing table: the starting and the saved model on the validation set (and the last
+    weights when the saved ones are the best epoch's), and the saved model on the training set."""
     cols = [("rmse_energy_per_atom", "RMSE E/atom"), ("mae_energy_per_atom", "MAE E/atom"),
             ("rmse_forces", "RMSE F"), ("mae_forces", "MAE F"), ("rmse_stress", "RMSE stress"),
             ("mae_stress", "MAE stress")]
-    lines = ["final model (energies meV/atom, forces meV/Å, stress meV/Å³)",
-             f"{'set':<6}" + "".join(f"{name:>14}" for _, name in cols)]
-    for split in ("train", "valid"):
-        if split in summary:
-            m = summary[split]
-            lines.append(f"{split:<6}" + "".join(
-                f"{1000 * m[k]:>14.3f}" if k in m else f"{'-':>14}" for k, _ in cols))
+    saved = summary.get("saved", "last")
+    which = (f"best validation epoch ({summary.get('best_epoch')})" if saved == "best"
+             else "last weights")
+    rows = [("valid_start", "valid, starting model"), ("valid", f"valid, saved = {which}"),
+            ("valid_last", "valid, last weights"), ("train", "train, saved model")]
+    width = max(len(label) for _, label in rows) + 2
+    lines = ["energies meV/atom, forces meV/Å, stress meV/Å³",
+             f"{'':<{width}}" + "".join(f"{name:>13}" for _, name in cols)]
+    for key, label in rows:
+        if key in summary and summary[key]:
+            m = summary[key]
+            lines.append(f"{label:<{width}}" + "".join(
+                f"{1000 * m[k]:>13.3f}" if k in m else f"{'-':>13}" for k, _ in cols))
+    if "model_path" in summary:
+        lines.append(f"saved: {summary['model_path']} ({which})"
+                     + (f", {summary['model_last_path']} (last weights)" if "model_last_path" in summary else "")
+                     + (f"; mace-torch: {summary['mace_model_path']}" if "mace_model_path" in summary else ""))
     return "\n".join(lines)
