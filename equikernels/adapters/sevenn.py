@@ -1,0 +1,66 @@
+"""SevenNet: ``IrrepsConvolution`` (sevenn.nn.convolution).
+
+Its forward computes per-edge weights, ``message = convolution(x[edge_src], filter, weight)``,
+``message_gather`` (scatter-sum onto ``edge_dst``, ``len(x)`` rows), divides by ``denominator``
+and writes the result back into the data dict. The override does the same with the gather,
+product and scatter as one fused convolution. Applied only where the installed sevenn's forward
+is the one mirrored here (its source is checked) and the layer is not in LAMMPS parallel mode.
+"""
+from __future__ import annotations
+
+import inspect
+
+from torch import nn
+
+from .classes import accelerated_class, original_class, register_overrides
+from .fused import fusable_tp, message_passing
+from .registry import Adapter, NotFused, register
+
+ADAPTER = "sevenn"
+# the statements of IrrepsConvolution.forward that the override reproduces
+_EXPECTED = ("weight = self.weight_nn(data[self.key_weight_input])", "x = data[self.key_x]",
+             "edge_src = data[self.key_edge_idx][1]", "edge_dst = data[self.key_edge_idx][0]",
+             "message = self.convolution(x[edge_src], data[self.key_filter], weight)",
+             "x = message_gather(x, edge_dst, message)", "x = x.div(self.denominator)", "data[self.key_x] = x")
+
+
+def _overrides(cls: type) -> dict:
+    def forward(self, data):
+        weight = self.weight_nn(data[self.key_weight_input])
+        x = data[self.key_x]
+        edge_index = data[self.key_edge_idx]
+        x = message_passing(self.convolution, x, data[self.key_filter], weight, edge_index[1], edge_index[0],
+                            x.shape[0])
+        data[self.key_x] = x.div(self.denominator)
+        return data
+
+    forward.__signature__ = inspect.signature(cls.forward)
+    forward.__doc__ = cls.forward.__doc__
+    return {"forward": forward}
+
+
+register_overrides(ADAPTER, _overrides)
+
+
+def _matches(module: nn.Module) -> bool:
+    cls = original_class(module)
+    return cls.__module__.startswith("sevenn.") and cls.__name__ == "IrrepsConvolution"
+
+
+def _apply(conv: nn.Module) -> str:
+    if getattr(type(conv), "_ek_adapter", None) == ADAPTER:
+        return ""
+    source = " ".join(inspect.getsource(original_class(conv).forward).split())
+    missing = [s for s in _EXPECTED if " ".join(s.split()) not in source]
+    if missing:
+        raise NotFused(f"this sevenn version's IrrepsConvolution.forward differs from the one mirrored ({missing[0]!r})")
+    if getattr(conv, "is_parallel", False):
+        raise NotFused("parallel (LAMMPS ghost-atom) mode")
+    why = fusable_tp(conv.convolution)
+    if why:
+        raise NotFused(why)
+    conv.__class__ = accelerated_class(ADAPTER, type(conv))
+    return "gather -> convolution -> message_gather fused into tensor_product_conv"
+
+
+register(Adapter(ADAPTER, _matches, _apply))
