@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "equikernels.cli.fine_tune",    # fine-tune
     "equikernels.cli.convert",      # convert
     "equikernels.cli.tune",         # tune
+    "equikernels.cli.export_lammps",  # export-lammps
 )
 
 # exceptions that describe bad input rather than a bug; their message is the whole story

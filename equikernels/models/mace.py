@@ -15,7 +15,7 @@ import contextlib
 import copy
 import threading
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -279,8 +279,12 @@ class MACE(nn.Module):
         lengths = torch.linalg.norm(vectors, dim=-1, keepdim=True)
         return positions, vectors, lengths, displacement, cell, node_heads, num_graphs
 
-    def _interactions(self, data, ctx, vectors, lengths, node_heads):
-        """Runs every layer; returns per-node readout energies [per readout] and node features."""
+    def _interactions(self, data, ctx, vectors, lengths, node_heads, num_out: Optional[int] = None,
+                      between_layers: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
+        """Runs every layer; returns per-node readout energies [per readout] and node features.
+        ``num_out``: only the first ``num_out`` nodes receive messages; each layer's node update and
+        the readouts run on those rows only, and ``between_layers`` (required then, for a model of
+        several layers) maps their features [num_out, ...] to the next layer's input [n, ...]."""
         node_attrs = data["node_attrs"]
         n = node_attrs.shape[0]
         sender, receiver = data["edge_index"][0], data["edge_index"][1]
@@ -296,9 +300,18 @@ class MACE(nn.Module):
         if self.pair_repulsion is not None:
             pair = self.pair_repulsion(lengths, node_z, sender, receiver, n)
         prod_element = ctx.prod_element
+        if num_out is not None:
+            prod_element, node_heads = prod_element[:num_out], node_heads[:num_out]
+            pair = None if pair is None else pair[:num_out]
         feats = []
-        for interaction, product in zip(self.interactions, self.products):
+        for k, (interaction, product) in enumerate(zip(self.interactions, self.products)):
+            if k and between_layers is not None:
+                node_feats = between_layers(node_feats)
+            elif k and num_out is not None and node_feats.shape[0] != n:
+                raise ValueError("num_out: a model of several layers needs between_layers to refill the other rows")
             node_feats, sc = interaction(node_feats, groups, edge_attrs, edge_feats, cutoff, graph)
+            if num_out is not None:  # rows past num_out receive no messages: their update is never used
+                node_feats, sc = node_feats[:num_out], None if sc is None else sc[:num_out]
             node_feats = product(node_feats, sc, prod_element)
             feats.append(node_feats)
         node_es = []
@@ -329,6 +342,35 @@ class MACE(nn.Module):
         return (positions, vectors, displacement, cell, node_heads, num_graphs, batch, node_e0, e0, node_es, pair,
                 node_feats, ctx)
 
+    def edge_node_energies(self, node_attrs: torch.Tensor, edge_index: torch.Tensor, vectors: torch.Tensor,
+                           head: Optional[torch.Tensor] = None, num_out: Optional[int] = None,
+                           between_layers: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
+        """Per-node energies (E0 included, as ``node_energy``) of one graph given by its edge vectors
+        (``vectors[e]`` = x[receiver] - x[sender], ``edge_index`` = [sender, receiver]; no positions,
+        cell or shifts): differentiate them with respect to ``vectors`` for per-edge forces.
+        ``num_out`` / ``between_layers``: see ``_interactions``; the result has ``num_out`` rows then."""
+        n = node_attrs.shape[0]
+        if vectors.dim() != 2 or vectors.shape[1] != 3 or edge_index.shape != (2, vectors.shape[0]):
+            raise ValueError(f"vectors / edge_index: expected [E, 3] and [2, E], got {tuple(vectors.shape)} and "
+                             f"{tuple(edge_index.shape)}")
+        if not self._u_ready:
+            raise RuntimeError("this MACE has no U tensors yet: build it with equikernels.models.from_mace or load()")
+        batch = torch.zeros(n, dtype=torch.int64, device=node_attrs.device)
+        ptr = torch.tensor([0, n], dtype=torch.int64, device=node_attrs.device)
+        data = {"node_attrs": node_attrs, "edge_index": edge_index, "batch": batch, "ptr": ptr, "head": head}
+        ctx = self._context(data)
+        lengths = torch.linalg.norm(vectors, dim=-1, keepdim=True)
+        with trusted_inputs(node_feats=False):
+            node_es, pair, _ = self._interactions(data, ctx, vectors, lengths, ctx.node_heads, num_out, between_layers)
+        rows = n if num_out is None else num_out
+        return self._node_energy(ctx, ctx.node_e0[:rows], pair, node_es)
+
+    def _node_energy(self, ctx, node_e0, pair, node_es) -> torch.Tensor:
+        total = node_e0 if pair is None else node_e0 + pair
+        for es in node_es:
+            total = total + es
+        return total
+
     def forward(self, data: Dict[str, torch.Tensor], training: bool = False, compute_force: bool = True,
                 compute_virials: bool = False, compute_stress: bool = False, compute_displacement: bool = False,
                 compute_hessian: bool = False, compute_edge_forces: bool = False,
@@ -358,6 +400,14 @@ class ScaleShiftMACE(MACE):
         shape = config.get("scale_shift_shape", [])
         self.register_buffer("scale", torch.ones(shape))
         self.register_buffer("shift", torch.zeros(shape))
+
+    def _node_energy(self, ctx, node_e0, pair, node_es) -> torch.Tensor:
+        terms = ([pair] if pair is not None else []) + node_es
+        inter = terms[0]
+        for t in terms[1:]:
+            inter = inter + t
+        rows = node_e0.shape[0]
+        return node_e0 + (ctx.scale[:rows] * inter + ctx.shift[:rows])
 
     def forward(self, data: Dict[str, torch.Tensor], training: bool = False, compute_force: bool = True,
                 compute_virials: bool = False, compute_stress: bool = False, compute_displacement: bool = False,

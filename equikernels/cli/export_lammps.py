@@ -1,0 +1,32 @@
+"""``equikernels export-lammps MODEL OUT``: the ML-IAP unified object LAMMPS loads with
+``pair_style mliap unified OUT 0``."""
+from __future__ import annotations
+
+import argparse
+
+DTYPES = ("float64", "float32")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("export-lammps", help="write a model for LAMMPS (pair_style mliap unified)",
+                              description="Write the LAMMPS ML-IAP unified model of an equikernels or mace-torch "
+                                          "MACE model (mace-torch files need mace-torch here, not where LAMMPS "
+                                          "runs). OUT ending in .pt/.pth is read by LAMMPS with torch.load, any "
+                                          "other name with pickle.load. See docs/lammps.md.")
+    p.add_argument("model", metavar="MODEL", help="equikernels model file/directory or mace-torch .model file")
+    p.add_argument("output", metavar="OUT", help="output file, e.g. model-mliap.pt")
+    p.add_argument("--dtype", choices=DTYPES, default=None, help="precision to run in (default: the model's)")
+    p.add_argument("--head", default=None, help="head of a multi-head model (default: the only or 'Default' head)")
+    p.set_defaults(func=_export)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from ..lammps.export import export_mliap  # noqa: PLC0415 (keeps `equikernels --help` light)
+
+    obj = export_mliap(args.model, args.output, dtype=args.dtype, head=args.head)
+    elements = " ".join(obj.element_types)
+    print(f"wrote {args.output}: {type(obj.model).__name__}, {obj.num_layers} interaction layers, {obj.dtype_name}, "
+          f"head {obj.head!r}, cutoff {2 * obj.rcutfac:g} A\n"
+          f"LAMMPS input:\n  pair_style mliap unified {args.output} 0\n"
+          f"  pair_coeff * * <one of {elements} per atom type>")
+    return 0

