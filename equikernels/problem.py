@@ -9,6 +9,7 @@ import functools
 import hashlib
 import json
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Tuple
 
@@ -21,16 +22,36 @@ PATH_NORMALIZATIONS = ("element", "path", "none")
 Irrep = Tuple[int, int, int]  # (mul, l, parity)
 
 
+class TensorProductError(ValueError, AssertionError):
+    """An invalid tensor-product description. A ValueError; also an AssertionError, which is what
+    e3nn raises for the same mistakes (parity, triangle rule, multiplicities, normalisation names),
+    so code written against e3nn that catches AssertionError keeps working."""
+
+    __str__ = BaseException.__str__  # the message as given (KeyError, a sibling base, would quote it)
+
+
+class TensorProductTypeError(TensorProductError, TypeError):
+    """A wrongly typed argument (e.g. a float instruction index): e3nn raises TypeError here."""
+
+
+class TensorProductIndexError(TensorProductError, IndexError):
+    """An instruction index outside the irreps: e3nn raises IndexError here."""
+
+
+class TensorProductKeyError(TensorProductError, KeyError):
+    """An unknown connection mode: e3nn raises KeyError here."""
+
+
 def parse_irreps(value, name: str) -> Tuple[Irrep, ...]:
     """Irreps (string, e3nn Irreps or list of (mul, (l, p))) -> tuple of (mul, l, p)."""
     try:
         irreps = o3.Irreps(value)
     except Exception as exc:  # e3nn raises ValueError/AssertionError/TypeError depending on version
-        raise ValueError(f"{name}: expected irreps such as '16x0e+8x1o', got {value!r} ({exc})") from None
+        raise TensorProductError(f"{name}: expected irreps such as '16x0e+8x1o', got {value!r} ({exc})") from None
     out = []
     for mul, ir in irreps:
         if mul < 0:
-            raise ValueError(f"{name}: multiplicities must be >= 0, got {mul} in {value!r}")
+            raise TensorProductError(f"{name}: multiplicities must be >= 0, got {mul} in {value!r}")
         out.append((int(mul), int(ir.l), int(ir.p)))
     return tuple(out)
 
@@ -68,28 +89,58 @@ class Instruction:
         }[self.mode]
 
 
+_INSTRUCTION_FORM = "(i_in1, i_in2, i_out, mode, has_weight[, path_weight])"
+
+
+def _index(value, k: int, name: str) -> int:
+    """An instruction index: an int (or numpy/torch integer); a float such as 0.0 is refused, as e3nn
+    (which indexes the irreps with it) does, rather than truncated."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TensorProductTypeError(f"instructions[{k}]: {name} must be an integer index, got {value!r} "
+                                     f"({type(value).__name__})")
+    return operator.index(value)
+
+
 def _as_instruction(ins, k: int) -> Instruction:
     if isinstance(ins, Instruction):
         return ins
+    if isinstance(ins, (str, bytes)) or not hasattr(ins, "__iter__"):
+        raise TensorProductTypeError(f"instructions[{k}]: expected a tuple {_INSTRUCTION_FORM}, got {ins!r}")
     ins = tuple(ins)
     if len(ins) not in (5, 6):
-        raise ValueError(
-            f"instructions[{k}]: expected (i_in1, i_in2, i_out, mode, has_weight[, path_weight]), got {ins!r}"
-        )
-    i1, i2, io, mode, hw = ins[:5]
+        raise TensorProductError(f"instructions[{k}]: expected {_INSTRUCTION_FORM}, got {ins!r}")
+    i1, i2, io = (_index(v, k, n) for v, n in zip(ins[:3], ("i_in1", "i_in2", "i_out")))
+    mode, hw = ins[3:5]
+    if not isinstance(mode, str):
+        raise TensorProductTypeError(f"instructions[{k}]: mode must be a string such as 'uvw', got {mode!r}")
     try:
         pw = float(ins[5]) if len(ins) == 6 else 1.0
     except (TypeError, ValueError):
-        raise ValueError(f"instructions[{k}]: path_weight must be a number, got {ins[5]!r}") from None
-    return Instruction(int(i1), int(i2), int(io), str(mode), bool(hw), pw)
+        raise TensorProductTypeError(f"instructions[{k}]: path_weight must be a number, got {ins[5]!r}") from None
+    if not (math.isfinite(pw) and pw >= 0):  # e3nn takes its square root
+        raise TensorProductError(f"instructions[{k}]: path_weight must be a finite number >= 0, got {ins[5]!r}")
+    return Instruction(i1, i2, io, mode, bool(hw), pw)
+
+
+def _instructions(instructions) -> Tuple[Instruction, ...]:
+    if isinstance(instructions, (str, bytes)) or not hasattr(instructions, "__iter__"):
+        raise TensorProductTypeError(f"instructions: expected a list of tuples {_INSTRUCTION_FORM}, "
+                                     f"got {instructions!r}")
+    return tuple(_as_instruction(ins, k) for k, ins in enumerate(instructions))
 
 
 def _variances(value, n: int, name: str) -> Tuple[float, ...]:
     if value is None:
         return (1.0,) * n
-    vals = tuple(float(v) for v in value)
+    try:
+        vals = tuple(float(v) for v in value)
+    except (TypeError, ValueError):
+        raise TensorProductTypeError(f"{name}: expected one number (variance) per irrep, {n} in all, "
+                                     f"got {value!r}") from None
     if len(vals) != n:
-        raise ValueError(f"{name}: expected {n} variances (one per irrep), got {len(vals)}")
+        raise TensorProductError(f"{name}: expected {n} variances (one per irrep), got {len(vals)}")
+    if not all(math.isfinite(v) and v >= 0 for v in vals):
+        raise TensorProductError(f"{name}: variances must be finite and >= 0, got {value!r}")
     return vals
 
 
@@ -130,10 +181,12 @@ class TPProblem:
         irrep_normalization = "component" if irrep_normalization is None else irrep_normalization
         path_normalization = "element" if path_normalization is None else path_normalization
         if irrep_normalization not in IRREP_NORMALIZATIONS:
-            raise ValueError(f"irrep_normalization: expected one of {IRREP_NORMALIZATIONS}, got {irrep_normalization!r}")
+            raise TensorProductError(f"irrep_normalization: expected one of {IRREP_NORMALIZATIONS}, "
+                                     f"got {irrep_normalization!r}")
         if path_normalization not in PATH_NORMALIZATIONS:
-            raise ValueError(f"path_normalization: expected one of {PATH_NORMALIZATIONS}, got {path_normalization!r}")
-        instrs = tuple(_as_instruction(ins, k) for k, ins in enumerate(instructions))
+            raise TensorProductError(f"path_normalization: expected one of {PATH_NORMALIZATIONS}, "
+                                     f"got {path_normalization!r}")
+        instrs = _instructions(instructions)
         for k, ins in enumerate(instrs):
             _validate_instruction(ins, k, i1, i2, io)
         if shared_weights is False and internal_weights is None:
@@ -143,7 +196,7 @@ class TPProblem:
         if internal_weights is None:
             internal_weights = shared_weights and any(i.has_weight for i in instrs)
         if internal_weights and not shared_weights:
-            raise ValueError("internal_weights=True requires shared_weights=True")
+            raise TensorProductError("internal_weights=True requires shared_weights=True")
         p = TPProblem(
             i1, i2, io, instrs,
             _variances(in1_var, len(i1), "in1_var"),
@@ -211,16 +264,16 @@ class TPProblem:
 def _validate_instruction(ins: Instruction, k: int, i1, i2, io) -> None:
     where = f"instructions[{k}]"
     if ins.mode not in MODES:
-        raise ValueError(f"{where}: unknown connection mode {ins.mode!r}; expected one of {MODES}")
+        raise TensorProductKeyError(f"{where}: unknown connection mode {ins.mode!r}; expected one of {MODES}")
     for idx, irreps, name in ((ins.i_in1, i1, "i_in1"), (ins.i_in2, i2, "i_in2"), (ins.i_out, io, "i_out")):
         if not 0 <= idx < len(irreps):
-            raise ValueError(f"{where}: {name}={idx} out of range for irreps with {len(irreps)} entries")
+            raise TensorProductIndexError(f"{where}: {name}={idx} out of range for irreps with {len(irreps)} entries")
     (m1, l1, p1), (m2, l2, p2), (mo, lo, po) = i1[ins.i_in1], i2[ins.i_in2], io[ins.i_out]
     if p1 * p2 != po:
-        raise ValueError(f"{where}: parity mismatch, {l1}{'eo'[p1 < 0]} x {l2}{'eo'[p2 < 0]} cannot give "
+        raise TensorProductError(f"{where}: parity mismatch, {l1}{'eo'[p1 < 0]} x {l2}{'eo'[p2 < 0]} cannot give "
                          f"{lo}{'eo'[po < 0]}")
     if not abs(l1 - l2) <= lo <= l1 + l2:
-        raise ValueError(f"{where}: l_out={lo} violates the triangle rule for l1={l1}, l2={l2}")
+        raise TensorProductError(f"{where}: l_out={lo} violates the triangle rule for l1={l1}, l2={l2}")
     need = {
         "uvu": (m1 == mo, "mul_in1 == mul_out"), "uvv": (m2 == mo, "mul_in2 == mul_out"),
         "uuw": (m1 == m2, "mul_in1 == mul_in2"), "uuu": (m1 == m2 == mo, "mul_in1 == mul_in2 == mul_out"),
@@ -229,11 +282,11 @@ def _validate_instruction(ins: Instruction, k: int, i1, i2, io) -> None:
         "u<vw": (m1 == m2, "mul_in1 == mul_in2"),
     }.get(ins.mode)
     if need is not None and not need[0]:
-        raise ValueError(f"{where}: mode {ins.mode!r} requires {need[1]} (got {m1}, {m2}, {mo})")
+        raise TensorProductError(f"{where}: mode {ins.mode!r} requires {need[1]} (got {m1}, {m2}, {mo})")
     if ins.mode in ("uvw", "u<vw") and not ins.has_weight:
-        raise ValueError(f"{where}: mode {ins.mode!r} requires has_weight=True")
+        raise TensorProductError(f"{where}: mode {ins.mode!r} requires has_weight=True")
     if ins.mode == "uuw" and not ins.has_weight and mo != 1:
-        raise ValueError(f"{where}: unweighted 'uuw' requires mul_out == 1 (got {mo})")
+        raise TensorProductError(f"{where}: unweighted 'uuw' requires mul_out == 1 (got {mo})")
 
 
 def problem_to_spec(p: TPProblem) -> dict:

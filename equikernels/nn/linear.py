@@ -16,9 +16,27 @@ from torch import nn
 from .._compat import o3
 from e3nn.o3._linear import Instruction  # noqa: E402 (after the safe e3nn import)
 
+from ..problem import TensorProductError, TensorProductIndexError, TensorProductTypeError, parse_irreps
 from ..reference import autocast_on
 
 __all__ = ["Linear"]
+
+
+def _linear_instructions(instructions) -> List[Tuple[int, int]]:
+    """(i_in, i_out) pairs of integers; a float index is refused, as e3nn (which indexes with it) does."""
+    form = "a list of (i_in, i_out) pairs"
+    if isinstance(instructions, (str, bytes)) or not hasattr(instructions, "__iter__"):
+        raise TensorProductTypeError(f"instructions: expected {form}, got {instructions!r}")
+    out = []
+    for k, ins in enumerate(instructions):
+        if isinstance(ins, (str, bytes)) or not hasattr(ins, "__iter__") or len(tuple(ins)) != 2:
+            raise TensorProductTypeError(f"instructions[{k}]: expected an (i_in, i_out) pair, got {ins!r}")
+        for v in ins:
+            if isinstance(v, bool) or not hasattr(v, "__index__"):
+                raise TensorProductTypeError(f"instructions[{k}]: indices must be integers, got {v!r} "
+                                             f"({type(v).__name__})")
+        out.append(tuple(int(v) for v in ins))
+    return out
 
 
 class Linear(nn.Module):
@@ -44,26 +62,29 @@ class Linear(nn.Module):
         layout: str = "mul_ir",
     ) -> None:
         super().__init__()
-        del _optimize_einsums
+        self._optimize_einsums = _optimize_einsums  # e3nn's codegen knob: kept (code reads it), unused
         if path_normalization not in ("element", "path"):
-            raise ValueError(f"path_normalization: expected 'element' or 'path', got {path_normalization!r}")
+            raise TensorProductError(f"path_normalization: expected 'element' or 'path', got {path_normalization!r}")
         if layout not in ("mul_ir", "ir_mul"):
             raise ValueError(f"layout: expected 'mul_ir' or 'ir_mul', got {layout!r}")
         if (f_in is None) != (f_out is None):
-            raise ValueError(f"f_in and f_out: give both or neither (got f_in={f_in}, f_out={f_out})")
+            raise TensorProductError(f"f_in and f_out: give both or neither (got f_in={f_in}, f_out={f_out})")
+        parse_irreps(irreps_in, "irreps_in")  # a clear error naming the argument
+        parse_irreps(irreps_out, "irreps_out")
         irreps_in, irreps_out = o3.Irreps(irreps_in), o3.Irreps(irreps_out)
         if instructions is None:
             instructions = [(i, o) for i, (_, ir_i) in enumerate(irreps_in)
                             for o, (_, ir_o) in enumerate(irreps_out) if ir_i == ir_o]
-        instructions = [tuple(ins) for ins in instructions]
+        instructions = _linear_instructions(instructions)
         for i_in, i_out in instructions:
             if not 0 <= i_in < len(irreps_in):
-                raise IndexError(f"instructions: {i_in} is not a valid index for irreps_in ({irreps_in})")
+                raise TensorProductIndexError(f"instructions: {i_in} is not a valid index for irreps_in ({irreps_in})")
             if not 0 <= i_out < len(irreps_out):
-                raise IndexError(f"instructions: {i_out} is not a valid index for irreps_out ({irreps_out})")
+                raise TensorProductIndexError(f"instructions: {i_out} is not a valid index for irreps_out "
+                                              f"({irreps_out})")
             if irreps_in[i_in].ir != irreps_out[i_out].ir:
-                raise ValueError(f"instructions: {i_in} and {i_out} do not have the same irrep "
-                                 f"({irreps_in[i_in].ir} vs {irreps_out[i_out].ir})")
+                raise TensorProductError(f"instructions: {i_in} and {i_out} do not have the same irrep "
+                                         f"({irreps_in[i_in].ir} vs {irreps_out[i_out].ir})")
 
         def fan_in(i_in, i_out):
             # "element": every input channel feeding this output block; "path": this path's only
@@ -77,13 +98,15 @@ class Linear(nn.Module):
             biases = [False] * len(irreps_out)
         if isinstance(biases, bool):
             biases = [biases and ir.is_scalar() for _, ir in irreps_out]
+        if not hasattr(biases, "__iter__"):
+            raise TensorProductTypeError(f"biases: expected a bool or one bool per irreps_out entry, got {biases!r}")
         biases = list(biases)
         if len(biases) != len(irreps_out):
-            raise ValueError(f"biases: expected {len(irreps_out)} booleans (one per irreps_out entry), "
-                             f"got {len(biases)}")
+            raise TensorProductError(f"biases: expected {len(irreps_out)} booleans (one per irreps_out entry), "
+                                     f"got {len(biases)}")
         for b, (_, ir) in zip(biases, irreps_out):
             if b and not ir.is_scalar():
-                raise ValueError(f"biases: only scalar (0e) outputs can have a bias, not {ir}")
+                raise TensorProductError(f"biases: only scalar (0e) outputs can have a bias, not {ir}")
         # e3nn encodes biases as instructions with i_in = -1
         self.instructions += [Instruction(-1, o, (mul_ir.dim,), 1.0)
                               for o, (b, mul_ir) in enumerate(zip(biases, irreps_out)) if b]
@@ -93,7 +116,7 @@ class Linear(nn.Module):
         shared_weights = True if shared_weights is None else shared_weights
         internal_weights = True if internal_weights is None else internal_weights
         if internal_weights and not shared_weights:
-            raise ValueError("internal_weights=True requires shared_weights=True")
+            raise TensorProductError("internal_weights=True requires shared_weights=True")
         self.internal_weights, self.shared_weights = bool(internal_weights), bool(shared_weights)
         self.irreps_in, self.irreps_out = irreps_in, irreps_out
         self.f_in, self.f_out, self.layout = f_in, f_out, layout

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from .._compat import o3
+from ..problem import TensorProductError, TensorProductTypeError, parse_irreps
 
 __all__ = ["SphericalHarmonics", "ir_mul_permutation"]
 
@@ -23,6 +24,27 @@ def ir_mul_permutation(irreps) -> Optional[torch.Tensor]:
         perm += [off + u * d + i for i in range(d) for u in range(mul)]
         off += mul * d
     return None if perm == list(range(off)) else torch.tensor(perm, dtype=torch.long)
+
+
+MAX_L = 12  # the highest degree e3nn implements
+
+
+def _check_ls(irreps_out) -> None:
+    """The degrees asked for: an int, a list of ints, or irreps; each l in [0, MAX_L], at least one."""
+    if isinstance(irreps_out, (str, o3.Irreps)):
+        ls = [l for mul, l, _ in parse_irreps(irreps_out, "irreps_out") for _ in range(mul)]
+    elif isinstance(irreps_out, (list, tuple)):
+        ls = list(irreps_out)
+    else:
+        ls = [irreps_out]
+    for l in ls:
+        if isinstance(l, bool) or not hasattr(l, "__index__"):
+            raise TensorProductTypeError(f"irreps_out: expected degrees l as integers (an int, a list of ints or "
+                                         f"irreps such as '0e+1o+2e'), got {irreps_out!r}")
+        if not 0 <= int(l) <= MAX_L:
+            raise TensorProductError(f"irreps_out: each degree l must lie in [0, {MAX_L}], got {int(l)}")
+    if not ls:
+        raise TensorProductError(f"irreps_out: expected at least one degree l, got {irreps_out!r}")
 
 
 class SphericalHarmonics(nn.Module):
@@ -39,7 +61,9 @@ class SphericalHarmonics(nn.Module):
         if layout not in ("mul_ir", "ir_mul"):
             raise ValueError(f"layout: expected 'mul_ir' or 'ir_mul', got {layout!r}")
         if normalization not in ("integral", "component", "norm"):
-            raise ValueError(f"normalization: expected 'integral', 'component' or 'norm', got {normalization!r}")
+            raise TensorProductError(f"normalization: expected 'integral', 'component' or 'norm', "
+                                     f"got {normalization!r}")
+        _check_ls(irreps_out)
         impl = o3.SphericalHarmonics(irreps_out, normalize, normalization, irreps_in)
         self._impl = (impl,)  # a tuple, so it is not a registered submodule (keeps named_modules clean)
         self.irreps_in, self.irreps_out = impl.irreps_in, impl.irreps_out

@@ -20,7 +20,7 @@ from e3nn.o3._tensor_product._instruction import Instruction  # noqa: E402 (afte
 
 from ..ops import tensor_product as _tensor_product
 from ..ops.tp import check_dtypes
-from ..problem import TPProblem
+from ..problem import TensorProductError, TPProblem, parse_irreps
 
 __all__ = ["TensorProduct", "FullyConnectedTensorProduct", "ElementwiseTensorProduct", "FullTensorProduct",
            "TensorSquare", "ChannelWiseTensorProduct"]
@@ -63,12 +63,17 @@ class TensorProduct(nn.Module):
         super().__init__()
         check_dtypes(math_dtype, output_dtype)
         self.math_dtype, self.output_dtype = math_dtype, output_dtype
-        del compile_left_right, compile_right, _optimize_einsums  # e3nn codegen knobs
+        del compile_left_right, compile_right  # e3nn codegen knobs
+        # kept as attributes (code written for e3nn reads them); they do not change the computation
+        self._specialized_code = (e3nn.get_optimization_defaults().get("specialized_code", True)
+                                  if _specialized_code is None else bool(_specialized_code))
+        self._optimize_einsums = (e3nn.get_optimization_defaults().get("optimize_einsums", True)
+                                  if _optimize_einsums is None else bool(_optimize_einsums))
         if normalization is not None:
             warnings.warn("`normalization` is deprecated. Use `irrep_normalization` instead.", DeprecationWarning)
             irrep_normalization = normalization
         if layout not in ("mul_ir", "ir_mul"):
-            raise ValueError(f"layout: expected 'mul_ir' or 'ir_mul', got {layout!r}")
+            raise TensorProductError(f"layout: expected 'mul_ir' or 'ir_mul', got {layout!r}")
         self.problem = TPProblem.create(
             irreps_in1, irreps_in2, irreps_out, instructions, in1_var, in2_var, out_var,
             irrep_normalization, path_normalization, internal_weights, shared_weights)
@@ -210,13 +215,19 @@ def _e3nn_constants(tp: "TensorProduct", specialized: Optional[bool]) -> Dict[st
     return consts
 
 
+def _irreps(value, name: str):
+    """``o3.Irreps(value)``, with a clear error naming the argument (catchable as e3nn's)."""
+    parse_irreps(value, name)
+    return o3.Irreps(value)
+
+
 def _filter(filter_ir_out, name="filter_ir_out"):
     if filter_ir_out is None:
         return None
     try:
         return [o3.Irrep(ir) for ir in filter_ir_out]
     except (ValueError, TypeError, AssertionError):
-        raise ValueError(f"{name}: expected an iterable of irreps such as ['0e', '1o'], "
+        raise TensorProductError(f"{name}: expected an iterable of irreps such as ['0e', '1o'], "
                          f"got {filter_ir_out!r}") from None
 
 
@@ -225,7 +236,8 @@ class FullyConnectedTensorProduct(TensorProduct):
 
     def __init__(self, irreps_in1, irreps_in2, irreps_out, irrep_normalization: Optional[str] = None,
                  path_normalization: Optional[str] = None, **kwargs) -> None:
-        irreps_in1, irreps_in2, irreps_out = o3.Irreps(irreps_in1), o3.Irreps(irreps_in2), o3.Irreps(irreps_out)
+        irreps_in1, irreps_in2 = _irreps(irreps_in1, "irreps_in1"), _irreps(irreps_in2, "irreps_in2")
+        irreps_out = _irreps(irreps_out, "irreps_out")
         instr = [(a, b, c, "uvw", True, 1.0)
                  for a, (_, ir1) in enumerate(irreps_in1)
                  for b, (_, ir2) in enumerate(irreps_in2)
@@ -239,10 +251,11 @@ class ElementwiseTensorProduct(TensorProduct):
 
     def __init__(self, irreps_in1, irreps_in2, filter_ir_out=None, irrep_normalization: Optional[str] = None,
                  **kwargs) -> None:
-        irreps_in1, irreps_in2 = o3.Irreps(irreps_in1).simplify(), o3.Irreps(irreps_in2).simplify()
+        irreps_in1 = _irreps(irreps_in1, "irreps_in1").simplify()
+        irreps_in2 = _irreps(irreps_in2, "irreps_in2").simplify()
         filter_ir_out = _filter(filter_ir_out)
         if irreps_in1.num_irreps != irreps_in2.num_irreps:
-            raise ValueError(f"irreps_in1 ({irreps_in1}) and irreps_in2 ({irreps_in2}) must have the same number "
+            raise TensorProductError(f"irreps_in1 ({irreps_in1}) and irreps_in2 ({irreps_in2}) must have the same number "
                              "of irreps for an elementwise product")
         # split blocks so that the two inputs are aligned block by block
         a, b = [(m, ir) for m, ir in irreps_in1], [(m, ir) for m, ir in irreps_in2]
@@ -268,7 +281,8 @@ class FullTensorProduct(TensorProduct):
 
     def __init__(self, irreps_in1, irreps_in2, filter_ir_out: Iterator = None,
                  irrep_normalization: Optional[str] = None, **kwargs) -> None:
-        irreps_in1, irreps_in2 = o3.Irreps(irreps_in1).simplify(), o3.Irreps(irreps_in2).simplify()
+        irreps_in1 = _irreps(irreps_in1, "irreps_in1").simplify()
+        irreps_in2 = _irreps(irreps_in2, "irreps_in2").simplify()
         filter_ir_out = _filter(filter_ir_out)
         out, instr = [], []
         for a, (m1, ir1) in enumerate(irreps_in1):
@@ -312,14 +326,14 @@ class TensorSquare(TensorProduct):
                  irrep_normalization: Optional[str] = None, **kwargs) -> None:
         norm = "component" if irrep_normalization is None else irrep_normalization
         if norm not in ("component", "norm", "none"):
-            raise ValueError(f"irrep_normalization: expected 'component', 'norm' or 'none', got {norm!r}")
-        irreps_in = o3.Irreps(irreps_in).simplify()
+            raise TensorProductError(f"irrep_normalization: expected 'component', 'norm' or 'none', got {norm!r}")
+        irreps_in = _irreps(irreps_in, "irreps_in").simplify()
         filter_ir_out = _filter(filter_ir_out)
         instr = []
         if irreps_out is not None and filter_ir_out is not None:
-            raise ValueError("Both `irreps_out` and `filter_ir_out` are not None, this is ambiguous.")
+            raise TensorProductError("irreps_out and filter_ir_out: give at most one (both given is ambiguous)")
         weighted = irreps_out is not None
-        targets = list(enumerate(o3.Irreps(irreps_out).simplify())) if weighted else None
+        targets = list(enumerate(_irreps(irreps_out, "irreps_out").simplify())) if weighted else None
         out = []  # weightless case: one output block per path, sorted at the end
         for a, (m, ir1) in enumerate(irreps_in):
             for b, (m2, ir2) in enumerate(irreps_in):
@@ -370,7 +384,7 @@ class ChannelWiseTensorProduct(TensorProduct):
 
     def __init__(self, irreps_in1, irreps_in2, filter_ir_out=None, irrep_normalization: Optional[str] = None,
                  path_normalization: Optional[str] = None, **kwargs) -> None:
-        irreps_in1, irreps_in2 = o3.Irreps(irreps_in1), o3.Irreps(irreps_in2)
+        irreps_in1, irreps_in2 = _irreps(irreps_in1, "irreps_in1"), _irreps(irreps_in2, "irreps_in2")
         if isinstance(filter_ir_out, (str, o3.Irreps)):
             filter_ir_out = [ir for _, ir in o3.Irreps(filter_ir_out)]
         filter_ir_out = _filter(filter_ir_out)
