@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
+import signal
 import sys
+import warnings
 from typing import List, Optional
+
+from .. import settings
 
 # sub-command modules, in the order `equikernels --help` lists them
 COMMAND_MODULES = (
@@ -18,6 +21,7 @@ COMMAND_MODULES = (
     "equikernels.cli.convert",      # convert
     "equikernels.cli.tune",         # tune
     "equikernels.cli.export_lammps",  # export-lammps
+    "equikernels.cli.bench",        # bench
 )
 
 # exceptions that describe bad input rather than a bug; their message is the whole story
@@ -26,7 +30,7 @@ USER_ERRORS = (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryEr
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .. import __version__
+    from .._version import __version__
 
     parser = argparse.ArgumentParser(prog="equikernels",
                                      description="Fast e3nn-compatible equivariant kernels, MACE, MD and fine-tuning.")
@@ -39,7 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _debug_requested(args: Optional[argparse.Namespace]) -> bool:
-    return bool(getattr(args, "debug", False)) or os.environ.get("EQUIKERNELS_DEBUG", "") not in ("", "0")
+    return bool(getattr(args, "debug", False)) or settings.get().debug
+
+
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    text = str(message).strip().splitlines()
+    return f"equikernels: warning: {text[0] if text else category.__name__}\n"
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -48,13 +57,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    debug = _debug_requested(args)
+    saved = warnings.formatwarning
+    if not debug:  # warnings as one line each, like the errors below
+        warnings.formatwarning = _one_line_warning
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        if _debug_requested(args):
+    except KeyboardInterrupt as exc:
+        if debug:
             raise
-        print(f"equikernels {args.command}: interrupted", file=sys.stderr)
-        return 130
+        signum = getattr(exc, "signum", signal.SIGINT)
+        print(f"equikernels {args.command}: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
+        return 128 + int(signum)
     except USER_ERRORS as exc:
         if _debug_requested(args):
             raise
@@ -64,6 +78,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         first = msg.strip().splitlines()[0] if msg.strip() else type(exc).__name__
         print(f"equikernels {args.command}: error: {first} (run with --debug for the traceback)", file=sys.stderr)
         return 2
+    finally:
+        warnings.formatwarning = saved
 
 
 if __name__ == "__main__":

@@ -1,0 +1,138 @@
+"""The regression guard: compare a benchmark run with a stored baseline of the same GPU kind.
+
+A cell (one implementation of one measurement) regresses when its median is slower than the
+baseline's by more than ``margin`` (relative) plus ``slack_ms`` (absolute)::
+
+    current_ms > baseline_ms * (1 + margin) + slack_ms
+
+Defaults: ``margin = 0.10`` and ``slack_ms = 0.05``. Reruns of unchanged code on machines of one GPU
+kind agree to a few per cent on cells whose time is GPU time (clocks, the allocator and the
+machine differ between runs); 10 % stays clear of that while a real regression (the kind the guard
+exists for is 20 % and more) still stands out. Cells below a few tenths of a millisecond are bound
+by host work, whose tens of microseconds vary more between processes than any relative margin can
+absorb: the absolute slack covers them. A cell that ran in the baseline but failed or vanished in
+the current run regresses too, and so does an equikernels result whose error against e3nn in
+float64 exceeds its tolerance. Runs on different GPU kinds are never compared.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Tuple, Union
+
+DEFAULT_MARGIN = 0.10
+DEFAULT_SLACK_MS = 0.05
+SCHEMA = "equikernels-bench/1"
+
+
+class GPUKindMismatch(ValueError):
+    """The two runs were measured on different GPU kinds."""
+
+
+@dataclass
+class Finding:
+    cell: str
+    impl: str
+    kind: str  # "slower" | "failed" | "missing" | "inaccurate"
+    baseline_ms: Optional[float]
+    current_ms: Optional[float]
+    detail: str
+
+    def line(self) -> str:
+        return f"{self.kind:<10} {self.cell} [{self.impl}]: {self.detail}"
+
+
+@dataclass
+class Comparison:
+    gpu_kind: str
+    margin: float
+    slack_ms: float
+    compared: int = 0
+    findings: List[Finding] = field(default_factory=list)
+    faster: List[Tuple[str, str, float]] = field(default_factory=list)  # (cell, impl, ratio) beyond the margin
+    new_cells: List[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def summary(self) -> str:
+        head = (f"compared {self.compared} cells on {self.gpu_kind} (slower than baseline x {1 + self.margin:.2f}"
+                f" + {self.slack_ms:g} ms counts as a regression)")
+        lines = [head]
+        lines += [f"  {f.line()}" for f in self.findings]
+        if self.faster:
+            lines.append(f"  {len(self.faster)} cells faster than the baseline beyond the margin "
+                         "(refresh the baseline deliberately if this is the new normal)")
+        if self.new_cells:
+            lines.append(f"  {len(self.new_cells)} cells not in the baseline (not compared)")
+        lines.append("OK: no regression" if self.ok else f"FAIL: {len(self.findings)} regression(s)")
+        return "\n".join(lines)
+
+
+def load_run(path: Union[str, Path]) -> dict:
+    """A benchmark JSON written by ``equikernels bench``; a clear error for anything else."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"benchmark results file {str(p)!r} does not exist") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{str(p)!r} is not JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("cells"), list):
+        raise ValueError(f"{str(p)!r} is not an 'equikernels bench' result (expected schema {SCHEMA!r} and a "
+                         "'cells' list)")
+    if not data.get("gpu_kind"):
+        raise ValueError(f"{str(p)!r} does not say which GPU kind it was measured on ('gpu_kind')")
+    return data
+
+
+def _index(cells: Iterable[dict]) -> Dict[Tuple[str, str], dict]:
+    return {(c["id"], c["impl"]): c for c in cells}
+
+
+def compare(baseline: dict, current: dict, *, margin: float = DEFAULT_MARGIN, slack_ms: float = DEFAULT_SLACK_MS,
+            impls: Optional[Iterable[str]] = ("equikernels",)) -> Comparison:
+    """Compare ``current`` with ``baseline`` (both as written by ``equikernels bench``).
+
+    ``impls``: which implementations are guarded (default: equikernels only; None: all). Raises
+    ``GPUKindMismatch`` when the runs come from different GPU kinds."""
+    if margin < 0 or slack_ms < 0:
+        raise ValueError(f"margin and slack_ms must be >= 0, got {margin} and {slack_ms}")
+    kb, kc = baseline.get("gpu_kind"), current.get("gpu_kind")
+    if kb != kc:
+        raise GPUKindMismatch(f"the baseline was measured on {kb!r} and this run on {kc!r}: timings of different "
+                              "GPU kinds are not comparable (use benchmarks/baselines/<gpu-kind>.json of this GPU)")
+    guarded = None if impls is None else set(impls)
+    base, cur = _index(baseline["cells"]), _index(current["cells"])
+    res = Comparison(gpu_kind=str(kc), margin=margin, slack_ms=slack_ms)
+    for key in sorted(set(base) | set(cur)):
+        cid, impl = key
+        if guarded is not None and impl not in guarded:
+            continue
+        b, c = base.get(key), cur.get(key)
+        if c is not None and c.get("status") == "ok" and c.get("err") is not None and c.get("tol") is not None \
+                and not c["err"] <= c["tol"]:
+            res.findings.append(Finding(cid, impl, "inaccurate", None, c.get("ms"),
+                                        f"error against e3nn (float64) {c['err']:.2e} > tolerance {c['tol']:.0e}"))
+        if b is None or b.get("status") != "ok":
+            if c is not None and c.get("status") == "ok":
+                res.new_cells.append(cid)
+            continue
+        if c is None:
+            res.findings.append(Finding(cid, impl, "missing", b.get("ms"), None, "in the baseline, not in this run"))
+            continue
+        if c.get("status") != "ok":
+            res.findings.append(Finding(cid, impl, "failed", b.get("ms"), None,
+                                        f"status {c.get('status')!r}: {c.get('error', '')}"[:300]))
+            continue
+        res.compared += 1
+        bm, cm = float(b["ms"]), float(c["ms"])
+        limit = bm * (1 + margin) + slack_ms
+        if cm > limit:
+            res.findings.append(Finding(cid, impl, "slower", bm, cm,
+                                        f"{cm:.4g} ms vs baseline {bm:.4g} ms ({cm / bm:.2f}x; limit {limit:.4g} ms)"))
+        elif cm < bm * (1 - margin) - slack_ms:
+            res.faster.append((cid, impl, cm / bm))
+    return res

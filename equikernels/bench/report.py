@@ -1,0 +1,125 @@
+"""Report of a benchmark run: the markdown table and the plots (speed-up over each baseline; achieved
+bandwidth of equikernels against the measured device-to-device copy)."""
+from __future__ import annotations
+
+from collections import OrderedDict
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from .timing import fmt_ms
+
+IMPL_ORDER = ("equikernels", "cuequivariance", "mace-cueq", "openequivariance", "mace-oeq", "e3nn", "mace-e3nn")
+TITLES = {"tp": "Batched tensor product (float32)", "conv": "Graph convolution (float32)",
+          "mace": "MACE-MP-medium shape, one model call", "model": "User model"}
+
+
+def _by_cell(cells: List[dict]) -> "OrderedDict[str, Dict[str, dict]]":
+    rows: "OrderedDict[str, Dict[str, dict]]" = OrderedDict()
+    for c in cells:
+        rows.setdefault(c["id"], {})[c["impl"]] = c
+    return rows
+
+
+def speedups(cells: List[dict]) -> List[dict]:
+    """Per cell: equikernels' ms and its speed-up over every baseline that ran (baseline ms / ours)."""
+    out = []
+    for cid, impls in _by_cell(cells).items():
+        ours = impls.get("equikernels")
+        if not ours or ours.get("status") != "ok":
+            continue
+        sp = {name: c["ms"] / ours["ms"] for name, c in impls.items()
+              if name != "equikernels" and c.get("status") == "ok" and ours["ms"] > 0}
+        out.append({"id": cid, "ms": ours["ms"], "speedup": sp})
+    return out
+
+
+def _fmt_cell(c: Optional[dict]) -> str:
+    if c is None:
+        return "–"
+    if c.get("status") != "ok":
+        return c.get("status", "?")
+    s = fmt_ms(c["ms"])
+    if c.get("err") is not None and c.get("tol") is not None and not c["err"] <= c["tol"]:
+        s += f" (err {c['err']:.0e}!)"
+    return s
+
+
+def markdown(data: dict) -> str:
+    env = data["env"]
+    lines = [f"# equikernels bench: {env.get('gpu')}", "",
+             f"{env.get('date_utc')}; torch {env.get('torch')} (CUDA {env.get('torch_cuda')}), triton "
+             f"{env.get('triton')}, e3nn {env.get('e3nn')}, cuequivariance_torch {env.get('cuequivariance_torch')}, "
+             f"openequivariance {env.get('openequivariance')}, mace-torch {env.get('mace_torch')}; equikernels "
+             f"{env.get('equikernels', {}).get('version')} ({env.get('equikernels', {}).get('git_commit')}). "
+             f"Device-to-device copy: {data['copy']['gbps_median']:.0f} GB/s.", "",
+             "Milliseconds per call (median of CUDA-event timings, host work included); `absent`: library "
+             "not installed; `err ...!`: error against e3nn in float64 above tolerance.", ""]
+    groups: "OrderedDict[str, List[dict]]" = OrderedDict()
+    for c in data["cells"]:
+        groups.setdefault(c["group"], []).append(c)
+    for g, cells in groups.items():
+        impls = [i for i in IMPL_ORDER if any(c["impl"] == i for c in cells)]
+        lines += [f"## {TITLES.get(g, g)}", "",
+                  "| cell | " + " | ".join(impls) + " | speed-up vs fastest baseline | error (ours) |",
+                  "|---|" + "---:|" * (len(impls) + 2)]
+        for cid, row in _by_cell(cells).items():
+            ours = row.get("equikernels")
+            base = [c["ms"] for n, c in row.items() if n != "equikernels" and c.get("status") == "ok"
+                    and not n.endswith("e3nn")]
+            sp = (f"{min(base) / ours['ms']:.2f}x" if base and ours and ours.get("status") == "ok" else "–")
+            err = f"{ours['err']:.1e}" if ours and ours.get("err") is not None else "–"
+            lines.append(f"| {cid.split('/', 1)[1]} | " + " | ".join(_fmt_cell(row.get(i)) for i in impls)
+                         + f" | {sp} | {err} |")
+        lines.append("")
+    absent = sorted({f"{c['impl']}: {c.get('error')}" for c in data["cells"] if c["status"] == "absent"})
+    if absent:
+        lines += ["Absent:", ""] + [f"- {a}" for a in absent] + [""]
+    return "\n".join(lines)
+
+
+def plots(data: dict, out_dir: Path, stem: str) -> List[Path]:
+    """Write ``<stem>_speedup.png`` and ``<stem>_bandwidth.png``; returns the paths (none without
+    matplotlib)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    written = []
+    sp = speedups(data["cells"])
+    baselines = [b for b in IMPL_ORDER[1:] if any(b in s["speedup"] for s in sp)]
+    if sp and baselines:
+        fig, ax = plt.subplots(figsize=(10, max(3, 0.28 * len(sp) + 1)))
+        h = 0.8 / len(baselines)
+        for k, b in enumerate(baselines):
+            ys = [i + k * h for i in range(len(sp))]
+            ax.barh(ys, [s["speedup"].get(b, 0) for s in sp], height=h, label=b)
+        ax.set_yticks([i + 0.4 - h / 2 for i in range(len(sp))])
+        ax.set_yticklabels([s["id"] for s in sp], fontsize=6)
+        ax.axvline(1.0, color="k", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("speed-up of equikernels (baseline ms / equikernels ms; > 1: equikernels faster)")
+        ax.invert_yaxis()
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        p = out_dir / f"{stem}_speedup.png"
+        fig.savefig(p, dpi=120)
+        plt.close(fig)
+        written.append(p)
+    bw = [c for c in data["cells"] if c["impl"] == "equikernels" and c.get("status") == "ok" and c.get("gbps")]
+    if bw:
+        copy = data["copy"]["gbps_median"]
+        fig, ax = plt.subplots(figsize=(10, max(3, 0.22 * len(bw) + 1)))
+        ax.barh(range(len(bw)), [100 * c["gbps"] / copy for c in bw])
+        ax.set_yticks(range(len(bw)))
+        ax.set_yticklabels([c["id"] for c in bw], fontsize=6)
+        ax.axvline(100, color="k", lw=0.8)
+        ax.set_xlabel(f"achieved bandwidth (minimal traffic / time), % of the device copy ({copy:.0f} GB/s)")
+        ax.invert_yaxis()
+        fig.tight_layout()
+        p = out_dir / f"{stem}_bandwidth.png"
+        fig.savefig(p, dpi=120)
+        plt.close(fig)
+        written.append(p)
+    return written

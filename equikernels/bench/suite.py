@@ -1,0 +1,277 @@
+"""The side-by-side suite of ``equikernels bench``: what it measures and the loop that measures it.
+
+Groups (each cell is one implementation of one measurement, all in one process):
+
+* ``tp``: the batched product, fwd / bwd / dbwd at 50,000 rows and dbwd at 20,000 rows, float32,
+  on the standard problems of ``equikernels.catalog`` (nequip-revmd17-benzene only with
+  ``--problems all``: its kernels take minutes to compile cold);
+* ``conv``: the graph convolution at 10,192 Cu atoms (795,010 edges), fwd / bwd / dbwd, float32;
+* ``mace``: MACE-MP-medium-shaped E+F and E+F+S at 1,008 and 10,192 atoms, float32 and float64;
+* ``model``: the user's ``--model`` file (equikernels only), E+F and E+F+S at 1,008 atoms.
+
+``quick`` keeps three problems at 20,000 rows, the convolution at 1,008 atoms and float32 MACE at
+1,008 atoms. Every result is checked against e3nn in float64; absent libraries are reported as
+absent; a failing cell is reported with its error and never stops the run.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from . import conv as CV
+from . import mace as MC
+from . import timing as T
+from . import tp as TP
+from .compare import SCHEMA
+from .environment import env_info, gpu_kind
+
+FULL_PROBLEMS = ("mace-mp-medium-L2", "mace-large", "mace-medium", "nequip-water", "nequip-lips", "diffdock-L2",
+                 "tetris-poly-1")
+QUICK_PROBLEMS = ("mace-mp-medium-L2", "nequip-water", "tetris-poly-1")
+TOL = {"float32": 1e-4, "float64": 1e-9}  # relative error against e3nn in float64
+MACE_TOL = {"float32": 1e-4, "float64": 1e-8}
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+ALL_IMPLS = ("equikernels", "e3nn", "cuequivariance", "openequivariance")
+# the suite's implementation names for the MACE group
+MACE_NAMES = {"equikernels": "equikernels", "e3nn": "mace-e3nn", "cuequivariance": "mace-cueq",
+              "openequivariance": "mace-oeq"}
+
+
+@dataclass
+class Options:
+    quick: bool = False
+    problems: Sequence[str] = FULL_PROBLEMS
+    impls: Sequence[str] = ALL_IMPLS
+    groups: Sequence[str] = ("conv", "mace", "tp")
+    model: Optional[str] = None
+    target_ms: float = 200.0
+    time_budget_s: Optional[float] = None
+    tp_rows: Optional[int] = None  # overrides the row counts (small runs of the harness itself)
+    conv_atoms: Optional[int] = None  # overrides the convolution's graph size (one of conv.REPEATS)
+    check_rows: int = 1000  # rows of the float64 check of the batched product
+    log: Callable[[str], None] = print
+    started: float = field(default_factory=time.perf_counter)
+
+    def out_of_time(self) -> bool:
+        return self.time_budget_s is not None and time.perf_counter() - self.started > self.time_budget_s
+
+
+def _cell(cid: str, group: str, impl: str, status: str, **kw) -> dict:
+    return {"id": cid, "group": group, "impl": impl, "status": status, **kw}
+
+
+def _timed(call, device, target_ms: float, nbytes: Optional[int] = None, gpu_time: bool = False) -> dict:
+    T.free_memory(device)
+    T.reset_peak(device)
+    t = T.time_calls(call, device, target_ms=target_ms, min_reps=5, warmup=3)
+    out = {"ms": t["ms_median"], "ms_p20": t["ms_p20"], "ms_p80": t["ms_p80"], "n": t["n"],
+           "peak_gib": T.peak_gib(device)}
+    if gpu_time:
+        q = T.queued_gpu_times(call, device, t["est_ms"])
+        if q.get("gpu_queued"):
+            out["gpu_ms"] = q["gpu_ms_median"]
+    if nbytes:
+        out["bytes_min"] = nbytes
+        out["gbps"] = nbytes / (out["ms"] * 1e-3) / 1e9
+    return out
+
+
+def _failed(exc: BaseException) -> dict:
+    if isinstance(exc, TP.Absent):
+        return {"status": "absent", "error": str(exc)}
+    return {"status": "oom" if T.is_oom(exc) else "error", "error": T.describe_exception(exc)}
+
+
+def run_tp(opts: Options, device, cells: List[dict]) -> None:
+    from ..catalog import standard_problems
+    kws = standard_problems()
+    rows = opts.tp_rows or (20000 if opts.quick else 50000)
+    plan = [("fwd", rows), ("bwd", rows), ("dbwd", rows)] + ([] if opts.quick or opts.tp_rows else [("dbwd", 20000)])
+    dname, dtype = "float32", torch.float32
+    for name in opts.problems:
+        spec = TP.Spec.create(name, kws[name])
+        inp, ref = TP.reference(spec, opts.check_rows, device)
+        for impl in [i for i in TP.IMPLS if i in opts.impls]:
+            ids = [f"tp/{name}/{dname}/{r}/{d}" for d, r in plan]
+            if opts.out_of_time():
+                cells += [_cell(i, "tp", impl, "skipped", error="time budget spent") for i in ids]
+                continue
+            try:
+                built = TP.build(impl, spec, dtype, device)
+                errs = TP.errors(spec, built, dtype, inp, ref)
+            except Exception as exc:
+                fail = _failed(exc)
+                cells += [_cell(i, "tp", impl, **fail) for i in ids]
+                opts.log(f"tp {name:<20} {impl:<17} {fail['status']}: {fail['error'][:120]}")
+                continue
+            for (d, r), cid in zip(plan, ids):
+                try:
+                    call, _, nbytes = TP.make_call(spec, built, d, r, dtype, device)
+                    c = _cell(cid, "tp", impl, "ok", **_timed(call, device, opts.target_ms, nbytes, gpu_time=True),
+                              err=TP.direction_error(errs, d), tol=TOL[dname])
+                    del call
+                except Exception as exc:
+                    c = _cell(cid, "tp", impl, **_failed(exc))
+                cells.append(c)
+                opts.log(_line(c))
+            del built
+            T.free_memory(device)
+
+
+def _conv_bytes(spec, n: int, e: int, direction: str, itemsize: int) -> int:
+    """Minimal traffic of one convolution call: node rows once, edge rows once per pass."""
+    k = {"fwd": 1, "bwd": 2, "dbwd": 3}[direction]
+    kd3 = {"fwd": 1, "bwd": 1, "dbwd": 2}[direction]
+    return itemsize * (k * (n * spec.d1 + e * (spec.d2 + spec.nw)) + kd3 * n * spec.d3)
+
+
+def run_conv(opts: Options, device, cells: List[dict]) -> None:
+    from ..catalog import standard_problems
+    name = "mace-mp-medium-L2"
+    spec = TP.Spec.create(name, standard_problems()[name])
+    atoms = opts.conv_atoms or (1008 if opts.quick else 10192)
+    dname, dtype = "float32", torch.float32
+    s_src, s_dst, s_n = CV.cu_graph(256, device)
+    inp, ref = CV.reference(spec, s_src, s_dst, s_n, device)
+    src, dst, n = CV.cu_graph(atoms, device)
+    e = len(src)
+    for impl in [i for i in CV.IMPLS if i in opts.impls]:
+        ids = {d: f"conv/{name}/{dname}/{atoms}atoms/{d}" for d in ("fwd", "bwd", "dbwd")}
+        if opts.out_of_time():
+            cells += [_cell(i, "conv", impl, "skipped", error="time budget spent") for i in ids.values()]
+            continue
+        try:
+            fn = CV.build(impl, spec, s_src, s_dst, s_n, dtype, device)[0]
+            errs = CV.errors(fn, dtype, inp, ref)
+            _, raw, w_from = CV.build(impl, spec, src, dst, n, dtype, device)
+            calls = CV.directions(raw, spec, e, n, w_from, dtype, device)
+        except Exception as exc:
+            fail = _failed(exc)
+            cells += [_cell(i, "conv", impl, **fail) for i in ids.values()]
+            opts.log(f"conv {impl:<17} {fail['status']}: {fail['error'][:120]}")
+            continue
+        for d, cid in ids.items():
+            try:
+                t = _timed(calls[d], device, opts.target_ms, _conv_bytes(spec, n, e, d, 4))
+                c = _cell(cid, "conv", impl, "ok", edges=e, **t, err=TP.direction_error(errs, d), tol=TOL[dname])
+            except Exception as exc:
+                c = _cell(cid, "conv", impl, **_failed(exc))
+            cells.append(c)
+            opts.log(_line(c))
+        del calls
+        T.free_memory(device)
+
+
+def run_mace(opts: Options, device, cells: List[dict]) -> None:
+    systems = (1008,) if opts.quick else (1008, 10192)
+    dtypes = ("float32",) if opts.quick else ("float32", "float64")
+    modes = (("E+F", False),) if opts.quick else (("E+F", False), ("E+F+S", True))
+    impls = [MACE_NAMES[i] for i in ALL_IMPLS if i in opts.impls]
+    ids = lambda dn, a: [f"mace/{dn}/{a}atoms/{m}" for m, _ in modes]  # noqa: E731
+    try:
+        first = MC.cu_atoms(systems[0])
+        avg = MC.graph(first, 6.0, MC.Z_ALL, torch.float64, "cpu")["edge_index"].shape[1] / len(first)
+        ref64 = MC.mace_model(avg)
+    except Exception as exc:
+        fail = _failed(exc)
+        for dn in dtypes:
+            for a in systems:
+                cells += [_cell(i, "mace", impl, **fail) for i in ids(dn, a) for impl in impls]
+        opts.log(f"mace: {fail['status']}: {fail['error'][:160]}")
+        return
+    ref_dev = None
+    for dn in dtypes:
+        dtype = DTYPES[dn]
+        models: Dict[str, object] = {}
+        for impl in impls:
+            try:
+                models[impl] = MC.build(impl, ref64, dtype, device)
+            except Exception as exc:
+                models[impl] = _failed(exc)
+                opts.log(f"mace {dn} {impl:<12} {models[impl]['status']}: {models[impl]['error'][:120]}")
+        for a in systems:
+            atoms = MC.cu_atoms(a)
+            data = MC.graph(atoms, 6.0, MC.Z_ALL, dtype, device)
+            if ref_dev is None:
+                ref_dev = MC.build("mace-e3nn", ref64, torch.float64, device)
+            try:
+                ref = {k: v.detach() for k, v in MC.step(ref_dev, MC.graph(atoms, 6.0, MC.Z_ALL, torch.float64,
+                                                                             device), True).items()
+                       if k in ("energy", "forces", "stress")}
+            except Exception as exc:
+                ref = None
+                opts.log(f"mace reference at {a} atoms failed: {T.describe_exception(exc, 160)}")
+            T.free_memory(device)
+            for impl, model in models.items():
+                for (mode, stress), cid in zip(modes, ids(dn, a)):
+                    if isinstance(model, dict):
+                        cells.append(_cell(cid, "mace", impl, **model))
+                        continue
+                    if opts.out_of_time():
+                        cells.append(_cell(cid, "mace", impl, "skipped", error="time budget spent"))
+                        continue
+                    try:
+                        err = None
+                        if ref is not None:
+                            err = max(MC.errors(MC.step(model, data, stress), ref, stress).values())
+                        t = _timed(MC.step_call(model, data, stress), device, opts.target_ms)
+                        c = _cell(cid, "mace", impl, "ok", atoms=a, edges=int(data["edge_index"].shape[1]), **t,
+                                  err=err, tol=MACE_TOL[dn])
+                    except Exception as exc:
+                        c = _cell(cid, "mace", impl, **_failed(exc))
+                    cells.append(c)
+                    opts.log(_line(c))
+            del data
+            T.free_memory(device)
+        del models
+        T.free_memory(device)
+
+
+def run_model(opts: Options, device, cells: List[dict]) -> None:
+    base = os.path.basename(opts.model)
+    for dn in ("float32", "float64"):
+        ids = [f"model/{base}/{dn}/1008atoms/{m}" for m in ("E+F", "E+F+S")]
+        try:
+            model = MC.model_file(opts.model, DTYPES[dn], device)
+            z = [int(v) for v in model.atomic_numbers.tolist()]
+            atoms = MC.cu_atoms(1008, element=29 if 29 in z else z[0])
+            data = MC.graph(atoms, float(model.r_max), z, DTYPES[dn], device)
+        except Exception as exc:
+            fail = _failed(exc)
+            cells += [_cell(i, "model", "equikernels", **fail) for i in ids]
+            opts.log(f"model {base} {dn}: {fail['status']}: {fail['error'][:160]}")
+            continue
+        for cid, stress in zip(ids, (False, True)):
+            try:
+                c = _cell(cid, "model", "equikernels", "ok", **_timed(MC.step_call(model, data, stress), device,
+                                                                       opts.target_ms))
+            except Exception as exc:
+                c = _cell(cid, "model", "equikernels", **_failed(exc))
+            cells.append(c)
+            opts.log(_line(c))
+
+
+def _line(c: dict) -> str:
+    if c["status"] != "ok":
+        return f"{c['id']:<46} {c['impl']:<17} {c['status']}: {str(c.get('error', ''))[:100]}"
+    err = "" if c.get("err") is None else f"  err {c['err']:.1e}"
+    return f"{c['id']:<46} {c['impl']:<17} {T.fmt_ms(c['ms']):>9} ms{err}"
+
+
+def run_suite(opts: Options, device: torch.device) -> dict:
+    """Run the suite on ``device`` and return the result document (what ``--out`` receives as JSON)."""
+    opts.started = time.perf_counter()
+    data = {"schema": SCHEMA, "gpu_kind": gpu_kind(device), "quick": opts.quick, "env": env_info(device),
+            "copy": T.copy_bandwidth(device), "cells": []}
+    opts.log(f"{data['env'].get('gpu')}: device-to-device copy {data['copy']['gbps_median']:.0f} GB/s")
+    runners = {"tp": run_tp, "conv": run_conv, "mace": run_mace}
+    for g in opts.groups:
+        runners[g](opts, device, data["cells"])
+    if opts.model:
+        run_model(opts, device, data["cells"])
+    data["wall_s"] = round(time.perf_counter() - opts.started, 1)
+    return data

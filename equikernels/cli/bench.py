@@ -1,0 +1,112 @@
+"""``equikernels bench``: the side-by-side benchmark suite on a GPU, and the regression guard.
+
+Runs the batched tensor product (fwd / bwd / dbwd on the standard problems), the graph convolution
+and MACE (E+F and E+F+S at ~1k and ~10k atoms, float32 and float64) with equikernels next to e3nn,
+cuEquivariance and OpenEquivariance (whichever are installed; absent ones are reported as absent),
+checks every result against e3nn in float64 and writes ``<gpu-kind>.json``, ``<gpu-kind>.md`` and
+two plots to ``--out``.
+
+``--check BASELINE.json`` compares the run with a stored run of the same GPU kind and exits with
+status 1 when a cell is slower than ``baseline x (1 + margin) + slack`` (default margin 10 %, slack
+0.05 ms; see ``equikernels.bench.compare``). ``--results RUN.json --check BASELINE.json`` compares
+two stored runs without measuring (no GPU needed).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def register(sub) -> None:
+    from ..bench.compare import DEFAULT_MARGIN, DEFAULT_SLACK_MS
+    p = sub.add_parser("bench", help="benchmark suite side by side with e3nn / cuEquivariance / OpenEquivariance",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="bench-results", help="folder for the JSON, markdown and plots "
+                   "(default ./bench-results)")
+    p.add_argument("--quick", action="store_true", help="a small subset (3 problems at 20k rows, the "
+                   "convolution at 1,008 atoms, float32 MACE at 1,008 atoms)")
+    p.add_argument("--problems", default=None, help="comma-separated standard problems for the batched "
+                   "product, or 'all' (default: all but nequip-revmd17-benzene)")
+    p.add_argument("--groups", default="conv,mace,tp", help="which groups to run, of conv,mace,tp (default all)")
+    p.add_argument("--impls", default="equikernels,e3nn,cuequivariance,openequivariance",
+                   help="implementations to run (default: all; absent ones are reported as absent)")
+    p.add_argument("--model", default=None, help="also time this model file (mace-torch .model or ours)")
+    p.add_argument("--target-ms", type=float, default=200.0, help="timed work per cell (default 200 ms)")
+    p.add_argument("--time-budget-s", type=float, default=None,
+                   help="start no new cell after this many seconds; the rest are reported as skipped")
+    p.add_argument("--check", metavar="BASELINE.json", default=None,
+                   help="compare with a stored run of the same GPU kind; exit 1 on a regression")
+    p.add_argument("--results", metavar="RUN.json", default=None,
+                   help="with --check: compare this stored run instead of measuring")
+    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
+                   help=f"relative noise margin of --check (default {DEFAULT_MARGIN})")
+    p.add_argument("--slack-ms", type=float, default=DEFAULT_SLACK_MS,
+                   help=f"absolute noise margin of --check in ms (default {DEFAULT_SLACK_MS})")
+    p.set_defaults(func=run)
+
+
+def _list(value: str, allowed, what: str):
+    items = [s.strip() for s in value.split(",") if s.strip()]
+    bad = [s for s in items if s not in allowed]
+    if bad or not items:
+        raise ValueError(f"{what}: unknown {bad or value!r}; expected some of {', '.join(allowed)}")
+    return items
+
+
+def _check(args, current: dict) -> int:
+    from ..bench.compare import compare, load_run
+    res = compare(load_run(args.check), current, margin=args.margin, slack_ms=args.slack_ms)
+    print(res.summary())
+    return 0 if res.ok else 1
+
+
+def run(args) -> int:
+    from ..bench.compare import GPUKindMismatch, load_run
+    if args.results:
+        if not args.check:
+            raise ValueError("--results: only with --check BASELINE.json (it compares two stored runs)")
+        return _check(args, load_run(args.results))
+
+    import torch
+    if not torch.cuda.is_available():
+        raise RuntimeError("needs a CUDA GPU and none is visible (compare stored runs without one: "
+                           "--results RUN.json --check BASELINE.json)")
+    from ..bench import suite
+    from ..bench.environment import gpu_kind
+    from ..bench.report import markdown, plots
+    from ..catalog import standard_problems
+
+    names = list(standard_problems())
+    if args.problems in (None, ""):
+        problems = list(suite.QUICK_PROBLEMS if args.quick else suite.FULL_PROBLEMS)
+    elif args.problems == "all":
+        problems = names
+    else:
+        problems = _list(args.problems, names, "--problems")
+    device = torch.device("cuda")
+    if args.check:  # fail before measuring when the baseline cannot be used
+        base = load_run(args.check)
+        if base["gpu_kind"] != gpu_kind(device):
+            raise GPUKindMismatch(f"--check: {args.check} was measured on {base['gpu_kind']!r}, this GPU is "
+                                  f"{gpu_kind(device)!r}; timings of different GPU kinds are not comparable")
+    if args.model and not Path(args.model).is_file():
+        raise FileNotFoundError(f"--model: {args.model!r} is not a file")
+    opts = suite.Options(quick=args.quick, problems=problems, model=args.model, target_ms=args.target_ms,
+                         impls=_list(args.impls, suite.ALL_IMPLS, "--impls"),
+                         groups=_list(args.groups, ("conv", "mace", "tp"), "--groups"),
+                         time_budget_s=args.time_budget_s, log=lambda s: print(s, flush=True))
+    data = suite.run_suite(opts, device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = data["gpu_kind"]
+    (out / f"{stem}.json").write_text(json.dumps(data, indent=1, default=str))
+    md = markdown(data)
+    (out / f"{stem}.md").write_text(md)
+    written = [out / f"{stem}.json", out / f"{stem}.md"] + plots(data, out, stem)
+    print("\n" + md)
+    print("wrote " + ", ".join(str(p) for p in written), f"({data['wall_s']} s)")
+    return _check(args, data) if args.check else 0
+
+

@@ -1,0 +1,106 @@
+"""The regression guard of ``equikernels bench --check`` and the command on CPU."""
+import copy
+import json
+
+import pytest
+
+from equikernels.bench.compare import SCHEMA, GPUKindMismatch, compare, load_run
+from equikernels.cli import main
+
+
+def _run(kind="nvidia-h100-80gb-hbm3", **ms):
+    cells = [{"id": cid, "group": cid.split("/")[0], "impl": "equikernels", "status": "ok", "ms": v,
+              "err": 1e-7, "tol": 1e-4} for cid, v in ms.items()]
+    cells.append({"id": "tp/mace-large/float32/50000/fwd", "group": "tp", "impl": "cuequivariance", "status": "ok",
+                  "ms": 1.0})
+    return {"schema": SCHEMA, "gpu_kind": kind, "env": {}, "copy": {"gbps_median": 3000.0}, "cells": cells}
+
+
+BASE = dict(**{"tp/mace-large/float32/50000/fwd": 0.8, "conv/mace-mp-medium-L2/float32/10192atoms/dbwd": 12.0,
+               "mace/float64/10192atoms/E+F": 50.0})
+
+
+def _slower(run, cid, factor):
+    out = copy.deepcopy(run)
+    for c in out["cells"]:
+        if c["id"] == cid and c["impl"] == "equikernels":
+            c["ms"] *= factor
+    return out
+
+
+def test_planted_slowdown_is_flagged():
+    base = _run(**BASE)
+    res = compare(base, _slower(base, "mace/float64/10192atoms/E+F", 1.3))
+    assert not res.ok
+    assert [(f.cell, f.kind) for f in res.findings] == [("mace/float64/10192atoms/E+F", "slower")]
+    assert "FAIL" in res.summary()
+
+
+def test_within_margin_passes():
+    base = _run(**BASE)
+    res = compare(base, _slower(_slower(base, "mace/float64/10192atoms/E+F", 1.08), "tp/mace-large/float32/50000/fwd",
+                                1.12))  # 0.8 ms * 1.12 stays below 0.8 * 1.1 + 0.05 ms slack
+    assert res.ok and res.compared == 3
+
+
+def test_baseline_impls_are_not_guarded():
+    base = _run(**BASE)
+    cur = copy.deepcopy(base)
+    next(c for c in cur["cells"] if c["impl"] == "cuequivariance")["ms"] = 5.0
+    assert compare(base, cur).ok
+
+
+def test_failed_missing_and_inaccurate_cells_regress():
+    base = _run(**BASE)
+    cur = copy.deepcopy(base)
+    cur["cells"] = [c for c in cur["cells"] if c["id"] != "tp/mace-large/float32/50000/fwd" or c["impl"] != "equikernels"]
+    conv = next(c for c in cur["cells"] if c["id"].startswith("conv/"))
+    conv.update(status="error", error="RuntimeError: boom")
+    next(c for c in cur["cells"] if c["id"].startswith("mace/"))["err"] = 1e-2
+    kinds = sorted(f.kind for f in compare(base, cur).findings)
+    assert kinds == ["failed", "inaccurate", "missing"]
+
+
+def test_refuses_other_gpu_kind():
+    with pytest.raises(GPUKindMismatch, match="not comparable"):
+        compare(_run(**BASE), _run(kind="nvidia-h200", **BASE))
+
+
+def test_load_run_rejects_other_files(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text(json.dumps({"cells": []}))
+    with pytest.raises(ValueError, match="not an 'equikernels bench' result"):
+        load_run(p)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_run(tmp_path / "missing.json")
+
+
+def _write(tmp_path, name, data):
+    p = tmp_path / name
+    p.write_text(json.dumps(data))
+    return str(p)
+
+
+def test_cli_check_exit_codes(tmp_path, capsys):
+    base = _run(**BASE)
+    b = _write(tmp_path, "base.json", base)
+    assert main(["bench", "--results", _write(tmp_path, "same.json", base), "--check", b]) == 0
+    assert "OK: no regression" in capsys.readouterr().out
+    slow = _write(tmp_path, "slow.json", _slower(base, "conv/mace-mp-medium-L2/float32/10192atoms/dbwd", 1.3))
+    assert main(["bench", "--results", slow, "--check", b]) == 1
+    assert "slower" in capsys.readouterr().out
+    other = _write(tmp_path, "h200.json", _run(kind="nvidia-h200", **BASE))
+    assert main(["bench", "--results", other, "--check", b]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not comparable" in err[0]
+
+
+def test_cli_help_and_no_cuda(capsys, monkeypatch):
+    with pytest.raises(SystemExit) as ex:
+        main(["bench", "--help"])
+    assert ex.value.code == 0 and "--check BASELINE.json" in capsys.readouterr().out
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", "--quick"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs a CUDA GPU" in err[0]
