@@ -196,14 +196,18 @@ class EquikernelsMLIAP(MLIAPUnified):
             num_out = None  # ghosts carry their own neighbour lists: compute every row
         node_attrs = torch.nn.functional.one_hot(elems, len(self.element_types)).to(dtype)
         # the receiver is the centre i: vectors = x_i - x_j = -rij, so dE/drij = -dE/dvectors
-        vectors = (-rij).to(dtype).requires_grad_(True)
+        vectors = (-rij).to(dtype)
         edge_index = torch.stack((pair_j, pair_i))
+        if npairs == 0:  # the kernels need an edge: one beyond the cutoff, whose messages are exact zeros
+            vectors = torch.tensor([[2.0 * float(model.r_max) + 1.0, 0.0, 0.0]], dtype=dtype, device=device)
+            edge_index = torch.zeros(2, 1, dtype=torch.int64, device=device)
+        vectors.requires_grad_(True)
         with torch.enable_grad():
             node_energy = model.edge_node_energies(node_attrs, edge_index, vectors, self._head(device), num_out,
                                                    hook)[:nlocal]
             energy = node_energy.sum()
             (grad,) = torch.autograd.grad(energy, vectors, allow_unused=True)
-        fij = (-grad if grad is not None else torch.zeros_like(vectors)).detach().to(torch.float64).contiguous()
+        fij = (-grad if grad is not None else torch.zeros_like(vectors)).detach()[:npairs].to(torch.float64).contiguous()
         eatoms = as_tensor(data.eatoms)
         eatoms[:nlocal].copy_(node_energy.detach().to(eatoms.dtype))
         data.energy = float(energy.detach())

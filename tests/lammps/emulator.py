@@ -224,10 +224,23 @@ def decompose(atoms, element_types: Sequence[str], r_max: float, grid=(1, 1, 1),
         node_pos = np.concatenate([positions[ids], img_pos[ghost]])
         owners = np.stack([owner_rank[node_atom], local_index[node_atom]], axis=1)
         centres = len(node_atom) if ghost_neighbors else len(ids)
-        dist = np.linalg.norm(node_pos[None, :, :] - node_pos[:centres, None, :], axis=-1)
-        pi, pj = np.nonzero((dist < r_max) & ~np.eye(centres, len(node_atom), dtype=bool))
+        pi, pj = _pairs(node_pos, centres, r_max)
         data = cls(r, len(ids), node_atom, owners, elems_all[node_atom], node_pos, pi, pj)
         if torch.device(device).type != "cpu":
             data.to_device(torch.device(device))
         ranks.append(data)
     return Emulation(ranks, n_atoms, exchange)
+
+
+def _pairs(node_pos: np.ndarray, centres: int, r_max: float):
+    """(i, j) for every centre i < ``centres`` and node j != i closer than ``r_max``, sorted by i."""
+    from scipy.spatial import cKDTree
+
+    if len(node_pos) == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    both = cKDTree(node_pos).query_pairs(r_max, output_type="ndarray")
+    pi, pj = np.concatenate([both[:, 0], both[:, 1]]), np.concatenate([both[:, 1], both[:, 0]])
+    keep = pi < centres
+    pi, pj = pi[keep], pj[keep]
+    order = np.lexsort((pj, pi))
+    return pi[order], pj[order]

@@ -109,6 +109,8 @@ def test_atoms_are_their_own_ghosts(model, mliap, domains):
 def test_isolated_atom(model, mliap, domains):
     atoms = with_isolated_atom()
     em = decompose(atoms, mliap.element_types, float(model.r_max), GRIDS[domains])
+    if domains == 4:  # the isolated atom's rank has no pairs at all; two ranks own no atoms
+        assert [(r.nlocal, r.npairs) for r in em.ranks][1:] == [(0, 0), (0, 0), (1, 0)]
     result = em.run(mliap, separate_objects=False)
     ref = reference(model, atoms)
     check(result, ref, atoms)
