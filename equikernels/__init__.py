@@ -6,9 +6,8 @@ from . import nn
 from .nn import (AccelerateReport, ChannelWiseTensorProduct, ElementwiseTensorProduct, FullTensorProduct,
                  FullyConnectedTensorProduct, Linear, TensorProductConv, SphericalHarmonics, TensorProduct, accelerate, from_e3nn)
 from .ops.conv import ConvGraph
+from ._version import __version__
 from .problem import TPProblem
-
-__version__ = "0.1.0"
 
 __all__ = ["TensorProduct", "FullyConnectedTensorProduct", "ElementwiseTensorProduct", "FullTensorProduct",
            "ChannelWiseTensorProduct", "TensorProductConv", "Linear", "SphericalHarmonics", "from_e3nn", "accelerate",

@@ -11,6 +11,7 @@ from typing import Dict, Optional
 
 import torch
 
+from .dtypes import math_dtype_of
 from .ir import Factor, Path, Table
 
 LAYOUTS = ("mul_ir", "ir_mul")
@@ -81,14 +82,6 @@ def _factor(t: torch.Tensor, table: Table, f: Factor, labels, layout: str) -> to
         return t.as_strided(lead + shape, lead_st + strides, t.storage_offset() + start)
     idx, _ = factor_index(table, f, labels, layout)
     return _gather(t, idx)
-
-
-def math_dtype_of(tensors, math_dtype: Optional[torch.dtype] = None) -> torch.dtype:
-    """float64 when any operand is float64, else float32 (half-precision operands are computed in
-    float32, as the generated kernels do); ``math_dtype`` overrides."""
-    if math_dtype is not None:
-        return math_dtype
-    return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
 def evaluate(table: Table, tensors: Dict[str, torch.Tensor], layout: str = "mul_ir",

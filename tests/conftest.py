@@ -17,6 +17,22 @@ import random  # noqa: E402
 
 import pytest  # noqa: E402
 
+from equikernels import settings  # noqa: E402
+
+
+def _rereads_settings(method):
+    def changed_env(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            settings.reload()
+    return changed_env
+
+
+# tests change EQUIKERNELS_* variables with monkeypatch: the parsed settings follow every change
+for _name in ("setenv", "delenv", "undo"):
+    setattr(pytest.MonkeyPatch, _name, _rereads_settings(getattr(pytest.MonkeyPatch, _name)))
+
 
 def pytest_configure(config):
     # also declared in pyproject.toml; repeated here so the markers exist when run from elsewhere

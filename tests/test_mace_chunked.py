@@ -14,8 +14,9 @@ from equikernels.models import blocks as model_blocks
 from equikernels.models import chunked
 from equikernels.models.builder import mace_config, random_model
 from equikernels.models import chunked
+from equikernels.models.blocks import set_edge_chunk
 from equikernels.models.chunked import (CHUNK_FRACTION, EDGE_CHUNK_ENV, MEMORY_MARGIN, STEP_BYTES_PER_WEIGHT_BYTE, chunk_plan,
-                                        resolve_edge_chunk, set_edge_chunk)
+                                        resolve_edge_chunk)
 
 ZS = (1, 6, 8)
 R_MAX = 3.0

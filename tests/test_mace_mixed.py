@@ -49,12 +49,12 @@ def test_contraction_half_features_float32_weights(backend, monkeypatch):
     launched = []
     if backend == "triton":
         from equikernels.codegen import tp as codegen_tp
-        real = codegen_tp._Kernel.launch
+        real = codegen_tp.Kernel.launch
 
         def spy(self, tensors, outputs, *a, **k):
             launched.extend(t.dtype for t in outputs.values())
             return real(self, tensors, outputs, *a, **k)
-        monkeypatch.setattr(codegen_tp._Kernel, "launch", spy)
+        monkeypatch.setattr(codegen_tp.Kernel, "launch", spy)
     el = torch.tensor([0, 1, 2, 2, 0, 1, 1])
     x = torch.randn(7, 8, dtype=torch.float64).half().requires_grad_()
     x64 = x.detach().double().requires_grad_()

@@ -22,6 +22,7 @@ from ase import Atoms
 from ase.calculators.calculator import Calculator, all_changes
 from ase.stress import full_3x3_to_voigt_6_stress
 
+from .. import settings
 from ..models.mace import trusted_inputs
 from .graph import ElementTable, single_graph
 from .loading import model_heads, resolve_device, resolve_dtype, resolve_head, resolve_model
@@ -112,7 +113,7 @@ class MACECalculator(Calculator):
 
     def _resolve_cuda_graph(self, value) -> Union[bool, str]:
         if value is None:
-            value = os.environ.get("EQUIKERNELS_CUDA_GRAPH", CUDA_GRAPH_DEFAULT)
+            value = settings.get().cuda_graph
         if isinstance(value, str):
             v = value.strip().lower()
             if v not in ("0", "1", "auto", "false", "true"):

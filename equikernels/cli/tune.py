@@ -6,10 +6,11 @@ runs start from a warm cache, then prints the chosen configurations and their sp
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import torch
+
+from .. import settings
 
 
 def register(sub) -> None:
@@ -67,10 +68,6 @@ def run(args) -> int:
     if device.type != "cuda" or not torch.cuda.is_available():
         print("equikernels tune: needs a CUDA device (tuning times real GPU launches)")
         return 2
-    if os.environ.get("EQUIKERNELS_AUTOTUNE") == "0":
-        print("equikernels tune: EQUIKERNELS_AUTOTUNE=0 is set; nothing to do")
-        return 2
-    os.environ["EQUIKERNELS_AUTOTUNE"] = "1"  # this run tunes; later runs read the cache when enabled
     dtype = getattr(torch, args.dtype)
     names = list(standard_problems()) if args.problems == "all" else [n for n in args.problems.split(",") if n]
     unknown = [n for n in names if n not in standard_problems()]
@@ -83,11 +80,12 @@ def run(args) -> int:
     before = set(tune.cache()._read())
     jobs = [("problem", n) for n in names] + ([("model", args.model)] if args.model else [])
     t0 = time.perf_counter()
-    for kind, what in tqdm(jobs, desc="tuning", unit="job"):
-        if kind == "problem":
-            _problem_step(what, args.rows, dtype, args.layout, device)
-        else:
-            _model_step(what, args.structure, args.atoms, dtype, device)
+    with settings.override(autotune=True):  # this run tunes; later runs read the cache when enabled
+        for kind, what in tqdm(jobs, desc="tuning", unit="job"):
+            if kind == "problem":
+                _problem_step(what, args.rows, dtype, args.layout, device)
+            else:
+                _model_step(what, args.structure, args.atoms, dtype, device)
     torch.cuda.synchronize()
     entries = tune.cache()._read()
     new = {k: v for k, v in entries.items() if k not in before}

@@ -14,14 +14,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .. import settings
+
 _HEADER = "# equikernels generated kernel; sha256 of body: "
 
 
 def cache_dir() -> Path:
-    d = os.environ.get("EQUIKERNELS_CACHE_DIR")
-    if d:
-        return Path(d)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    s = settings.get()
+    if s.cache_dir:
+        return Path(s.cache_dir)
+    base = s.xdg_cache_home or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "equikernels"
 
 

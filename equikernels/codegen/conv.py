@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 from typing import Dict, Optional
 
 import torch
 import triton
 
+from .. import settings
 from ..ir import double_backward_tables
 from .cache import load_module
 from .emit import Group, Rowing, generate
@@ -39,9 +39,10 @@ def conv_config(mode: str, dtype: torch.dtype) -> LaunchConfig:
     2.21 / 7.56 / 19.7 with 2 x 2, 2.87 / 8.18 / 20.8 with 4 x 4; benchmarks/results/conv_20261123).
     EQUIKERNELS_CONV_ROWS and EQUIKERNELS_CONV_WARPS override."""
     default = 1 if mode == "nodes" else (4 if dtype == torch.float32 else 2)
-    rows = int(os.environ.get("EQUIKERNELS_CONV_ROWS", default))
-    warps = int(os.environ.get("EQUIKERNELS_CONV_WARPS", min(4, rows)))
-    return LaunchConfig(rows=rows, num_warps=warps, tf32=os.environ.get("EQUIKERNELS_TF32") == "1")
+    s = settings.get()
+    rows = s.conv_rows or default
+    warps = s.conv_warps or min(4, rows)
+    return LaunchConfig(rows=rows, num_warps=warps, tf32=s.tf32)
 
 
 def _rowing(mode: str, operands, owner: Optional[str] = None, sections: str = "segment", hoist: bool = True,
@@ -150,8 +151,8 @@ class ConvKernels:
     def _knob(name: str, kind: str, default: str = "") -> str:
         """Setting ``name`` of direction ``kind`` (fwd / bwd / dbwd) for the node-parallel kernels:
         EQUIKERNELS_CONV_<NAME>_<KIND>, else EQUIKERNELS_CONV_<NAME>, else ``default``."""
-        var = f"EQUIKERNELS_CONV_{name}"
-        return os.environ.get(f"{var}_{kind.upper()}", os.environ.get(var, default))
+        v = settings.get().per_kind(f"conv_{name.lower()}", kind)
+        return default if v is None else str(int(v)) if isinstance(v, bool) else str(v)
 
     def _prefetch(self, kind: str) -> str:
         """Edge-loop pipelining (emit.Rowing.prefetch): '', 'idx' or 'all'. The gradient kernels
@@ -217,7 +218,7 @@ class ConvKernels:
                 # L2, 795k edges, kernel only: backward 5.55 -> 5.15 ms, double backward 11.76 ->
                 # 10.91 ms against one loop (benchmarks/results/session5_20261124/conv_*.json);
                 # EQUIKERNELS_CONV_GRAD_LOOPS=one restores the single loop
-                loops = "one" if os.environ.get("EQUIKERNELS_CONV_GRAD_LOOPS") == "one" else "in1all"
+                loops = "one" if settings.get().conv_grad_loops == "one" else "in1all"
                 plans.append((tag(rest), rest, "nodes", "dst", loops))
             if shared_w:
                 plans.append((tag(shared_w), shared_w, "edges", None, ""))

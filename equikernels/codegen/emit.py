@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
+from .. import settings
 from ..ir import Factor, Path, Table
 
 
@@ -155,8 +155,8 @@ class KernelBuilder:
         self.acc_keys: Set[tuple] = set()  # output blocks an earlier edge loop already stored (add into)
         self.exprs: Dict[str, str] = {}
         self.lazy: Dict[str, tuple] = {}  # accumulator -> padded sizes of its not yet summed axes
-        env = os.environ.get("EQUIKERNELS_LAZY_SUM")  # diagnostics: force on (1) / off (0)
-        self.lazy_sums = lazy if env not in ("0", "1") else env == "1"
+        env = settings.get().lazy_sum  # diagnostics: force on / off
+        self.lazy_sums = lazy if env is None else env
         self.lazy_live = self.lazy_peak = 0  # padded elements per row of live un-reduced accumulators
         self.partial_sums = partial
         self.prefetch = prefetch
@@ -301,8 +301,8 @@ class KernelBuilder:
     def _hoisted(self, operand: str) -> bool:
         """An operand of the node a node-parallel program owns: loaded once per node, before the
         edge loop (e.g. g[dst] in the backward over a destination's edges)."""
-        env = os.environ.get("EQUIKERNELS_CONV_HOIST")  # diagnostics: force on (1) / off (0)
-        hoist = self.rowing.hoist if env not in ("0", "1") else env == "1"
+        env = settings.get().conv_hoist  # diagnostics: force on / off
+        hoist = self.rowing.hoist if env is None else env
         return hoist and self.rowing.mode == "nodes" and self.rowing.rowvar.get(operand) == "noderow"
 
     def _load_hoisted(self, f: Factor, const: int, terms, sizes, block, nd: int) -> str:

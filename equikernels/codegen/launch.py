@@ -21,10 +21,12 @@ a launch hook is installed (profilers), and for a kernel with pre-run hooks.
 """
 from __future__ import annotations
 
-import os
 from typing import Dict, Sequence
 
 import torch
+
+from .. import settings
+from ..dtypes import HALF
 
 try:
     from triton import knobs as _knobs
@@ -39,12 +41,11 @@ except ImportError:  # pragma: no cover - Triton missing or an older layout: alw
 def env_enabled() -> bool:
     # on by default for the Triton it was validated with (3.6, H200: bit-identical to the normal
     # path, benchmarks/results/session8_20261124/host_launch); other versions opt in with =1
-    default = "1" if _TRITON_VERSION.startswith("3.6.") else "0"
-    return os.environ.get("EQUIKERNELS_FAST_LAUNCH", default) == "1"
+    on = settings.get().fast_launch
+    return _TRITON_VERSION.startswith("3.6.") if on is None else on
 
 
 ENABLED = env_enabled()
-_HALF = (torch.float16, torch.bfloat16)
 _RT = _knobs.runtime if _knobs is not None else None
 _CT = _knobs.compilation if _knobs is not None else None
 _device = _stream = None  # the functions Triton itself asks (bound on the first fast launch)
@@ -113,10 +114,10 @@ def cap_dtypes(fp32: bool):
     """Operand dtypes whose kernels get register_cap: half precision, and float32 where the kernel
     asks (``fp32``: the partial-sum backward, 182 registers in float32 with 4 bytes spilled at 168).
     EQUIKERNELS_REG_CAP=0 turns the cap off, =all caps float32 everywhere."""
-    mode = os.environ.get("EQUIKERNELS_REG_CAP", "")
+    mode = settings.get().reg_cap
     if mode == "0":
         return ()
-    return _HALF + ((torch.float32,) if fp32 or mode == "all" else ())
+    return HALF + ((torch.float32,) if fp32 or mode == "all" else ())
 
 
 def _hooked() -> bool:

@@ -26,7 +26,6 @@ Dot precision ``PREC`` is a constexpr: "ieee" (exact fp32; always for float64), 
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -34,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import settings
 from .cache import load_module
 
 MIN_DOT = 16      # smallest tl.dot dimension
@@ -94,7 +94,7 @@ def unsupported(widths: Sequence[int]) -> Optional[str]:
 def _alloc(shape, like: torch.Tensor) -> torch.Tensor:
     """Output buffer; NaN-filled under EQUIKERNELS_POISON=1 so tests see any element not written
     (the convention of codegen/tp.py)."""
-    if os.environ.get("EQUIKERNELS_POISON") == "1":
+    if settings.get().poison:
         return torch.full(shape, float("nan"), dtype=like.dtype, device=like.device)
     return torch.empty(shape, dtype=like.dtype, device=like.device)
 

@@ -28,13 +28,13 @@ computed outside (ops.mlp) and only the wide last layer is fused.
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import torch
 import triton
 
+from .. import settings
 from .cache import load_module
 from .tp import _DT, _num_sms
 
@@ -49,7 +49,8 @@ class RPath:
     entries: Tuple[Tuple[int, int, int, float], ...]  # (i, j, k, coefficient)
 
 
-def _pow2(n: int) -> bool:
+def block_width(n: int) -> bool:
+    """Whether ``n`` channels fill whole tl.dot blocks: a power of two >= 16."""
     return n >= 16 and n & (n - 1) == 0
 
 
@@ -70,7 +71,7 @@ def paths_of(plan) -> Tuple[Optional[List[RPath]], str]:
         if dict(fx.strides) != {"u": 1} or dict(p.output.strides) != {"u": 1} or dict(p.weight.strides).get("u") != 1:
             return None, "only channel-wise (uvu) paths"
         sx, sy, so = (ops[n].segments[s] for n, s in (("x", fx.segment), ("y", fy.segment), ("out", p.output.segment)))
-        if sy.mul != 1 or sx.mul != so.mul or not _pow2(sx.mul):
+        if sy.mul != 1 or sx.mul != so.mul or not block_width(sx.mul):
             return None, "channels must be a power of two >= 16 and edge irreps of multiplicity 1"
         if p.output.segment in outs:
             return None, "two paths write one output segment"
@@ -399,14 +400,13 @@ PRECISIONS = ("ieee", "tf32x3", "tf32")
 
 def default_config(kind: str, dtype: torch.dtype) -> RConfig:
     """EQUIKERNELS_RCONV_BLOCK / _WARPS / _PRECISION / _STAGES override (block >= 16: tl.dot's minimum)."""
-    block = int(os.environ.get("EQUIKERNELS_RCONV_BLOCK", 16))
-    warps = int(os.environ.get("EQUIKERNELS_RCONV_WARPS", 4))
-    prec = os.environ.get("EQUIKERNELS_RCONV_PRECISION", "tf32x3")
+    s = settings.get()
+    block, warps, prec = s.rconv_block, s.rconv_warps, s.rconv_precision
     if prec not in PRECISIONS:
         raise ValueError(f"EQUIKERNELS_RCONV_PRECISION: expected one of {PRECISIONS}, got {prec!r}")
     if block < 16 or block & (block - 1):
         raise ValueError(f"EQUIKERNELS_RCONV_BLOCK: expected a power of two >= 16, got {block}")
-    stages = int(os.environ.get("EQUIKERNELS_RCONV_STAGES", 3))
+    stages = 3 if s.rconv_stages is None else s.rconv_stages
     return RConfig(block, warps, "ieee" if dtype == torch.float64 else prec, stages)
 
 
@@ -417,7 +417,7 @@ class RadialConvKernels:
         paths, why = paths_of(plan)
         if paths is None:
             raise ValueError(why)
-        if not _pow2(hidden):
+        if not block_width(hidden):
             raise ValueError(f"hidden width must be a power of two >= 16, got {hidden}")
         self.plan, self.paths, self.hidden = plan, paths, hidden
         self.layout = plan.layout
@@ -448,11 +448,11 @@ class RadialConvKernels:
 
     def _meta_t(self, kind: str, dtype: torch.dtype) -> dict:
         meta = self._meta(kind, dtype)
-        meta["G"] = int(os.environ.get("EQUIKERNELS_RCONV_GROUP", 8))
+        meta["G"] = settings.get().rconv_group
         meta["SPLIT"] = dtype == torch.float32 and meta["PREC"] == "tf32x3"
         # H200, 10,192 Cu atoms, MACE-MP L2 (benchmarks/results/session8_20261124/radial_conv):
         # fwd / gx 8.3 / 10.1 ms at 16 edges x 4 warps, 12.2 / 14.6 at 8 warps, 12.6 / 12.8 at 32 x 8
-        meta["num_stages"] = int(os.environ.get("EQUIKERNELS_RCONV_STAGES", 1))
+        meta["num_stages"] = settings.get().rconv_stages or 1
         return meta
 
     def forward(self, x, y, h, w, graph):
@@ -488,7 +488,7 @@ class RadialConvKernels:
                 vhi, vlo = split_wT(w.t(), meta["SPLIT"])
                 # gy and gh in two passes by default: one kernel holding both spills (H200: see the
                 # session 8 notes); EQUIKERNELS_RCONV_EDGE_SPLIT=0 runs one
-                split = os.environ.get("EQUIKERNELS_RCONV_EDGE_SPLIT", "1") != "0"
+                split = settings.get().rconv_edge_split
                 for ny, nh in ([(need_y, False), (False, need_h)] if split else [(need_y, need_h)]):
                     if ny or nh:
                         self.fn("edge")[(1, triton.cdiv(n, meta["G"]))](
@@ -522,7 +522,7 @@ def split_wT(w: torch.Tensor, split: bool):
 
 
 def _poison() -> bool:
-    return os.environ.get("EQUIKERNELS_POISON") == "1"
+    return settings.get().poison
 
 
 def _buffer(shape, like):

@@ -5,7 +5,6 @@ import dataclasses
 import functools
 import hashlib
 import itertools
-import os
 from dataclasses import dataclass
 from typing import Dict, Optional
 
@@ -13,9 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import settings
 from .cache import load_module
 from ..ir import Table, double_backward_tables
-from ..reference import math_dtype_of
+from ..dtypes import acc_dtype, math_dtype_of
 from .emit import Group, KernelMeta, generate, path_segment
 from .launch import FastLaunch
 from . import uvw_rows
@@ -24,7 +24,6 @@ from . import uvw_rows
 # accumulated in float32 and only rounded when stored (stores cast to the output pointer's type)
 _DT = {torch.float16: tl.float32, torch.bfloat16: tl.float32, torch.float32: tl.float32,
        torch.float64: tl.float64}
-HALF = (torch.float16, torch.bfloat16)
 NEED_X, NEED_Y, NEED_W = 1, 2, 4
 # per-row uvw (uvw_rows.py), H200, DiffDock-L2, 50k rows, kernel only
 # (benchmarks/results/session9_20261124/diffdock_uvw): the backward's weight gradient in the same
@@ -78,7 +77,8 @@ def default_config(kind: str, dtype: torch.dtype, problem=None) -> LaunchConfig:
     DiffDock) stream better with 8 rows forward, 4 backward and 2 double backward (H200, DiffDock,
     with the weight gradient in its own kernel: backward 2.64 ms with 1 row, 1.74 with 4; double
     backward 8.87 with 4 rows, 8.03 with 2 rows x 2 warps)."""
-    env = os.environ.get(f"EQUIKERNELS_ROWS_{kind.upper()}") or os.environ.get("EQUIKERNELS_ROWS")
+    s = settings.get()
+    env = s.per_kind("rows", kind)
     rows = 4 if dtype == torch.float32 else 2
     if problem is not None and weights_dominate(problem):
         rows = ({"fwd": 8, "bwd": 4, "dbwd": 2} if dtype != torch.float64 else {"fwd": 8, "bwd": 1}).get(kind, rows)
@@ -97,17 +97,23 @@ def default_config(kind: str, dtype: torch.dtype, problem=None) -> LaunchConfig:
         # steps of one warp (H200, 50k rows, mace-large backward fp32 0.791 -> 0.778 ms, bf16
         # 0.550 -> 0.543; mace-medium bf16 0.217 -> 0.195; benchmarks/results/session12_20261124)
         rows = 1
-    rows = int(env) if env else rows
+    rows = env if env is not None else rows
     # warps along the row axis keep the channel reductions (tl.sum over a [ROWS, MUL] block) inside
     # a warp; a warp split over channels makes every reduction a shared-memory round trip
     # (measured on an H100: mace-large backward 1.20 ms with 4 rows x 4 warps, 2.55 ms with 8 warps)
     warps = 1 if one_warp and rows == 1 else 4 if rows == 1 else min(4, rows)
-    warps = int(os.environ.get(f"EQUIKERNELS_WARPS_{kind.upper()}") or os.environ.get("EQUIKERNELS_WARPS", warps))
-    return LaunchConfig(rows=rows, num_warps=warps, tf32=os.environ.get("EQUIKERNELS_TF32") == "1")
+    env = s.per_kind("warps", kind)
+    warps = env if env is not None else warps
+    return LaunchConfig(rows=rows, num_warps=warps, tf32=s.tf32)
+
+
+def _shape_set(s) -> bool:
+    """Any rows / warps setting (EQUIKERNELS_ROWS*, EQUIKERNELS_WARPS*) given."""
+    return any(s.per_kind(name, kind) is not None for name in ("rows", "warps") for kind in ("fwd", "bwd", "dbwd"))
 
 
 def _poison() -> bool:
-    return os.environ.get("EQUIKERNELS_POISON") == "1"
+    return settings.get().poison
 
 
 def _alloc(shape, like: torch.Tensor, zero: bool, dtype: Optional[torch.dtype] = None,
@@ -121,13 +127,6 @@ def _alloc(shape, like: torch.Tensor, zero: bool, dtype: Optional[torch.dtype] =
     if _poison() if poison is None else poison:
         return torch.full(shape, float("nan"), dtype=dtype, device=like.device)
     return torch.empty(shape, dtype=dtype, device=like.device)
-
-
-def acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Dtype of a buffer that is added into more than once (per-program partials, outputs that
-    several kernels or atomics add into): float32 for half-precision results, so only the final
-    value is rounded to the half type."""
-    return torch.float32 if dtype in HALF else dtype
 
 
 def math_of(*tensors, math_dtype: Optional[torch.dtype] = None) -> torch.dtype:
@@ -150,7 +149,9 @@ def _num_sms(device: torch.device) -> int:
     return 4
 
 
-class _Kernel:
+class Kernel:
+    """One generated Triton kernel over ``groups`` (its source, metadata and launch)."""
+
     def __init__(self, name: str, groups, layout: str, row_operands, describe: str, in1_major: bool = False,
                  lazy_budget: Optional[int] = None, in1_outer: bool = False, built=None, partial: bool = False,
                  prefetch: int = 0, cap_fp32: bool = False, l2: Optional[int] = None):
@@ -186,7 +187,7 @@ L2_AHEAD: Dict[str, int] = {"bwd": 16}  # kind -> default of TPKernels._l2
 
 def max_paths() -> int:
     """Forward paths per generated kernel; larger problems are split so each kernel compiles fast."""
-    return int(os.environ.get("EQUIKERNELS_MAX_PATHS", 40))
+    return settings.get().max_paths
 
 
 def _chunks(table, limit: int, in1: bool = False):
@@ -267,12 +268,15 @@ class _KernelSet:
 
 
 class TPKernels:
-    """Forward and backward kernels of one Plan (problem + layout), built lazily per dtype/config."""
+    """Forward and backward kernels of one Plan (problem + layout), built lazily per dtype/config.
+    ``tuner``: the autotuner these launches consult (``equikernels.tune``'s functions: enabled,
+    active, bucket, cache, device_key, choose, time_ms), or None for the heuristic defaults."""
 
-    def __init__(self, plan):
+    def __init__(self, plan, tuner=None):
         self.plan = plan
         self.problem = plan.problem
-        self._cache: Dict[tuple, Optional[_Kernel]] = {}
+        self.tuner = tuner
+        self._cache: Dict[tuple, Optional[Kernel]] = {}
         self._configs: Dict[tuple, LaunchConfig] = {}
         self._tuned_cfgs: Dict[tuple, LaunchConfig] = {}  # autotuner choices already looked up
 
@@ -286,8 +290,8 @@ class TPKernels:
         """Visit paths by first-input segment when every output segment has exactly one forward path
         (MACE/NequIP channel-wise products): fewer live tiles, each g tile still loaded once.
         EQUIKERNELS_VISIT=out|in1 overrides."""
-        env = os.environ.get("EQUIKERNELS_VISIT")
-        if env in ("out", "in1"):
+        env = settings.get().visit
+        if env is not None:
             return env == "in1"
         segs = [p.output.segment for p in self.plan.table.paths]
         return len(segs) == len(set(segs))
@@ -311,8 +315,8 @@ class TPKernels:
         """Per-thread partial channel sums (emit.KernelBuilder._partial) in backward kernels: they
         keep the y-gradient sums un-reduced within the lazy budget (mace-large backward, sm_90:
         355 -> 80 shuffles per thread). EQUIKERNELS_PARTIAL_SUM=0|1 overrides for every kind."""
-        env = os.environ.get("EQUIKERNELS_PARTIAL_SUM")
-        return env == "1" if env in ("0", "1") else kind == "bwd" and wide_channelwise(self.problem)
+        env = settings.get().partial_sum
+        return env if env is not None else kind == "bwd" and wide_channelwise(self.problem)
 
     def _prefetch(self, kind: str) -> int:
         """Loads issued this many loads early (emit._prefetched): in the double backward of
@@ -321,9 +325,9 @@ class TPKernels:
         mace-large bf16 backward 0.543 ms with 0, 0.505 with 4, 0.534 with 2, 0.547 with 6 and 8;
         mace-medium 0.195, 0.184, 0.192, 0.171, 0.171; fp32 within 2 %).
         EQUIKERNELS_PREFETCH_<KIND> / EQUIKERNELS_PREFETCH override."""
-        env = os.environ.get(f"EQUIKERNELS_PREFETCH_{kind.upper()}") or os.environ.get("EQUIKERNELS_PREFETCH")
-        if env:
-            return int(env)
+        env = settings.get().per_kind("prefetch", kind)
+        if env is not None:
+            return env
         if kind == "dbwd":
             return DBWD_PREFETCH if self._dbwd_prefetched() else 0
         if kind in ("fwd", "bwd") and narrow_channelwise(self.problem):
@@ -351,18 +355,19 @@ class TPKernels:
         8 / 16 / 32 loads ahead; MACE-MP L2 0.246 -> 0.232 at 16; mace-medium 0.184 -> 0.164
         (benchmarks/results/session13_20261124). None under the interpreter (inline asm).
         EQUIKERNELS_L2_PREFETCH[_<KIND>]=off|row|N overrides."""
-        if os.environ.get("TRITON_INTERPRET") == "1":
+        s = settings.get()
+        if s.triton_interpret:
             return None
-        env = os.environ.get(f"EQUIKERNELS_L2_PREFETCH_{kind.upper()}") or os.environ.get("EQUIKERNELS_L2_PREFETCH")
-        if env:
-            return None if env == "off" else 0 if env == "row" else int(env)
+        env = s.per_kind("l2_prefetch", kind)
+        if env is not None:
+            return None if env == "off" else 0 if env == "row" else env
         return L2_AHEAD.get(kind) if wide_channelwise(self.problem) else None
 
     def _weights_dominate(self) -> bool:
         """Whether the weight gradient (a streamed outer product when weights_dominate) gets a
         kernel of its own, so the gx / gy kernel does not hold the weight tiles and the gradient
         tiles at once. EQUIKERNELS_SPLIT_GW=0 keeps one kernel."""
-        return weights_dominate(self.problem) and os.environ.get("EQUIKERNELS_SPLIT_GW", "1") != "0"
+        return weights_dominate(self.problem) and settings.get().split_gw
 
     def _in1_outer(self, kind: str) -> bool:
         return in1_outer(self.problem, kind)
@@ -375,15 +380,14 @@ class TPKernels:
 
     def _uvw_fused(self, kind: str) -> bool:
         """One kernel for the weight gradient and the rest (EQUIKERNELS_UVW_FUSE=1|0 overrides)."""
-        env = os.environ.get("EQUIKERNELS_UVW_FUSE")
-        return env == "1" if env in ("0", "1") else UVW_FUSED[kind]
+        env = settings.get().uvw_fuse
+        return env if env is not None else UVW_FUSED[kind]
 
     def _uvw_cfg(self, kind: str, part: int, need: int, cfg: LaunchConfig, math) -> LaunchConfig:
         """Launch shape of one uvw_rows kernel: UVW_CFG when ``cfg`` is the heuristic default and no
         EQUIKERNELS_ROWS* / EQUIKERNELS_WARPS override is set (a tuned or given cfg is kept);
         float64 with half the rows (registers)."""
-        if cfg is not self._cfg(kind, math) or any(k.startswith(("EQUIKERNELS_ROWS", "EQUIKERNELS_WARPS"))
-                                                   for k in os.environ):
+        if cfg is not self._cfg(kind, math) or _shape_set(settings.get()):
             return cfg
         wbit = NEED_W
         which = "all" if part == need and part & wbit and part & ~wbit else ("w" if part == wbit else "xy")
@@ -392,14 +396,14 @@ class TPKernels:
             rows = max(1, rows // 2)
         return LaunchConfig(rows, warps, cfg.num_stages, cfg.tf32)
 
-    def kernel(self, kind: str, need: int = 0, have: str = "") -> Optional[_Kernel]:
+    def kernel(self, kind: str, need: int = 0, have: str = "") -> Optional[Kernel]:
         key = (kind, need, have)
         if key not in self._cache and kind != "fwd" and self._uvw_rows():
             p = self.plan
             names = "".join(n for bit, n in zip((1, 2, 4, 8), "xywg") if need & bit)
             name = f"tp_{kind}{need or ''}{have}_{self.problem.key()}_{p.layout}_uvw"
             built = uvw_rows.generate(name, p.table, p.layout, kind, names, have)
-            self._cache[key] = None if built is None else _Kernel(
+            self._cache[key] = None if built is None else Kernel(
                 name, (), p.layout, (), f"{kind} of {self.problem.describe()} [{p.layout}], per-row uvw", built=built)
         if key not in self._cache:
             p = self.plan
@@ -426,13 +430,13 @@ class TPKernels:
             partial = self._partial_sums(kind)
             kw = dict(partial=partial, prefetch=self._prefetch(kind), cap_fp32=partial, l2=self._l2(kind))
             if len(chunks) == 1:
-                self._cache[key] = _Kernel(name, groups, p.layout, self._row_operands(),
+                self._cache[key] = Kernel(name, groups, p.layout, self._row_operands(),
                                            f"{kind} of {self.problem.describe()} [{p.layout}]", in1, lazy,
                                            self._in1_outer(kind), **kw)
             else:
                 split, zero = _split_groups(groups, chunks, in1)
                 self._cache[key] = _KernelSet([
-                    _Kernel(f"{name}_part{j}", gs, p.layout, self._row_operands(),
+                    Kernel(f"{name}_part{j}", gs, p.layout, self._row_operands(),
                             f"{kind} of {self.problem.describe()} [{p.layout}], part {j + 1}/{len(chunks)}", in1,
                             lazy, self._in1_outer(kind), **kw)
                     for j, gs in enumerate(split)], zero)
@@ -443,8 +447,8 @@ class TPKernels:
         the heuristic default off the GPU, while compiling or capturing a CUDA graph, or with
         EQUIKERNELS_AUTOTUNE=0. ``run(cfg)`` launches the direction with ``cfg``."""
         default = self._cfg(kind, math)
-        from .. import tune  # noqa: PLC0415
-        if not (tune.enabled() and tune.active(x.device)):  # x.device builds an object: test the env first
+        tune = self.tuner
+        if tune is None or not (tune.enabled() and tune.active(x.device)):  # x.device builds an object: test the env first
             return default
         # a hit costs a dict lookup: the key string (problem hash, device name) is built once
         memo = (tag, x.dtype, math, x.device, tune.bucket(x.shape[0]), tune.cache().path)
@@ -541,7 +545,7 @@ class TPKernels:
         if self._uvw_rows():  # dx, dy, dg read the weights and c; dw (outer products) only writes
             return (need,) if self._uvw_fused("dbwd") else (need & 11, need & 4)
         if (self.problem.shared_weights or self._weights_dominate()
-                or os.environ.get("EQUIKERNELS_DBWD_SPLIT") == "1"):  # diagnostics: dw on its own
+                or settings.get().dbwd_split):  # diagnostics: dw on its own
             return (need & 8, need & 3, need & 4)
         return (need,) if self._dbwd_one() else (need & 8, need & 7)
 
@@ -552,9 +556,9 @@ class TPKernels:
         part (EQUIKERNELS_DBWD_PATHS=N overrides, 0 turns the split off). nequip-lips, H200, 50k rows:
         two kernels 1.298 ms, one kernel in parts of 12 paths 1.269, of 6 paths 1.109 (cuEquivariance
         1.135-1.792 across runs; benchmarks/results/session11_20261124)."""
-        env = os.environ.get("EQUIKERNELS_DBWD_PATHS")
+        env = settings.get().dbwd_paths
         if env is not None:
-            return int(env) or None
+            return env or None
         if not hasattr(self, "_part_paths"):  # double_backward asks on every call (via _dbwd_one)
             p = self.problem
             self._part_paths = 6 if len(p.instructions) > 12 and narrow_channelwise(p) and self._in1_major() else None
@@ -568,12 +572,12 @@ class TPKernels:
         the fused kernel at the register cap) 2.47 -> 4.60 at 50k; nequip-lips (30) equal or slower
         (benchmarks/results/session10_20261124/dbwd_one, dbwd_variants) unless the kernel is split by
         first-input segment (_dbwd_part_paths)."""
-        env = os.environ.get("EQUIKERNELS_DBWD_ONE")
-        if env in ("0", "1"):
-            return env == "1"
+        env = settings.get().dbwd_one
+        if env is not None:
+            return env
         return len(self.problem.instructions) <= 12 or self._dbwd_part_paths() is not None
 
-    def _run(self, k: _Kernel, tensors, outputs, cfg: LaunchConfig, math: torch.dtype):
+    def _run(self, k: Kernel, tensors, outputs, cfg: LaunchConfig, math: torch.dtype):
         """Allocate the outputs (``outputs[name]`` = (shape, dtype), on x's device), launch, reduce
         partials. Buffers added into more than once (row partials, outputs several kernels add
         into) are kept in float32 for half-precision results and rounded once at the end."""

@@ -21,10 +21,10 @@ dw = gw(a, y) + gw(x, b), dg = f(a, y, W) + f(x, b, W) + f(x, y, c)).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .. import settings
 from ..ir import Table
 from .emit import KernelMeta, Unsupported, _Writer
 
@@ -71,7 +71,7 @@ def upaths(table: Table) -> Optional[List[UPath]]:
 
 def eligible(problem, table: Table) -> bool:
     """Per-row weights, every path uvw (DiffDock-L2); EQUIKERNELS_UVW_ROWS=0 turns it off."""
-    if os.environ.get("EQUIKERNELS_UVW_ROWS", "1") == "0" or problem.shared_weights:
+    if not settings.get().uvw_rows or problem.shared_weights:
         return False
     return bool(table.paths) and all(i.mode == "uvw" and i.has_weight for i in problem.instructions) \
         and upaths(table) is not None
@@ -111,9 +111,8 @@ class Options:
 
     @staticmethod
     def from_env() -> "Options":
-        e = os.environ.get
-        return Options(int(e("EQUIKERNELS_UVW_UB", 16)), int(e("EQUIKERNELS_UVW_WB", 16)),
-                       e("EQUIKERNELS_UVW_EXACT", "0") == "1", e("EQUIKERNELS_UVW_LAZY_H", "0") == "1")
+        s = settings.get()
+        return Options(s.uvw_ub, s.uvw_wb, s.uvw_exact, s.uvw_lazy_h)
 
 
 class Builder:

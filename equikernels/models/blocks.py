@@ -3,17 +3,17 @@
 readouts. Node features stay in one ``layout`` (``ir_mul`` by default) from layer to layer."""
 from __future__ import annotations
 
-import os
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
+from .. import settings
 from ..nn.linear import Linear
 from ..ops.conv import ConvGraph, tensor_product_conv
 from ..ops.radial_conv import fused_available, radial_conv
 from ..problem import TPProblem
-from .chunked import EdgeChunk, chunked_edge_conv, edge_chunk_setting, edge_weights, resolve_edge_chunk
+from .chunked import EdgeChunk, chunked_edge_conv, edge_chunk_setting, edge_weights, parse_edge_chunk, resolve_edge_chunk
 from .element_linear import ElementGroups, ElementLinear
 from .radial import GATES, RadialMLP
 from .radial_fusion import choose_radial_fusion
@@ -109,7 +109,7 @@ class InteractionBlock(nn.Module):
         "auto" (default: with the autotuner on, whichever measured faster for this graph size; else
         ``radial_fusion.DEFAULT_FUSED``, unfused: slower on an H200 so far, though it stores no
         per-edge weights), "1" (whenever the kernels take it: the memory-lean path) or "0" (never)."""
-        setting = self.radial_fusion or os.environ.get("EQUIKERNELS_RADIAL_CONV", "auto")
+        setting = self.radial_fusion or settings.get().radial_conv
         if setting not in ("auto", "0", "1"):
             raise ValueError(f"radial_fusion / EQUIKERNELS_RADIAL_CONV: expected 'auto', '0' or '1', got {setting!r}")
         if setting == "0" or self.radial_mlp.act is None or len(self.radial_mlp.layers) < 2:
@@ -122,6 +122,17 @@ class InteractionBlock(nn.Module):
         if setting == "1":
             return True
         return choose_radial_fusion(self, h, edge_attrs, edge_feats, cutoff, graph)
+
+
+def set_edge_chunk(model: nn.Module, value: Optional[EdgeChunk]) -> nn.Module:
+    """Sets ``edge_chunk`` on every interaction block of ``model`` (None: back to the environment /
+    default); returns the model. Not saved with the model."""
+    if value is not None:
+        value = parse_edge_chunk(value)
+    for m in model.modules():
+        if isinstance(m, InteractionBlock):
+            m.edge_chunk = value
+    return model
 
 
 class ProductBlock(nn.Module):

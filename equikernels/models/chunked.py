@@ -36,7 +36,7 @@ available. Chunks then hold ``CHUNK_FRACTION`` of the available memory each. The
 for every dtype; an integer setting is the number of edges per chunk (0 = never). Chunking
 needs host synchronisation (chunk boundaries, unique sources), so it is never used while
 torch.compile traces or a CUDA graph is captured: those paths always run unchunked.
-``set_edge_chunk(model, value)`` sets every interaction of a model.
+``blocks.set_edge_chunk(model, value)`` sets every interaction of a model.
 """
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from .. import settings
 from ..ops.conv import ConvGraph, tensor_product_conv
 from ..problem import TPProblem
 
@@ -80,17 +81,11 @@ def parse_edge_chunk(value, name: str = "edge_chunk") -> EdgeChunk:
                      f"got {value!r}")
 
 
-@functools.lru_cache(maxsize=16)
-def _parse_env(value: str) -> EdgeChunk:
-    return parse_edge_chunk(value, EDGE_CHUNK_ENV)
-
-
 def edge_chunk_setting(setting: Optional[EdgeChunk] = None) -> EdgeChunk:
     """The setting in force: ``setting`` if given, else ``EQUIKERNELS_EDGE_CHUNK``, else the default."""
     if setting is not None:
         return parse_edge_chunk(setting)
-    env = os.environ.get(EDGE_CHUNK_ENV)
-    return _parse_env(env) if env is not None and env != "" else EDGE_CHUNK_DEFAULT
+    return settings.get().edge_chunk
 
 
 def available_bytes(device: torch.device) -> int:
@@ -123,19 +118,6 @@ def resolve_edge_chunk(setting: Optional[EdgeChunk], num_edges: int, weight_nume
         chunk = max(1, int(CHUNK_FRACTION * avail) // step_per_edge)
         return 0 if num_edges <= chunk else chunk
     return 0 if value == 0 or num_edges <= value else value
-
-
-def set_edge_chunk(model: nn.Module, value: Optional[EdgeChunk]) -> nn.Module:
-    """Sets ``edge_chunk`` on every interaction block of ``model`` (None: back to the environment /
-    default); returns the model. Not saved with the model."""
-    from .blocks import InteractionBlock  # noqa: PLC0415 (blocks imports this module)
-
-    if value is not None:
-        value = parse_edge_chunk(value)
-    for m in model.modules():
-        if isinstance(m, InteractionBlock):
-            m.edge_chunk = value
-    return model
 
 
 def chunk_plan(ptr_dst: List[int], chunk_edges: int) -> List[Tuple[int, int, int, int]]:

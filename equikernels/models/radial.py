@@ -13,6 +13,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import nn
 
+from ..dtypes import HALF
 from ..ops.mlp import radial_mlp
 from .._compat import e3nn  # noqa: F401  (safe e3nn import before e3nn.math)
 from e3nn.math import normalize2mom  # noqa: E402
@@ -266,8 +267,6 @@ class RadialMLP(nn.Module):
                     z = self.act(z)
         return (self.act(z) if self.act is not None else z), ws[-1]
 
-
-HALF = (torch.float16, torch.bfloat16)
 
 
 def _half_weights(mlp: "RadialMLP", ws: List[torch.Tensor], x: torch.Tensor) -> List[torch.Tensor]:

@@ -22,7 +22,6 @@ generator cannot express falls back to the reference, with a warning.
 """
 from __future__ import annotations
 
-import os
 import warnings
 from collections import defaultdict
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -30,10 +29,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from .. import settings
 from ..ir import Factor, Operand, Path, Segment, Table, grad_table
-from ..reference import evaluate, math_dtype_of
+from ..dtypes import HALF, math_dtype_of
+from ..reference import evaluate
 
-HALF = (torch.float16, torch.bfloat16)
 _STORAGE = HALF + (torch.float32, torch.float64)
 
 U_ZERO_TOL = 0.0  # U entries are kept exactly (a checkpoint's zeros are exact zeros)
@@ -183,13 +183,13 @@ class _Generated:
 
     def __init__(self, table: Table, layout: str, dtype: torch.dtype, name: str) -> None:
         from ..codegen.emit import Group  # noqa: PLC0415 (Triton only when a CUDA kernel is built)
-        from ..codegen.tp import LaunchConfig, _Kernel  # noqa: PLC0415
+        from ..codegen.tp import LaunchConfig, Kernel  # noqa: PLC0415
 
-        limit = int(os.environ.get("EQUIKERNELS_MAX_PATHS", 40))
+        limit = settings.get().max_paths
         chunks = [table.paths[i:i + limit] for i in range(0, len(table.paths), limit)] or [()]
         rows_ops = {o.name for o in table.operands}
         self.out = table.operand(table.output)
-        self.kernels = [_Kernel(f"{name}_{k}", [Group(Table(table.operands, table.output, paths), table.output,
+        self.kernels = [Kernel(f"{name}_{k}", [Group(Table(table.operands, table.output, paths), table.output,
                                                       accumulate=len(chunks) > 1)],
                                 layout, rows_ops, f"symmetric contraction table part {k + 1}/{len(chunks)}")
                         for k, paths in enumerate(chunks)]
@@ -197,7 +197,7 @@ class _Generated:
         self.zero = self.accumulate or any(k.meta.zero_init for k in self.kernels)
         # one row per program: a contraction keeps every component of x and of the per-row weights
         # live (16 + 86 [rows, channels] tiles for MACE-MP medium), more rows would spill registers
-        rows = int(os.environ.get("EQUIKERNELS_ROWS_CONTRACTION", 1))
+        rows = settings.get().rows_contraction
         self.cfg, self.dtype = LaunchConfig(rows=rows, num_warps=4), dtype
         self.compiled = False
 

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from .. import reference
 from ..ir import double_backward_tables
+from .graph import ConvGraph
 from .tp import _check_same, _eager, autocast_dtype, check_dtypes, plan_of, spec_of
 
 NAMES = "xyw"
@@ -61,7 +62,6 @@ class _Conv:
 
 def _conv_of(src, dst, perm_dst, ptr_dst, perm_src, ptr_src, spec, backend, flow, math) -> _Conv:
     """The context of a custom-op call, rebuilt from its arguments."""
-    from .conv import ConvGraph  # noqa: PLC0415 (conv imports this module)
     if flow not in FLOWS:
         raise ValueError(f"flow: expected one of {FLOWS}, got {flow!r}")
     graph = ConvGraph(src, dst, ptr_dst.shape[0] - 1, perm_dst, ptr_dst, perm_src, ptr_src)

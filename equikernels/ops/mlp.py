@@ -20,13 +20,13 @@ dispatcher cost) and traced ones (torch.compile / export) through the custom ops
 """
 from __future__ import annotations
 
-import os
 from numbers import Real
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
+from .. import settings
 from .tp import _eager, resolve_backend
 
 PRECISIONS = ("ieee", "tf32x3", "tf32")
@@ -49,7 +49,7 @@ FUSED_ENV = "EQUIKERNELS_FUSED_MLP"
 
 
 def resolve_precision(precision: Optional[str], dtype: torch.dtype) -> str:
-    p = precision if precision is not None else (os.environ.get(PRECISION_ENV) or DEFAULT_PRECISION)
+    p = precision if precision is not None else (settings.get().mlp_precision or DEFAULT_PRECISION)
     if p not in PRECISIONS:
         raise ValueError(f"precision: expected one of {PRECISIONS}, got {p!r} (argument or {PRECISION_ENV})")
     return "ieee" if dtype == torch.float64 else p
@@ -225,8 +225,8 @@ def kernel_path(x: Tensor, weights: Sequence[Tensor], backend: Optional[str] = N
     """Whether ``radial_mlp`` runs the fused kernels for these operands (else the torch chain)."""
     if resolve_backend(backend, x.device) != "triton" or x.dtype not in KERNEL_DTYPES:
         return False
-    if (backend or os.environ.get("EQUIKERNELS_BACKEND") or "auto") == "auto" and (
-            x.dtype not in AUTO_DTYPES or os.environ.get(FUSED_ENV, "0") != "1"):
+    s = settings.get()
+    if (backend or s.backend) == "auto" and (x.dtype not in AUTO_DTYPES or not s.fused_mlp):
         return False
     from ..codegen.mlp import unsupported  # noqa: PLC0415
     return unsupported(_widths(x, weights)) is None

@@ -30,9 +30,11 @@ from typing import Optional
 
 import torch
 
+from .. import settings
+
 log = logging.getLogger(__name__)
 
-MODE = os.environ.get("EQUIKERNELS_NATIVE", "auto")
+MODE = settings.get().native
 NAME = "_ek_tp_node"
 SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "tp_node.cpp"
 _ext = None
@@ -44,7 +46,7 @@ def build_command(src: Path, out: Path) -> list:
     """The g++ command line: torch's and Python's headers, linked against torch's libraries."""
     tdir = Path(torch.__file__).resolve().parent
     abi = int(torch.compiled_with_cxx11_abi())
-    return [os.environ.get("CXX", "g++"), "-O2", "-shared", "-fPIC", "-std=c++17", "-w",
+    return [settings.get().cxx, "-O2", "-shared", "-fPIC", "-std=c++17", "-w",
             f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-DTORCH_EXTENSION_NAME={NAME}",
             f"-I{tdir / 'include'}", f"-I{tdir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
             "-I" + sysconfig.get_paths()["include"], str(src), f"-L{tdir / 'lib'}", "-lc10", "-ltorch",
@@ -55,7 +57,7 @@ def library_path() -> Path:
     from ..codegen.cache import cache_dir  # noqa: PLC0415
     h = hashlib.sha256()
     for part in (SOURCE.read_bytes(), torch.__version__.encode(), sys.version.encode(),
-                 str(torch.compiled_with_cxx11_abi()).encode(), os.environ.get("CXX", "g++").encode()):
+                 str(torch.compiled_with_cxx11_abi()).encode(), settings.get().cxx.encode()):
         h.update(part)
     return cache_dir() / "native" / h.hexdigest()[:20] / (NAME + sysconfig.get_config_var("EXT_SUFFIX"))
 

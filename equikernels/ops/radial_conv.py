@@ -20,12 +20,12 @@ slower. It is the memory-lean option; models.radial_fusion decides when a MACE m
 """
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
 from torch import Tensor
 
+from .. import settings
 from ..problem import TPProblem
 from .conv import ConvGraph, tensor_product_conv
 from .conv_fused import _Conv, cbwd
@@ -36,11 +36,11 @@ KERNEL_DTYPES = (torch.float32, torch.float64)
 
 def fusable(problem: TPProblem, hidden: int, layout: str = "mul_ir") -> Optional[str]:
     """None if the fused kernels take this problem and hidden width, else the reason."""
-    from ..codegen.radial_conv import _pow2, paths_of  # noqa: PLC0415 (Triton imported on demand)
+    from ..codegen.radial_conv import block_width, paths_of  # noqa: PLC0415 (Triton imported on demand)
     paths, why = paths_of(plan_of(spec_of(problem, layout)))
     if paths is None:
         return why
-    if not _pow2(hidden):
+    if not block_width(hidden):
         return f"hidden width {hidden} is not a power of two >= 16"
     return None
 
@@ -141,7 +141,7 @@ def radial_conv(problem: TPProblem, x: Tensor, y: Tensor, h: Tensor, weight: Ten
     be = resolve_backend(backend, x.device)
     why = _why_unfused(problem, x, y, h, weight, layout, be)
     if fused is None:
-        fused = os.environ.get("EQUIKERNELS_RADIAL_CONV", "1") != "0" and why is None
+        fused = settings.get().radial_conv != "0" and why is None
     elif fused and why is not None:
         raise ValueError(f"fused=True: the fused radial convolution does not take this call ({why})")
     if not fused:

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import warnings
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from .. import reference
+from .. import reference, settings
 from . import native
 from ..ir import Table, double_backward_tables, grad_table, tp_table
 from ..problem import TPProblem, problem_from_spec
@@ -63,8 +62,9 @@ class Plan:
     @property
     def kernels(self):
         if self._kernels is None:
+            from .. import tune
             from ..codegen.tp import TPKernels  # imported lazily: Triton is optional on CPU
-            self._kernels = TPKernels(self)
+            self._kernels = TPKernels(self, tuner=tune)
         return self._kernels
 
 
@@ -82,7 +82,7 @@ def plan_of(spec: str) -> Plan:
 
 
 def resolve_backend(backend: Optional[str], device: torch.device) -> str:
-    b = backend if backend is not None else os.environ.get("EQUIKERNELS_BACKEND", "auto")
+    b = backend if backend is not None else settings.get().backend
     if b not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {b!r} (argument or EQUIKERNELS_BACKEND)")
     if b == "auto":
@@ -365,29 +365,18 @@ class _Bwd(torch.autograd.Function):
 # kernel writing every element once (no autotuning, no poisoning), that answer depends only on
 # (problem, need, dtypes): _BwdDirect keeps it, and a call allocates and launches (a launch.Pinned:
 # the dtypes are part of the recipe's key). Same kernel, configuration and arguments as
-# _Kernel.launch passes (pointers in meta.inputs + meta.outputs order, N, NBLK, ROWS, DT, PREC), so
+# Kernel.launch passes (pointers in meta.inputs + meta.outputs order, N, NBLK, ROWS, DT, PREC), so
 # results are bit-identical (tests/test_fast_launch.py compares the two paths). Only the eager
 # no-grad backward of tp_fwd takes it (and of tp_bwd: _dbwd_direct below); EQUIKERNELS_FAST_BWD=0
 # turns both off.
-FAST_BWD = os.environ.get("EQUIKERNELS_FAST_BWD", "1") == "1"
-
-
-# os.environ.get of an unset name raises and catches a KeyError inside (~1.5 us, twice per call);
-# the mapping under os.environ (CPython keeps it in step with every set and delete) answers in 0.1 us
-_ENV = getattr(os.environ, "_data", None)
-try:
-    _ENV_KEYS = tuple(os.environ.encodekey(k) for k in ("EQUIKERNELS_AUTOTUNE", "EQUIKERNELS_POISON"))
-    _ENV_ONE = os.environ.encodevalue("1")
-except AttributeError:  # pragma: no cover - not CPython's os.environ
-    _ENV = None
+FAST_BWD = settings.get().fast_bwd
 
 
 def _env_tuning_or_poison() -> bool:
-    """EQUIKERNELS_AUTOTUNE=1 or EQUIKERNELS_POISON=1 (both need TPKernels' full path), read per call
-    as the full path reads them (tests toggle them)."""
-    if _ENV is not None:
-        return _ENV.get(_ENV_KEYS[0]) == _ENV_ONE or _ENV.get(_ENV_KEYS[1]) == _ENV_ONE
-    return os.environ.get("EQUIKERNELS_AUTOTUNE") == "1" or os.environ.get("EQUIKERNELS_POISON") == "1"
+    """Autotuning or poisoning on (both need TPKernels' full path), asked per call as the full path
+    asks (tests toggle them)."""
+    s = settings.get()
+    return s.autotune or s.poison
 
 
 class _BwdDirect:
@@ -415,7 +404,7 @@ def _plain_kernel(k) -> bool:
     """One kernel writing each element of its outputs once (not split into parts that add into
     zero-filled outputs, no row partials, no wide accumulation buffers)."""
     from ..codegen import tp as ct  # noqa: PLC0415
-    return isinstance(k, ct._Kernel) and not (k.meta.zero_init or k.meta.reduce_rows or k.acc_outputs)
+    return isinstance(k, ct.Kernel) and not (k.meta.zero_init or k.meta.reduce_rows or k.acc_outputs)
 
 
 def _set_parts(k) -> Optional[list]:
@@ -427,7 +416,7 @@ def _set_parts(k) -> Optional[list]:
 
 
 def _pinned_launch(kernels, kind: str, k, math: torch.dtype, min_rows: int = 0):
-    """(launch.Pinned, rows) with the configuration, rows and constexprs _Kernel.launch would use
+    """(launch.Pinned, rows) with the configuration, rows and constexprs Kernel.launch would use
     (``_cfg``: what ``_tuned`` returns without autotuning; ``min_rows``: a _KernelSet's, which _run
     applies to every part)."""
     from ..codegen import tp as ct  # noqa: PLC0415

@@ -6,12 +6,13 @@ Every collective here names its device: an NCCL barrier or object broadcast othe
 rank that enters a collective on another device than its peers waits forever."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
+
+from .. import settings
 
 
 @dataclass
@@ -45,10 +46,10 @@ def setup(device: torch.device) -> DistInfo:
     process's device is made current and bound to the group, so that every collective, barriers
     included, runs on it."""
     global _DEVICE
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = settings.get().world_size
     if world <= 1 and not is_active():
         return DistInfo(device=device)
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_rank = settings.get().local_rank
     device = process_device(device, local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -63,7 +64,7 @@ def setup(device: torch.device) -> DistInfo:
 
 def default_device() -> torch.device:
     if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cuda", settings.get().local_rank)
     return torch.device("cpu")
 
 

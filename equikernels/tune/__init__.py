@@ -33,13 +33,14 @@ from typing import Callable, Dict, Optional, Sequence, Union
 
 import torch
 
+from .. import settings
 from .cache import TuneCache
 
 _CACHE: Optional[TuneCache] = None
 
 
 def enabled() -> bool:
-    return os.environ.get("EQUIKERNELS_AUTOTUNE", "0") == "1"
+    return settings.get().autotune
 
 
 def active(device: torch.device) -> bool:
@@ -49,16 +50,16 @@ def active(device: torch.device) -> bool:
             and not torch.cuda.is_current_stream_capturing())
 
 
-_CACHE_ENV = ("EQUIKERNELS_TUNE_FILE", "EQUIKERNELS_CACHE_DIR", "XDG_CACHE_HOME", "HOME")
 _CACHE_FOR: Optional[tuple] = None
 _DEVICE_KEYS: Dict[tuple, str] = {}
 
 
 def cache() -> TuneCache:
-    """The process's cache object; rebuilt when the variables that locate the file change (this
+    """The process's cache object; rebuilt when the settings that locate the file change (this
     runs on every tuned launch, so it compares strings rather than building paths)."""
     global _CACHE, _CACHE_FOR
-    env = tuple(os.environ.get(k) for k in _CACHE_ENV)
+    s = settings.get()
+    env = (s.tune_file, s.cache_dir, s.xdg_cache_home)
     if _CACHE is None or env != _CACHE_FOR:
         _CACHE, _CACHE_FOR = TuneCache(), env
     return _CACHE
@@ -76,7 +77,7 @@ def device_key(device: torch.device) -> str:
     if k not in _DEVICE_KEYS:
         import triton  # noqa: PLC0415
 
-        from .. import __version__  # noqa: PLC0415
+        from .._version import __version__  # noqa: PLC0415
         name = torch.cuda.get_device_name(idx) if device.type == "cuda" else "cpu"
         _DEVICE_KEYS[k] = f"{name}|torch {torch.__version__}|triton {triton.__version__}|equikernels {__version__}"
     return _DEVICE_KEYS[k]
@@ -108,10 +109,10 @@ def time_ms(fn: Callable[[], object], device: torch.device, reps: int = 10, warm
 def _threads(n: int) -> int:
     """Threads for the parallel compile pass: only with CUDA in use (the Triton interpreter is not
     thread-safe), capped by EQUIKERNELS_TUNE_THREADS and the CPU count."""
-    env = os.environ.get("EQUIKERNELS_TUNE_THREADS")
-    if env:
-        return max(1, min(n, int(env)))
-    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_initialized():
+    s = settings.get()
+    if s.tune_threads is not None:
+        return max(1, min(n, s.tune_threads))
+    if s.triton_interpret or not torch.cuda.is_initialized():
         return 1
     return max(1, min(n, os.cpu_count() or 1))
 
@@ -142,7 +143,7 @@ def _precompile(cands: Sequence[dict], measure: Callable[[dict], float], failed:
 
 
 def _margin() -> float:
-    return float(os.environ.get("EQUIKERNELS_TUNE_MARGIN", "0.03"))
+    return settings.get().tune_margin
 
 
 def _min_gain_ms() -> float:
@@ -150,23 +151,12 @@ def _min_gain_ms() -> float:
     0.02). Per-call timings of sub-0.2 ms calls carry tens of microseconds of host jitter: a 15 us
     win in tuning turned into a 9 us loss when measured again (H200, tetris-poly-1 forward,
     benchmarks/results/session6_20261124)."""
-    env = os.environ.get("EQUIKERNELS_TUNE_MIN_GAIN_MS", "0.02")
-    try:
-        return float(env)
-    except ValueError:
-        raise ValueError(f"EQUIKERNELS_TUNE_MIN_GAIN_MS: expected a number of milliseconds, got {env!r}") from None
+    return settings.get().tune_min_gain_ms
 
 
 def _rounds() -> int:
     """Timing rounds per candidate (EQUIKERNELS_TUNE_ROUNDS, >= 1; the first also warms up)."""
-    env = os.environ.get("EQUIKERNELS_TUNE_ROUNDS", "3")
-    try:
-        n = int(env)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ValueError(f"EQUIKERNELS_TUNE_ROUNDS: expected an integer >= 1, got {env!r}")
-    return n
+    return settings.get().tune_rounds
 
 
 def choose(key: str, candidates: Union[Sequence[dict], Callable[[], Sequence[dict]]],
@@ -183,9 +173,9 @@ def choose(key: str, candidates: Union[Sequence[dict], Callable[[], Sequence[dic
 
 def _tune(key: str, candidates: Sequence[dict], measure: Callable[[dict], float], default: dict) -> dict:
     others = [c for c in candidates if c != default]
-    cap = os.environ.get("EQUIKERNELS_TUNE_MAX_CANDIDATES")
-    if cap:
-        others = others[:max(0, int(cap) - 1)]
+    cap = settings.get().tune_max_candidates
+    if cap is not None:
+        others = others[:cap - 1]
     cands = [default] + others
     t0 = time.perf_counter()
     times: Dict[int, float] = {}

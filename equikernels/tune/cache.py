@@ -14,13 +14,14 @@ import tempfile
 from pathlib import Path
 from typing import Dict, Optional
 
+from .. import settings
 from ..codegen.cache import cache_dir
 
 FORMAT = 1
 
 
 def default_path() -> Path:
-    return Path(os.environ.get("EQUIKERNELS_TUNE_FILE") or cache_dir() / "tuning.json")
+    return Path(settings.get().tune_file or cache_dir() / "tuning.json")
 
 
 class TuneCache:
