@@ -129,7 +129,11 @@ def _check_exchange(data, src, dst, width) -> None:
 
 
 def _host(a) -> np.ndarray:
-    return a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
+    if isinstance(a, torch.Tensor):
+        return a.detach().cpu().numpy()
+    if not isinstance(a, np.ndarray) and hasattr(a, "__dlpack__"):
+        return np.from_dlpack(a)
+    return np.asarray(a)
 
 
 @dataclass

@@ -276,3 +276,44 @@ def test_gpu_two_domains_run_triton_kernels(model):
 
     ours, calc = triton_kernels(prof), triton_kernels(calc_prof)
     assert ours & calc, (sorted(ours), sorted(calc))  # the calculator's generated kernels run here too
+
+
+class _DLPackArray:
+    """An array known only through the DLPack protocol (as cupy arrays from Kokkos views are)."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+def test_dlpack_arrays_are_used_in_place(model, mliap):
+    atoms = small_cell()
+    em = decompose(atoms, mliap.element_types, float(model.r_max), GRIDS[2])
+    eatoms = [r.eatoms for r in em.ranks]
+    for r in em.ranks:
+        for name in ("elems", "pair_i", "pair_j", "rij", "eatoms"):
+            setattr(r, name, _DLPackArray(getattr(r, name)))
+    check(em.run(mliap, separate_objects=False), reference(model, atoms), atoms)
+    for r, buf in zip(em.ranks, eatoms):  # written through the DLPack view into the coupling's buffer
+        assert r.eatoms.array is buf and np.all(buf != 0)
+
+
+@pytest.mark.mace
+def test_export_mace_torch_file(tmp_path):
+    pytest.importorskip("mace")
+    from equikernels.calculators.random_models import small_random_model
+
+    mace_model = small_random_model([28, 29], seed=4, backend="mace-torch")
+    path = tmp_path / "mace.model"
+    torch.save(mace_model, path)
+    obj = export_mliap(path, tmp_path / "mace-mliap.pkl")
+    assert obj.element_types == ["Ni", "Cu"]
+    atoms = small_cell()
+    em = decompose(atoms, obj.element_types, 2 * obj.rcutfac, GRIDS[2])
+    check(em.run(load_mliap(tmp_path / "mace-mliap.pkl"), separate_objects=False), _reference(mace_model, atoms),
+          atoms)
