@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     import torch
 
     import common as C
-    from equikernels import tune
+    from equikernels import settings, tune
     from equikernels.catalog import standard_problems
 
     device = torch.device(args.device)
@@ -124,6 +124,7 @@ def main(argv=None) -> int:
     if tune_file.exists():
         raise SystemExit(f"--tune-file {tune_file} exists: first-use tuning needs a fresh file")
     os.environ["EQUIKERNELS_TUNE_FILE"] = str(tune_file)
+    settings.reload()  # the package read the environment at import
     tcache = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
     triton_cold = not tcache.is_dir() or not any(tcache.iterdir())
 
@@ -183,11 +184,14 @@ class Ctx:
         self.args, self.device, self.C, self.tune, self.calls, self.backend = args, device, C, tune, calls, backend
         import torch
         self.torch = torch
+        from equikernels import settings
+        self.settings = settings
         self.gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
     # --- helpers ---------------------------------------------------------------------------------
     def autotune(self, on: bool) -> None:
         os.environ["EQUIKERNELS_AUTOTUNE"] = "1" if on else "0"
+        self.settings.reload()
 
     def wall(self, fn):
         """(seconds, result) of one call, device synchronized on both sides."""
@@ -277,6 +281,7 @@ class Ctx:
         fn()
         cap = os.environ.get("EQUIKERNELS_TUNE_MAX_CANDIDATES")
         os.environ["EQUIKERNELS_TUNE_MAX_CANDIDATES"] = "1"  # the tuner keeps the default: same kernel
+        self.settings.reload()
         try:
             self.first_use(cell, fn)
         finally:
@@ -284,6 +289,7 @@ class Ctx:
                 os.environ.pop("EQUIKERNELS_TUNE_MAX_CANDIDATES")
             else:
                 os.environ["EQUIKERNELS_TUNE_MAX_CANDIDATES"] = cap
+            self.settings.reload()
         reps = 20 if self.args.tiny else 2000
         us = {"off": [], "on": []}
         with torch.no_grad():

@@ -28,6 +28,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common as C  # noqa: E402
 
+from equikernels import settings  # noqa: E402
 from equikernels.calculators import MACECalculator  # noqa: E402
 from equikernels.models import atoms_to_data  # noqa: E402
 from equikernels.models.builder import mace_config, random_model  # noqa: E402
@@ -197,6 +198,7 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     os.environ.setdefault("EQUIKERNELS_BACKEND", "reference")
+    settings.reload()  # the package read the environment at import
     t0 = time.perf_counter()
     models = build(args.channels, args.mlp)
     print("held-out structures:", flush=True)
