@@ -490,15 +490,7 @@ class TPKernels:
         outs = {"g" + n: (t.shape, t.dtype) for bit, n, t in ((NEED_X, "x", x), (NEED_Y, "y", y), (NEED_W, "w", w))
                 if need & bit}
         res = {}
-        # a weight gradient summed by tl.dot over 16-row tiles gets its own kernel, so gx/gy keep
-        # the default rows per program
-        if self._uvw_rows():
-            split = need & NEED_W and need & 3 and not self._uvw_fused("bwd")
-        else:
-            split = need & NEED_W and need & 3 and (self._weights_dominate() or (
-                self.problem.shared_weights and self.kernel("bwd", NEED_W).meta.min_rows > cfg.rows))
-        parts = (need & 3, need & NEED_W) if split else (need,)
-        for part in parts:
+        for part in self.bwd_parts(need, cfg):
             if part:
                 names = {"g" + n for bit, n in ((NEED_X, "x"), (NEED_Y, "y"), (NEED_W, "w")) if part & bit}
                 pcfg = self._uvw_cfg("bwd", part, need, cfg, math) if self._uvw_rows() else cfg
@@ -536,6 +528,18 @@ class TPKernels:
         # then (a .get default would fill every output: one extra kernel and a full write each)
         return tuple((written["d" + n] if "d" + n in written else torch.zeros_like(like[n])) if n in names
                      else like[n].new_empty(0) for n in "xywg")
+
+    def bwd_parts(self, need: int, cfg: LaunchConfig) -> tuple:
+        """The need bitmasks of the kernels ``backward`` launches with ``cfg``, in order. The weight
+        gradient gets a kernel of its own when it is a streamed outer product (per-row uvw unless
+        fused, weights_dominate) or a tl.dot row sum needing more rows per program than ``cfg``
+        has, so the gx / gy kernel keeps its rows per program."""
+        if self._uvw_rows():
+            split = need & NEED_W and need & 3 and not self._uvw_fused("bwd")
+        else:
+            split = need & NEED_W and need & 3 and (self._weights_dominate() or (
+                self.problem.shared_weights and self.kernel("bwd", NEED_W).meta.min_rows > cfg.rows))
+        return (need & 3, need & NEED_W) if split else (need,)
 
     def dbwd_parts(self, need: int) -> tuple:
         """The need bitmasks of the kernels ``double_backward`` launches, in order (zero parts are

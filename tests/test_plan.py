@@ -1,0 +1,68 @@
+"""The printable kernel plan: the kernels it lists are the kernels a launch runs, in order, with
+its launch shape, for each direction and for the three problem families the heuristics tell apart."""
+import pytest
+import torch
+
+from equikernels import settings
+from equikernels.catalog import fully_connected_problem, uvu_problem
+from equikernels.codegen import tp as ct
+from equikernels.ops import plan_of, spec_of
+from equikernels.plan import main, plan_for
+from equikernels.problem import TPProblem
+
+PROBLEMS = {
+    "channel-wise": uvu_problem("4x0e+4x1o", "0e+1o", "4x0e+4x1o"),
+    "per-row uvw": fully_connected_problem("2x1o+3x0e", "0e+1o", "2x1o+3x0e", shared=False),
+    "shared uvw": fully_connected_problem("2x1o+3x0e", "0e+1o", "2x1o+3x0e", shared=True),
+}
+
+
+def _launched(monkeypatch, run):
+    seen = []
+    real = ct.Kernel.launch
+
+    def spy(self, tensors, outputs, n, cfg, dtype, programs=None):
+        seen.append((self.meta.name, max(cfg.rows, self.meta.min_rows), cfg.num_warps))
+        return real(self, tensors, outputs, n, cfg, dtype, programs)
+    monkeypatch.setattr(ct.Kernel, "launch", spy)
+    run()
+    return seen
+
+
+@pytest.mark.parametrize("name", list(PROBLEMS))
+@pytest.mark.parametrize("direction", ["fwd", "bwd", "dbwd"])
+def test_plan_lists_the_launched_kernels(name, direction, monkeypatch, tmp_path):
+    p = TPProblem.create(**PROBLEMS[name])
+    with settings.override(cache_dir=str(tmp_path), autotune=False):
+        plan = plan_for(p, direction, torch.float32, "ir_mul")
+        ks = plan_of(spec_of(p, "ir_mul")).kernels
+        x, y, w, g = (torch.randn(5, d) for d in (p.dim_in1, p.dim_in2, p.weight_numel, p.dim_out))
+        if direction == "fwd":
+            seen = _launched(monkeypatch, lambda: ks.forward(x, y, w))
+        elif direction == "bwd":
+            seen = _launched(monkeypatch, lambda: ks.backward(x, y, w, g, 7))
+        else:
+            a, b, c = torch.randn_like(x), torch.randn_like(y), torch.randn_like(w)
+            seen = _launched(monkeypatch, lambda: ks.double_backward(x, y, w, g, a, b, c, 15))
+    assert [(k.name, k.rows, k.warps) for k in plan.kernels] == seen
+    assert plan.direction == direction and plan.kernels and all(k.parts == 1 for k in plan.kernels)
+
+
+def test_plan_follows_settings_and_checks_arguments(tmp_path):
+    p = TPProblem.create(**PROBLEMS["channel-wise"])
+    with settings.override(cache_dir=str(tmp_path), rows_fwd=2, warps_fwd=1, max_paths=1):
+        plan = plan_for(p, "fwd", torch.float32)
+    assert {(k.rows, k.warps) for k in plan.kernels} == {(2, 1)} and plan.kernels[0].parts > 1
+    with pytest.raises(ValueError, match="direction: expected one of"):
+        plan_for(p, "sideways")
+    with pytest.raises(ValueError, match="need: expected letters of 'xyw'"):
+        plan_for(p, "bwd", need="xg")
+
+
+def test_command_prints_a_standard_problem(capsys, tmp_path):
+    with settings.override(cache_dir=str(tmp_path)):
+        assert main(["nequip-water", "--direction", "bwd"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("nequip-water: bwd of ") and "kernel(s):" in out and "rows x" in out
+    with pytest.raises(SystemExit):
+        main(["no-such-problem"])
