@@ -16,6 +16,7 @@ gathers energy, per-atom energies, forces and virial by global atom index.
 """
 from __future__ import annotations
 
+import copy
 import itertools
 import pickle
 import threading
@@ -29,33 +30,36 @@ BARRIER_TIMEOUT_S = 120  # a rank that skips a collective exchange fails the tes
 
 
 class _Comm:
-    """Collective exchanges among the emulated ranks."""
+    """Collective exchanges among the emulated ranks: each rank posts its buffer in ``slots``, all
+    meet at ``barrier``, read what they need, and meet again. ``tables[q]``: rank q's ghost rows by
+    owner rank, ``{owner: (ghost rows, rows at the owner)}``. Threads share a list of tensors and a
+    ``threading.Barrier``; processes a manager's dict (host arrays) and barrier."""
 
-    def __init__(self, ranks: List["RankData"]):
-        self.ranks = ranks
-        self.barrier = threading.Barrier(len(ranks), timeout=BARRIER_TIMEOUT_S)
-        self.slots: List[Optional[torch.Tensor]] = [None] * len(ranks)
+    def __init__(self, tables, nlocals, slots, barrier):
+        self.tables, self.nlocals, self.slots, self.barrier = tables, nlocals, slots, barrier
+
+    def _slot(self, q: int, device) -> torch.Tensor:
+        return torch.as_tensor(self.slots[q]).to(device)
+
+    def _post(self, rank: int, src: torch.Tensor) -> None:
+        self.slots[rank] = src if isinstance(self.slots, list) else src.detach().cpu().numpy()
+        self.barrier.wait()
 
     def forward(self, rank: int, src: torch.Tensor, dst: torch.Tensor) -> None:
-        me = self.ranks[rank]
-        self.slots[rank] = src
-        self.barrier.wait()
+        self._post(rank, src)
         dst.copy_(src)  # owned rows unchanged
-        for q, (ghost_rows, owner_rows) in me.ghosts_by_owner.items():
-            dst[ghost_rows.to(dst.device)] = self.slots[q][owner_rows.to(dst.device)].to(dst.device)
+        for q, (ghost_rows, owner_rows) in self.tables[rank].items():
+            dst[ghost_rows.to(dst.device)] = self._slot(q, dst.device)[owner_rows.to(dst.device)]
         self.barrier.wait()
 
     def reverse(self, rank: int, src: torch.Tensor, dst: torch.Tensor) -> None:
-        me = self.ranks[rank]
-        self.slots[rank] = src
-        self.barrier.wait()
+        self._post(rank, src)
         dst.zero_()
-        dst[:me.nlocal] = src[:me.nlocal]
-        for q, other in enumerate(self.ranks):
-            pair = other.ghosts_by_owner.get(rank)
-            if pair is not None:
-                ghost_rows, owner_rows = pair
-                dst.index_add_(0, owner_rows.to(dst.device), self.slots[q][ghost_rows.to(dst.device)].to(dst.device))
+        dst[:self.nlocals[rank]] = src[:self.nlocals[rank]]
+        for q, table in enumerate(self.tables):
+            if rank in table:
+                ghost_rows, owner_rows = table[rank]
+                dst.index_add_(0, owner_rows.to(dst.device), self._slot(q, dst.device)[ghost_rows.to(dst.device)])
         self.barrier.wait()
 
 
@@ -79,7 +83,7 @@ class RankData:
         self.f = np.zeros((self.ntotal, 3))
         self.virial = np.zeros((3, 3))
         self.pair_forces_calls = 0
-        self.comm: Optional[_Comm] = None
+        self.comm: Optional[_Comm] = None  # set by ``Emulation.run``
         self.ghosts_by_owner = {}
         for q in np.unique(owners[nlocal:, 0]) if self.ntotal > nlocal else []:
             rows = np.nonzero(owners[:, 0] == q)[0]
@@ -145,16 +149,25 @@ class Result:
 
 
 class Emulation:
-    def __init__(self, ranks: List[RankData], num_atoms: int, exchange: bool):
-        self.ranks, self.num_atoms = ranks, num_atoms
-        if exchange:
-            comm = _Comm(ranks)
-            for r in ranks:
-                r.comm = comm
+    def __init__(self, ranks: List[RankData], num_atoms: int, exchange: bool, device="cpu"):
+        self.ranks, self.num_atoms, self.exchange = ranks, num_atoms, exchange
+        self.device = torch.device(device)
+        self.comm = _Comm([r.ghosts_by_owner for r in ranks], [r.nlocal for r in ranks], [None] * len(ranks),
+                          threading.Barrier(len(ranks), timeout=BARRIER_TIMEOUT_S))
+        for r in ranks:
+            r.comm = self.comm if exchange else None
+            if self.device.type != "cpu":
+                r.to_device(self.device)
 
-    def run(self, obj, separate_objects: bool = True) -> Result:
+    def run(self, obj, separate_objects: bool = True, processes: bool = False) -> Result:
         """``obj.compute_forces`` on every rank at once (each rank its own unpickled copy, as each
-        MPI process loads the file), then the ghost-force return."""
+        MPI process loads the file), then the ghost-force return. Ranks are threads, or with
+        ``processes`` spawned processes (CUDA: the autograd engine runs every backward on the GPU
+        in one shared thread, where one rank waiting at an exchange would block the others)."""
+        if processes:
+            return self._run_processes(pickle.dumps(obj))
+        comm = self.comm
+        comm.barrier.reset()
         objs = [pickle.loads(pickle.dumps(obj)) if separate_objects else obj for _ in self.ranks]
         errors: List[BaseException] = []
 
@@ -163,8 +176,7 @@ class Emulation:
                 objs[k].compute_forces(self.ranks[k])
             except BaseException as exc:  # reported by the caller
                 errors.append(exc)
-                if self.ranks[k].comm is not None:
-                    self.ranks[k].comm.barrier.abort()
+                comm.barrier.abort()
 
         if len(self.ranks) == 1:
             work(0)
@@ -176,16 +188,66 @@ class Emulation:
                 t.join()
         if errors:
             raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0])
+        return self._gather([(r.f, _host(r.eatoms), r.virial, r.energy) for r in self.ranks])
+
+    def _run_processes(self, payload: bytes) -> Result:
+        mp = torch.multiprocessing.get_context("spawn")
+        with mp.Manager() as manager:
+            slots, barrier = manager.dict(), manager.Barrier(len(self.ranks), timeout=BARRIER_TIMEOUT_S)
+            queue = manager.Queue()
+            tables = [r.ghosts_by_owner for r in self.ranks]
+            nlocals = [r.nlocal for r in self.ranks]
+            procs = [mp.Process(target=_rank_main, args=(k, payload, _host_copy(r), tables, nlocals, slots, barrier,
+                                                         str(self.device), self.exchange, queue))
+                     for k, r in enumerate(self.ranks)]
+            for p in procs:
+                p.start()
+            outs = [queue.get(timeout=4 * BARRIER_TIMEOUT_S) for _ in procs]
+            for p in procs:
+                p.join()
+        failed = [o[1] for o in outs if o[1] is not None]
+        if failed:
+            raise RuntimeError("an emulated rank failed:\n" + next((f for f in failed if "BrokenBarrier" not in f),
+                                                                     failed[0]))
+        by_rank = sorted(outs, key=lambda o: o[0])
+        for r, o in zip(self.ranks, by_rank):
+            r.f, r.virial, r.energy = o[2], o[4], o[5]
+        return self._gather([o[2:] for o in by_rank])
+
+    def _gather(self, per_rank) -> Result:
         forces = np.zeros((self.num_atoms, 3))
         energies = np.zeros(self.num_atoms)
         virial = np.zeros((3, 3))
         energy = 0.0
-        for r in self.ranks:
-            np.add.at(forces, r.global_ids, r.f)  # owned rows, and ghost forces returned to their owners
-            energies[r.global_ids[:r.nlocal]] = _host(r.eatoms)
-            virial += r.virial
-            energy += float(r.energy)
+        for r, (f, eatoms, vir, e) in zip(self.ranks, per_rank):
+            np.add.at(forces, r.global_ids, f)  # owned rows, and ghost forces returned to their owners
+            energies[r.global_ids[:r.nlocal]] = eatoms
+            virial += vir
+            energy += float(e)
         return Result(energy, energies, forces, virial)
+
+
+def _host_copy(data: RankData) -> RankData:
+    out = copy.copy(data)
+    out.comm = None
+    for name in ("elems", "pair_i", "pair_j", "rij", "eatoms"):
+        setattr(out, name, np.array(_host(getattr(data, name))))
+    return out
+
+
+def _rank_main(rank, payload, data, tables, nlocals, slots, barrier, device, exchange, queue) -> None:
+    """One emulated MPI process."""
+    try:
+        data.comm = _Comm(tables, nlocals, slots, barrier) if exchange else None
+        if device != "cpu":
+            data.to_device(torch.device(device))
+        pickle.loads(payload).compute_forces(data)
+        queue.put((rank, None, data.f, _host(data.eatoms), data.virial, data.energy))
+    except BaseException:  # reported by the parent
+        import traceback
+
+        barrier.abort()
+        queue.put((rank, traceback.format_exc(), None, None, None, None))
 
 
 def decompose(atoms, element_types: Sequence[str], r_max: float, grid=(1, 1, 1), ghost_cutoff: Optional[float] = None,
@@ -229,11 +291,8 @@ def decompose(atoms, element_types: Sequence[str], r_max: float, grid=(1, 1, 1),
         owners = np.stack([owner_rank[node_atom], local_index[node_atom]], axis=1)
         centres = len(node_atom) if ghost_neighbors else len(ids)
         pi, pj = _pairs(node_pos, centres, r_max)
-        data = cls(r, len(ids), node_atom, owners, elems_all[node_atom], node_pos, pi, pj)
-        if torch.device(device).type != "cpu":
-            data.to_device(torch.device(device))
-        ranks.append(data)
-    return Emulation(ranks, n_atoms, exchange)
+        ranks.append(cls(r, len(ids), node_atom, owners, elems_all[node_atom], node_pos, pi, pj))
+    return Emulation(ranks, n_atoms, exchange, device)
 
 
 def _pairs(node_pos: np.ndarray, centres: int, r_max: float):

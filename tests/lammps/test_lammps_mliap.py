@@ -250,32 +250,35 @@ def test_bad_model_argument():
 
 @pytest.mark.gpu
 def test_gpu_two_domains_run_triton_kernels(model):
-    """CUDA tensors as the KOKKOS coupling hands them: compute_forces runs our Triton kernels on the
-    device and matches the calculator (fp64)."""
+    """CUDA tensors as the KOKKOS coupling hands them. Two domains as two processes (one GPU):
+    matches the calculator in fp64. One domain in this process, profiled: compute_forces launches
+    the generated kernels the calculator launches."""
     obj = EquikernelsMLIAP(model)
     atoms = crystal()
+    ref = reference(model, atoms)
     em = decompose(atoms, obj.element_types, float(model.r_max), GRIDS[2], device="cuda")
     assert em.ranks[0].rij.is_cuda and em.ranks[0].elems.is_cuda
+    check(em.run(obj, processes=True), ref, atoms)
+
+    em = decompose(atoms, obj.element_types, float(model.r_max), GRIDS[1], device="cuda")
     em.run(obj, separate_objects=False)  # warm-up: compiles the kernels outside the profile
-    em = decompose(atoms, obj.element_types, float(model.r_max), GRIDS[2], device="cuda")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         result = em.run(obj, separate_objects=False)
     assert obj.model.atomic_energies.is_cuda
-    check(result, reference(model, atoms), atoms)
-    gpu_calc = MACECalculator(model, device="cuda", default_dtype="float64", cuda_graph=False)
+    check(result, ref, atoms)
     probe = atoms.copy()
-    probe.calc = gpu_calc
+    probe.calc = MACECalculator(model, device="cuda", default_dtype="float64", cuda_graph=False)
     probe.get_forces()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as calc_prof:
         probe.calc.reset()
         probe.get_forces()
 
-    def triton_kernels(p):  # generated kernels have plain identifiers; library kernels are C++ names or GEMMs
+    def generated(p):  # generated kernels have plain identifiers; library kernels are C++ names or GEMMs
         return {e.name for e in p.events() if e.name.isidentifier() and "gemm" not in e.name.lower()
                 and not e.name.startswith(("sm", "ampere", "cutlass", "volta", "turing", "Memcpy", "Memset"))}
 
-    ours, calc = triton_kernels(prof), triton_kernels(calc_prof)
-    assert ours & calc, (sorted(ours), sorted(calc))  # the calculator's generated kernels run here too
+    ours, calc = generated(prof), generated(calc_prof)
+    assert ours & calc, (sorted(ours), sorted(calc))
 
 
 class _DLPackArray:
