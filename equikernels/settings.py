@@ -244,14 +244,14 @@ class Settings:
     conv_grad_loops: Optional[str] = _var(None, _Choice("one", "in1all"),
                                           "Gradient kernels: one edge loop, or one per first-input segment "
                                           "(in1all, default)")
-    conv_prefetch: Optional[str] = _var(None, _Choice("", "none", "idx", "all"),
-                                        "Edge-loop pipelining: '' or none, idx, all (default: '' forward, all "
-                                        "otherwise); empty is a value here", empty=True)
-    conv_prefetch_fwd: Optional[str] = _var(None, _Choice("", "none", "idx", "all"),
+    conv_prefetch: Optional[str] = _var(None, _Choice("", "idx", "all"),
+                                        "Edge-loop pipelining: '' (none), idx, all (default: '' forward and float64, "
+                                        "all otherwise); empty is a value here", empty=True)
+    conv_prefetch_fwd: Optional[str] = _var(None, _Choice("", "idx", "all"),
                                             "Edge-loop pipelining; forward only", empty=True)
-    conv_prefetch_bwd: Optional[str] = _var(None, _Choice("", "none", "idx", "all"),
+    conv_prefetch_bwd: Optional[str] = _var(None, _Choice("", "idx", "all"),
                                             "Edge-loop pipelining; backward only", empty=True)
-    conv_prefetch_dbwd: Optional[str] = _var(None, _Choice("", "none", "idx", "all"),
+    conv_prefetch_dbwd: Optional[str] = _var(None, _Choice("", "idx", "all"),
                                              "Edge-loop pipelining; double backward only", empty=True)
     conv_atomic: Optional[str] = _var(None, _Choice("nodes", "edges"),
                                       "Atomic dataflow: walk destinations (nodes, default) or scatter per edge")
