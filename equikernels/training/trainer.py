@@ -233,7 +233,7 @@ class Trainer:
                     stress = pred["stress"][j].detach().double().cpu().numpy()
                 forces = pred["forces"][ptr[j]:ptr[j + 1]].detach().double().cpu().numpy()
                 out[i] = dataclasses.replace(
-                    c, energy=c.energy if c.energy is not None else float(pred["energy"][j]),
+                    c, energy=c.energy if c.energy is not None else float(pred["energy"][j].detach()),
                     forces=c.forces if c.forces is not None else forces, stress=stress)
         self.model.train()
         self._say(f"{self.cfg.replay_file}: {len(missing)} of {len(configs)} replay frames labelled by the "
