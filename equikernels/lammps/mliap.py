@@ -173,10 +173,13 @@ class EquikernelsMLIAP(MLIAPUnified):
         """Unused: forces come from ``compute_forces``."""
 
     def compute_forces(self, data) -> None:
+        """Energy, per-atom energies and per-pair forces of this rank's atoms into ``data`` (see
+        the module docstring for the contract)."""
         nlocal = int(data.nlocal) if hasattr(data, "nlocal") else int(data.nlistatoms)
         ntotal, npairs = int(data.ntotal), int(data.npairs)
         elems = as_tensor(data.elems)
-        model, device = self._model_on(elems.device)
+        array_device = elems.device  # where LAMMPS's arrays live (the model may run elsewhere)
+        model, device = self._model_on(array_device)
         dtype = model.atomic_energies.dtype
         exchange = self.num_layers > 1 and has_exchange(data)
         if nlocal == 0:
@@ -204,14 +207,15 @@ class EquikernelsMLIAP(MLIAPUnified):
         vectors.requires_grad_(True)
         with torch.enable_grad():
             node_energy = model.edge_node_energies(node_attrs, edge_index, vectors, self._head(device), num_out,
-                                                   hook)[:nlocal]
+                                                   hook)[:nlocal].to(torch.float64)  # summed in float64
             energy = node_energy.sum()
             (grad,) = torch.autograd.grad(energy, vectors, allow_unused=True)
-        fij = (-grad if grad is not None else torch.zeros_like(vectors)).detach()[:npairs].to(torch.float64).contiguous()
+        fij = (-grad if grad is not None else torch.zeros_like(vectors)).detach()[:npairs]
+        fij = fij.to(torch.float64).contiguous()
         eatoms = as_tensor(data.eatoms)
         eatoms[:nlocal].copy_(node_energy.detach().to(eatoms.dtype))
         data.energy = float(energy.detach())
-        self._update_pair_forces(data, fij, rij.device)
+        self._update_pair_forces(data, fij, array_device)
 
     # --- helpers ---------------------------------------------------------------------------------
     def _model_on(self, data_device: torch.device):
