@@ -21,7 +21,7 @@ E3NN_VERSION = tuple(int(p) for p in e3nn.__version__.split(".")[:3] if p.isdigi
 
 @contextlib.contextmanager
 def default_dtype(dtype: torch.dtype):
-    """e3nn builds its CG buffers in the default dtype at construction (DESIGN §8): build e3nn
+    """e3nn builds its CG buffers in the default dtype at construction: build e3nn
     references under the dtype they will run in."""
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)

@@ -1,4 +1,4 @@
-"""The field's standard tensor-product problems (DESIGN.md §7), shared by tests and benchmarks.
+"""The field's standard tensor-product problems, shared by tests and benchmarks.
 
 Each entry gives the e3nn constructor arguments, so the same problem can be built as an
 ``e3nn.o3.TensorProduct``, an ``equikernels.TensorProduct`` or a ``TPProblem``.
@@ -43,7 +43,7 @@ def fully_connected_problem(irreps_in1: str, irreps_in2: str, irreps_out: str, s
 
 
 def standard_problems() -> Dict[str, dict]:
-    """name -> e3nn TensorProduct keyword arguments (DESIGN §7)."""
+    """name -> e3nn TensorProduct keyword arguments."""
     return {
         "mace-large": uvu_problem("128x0e+128x1o+128x2e", SH_3, "128x0e+128x1o+128x2e+128x3o"),
         "mace-medium": uvu_problem("128x0e+128x1o", SH_3, "128x0e+128x1o+128x2e"),

@@ -211,7 +211,7 @@ def combine(tables) -> Table:
 
 
 def double_backward_tables(table: Table, have: str, need: str) -> Dict[str, Table]:
-    """Tables of the double backward by trilinearity (DESIGN §3).
+    """Tables of the double backward by trilinearity (docs/architecture.md).
 
     With cotangents a, b, c of (gx, gy, gw) and upstream g, S = <g, T(a,y,w) + T(x,b,w) + T(x,y,c)>.
     ``have`` lists the cotangents present (subset of "abc"), ``need`` the outputs wanted (subset of

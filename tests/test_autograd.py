@@ -1,4 +1,4 @@
-"""Derivatives of ``equikernels.ops.tensor_product`` to any order (DESIGN §3).
+"""Derivatives of ``equikernels.ops.tensor_product`` to any order.
 
 gradcheck / gradgradcheck compare autograd with finite differences in float64. Beyond the second
 order, the same chain of ``autograd.grad`` calls is run through an e3nn module (plain PyTorch, so

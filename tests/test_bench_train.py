@@ -1,4 +1,4 @@
-"""benchmarks/bench_train.py (issue 10's training-step benchmark): the --tiny CPU plumbing check, in process.
+"""benchmarks/bench_train.py (the training-step benchmark): the --tiny CPU plumbing check, in process.
 
 A tiny MACE (8 channels) on 2 x 8 rattled Cu atoms: ek-fp32 and ek-bf16 (reference backend on CPU) must
 give finite times and losses, float32 errors against the float64 reference at float32 level and

@@ -1,4 +1,4 @@
-"""Bad input raises a clear exception that names the offending argument (DESIGN §8)."""
+"""Bad input raises a clear exception that names the offending argument."""
 import pytest
 import torch
 

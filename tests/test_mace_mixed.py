@@ -1,4 +1,4 @@
-"""Mixed precision in the MACE models (issue 10): the symmetric contraction with half operands,
+"""Mixed precision in the MACE models: the symmetric contraction with half operands,
 ``MACE.set_precision("bf16-mixed" / "fp16-mixed")`` against the float64 model, gradients into the
 float32 master parameters, a force-training step, the load/calculator options and their errors.
 

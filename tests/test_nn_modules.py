@@ -1,7 +1,7 @@
 """equikernels.nn modules against their e3nn counterparts (CPU reference backend).
 
 fp64 references are built under ``torch.set_default_dtype(torch.float64)`` (e3nn computes its CG
-tables in the default dtype at construction, DESIGN §8).
+tables in the default dtype at construction).
 """
 import random
 

@@ -1,4 +1,4 @@
-"""Parity of ``equikernels.ops.tensor_product`` with ``e3nn.o3.TensorProduct`` (DESIGN §8).
+"""Parity of ``equikernels.ops.tensor_product`` with ``e3nn.o3.TensorProduct``.
 
 The oracle is an e3nn module built under float64 default dtype (its CG buffers are then exact to
 float64). Outputs and the gradients with respect to x, y and the weights (for a random cotangent)
@@ -103,7 +103,7 @@ def test_every_mode_and_normalisation(mode, norm):
         check_parity(kw, batch=(3,), dtypes=(torch.float64,), seed=seed)
 
 
-# --- the standard problems (DESIGN §7) ----------------------------------------------------------
+# --- the standard problems --------------------------------------------------------------------
 @pytest.mark.parametrize("name", sorted(standard_problems()))
 def test_standard_problem(name):
     check_parity(standard_problems()[name], batch=(7,), layouts=("mul_ir", "ir_mul"))

@@ -168,7 +168,7 @@ def test_catalog_matches_e3nn(name):
 
 
 def test_catalog_known_sizes():
-    """DESIGN §6: MACE-MP medium layer 2 conv TP: 10 paths / 1280 weights / 5120 outputs; large 17/2176/9088."""
+    """MACE-MP medium layer 2 conv TP: 10 paths / 1280 weights / 5120 outputs; large 17/2176/9088."""
     med, large = catalog_problem("mace-mp-medium-L2"), catalog_problem("mace-large")
     assert (len(med.instructions), med.weight_numel, med.dim_out) == (10, 1280, 5120)
     assert (len(large.instructions), large.weight_numel, large.dim_out) == (17, 2176, 9088)

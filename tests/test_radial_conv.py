@@ -1,4 +1,4 @@
-"""Convolution with the radial MLP's last layer fused in (ops.radial_conv, issue 11).
+"""Convolution with the radial MLP's last layer fused in (ops.radial_conv).
 
 The fused kernels (Triton interpreter on CPU) against e3nn: per-edge weights h @ W formed in
 float64, e3nn's TP on gathered rows, index_add onto dst. Outputs NaN-poisoned before each kernel

@@ -30,7 +30,7 @@ from .neighbors import DEFAULT_SKIN, SkinNeighborList, pbc_tensor, vesin_pairs
 
 MIN_VOLUME = 1e-8  # A^3: below this the cell has no volume and stress is undefined
 # cuda_graph=None reads EQUIKERNELS_CUDA_GRAPH (0, 1 or auto), else this. On: H200, MACE-MP-medium
-# shape, 1,008 atoms, E+F 4.8 ms as one graph replay vs 11.5 ms eager (benchmarks/results/session4_20261123)
+# shape, 1,008 atoms, E+F 4.8 ms as one graph replay vs 11.5 ms eager
 CUDA_GRAPH_DEFAULT = "auto"
 CUDA_GRAPH_MAX_ATOMS = 5000  # "auto": graphs below this size (larger systems are not host-bound)
 

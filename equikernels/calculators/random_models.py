@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-# MACE-MP-0 "medium" hyperparameters (DESIGN.md section 6), for benchmarks with realistic cost
+# MACE-MP-0 "medium" hyperparameters, for benchmarks with realistic cost
 MP0_MEDIUM = dict(r_max=6.0, num_bessel=10, num_polynomial_cutoff=5, max_ell=3, num_interactions=2,
                   hidden_irreps="128x0e+128x1o", mlp_irreps="16x0e", correlation=3, radial_mlp=(64, 64, 64))
 # a model small enough for CPU tests and examples that run in seconds
@@ -35,7 +35,7 @@ def random_mace_model(atomic_numbers: Sequence[int], *, r_max: float, num_bessel
     if atomic_energies is None:
         atomic_energies = -rng.uniform(1.0, 5.0, size=len(atomic_numbers))
     torch.manual_seed(seed)
-    with default_dtype(dtype):  # e3nn builds its CG buffers in the default dtype (DESIGN.md section 8)
+    with default_dtype(dtype):  # e3nn builds its CG buffers in the default dtype
         model = modules.ScaleShiftMACE(
             r_max=r_max, num_bessel=num_bessel, num_polynomial_cutoff=num_polynomial_cutoff, max_ell=max_ell,
             interaction_cls=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],

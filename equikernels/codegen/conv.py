@@ -1,4 +1,4 @@
-"""Generated Triton kernels for the fused graph convolution (DESIGN §4): build, cache, launch.
+"""Generated Triton kernels for the fused graph convolution: build, cache, launch.
 
 The kernels are the batched-TP kernels of ``emit.py`` with other row pointers:
 - *nodes*: each program owns destination nodes and walks their edges in CSR order, carrying
@@ -36,7 +36,7 @@ def conv_config(mode: str, dtype: torch.dtype) -> LaunchConfig:
     axis, as the batched TP. Node-parallel kernels: one edge per step and one warp per node, so the
     channel reductions and the carried sums stay inside a warp (H100, MACE-MP medium layer 2,
     795k edges, forward / backward / double backward: 1.73 / 6.94 / 18.6 ms with 1 edge x 1 warp,
-    2.21 / 7.56 / 19.7 with 2 x 2, 2.87 / 8.18 / 20.8 with 4 x 4; benchmarks/results/conv_20261123).
+    2.21 / 7.56 / 19.7 with 2 x 2, 2.87 / 8.18 / 20.8 with 4 x 4).
     EQUIKERNELS_CONV_ROWS and EQUIKERNELS_CONV_WARPS override."""
     default = 1 if mode == "nodes" else (4 if dtype == torch.float32 else 2)
     s = settings.get()
@@ -216,7 +216,7 @@ class ConvKernels:
             if rest:
                 # one edge loop per x segment (fewer live tiles, no spills): H200, MACE-MP medium
                 # L2, 795k edges, kernel only: backward 5.55 -> 5.15 ms, double backward 11.76 ->
-                # 10.91 ms against one loop (benchmarks/results/session5_20261124/conv_*.json);
+                # 10.91 ms against one loop;
                 # EQUIKERNELS_CONV_GRAD_LOOPS=one restores the single loop
                 loops = "one" if settings.get().conv_grad_loops == "one" else "in1all"
                 plans.append((tag(rest), rest, "nodes", "dst", loops))

@@ -51,7 +51,7 @@ class KernelMeta:
 
 @dataclass
 class Rowing:
-    """How kernel rows map to tensor rows (DESIGN §4: a sparse kernel is the dense one with other
+    """How kernel rows map to tensor rows (a sparse kernel is the dense one with other
     row pointers).
 
     ``mode``: "rows" (row i of every row operand), "edges" (rows are edges; an operand named in
@@ -367,7 +367,7 @@ class KernelBuilder:
 
     # --- one path ---------------------------------------------------------------------------------
     def _dot_form(self, g: Group, p: Path, sizes, out_st) -> Tuple[Optional[str], Optional[List[str]]]:
-        """Whether channel mixing by a shared weight tile can go through ``tl.dot`` (DESIGN §3).
+        """Whether channel mixing by a shared weight tile can go through ``tl.dot``.
 
         Forms (a, b the two block labels, both larger than 8 so the padded tile is >= 16 wide):
         ``fwd``: out[r, a] = A[r, b] @ W[b, a]  (a an output label no other factor carries);
@@ -1033,7 +1033,7 @@ def l2_prefetched(src: List[str], ahead: int = 0) -> List[str]:
     the first load that reads it. A half-precision warp moves half the bytes per load, so its loads
     alone keep too few bytes in flight; float32 builds (the test on the pointer's element width is
     resolved at compile time) get no prefetch: there they made the kernels slower (H200, mace-large
-    backward 0.75 -> 0.86-1.0 ms, benchmarks/results/session13_20261124). Not for the interpreter
+    backward 0.75 -> 0.86-1.0 ms). Not for the interpreter
     (inline asm)."""
     def rewrite(body):
         dims = {m.group(2): int(m.group(3)) for ln in body for m in [_ROWADDR.match(ln)] if m}

@@ -2,7 +2,7 @@
 
 Triton 3.6's ``JITFunction.run`` binds the arguments, builds the specialisation key (as strings),
 looks the compiled kernel up and reads several knobs on every launch: 10-30 us, most of the time
-of a small tensor product (open issue 3, nequip-water). ``FastLaunch`` launches normally the first
+of a small tensor product (nequip-water). ``FastLaunch`` launches normally the first
 time and keeps the ``CompiledKernel``; a later call whose specialisation is the same calls its
 launcher directly.
 
@@ -40,7 +40,7 @@ except ImportError:  # pragma: no cover - Triton missing or an older layout: alw
 
 def env_enabled() -> bool:
     # on by default for the Triton it was validated with (3.6, H200: bit-identical to the normal
-    # path, benchmarks/results/session8_20261124/host_launch); other versions opt in with =1
+    # path); other versions opt in with =1
     on = settings.get().fast_launch
     return _TRITON_VERSION.startswith("3.6.") if on is None else on
 

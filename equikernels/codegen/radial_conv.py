@@ -1,4 +1,4 @@
-"""Generated Triton kernels of the convolution with the radial MLP's last layer fused in (DESIGN §4):
+"""Generated Triton kernels of the convolution with the radial MLP's last layer fused in:
 
     out[n] = sum_{e: dst[e] = n} TP(x[src[e]], y[e], w[e]),   w[e] = h[e] @ W
 
@@ -450,7 +450,7 @@ class RadialConvKernels:
         meta = self._meta(kind, dtype)
         meta["G"] = settings.get().rconv_group
         meta["SPLIT"] = dtype == torch.float32 and meta["PREC"] == "tf32x3"
-        # H200, 10,192 Cu atoms, MACE-MP L2 (benchmarks/results/session8_20261124/radial_conv):
+        # H200, 10,192 Cu atoms, MACE-MP L2:
         # fwd / gx 8.3 / 10.1 ms at 16 edges x 4 warps, 12.2 / 14.6 at 8 warps, 12.6 / 12.8 at 32 x 8
         meta["num_stages"] = settings.get().rconv_stages or 1
         return meta
@@ -486,8 +486,8 @@ class RadialConvKernels:
                 meta = self._meta_t("edge", x.dtype)
                 whi, wlo = split_wT(w, meta["SPLIT"])
                 vhi, vlo = split_wT(w.t(), meta["SPLIT"])
-                # gy and gh in two passes by default: one kernel holding both spills (H200: see the
-                # session 8 notes); EQUIKERNELS_RCONV_EDGE_SPLIT=0 runs one
+                # gy and gh in two passes by default: one kernel holding both spills (measured on an
+                # H200); EQUIKERNELS_RCONV_EDGE_SPLIT=0 runs one
                 split = settings.get().rconv_edge_split
                 for ny, nh in ([(need_y, False), (False, need_h)] if split else [(need_y, need_h)]):
                     if ny or nh:

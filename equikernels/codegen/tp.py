@@ -25,8 +25,7 @@ from . import uvw_rows
 _DT = {torch.float16: tl.float32, torch.bfloat16: tl.float32, torch.float32: tl.float32,
        torch.float64: tl.float64}
 NEED_X, NEED_Y, NEED_W = 1, 2, 4
-# per-row uvw (uvw_rows.py), H200, DiffDock-L2, 50k rows, kernel only
-# (benchmarks/results/session9_20261124/diffdock_uvw): the backward's weight gradient in the same
+# per-row uvw (uvw_rows.py), H200, DiffDock-L2, 50k rows, kernel only: the backward's weight gradient in the same
 # kernel as gx / gy (1.03 ms at 2 rows x 2 warps; split: 0.635 ms at 1 row x 4 warps + 0.464 ms at
 # 2 x 2); the double backward split (dx, dy, dg 1.27 ms at 4 x 4 + dw 0.48 ms at 2 x 2; one kernel
 # for all four spills: 3.8 ms at 2 x 2)
@@ -65,14 +64,13 @@ def wide_channelwise(problem) -> bool:
     """Channel-wise (uvu) products with per-row weights and at least 128 channels in every block
     (the MACE products): their backward gets per-thread partial channel sums, loads issued early,
     one-warp programs, a register cap in float32 too and, in half precision, rows asked into L2
-    ahead of their loads (TPKernels._partial_sums, _prefetch, _l2, default_config; H200, session
-    12: mace-large backward fp32 0.806 -> 0.750 ms, bf16 0.550 -> 0.505; mace-medium 0.333 ->
-    0.304, 0.217 -> 0.183; session 13, L2: bf16 mace-large 0.505 -> 0.459, mace-medium -> 0.164)."""
+    ahead of their loads (TPKernels._partial_sums, _prefetch, _l2, default_config; measurements in
+    docs/performance.md)."""
     return channelwise_rows(problem) and min(m for m, _, _ in problem.irreps_in1) >= 128
 
 
 def default_config(kind: str, dtype: torch.dtype, problem=None) -> LaunchConfig:
-    """Heuristic launch configuration (measured on an H100, benchmarks/results/NOTES.md): 4 rows per
+    """Heuristic launch configuration (measured on an H100): 4 rows per
     program; problems whose per-row weights dominate the row (uvw with per-row weights, e.g.
     DiffDock) stream better with 8 rows forward, 4 backward and 2 double backward (H200, DiffDock,
     with the weight gradient in its own kernel: backward 2.64 ms with 1 row, 1.74 with 4; double
@@ -85,17 +83,16 @@ def default_config(kind: str, dtype: torch.dtype, problem=None) -> LaunchConfig:
     elif (problem is not None and problem.shared_weights and dtype != torch.float64 and kind in ("bwd", "dbwd")
           and all(i.mode == "uvw" for i in problem.instructions)):
         # shared-weight uvw (tetris-poly-1): 8 rows, H200 tuner table: backward 0.55 -> 0.39 ms,
-        # double backward 1.20 -> 0.72 ms (benchmarks/results/session6_20261124)
+        # double backward 1.20 -> 0.72 ms
         rows = 8
     elif problem is not None and kind == "dbwd" and dtype != torch.float64 and narrow_channelwise(problem):
-        # two rows per thread: nequip-lips 1.405 -> 1.280 ms at 50k rows (H200,
-        # benchmarks/results/session10_20261124/dbwd_variants)
+        # two rows per thread: nequip-lips 1.405 -> 1.280 ms at 50k rows (H200)
         rows = 8
     one_warp = problem is not None and kind == "bwd" and dtype != torch.float64 and wide_channelwise(problem)
     if one_warp:
         # one row per one-warp program: no barriers between the warps of a program, and occupancy in
         # steps of one warp (H200, 50k rows, mace-large backward fp32 0.791 -> 0.778 ms, bf16
-        # 0.550 -> 0.543; mace-medium bf16 0.217 -> 0.195; benchmarks/results/session12_20261124)
+        # 0.550 -> 0.543; mace-medium bf16 0.217 -> 0.195)
         rows = 1
     rows = env if env is not None else rows
     # warps along the row axis keep the channel reductions (tl.sum over a [ROWS, MUL] block) inside
@@ -334,7 +331,7 @@ class TPKernels:
             # narrow (<= 32 channels) channel-wise rows are small: 16 loads ahead keeps enough in
             # flight (H200, 50k rows, GPU ms, 0 / 8 / 16 ahead: nequip-water forward 0.075 / 0.069 /
             # 0.068, backward 0.106 / 0.093 / 0.092; nequip-lips forward 0.328 / 0.260 / 0.256,
-            # backward 0.431 / 0.364 / 0.316; benchmarks/results/session15_20261125, call 7)
+            # backward 0.431 / 0.364 / 0.316)
             return NARROW_PREFETCH
         return PREFETCH.get(kind, 0) if wide_channelwise(self.problem) else 0
 
@@ -345,15 +342,15 @@ class TPKernels:
         more in flight. H200, 50k rows, ms, prefetch 0 / 8 / 16 / 32: nequip-water 0.301 / 0.256 /
         0.249 / 0.248, nequip-lips 1.111 / 0.913 / 0.921 / 0.890, mace-medium 1.042 / 0.854 / 0.811 /
         0.823, MACE-MP L2 1.331 / 1.095 / 1.082 / 1.268. mace-large's two kernels are not faster
-        (2.468 -> 2.506 at 16) and keep none (benchmarks/results/session15_20261125)."""
+        (2.468 -> 2.506 at 16) and keep none."""
         return channelwise_rows(self.problem) and not self._weights_dominate() and self._dbwd_one()
 
     def _l2(self, kind: str) -> Optional[int]:
         """Half-precision row operands asked into L2 this many loads ahead (emit.l2_prefetched) in
         the backward of wide channel-wise products. H200, 50k rows, bf16 backward, ms (fp32 builds get
         none): mace-large 0.509 without, 0.488 all at the top of the row, 0.472 / 0.460 / 0.466 at
-        8 / 16 / 32 loads ahead; MACE-MP L2 0.246 -> 0.232 at 16; mace-medium 0.184 -> 0.164
-        (benchmarks/results/session13_20261124). None under the interpreter (inline asm).
+        8 / 16 / 32 loads ahead; MACE-MP L2 0.246 -> 0.232 at 16; mace-medium 0.184 -> 0.164.
+        None under the interpreter (inline asm).
         EQUIKERNELS_L2_PREFETCH[_<KIND>]=off|row|N overrides."""
         s = settings.get()
         if s.triton_interpret:
@@ -443,7 +440,7 @@ class TPKernels:
         return self._cache[key]
 
     def _tuned(self, kind: str, tag: str, x: torch.Tensor, math: torch.dtype, run) -> LaunchConfig:
-        """The autotuner's configuration for this direction and row-count bucket (DESIGN §5), or
+        """The autotuner's configuration for this direction and row-count bucket, or
         the heuristic default off the GPU, while compiling or capturing a CUDA graph, or with
         EQUIKERNELS_AUTOTUNE=0. ``run(cfg)`` launches the direction with ``cfg``."""
         default = self._cfg(kind, math)
@@ -511,7 +508,7 @@ class TPKernels:
         names = [n for bit, n in zip((1, 2, 4, 8), "xywg") if need & bit]
         tensors = {"x": x, "y": y, "w": w, "g": g, "a": a, "b": b, "c": c}
         written = {}
-        # two kernels (DESIGN §3): dg = three forward products; dx, dy, dw = backward passes with
+        # two kernels (trilinearity): dg = three forward products; dx, dy, dw = backward passes with
         # substituted arguments. One kernel for all four holds too many tiles at once. A shared
         # weight's gradient (loop-carried, row-summed accumulators) gets a third kernel of its own:
         # it reads only the small row operands again and frees the registers of the dx/dy kernel.
@@ -559,7 +556,7 @@ class TPKernels:
         adds into dy only), else None. Narrow blocks (at most 32 channels) with more than 12 paths, 6 per
         part (EQUIKERNELS_DBWD_PATHS=N overrides, 0 turns the split off). nequip-lips, H200, 50k rows:
         two kernels 1.298 ms, one kernel in parts of 12 paths 1.269, of 6 paths 1.109 (cuEquivariance
-        1.135-1.792 across runs; benchmarks/results/session11_20261124)."""
+        1.135-1.792 across runs)."""
         env = settings.get().dbwd_paths
         if env is not None:
             return env or None
@@ -574,7 +571,7 @@ class TPKernels:
         0.744 / 1.105 -> 0.430 / 1.043 ms, MACE-MP L2 0.566 / 1.375 -> 0.546 / 1.331, nequip-water
         (50k, fastest of several runs) 0.329 -> 0.299; slower with many paths: mace-large (17 paths,
         the fused kernel at the register cap) 2.47 -> 4.60 at 50k; nequip-lips (30) equal or slower
-        (benchmarks/results/session10_20261124/dbwd_one, dbwd_variants) unless the kernel is split by
+        unless the kernel is split by
         first-input segment (_dbwd_part_paths)."""
         env = settings.get().dbwd_one
         if env is not None:

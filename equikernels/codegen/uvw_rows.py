@@ -16,7 +16,7 @@ component's own product with the tile. Here:
 * the double backward's ``dg`` term ``sum_u P_k[u] W[u, w]`` is reduced over u per chunk.
 
 One builder serves both directions: every output is a list of terms with operands substituted
-(double backward by trilinearity, DESIGN §3: dx = gx(b, W) + gx(y, c), dy = gy(a, W) + gy(x, c),
+(double backward by trilinearity: dx = gx(b, W) + gx(y, c), dy = gy(a, W) + gy(x, c),
 dw = gw(a, y) + gw(x, b), dg = f(a, y, W) + f(x, b, W) + f(x, y, c)).
 """
 from __future__ import annotations

@@ -1,8 +1,8 @@
 // A C++ autograd node for the eager backward of a tensor product recorded under create_graph
 // (force training). Its own backward, the fused double backward, launches the generated Triton
 // kernels straight through the CUDA driver: no Python, so no GIL on the autograd engine's device
-// thread. On the lent H200 a Python node plus Triton's Python launch cost ~40 us more host time per
-// double backward than OpenEquivariance's C++ node (benchmarks/results/session15_20261125).
+// thread. On an H200 a Python node plus Triton's Python launch cost ~40 us more host time per
+// double backward than OpenEquivariance's C++ node.
 //
 // The recipes (kernel, launch shape, arguments, allocations) come from Python (ops/native.py), which
 // works them out with ops.tp's direct double backward the first time a case is met. Anything without

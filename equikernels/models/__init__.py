@@ -1,11 +1,11 @@
-"""Accelerated MACE: mace-torch's models built from equikernels ops (DESIGN §6).
+"""Accelerated MACE: mace-torch's models built from equikernels ops.
 
 ``from_mace(model)`` converts a mace-torch model object, ``load(path)`` reads a mace-torch
 ``.model`` file or our own format, ``save(model, path)`` writes our format (loads without
 mace-torch). ``atoms_to_data`` / ``atoms_list_to_data`` turn ASE Atoms into the data dict that
 ``MACE.forward`` (and mace-torch's models) take. ``model.set_precision("bf16-mixed")`` (or
 ``load(..., precision=...)``) runs node features and per-edge weights in bfloat16 with float32
-parameters, geometry and energies (``benchmarks/results/mixed_accuracy_*.md`` has its accuracy).
+parameters, geometry and energies (``benchmarks/mixed_accuracy.py`` measures its accuracy).
 """
 from .data import atoms_list_to_data, atoms_to_data
 from .graphed import GraphedModel

@@ -1,4 +1,4 @@
-"""``MACE`` and ``ScaleShiftMACE``: mace-torch's models (0.3.16 conventions, DESIGN §6) built
+"""``MACE`` and ``ScaleShiftMACE``: mace-torch's models (0.3.16 conventions) built
 from equikernels components, with mace-torch's call interface.
 
 ``forward(data, training=False, compute_force=True, compute_virials=False, compute_stress=False,

@@ -1,5 +1,5 @@
 """When an interaction runs its convolution with the radial MLP's last layer fused in
-(ops.radial_conv) instead of writing the per-edge weights (DESIGN §5: the autotuner decides).
+(ops.radial_conv) instead of writing the per-edge weights (the autotuner decides).
 
 With the autotuner on (``EQUIKERNELS_AUTOTUNE=1``), both ways of one block's per-edge part (MLP,
 cutoff, convolution) are timed forward + backward to (node features, edge attributes, edge
@@ -17,7 +17,7 @@ from ..ops.conv import ConvGraph, tensor_product_conv
 from ..ops.radial_conv import radial_conv
 
 # heuristic without the tuner: the fused kernels measured slower than the unfused path on an H200
-# (MACE-MP medium layer 2, 10,192 Cu atoms, E+F: 60.2 vs 13.6 ms; benchmarks/results/session7_20261124)
+# (MACE-MP medium layer 2, 10,192 Cu atoms, E+F: 60.2 vs 13.6 ms)
 DEFAULT_FUSED = False
 
 

@@ -1,4 +1,4 @@
-"""Graph convolution: out[dst[e]] += TP(x[src[e]], y[e], W[e]) over all edges (DESIGN §4).
+"""Graph convolution: out[dst[e]] += TP(x[src[e]], y[e], W[e]) over all edges.
 
 Public entry: ``tensor_product_conv``. A ``ConvGraph`` holds the sorted orders and CSR offsets of
 one graph; build it once (``ConvGraph.build``) and pass it to every layer.
@@ -36,7 +36,7 @@ def resolve_dataflow(dataflow: str, deterministic: Optional[bool], backend: str)
         # both fused dataflows walk each destination's edges; "atomic" adds the source-side gradients
         # (gx, dx) into their rows atomically instead of writing them per edge and summing them per
         # source: H200, MACE-MP medium L2, 10,192 atoms, backward 3.93 -> 3.30 ms, double backward
-        # 8.74 -> 8.18 (kernels; benchmarks/results/session9_20261124/conv). So it is the default
+        # 8.74 -> 8.18 (kernels). So it is the default
         # unless determinism is asked for; the autotuner may revisit this per problem
         return ("deterministic" if det else "atomic"), not det
     return dataflow, False

@@ -1,7 +1,7 @@
 """Autograd glue of the fused convolution C(x, y, w)[n] = sum_{e: dst[e]=n} TP(x[src[e]], y[e], w[e]).
 
 C is trilinear in (x, y, w) like the batched product, so its backward and double backward follow
-the same identity (DESIGN §3) with convolution kernels in place of batched ones: any order works.
+the same trilinearity identity with convolution kernels in place of batched ones: any order works.
 The Triton kernels run when the backend is "triton"; otherwise (or when the generator cannot
 express a table) the same math runs as gathered reference products plus index_add.
 

@@ -44,7 +44,7 @@ AUTO_DTYPES = (torch.float32,)
 # fp32 tf32x3 vs cuBLAS: layer [10,64,64,64,1280] forward 5.08 vs 5.22 ms, backward for x 3.73 vs
 # 4.29, backward for x and W 11.4 vs 10.2; in a MACE E+F step (weights requiring grad, so this op's
 # backward also forms weight gradients that autograd would have pruned) 37.3 vs 30.0 ms
-# (benchmarks/results/session5_20261124/mlp.log). Off until fused into the convolution.
+# (H200). Off until fused into the convolution.
 FUSED_ENV = "EQUIKERNELS_FUSED_MLP"
 
 

@@ -2,8 +2,8 @@
 
 Under create_graph (force training) the backward of a tensor product is itself recorded, and its
 node's backward is the fused double backward. As a Python node (``ops.tp._Bwd``) that costs the GIL
-on the autograd engine's device thread plus Triton's Python launch: on the lent H200 ~40 us more host
-time per call than OpenEquivariance's C++ node, which decided nequip-water's host-bound cell (issue 4).
+on the autograd engine's device thread plus Triton's Python launch: on an H200 ~40 us more host
+time per call than OpenEquivariance's C++ node, which decided nequip-water's host-bound cell.
 The C++ node launches the kernels ``ops.tp``'s direct double backward would, from recipes this module
 hands it, and calls back into Python for anything else.
 

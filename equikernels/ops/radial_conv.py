@@ -14,7 +14,7 @@ order. The first backward runs the fused kernels; a backward that is itself bein
 training: ``create_graph=True``) is composed from differentiable ops (the unfused convolution's
 backward with ``w = h @ weight`` recomputed), so every higher derivative is exact.
 
-Measured (H200, MACE-MP medium layer 2, 10,192 Cu atoms, fp32; benchmarks/results/session8_20261124):
+Measured (H200, MACE-MP medium layer 2, 10,192 Cu atoms, fp32; docs/performance.md):
 24x less extra memory than the unfused path for energy + forces, but 1.5x (forward) to 2.7x (E+F)
 slower. It is the memory-lean option; models.radial_fusion decides when a MACE model uses it.
 """

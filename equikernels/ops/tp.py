@@ -2,7 +2,7 @@
 
 ``tp_fwd(x, y, w)`` and ``tp_bwd(x, y, w, g) -> (gx, gy, gw)`` are opaque custom ops (Triton on
 CUDA, the reference elsewhere). The backward of ``tp_bwd`` is expressed with the same two ops by
-trilinearity (DESIGN §3), so derivatives of any order work. The static problem travels as a JSON
+trilinearity (docs/architecture.md), so derivatives of any order work. The static problem travels as a JSON
 string argument, which keeps exported graphs self-contained.
 """
 from __future__ import annotations
@@ -361,7 +361,7 @@ class _Bwd(torch.autograd.Function):
 # --- eager backward without per-call planning ----------------------------------------------------
 # TPKernels.backward works out the kernel, launch shape, buffers and split on every call: ~35 us of
 # host time on the H200 machine, most of what makes a small product's backward host-bound
-# (nequip-water, issue 3). For channel-wise products with per-row weights whose backward is one
+# (nequip-water). For channel-wise products with per-row weights whose backward is one
 # kernel writing every element once (no autotuning, no poisoning), that answer depends only on
 # (problem, need, dtypes): _BwdDirect keeps it, and a call allocates and launches (a launch.Pinned:
 # the dtypes are part of the recipe's key). Same kernel, configuration and arguments as
@@ -474,7 +474,7 @@ def _bwd_direct(x: Tensor, y: Tensor, w: Tensor, g: Tensor, spec: str, need: int
 _empty_like = torch.empty_like  # the direct backward's allocator (tests swap in a NaN fill)
 
 
-# The double backward the same way (issue 4: nequip-water's double backward is host-bound too):
+# The double backward the same way (nequip-water's double backward is host-bound too):
 # TPKernels.double_backward works out the parts, kernels, configuration and buffers per call. For
 # the same class of products (channel-wise, per-row weights; every part one plain kernel writing each
 # element of its outputs once, or a _KernelSet whose kernels add into zero-filled outputs, as

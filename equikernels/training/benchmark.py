@@ -22,7 +22,7 @@ from .config import DataKeys, TrainConfig
 from .data import build_dataset, collate, config_from_atoms
 from .trainer import backward_step
 
-# MACE-MP-0 shapes (DESIGN §6): 89 elements, 2 interactions, correlation 3, max_ell 3, r_max 6
+# MACE-MP-0 shapes: 89 elements, 2 interactions, correlation 3, max_ell 3, r_max 6
 SIZES = {"small": "128x0e", "medium": "128x0e+128x1o", "large": "128x0e+128x1o+128x2e"}
 
 

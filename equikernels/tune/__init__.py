@@ -1,13 +1,12 @@
 """Autotuner: choose launch configurations (and the convolution dataflow) by timing real launches,
-and remember the choice (DESIGN §5).
+and remember the choice.
 
 ``choose(key_parts, candidates, measure, default)`` returns the cached choice for the key (no
 timing on a hit); on a miss it times every candidate with ``measure`` (CUDA events, warm-up,
 median), stores the fastest next to the default's time and returns it. Tuning is opt-in
 (``EQUIKERNELS_AUTOTUNE=1``, or ahead of time with ``equikernels tune``): its first use compiles
 and times every candidate (0.6-42 s per kernel set on an H200), and over the standard problems it
-gained 4-9 % on three cells, the heuristic matching it elsewhere
-(benchmarks/results/session6_20261124). Otherwise (or with
+gained 4-9 % on three cells, the heuristic matching it elsewhere. Otherwise (or with
 ``EQUIKERNELS_AUTOTUNE=0``) the heuristic default is used without timing. A candidate that
 fails (compile error, out of resources) is skipped; if all fail the default is used. Tuning changes
 only how results are computed, never which: every candidate computes the same thing.
@@ -20,7 +19,7 @@ default only when it is faster in every round and its median over the rounds bea
 by more than EQUIKERNELS_TUNE_MARGIN (default 0.03, relative) and by more than
 EQUIKERNELS_TUNE_MIN_GAIN_MS (default 0.02 ms, absolute): a tie within timing noise keeps the
 heuristic. (One pass in a fixed order, default first, picked two configurations that were
-slower than the default when measured again: H200, benchmarks/results/session5_20261124.)
+slower than the default when measured again.)
 EQUIKERNELS_TUNE_MAX_CANDIDATES caps how many candidates are tried (the default always is).
 """
 from __future__ import annotations
@@ -149,8 +148,7 @@ def _margin() -> float:
 def _min_gain_ms() -> float:
     """Smallest absolute gain (ms) that replaces the default (EQUIKERNELS_TUNE_MIN_GAIN_MS, default
     0.02). Per-call timings of sub-0.2 ms calls carry tens of microseconds of host jitter: a 15 us
-    win in tuning turned into a 9 us loss when measured again (H200, tetris-poly-1 forward,
-    benchmarks/results/session6_20261124)."""
+    win in tuning turned into a 9 us loss when measured again (H200, tetris-poly-1 forward)."""
     return settings.get().tune_min_gain_ms
 
 
