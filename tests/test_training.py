@@ -177,7 +177,15 @@ def test_early_stopping_huber_plateau(data_files, foundation, tmp_path, single_t
                            lr_schedule="plateau", plateau_patience=0, plateau_factor=0.5), log=None)
     losses = iter([1.0, 1.5, 2.0, 0.5, 0.1, 0.1])  # improves only at the first evaluation
     real = trainer.evaluate
-    trainer.evaluate = lambda ds, batch_size=None: {**real(ds), "loss": next(losses)} if ds is trainer.valid_set else real(ds)
+    in_epoch_end = trainer._end_of_epoch
+
+    def end_of_epoch():  # only the evaluations that decide early stopping see the scripted losses
+        trainer.evaluate = lambda ds, batch_size=None: {**real(ds), "loss": next(losses)}
+        try:
+            in_epoch_end()
+        finally:
+            trainer.evaluate = real
+    trainer._end_of_epoch = end_of_epoch
     summary = trainer.fit()
     assert summary["stopped_early"] and summary["epochs_completed"] == 3
     assert summary["best_step"] == trainer.steps_per_epoch
