@@ -17,6 +17,8 @@ def register(subparsers) -> None:
     p.add_argument("input", metavar="IN", help="mace-torch .model file (or an equikernels model file)")
     p.add_argument("output", metavar="OUT", help="output file, or an existing directory")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="convert the weights to this dtype")
+    p.add_argument("--to", choices=("equikernels", "mace"), default="equikernels",
+                   help="output format: equikernels' (default) or a mace-torch .model file (needs mace-torch)")
     p.set_defaults(func=_convert)
 
 
@@ -24,6 +26,12 @@ def _convert(args: argparse.Namespace) -> int:
     from ..models.io import load, save  # noqa: PLC0415 (keeps `equikernels --help` light)
 
     model = load(args.input, device="cpu", dtype=DTYPES[args.dtype] if args.dtype else None)
+    if args.to == "mace":
+        from ..training.model_factory import save_mace_torch  # noqa: PLC0415
+
+        save_mace_torch(model, args.output, template=args.input)
+        print(f"converted {args.input} -> {args.output}: mace-torch {model.config['model']}")
+        return 0
     save(model, args.output)
     n = sum(p.numel() for p in model.parameters())
     print(f"converted {args.input} -> {args.output}: {type(model).__name__}, {len(model.interactions)} interactions, "
