@@ -13,8 +13,8 @@ variable counts as unset (except where its table row says otherwise).
     settings.reload()                         # re-read the environment after changing os.environ
 
 A few values are read once when the module that uses them is imported (their table rows say so).
-The C++ backward node reads ``EQUIKERNELS_AUTOTUNE`` and ``EQUIKERNELS_POISON`` from the process
-environment itself. ``python -m equikernels.settings`` prints the table of docs/configuration.md.
+The C++ backward node also reads ``EQUIKERNELS_AUTOTUNE`` and ``EQUIKERNELS_POISON`` from the
+process environment; with either on (variable or override) the Python node is used instead. ``python -m equikernels.settings`` prints the table of docs/configuration.md.
 """
 from __future__ import annotations
 

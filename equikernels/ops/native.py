@@ -95,8 +95,12 @@ def load():
 
 
 def wanted(x: torch.Tensor) -> bool:
-    """Use the C++ node for this call (builds it the first time)."""
+    """Use the C++ node for this call (builds it the first time). Not while autotuning or poisoning
+    is on: both need the Python launcher (the node also reads those two variables itself)."""
     if MODE == "0" or _failed is not None or not (x.is_cuda or MODE == "1"):
+        return False
+    s = settings.get()
+    if s.autotune or s.poison:
         return False
     return _ext is not None or load() is not None
 
