@@ -29,4 +29,7 @@ def _export(args: argparse.Namespace) -> int:
           f"head {obj.head!r}, cutoff {2 * obj.rcutfac:g} A\n"
           f"LAMMPS input:\n  pair_style mliap unified {args.output} 0\n"
           f"  pair_coeff * * <one of {elements} per atom type>")
+    if args.output.lower().endswith((".pt", ".pth")):
+        print("LAMMPS reads .pt files with torch.load: with torch >= 2.6 set TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 "
+              "for it, or export to a .pkl name (read with pickle.load)")
     return 0
