@@ -1,4 +1,4 @@
-"""Fused graph convolution benchmark (DESIGN §4, issue 5), side by side in one run:
+"""Fused graph convolution benchmark (fused dataflows), side by side in one run:
 
 - ``ek_atomic`` / ``ek_det``: equikernels ``tensor_product_conv`` (ir_mul), atomic and deterministic
   dataflows; ``ek_unfused``: equikernels batched TP + index_add;
@@ -7,7 +7,7 @@
 - ``oeq_atomic`` / ``oeq_det``: OpenEquivariance ``TensorProductConv`` (e3nn layout).
 
 Graph: periodic, rattled (0.05 Å) Cu fcc (a = 3.6 Å), all pairs within r_cut (vesin), edges sorted
-by (dst, src) for every implementation. Directions as ANCHORS.md: fwd; bwd = grad of (x, y, w)
+by (dst, src) for every implementation. Directions as OpenEquivariance defines them: fwd; bwd = grad of (x, y, w)
 given g (forward excluded); dbwd = grad of <gx,Rx>+<gy,Ry>+<gw,Rw> in (x, y, w, g) (forward
 and first backward excluded). Errors: each implementation against the float64 reference on a small
 graph (fwd, 3 grads, 4 second-order grads; max relative error).

@@ -4,7 +4,7 @@
 Langevin loop, the model's forward and force backward.
 
 All implementations run the same weights: a mace-torch ``ScaleShiftMACE`` with MACE-MP-0 medium
-hyperparameters (DESIGN section 6, random weights, 89 elements; or ``--model FILE``), converted to
+hyperparameters (random weights, 89 elements; or ``--model FILE``), converted to
 ``equikernels.models`` for our side. Before timing, energy and forces of every implementation are
 compared with mace-torch's on the same structure.
 

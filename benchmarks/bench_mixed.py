@@ -39,7 +39,7 @@ import common as C  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 IMPLS = ("ek", "cue")
-TARGET_SPEEDUP = 1.6  # bf16 over our own fp32, forward and backward (issue 10)
+TARGET_SPEEDUP = 1.6  # bf16 over our own fp32, forward and backward
 
 
 def build_cue(spec: T.Spec, dtype, device, layout: str) -> T.Built:
@@ -214,7 +214,7 @@ def summary(data, args) -> str:
         lines.append(f"| {p} | {i} | {d} | {C.fmt_err(e)} | {C.fmt_err(k)} |")
     if verdict:
         lines += ["", f"target: bf16 >= {TARGET_SPEEDUP}x our fp32: " + "; ".join(verdict)]
-    lines += ["", "ms: CUDA events per call, host work the GPU cannot hide included (ANCHORS). GPU ms: the same "
+    lines += ["", "ms: CUDA events per call, host work the GPU cannot hide included. GPU ms: the same "
               "calls issued while the GPU is held by a sleep, so the host is ahead: the kernels' time "
               "(benchmarks/common.queued_gpu_times; — where the host did not get ahead)."]
     return "\n".join(lines)

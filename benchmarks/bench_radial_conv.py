@@ -1,4 +1,4 @@
-"""Convolution with the radial MLP's last layer fused (issue 11) against the unfused path and
+"""Convolution with the radial MLP's last layer fused against the unfused path and
 cuEquivariance, side by side in one run, on the MACE-MP medium second-layer problem (ir_mul) over
 the periodic rattled Cu cells of bench_conv.py.
 

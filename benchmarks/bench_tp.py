@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Batched tensor-product benchmark: equikernels vs e3nn, cuEquivariance and OpenEquivariance.
 
-Methodology follows /work/shared/ANCHORS.md (see benchmarks/README.md):
+Methodology (docs/performance.md, benchmarks/README.md):
 
-* problems: DESIGN §7 / ``equikernels.catalog.standard_problems()`` (e3nn constructor kwargs);
+* problems: ``equikernels.catalog.standard_problems()`` (e3nn constructor kwargs);
 * directions (OpenEquivariance's definitions):
     fwd  = ``tp(x, y, w)`` on inputs without grad;
     bwd  = ``autograd.grad(out, [x, y, w], g, retain_graph=True)`` on a retained forward graph
@@ -55,12 +55,12 @@ SHORT = {"equikernels": "ek", "equikernels_ir_mul": "ek_ir", "e3nn": "e3nn", "cu
          "cue_mul_ir": "cue_mi", "oeq": "oeq"}
 DIRECTIONS = ("fwd", "bwd", "dbwd")
 LEVEL = {"fwd": 0, "bwd": 1, "dbwd": 2}
-BASELINES = ("cue_ir_mul", "oeq")  # "best library" of ANCHORS: best of cue[ir_mul] and OEQ
+BASELINES = ("cue_ir_mul", "oeq")  # the best library: the faster of cue[ir_mul] and OEQ
 OURS = ("equikernels", "equikernels_ir_mul")
 QUICK_PROBLEMS = ("mace-medium", "nequip-water", "tetris-poly-1")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 DT_SHORT = {"float32": "f32", "float64": "f64"}
-TOL = {"float32": 1e-5, "float64": 1e-10}  # DESIGN §8 parity targets (used only to flag)
+TOL = {"float32": 1e-5, "float64": 1e-10}  # parity targets (used only to flag)
 SCHEMA = "equikernels-bench-tp/1"
 
 
@@ -173,7 +173,7 @@ def _irreps_tuple(irreps) -> List[Tuple[int, int, int]]:
 
 def build_cue(spec: Spec, dtype, device, args, layout: str) -> Built:
     """cuet.ChannelWiseTensorProduct (uvu, kernel ``uniform_1d``) or cuet.FullyConnectedTensorProduct
-    (uvw, kernel ``fused_tp``) on ``O3_e3nn`` irreps (e3nn's CG and irrep order), as in ANCHORS."""
+    (uvw, kernel ``fused_tp``) on ``O3_e3nn`` irreps (e3nn's CG and irrep order)."""
     cue, cuet, descriptors, O3_e3nn = _import_cue()
     if spec.mode not in ("uvu", "uvw"):
         raise Absent(f"cue: no e3nn-equivalent module for mode {spec.mode!r} in this harness")
@@ -288,7 +288,7 @@ def _import_oeq():
 def build_oeq(spec: Spec, dtype, device, args) -> Built:
     """oeq.TensorProduct(oeq.TPProblem(...)) with e3nn irreps/instructions, e3nn layout (mul_ir).
 
-    Like OEQ's own benchmark problems (ANCHORS used them), uvu instructions are sorted by output
+    Like OEQ's own benchmark problems (as their benchmarks do), uvu instructions are sorted by output
     segment (OEQ's ChannelwiseTPP does this; it only permutes e3nn's weight blocks)."""
     if device.type != "cuda":
         raise Absent("openequivariance needs a CUDA device")

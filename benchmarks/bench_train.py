@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""MACE training-step benchmark (issue 10): equikernels' MACE in fp32 / bf16-mixed / fp16-mixed next to
+"""MACE training-step benchmark: equikernels' MACE in fp32 / bf16-mixed / fp16-mixed next to
 mace-torch + cuEquivariance in fp32 and under mixed precision, speed and accuracy in one table.
 
 One training step = ``optimizer.zero_grad()``; forward with ``training=True, compute_force=True`` (the
@@ -62,9 +62,8 @@ some version, that implementation is reported as ``error`` with the exception, n
 
 cuEquivariance compiles its ``uniform_1d`` kernels with NVRTC on first use, for every candidate
 algorithm. For the bf16 autocast step that took more than 10 minutes on a fresh H200 without finishing
-one pass (sessions 6-7). ``CUEQUIVARIANCE_OPS_U1D_ALGOS=0`` (an environment variable of cuEquivariance's)
-limits it to algorithm 0: the first pass then took 2-3 minutes (session 11,
-``devtools/s11/call2.sh``). Results measured that way say so.
+one pass. ``CUEQUIVARIANCE_OPS_U1D_ALGOS=0`` (an environment variable of cuEquivariance's) limits it
+to algorithm 0: the first pass then took 2-3 minutes. Results measured that way say so.
 
 Accuracy (same table): every implementation's first-step forward (before any optimizer step, so the
 weights are identical) against an equikernels float64 reference on the same batch: energy per atom (MAE

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""Autotuner benchmark (issue 6): tuned versus default configuration, and the price of tuning.
+"""Autotuner benchmark: tuned versus default configuration, and the price of tuning.
 
-For every standard problem (DESIGN §7; fp32, ir_mul, 50,000 rows) and direction (fwd, bwd, dbwd as
+For every standard problem (fp32, ir_mul, 50,000 rows) and direction (fwd, bwd, dbwd as
 in bench_tp.py), and for the fused convolution (MACE-MP-medium layer 2 on bench_conv.py's periodic
 Cu graphs; the tuner chooses its dataflow), one process with a fresh tune file measures:
 
@@ -20,7 +20,7 @@ A TP launch configuration is chosen when the kernel runs, so one set of inputs a
 graphs serves both settings; the convolution's dataflow is fixed when its forward runs, so the
 backward directions get graphs built under each setting.
 
-    PYTHONPATH=. python benchmarks/bench_tune.py --out benchmarks/results/tune_<date>
+    PYTHONPATH=. python benchmarks/bench_tune.py --out /tmp/tune
     python benchmarks/bench_tune.py --device cpu --tiny --out /tmp/tune   # plumbing check (interpreter)
 """
 from __future__ import annotations

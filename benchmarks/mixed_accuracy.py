@@ -1,4 +1,4 @@
-"""Accuracy cost of MACE's mixed-precision modes (issue 10), device-independent (CPU, reference path).
+"""Accuracy cost of MACE's mixed-precision modes, device-independent (CPU, reference path).
 
 A ScaleShiftMACE of MACE-MP-0 medium's shape (89 elements, 2 residual interactions, max_ell 3,
 correlation 3, r_max 6, radial MLP [64, 64, 64]; ``--channels`` sets the channel count, 128 as
@@ -12,7 +12,7 @@ each trajectory's frames as well as the run's own energy.
     python benchmarks/mixed_accuracy.py                       # ~7 min on 2 CPU cores
     python benchmarks/mixed_accuracy.py --channels 32 --steps 100   # quick look
 
-Writes benchmarks/results/mixed_accuracy_<date>.md (and prints the table).
+Writes benchmarks/results/mixed_accuracy.md (and prints the table).
 """
 from __future__ import annotations
 
@@ -208,7 +208,7 @@ def main():
     wall = time.perf_counter() - t0
     info = C.env_info(torch.device("cpu"))
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                   f"mixed_accuracy_{time.strftime('%Y%m%d')}.md")
+                                   "mixed_accuracy.md")
     write(out, args, rows, md_rows, info, wall)
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Bar chart of a bench_tp.py result JSON (matplotlib is optional).
 
-    python benchmarks/plot.py benchmarks/results/tp_<gpu>_<date>.json [--out chart.png]
+    python benchmarks/plot.py RESULT.json [--out chart.png]
 
 One panel per (dtype, direction, rows); problems on the x axis; one bar per implementation,
 height = median time in ms (log scale). Failed / absent cells get no bar but an 'x' marker at the

@@ -14,7 +14,7 @@ run tests/test_kernels.py -k "mp-medium or lips" &
 run tests/test_kernels.py -k "water or diffdock or tetris" &
 run tests/test_kernels.py -k "random_problems_gpu or gradgradcheck_gpu or tl_dot_gpu" &
 run tests/test_parity.py -k "standard and not benzene" &
-# the 40 random problems compile every kernel cold (one took 6 min on its own in session 10; four
+# the 40 random problems compile every kernel cold (one took 6 min on its own; four
 # processes of 10 did 18 in 9 min): eight processes of 5
 for part in 0 1 2 3 4 5 6 7; do
   run $(python -c "print(' '.join(f'tests/test_parity.py::test_random_problem_cuda[{s}]' for s in range(25 * $part, 25 * ($part + 1), 5)))") &
@@ -27,7 +27,7 @@ run tests/test_nn_modules.py tests/test_errors.py tests/test_autograd.py tests/t
 run tests/test_fast_launch.py tests/test_uvw_rows.py tests/test_conv_loops.py tests/test_tune.py &
 run tests/test_native_node.py &
 run tests/test_radial_conv.py tests/test_radial_mlp.py tests/test_mace_mixed.py &
-run tests/test_mace_chunked.py &  # not in the list before session 10 (6 tests)
+run tests/test_mace_chunked.py &
 [ "${SKIP_BENZENE:-0}" = 1 ] || run tests/test_mixed_precision.py -k "standard_problems and benzene" &  # 2 tests, likewise
 wait
 for f in "$LOGS"/pytest_gpu_*.log; do echo "$(tail -1 "$f")   <- $(basename "$f")"; done | tee "$OUT/gpu_tests_summary.txt"
