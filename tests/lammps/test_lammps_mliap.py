@@ -146,15 +146,30 @@ def test_missing_exchange_is_an_error(model, mliap):
         em.run(mliap, separate_objects=False)
 
 
-def tiny_model(layers, hidden="4x0e+4x1o", max_ell=2, correlation=2, pair_repulsion=False):
+def tiny_model(layers, hidden="4x0e+4x1o", max_ell=2, correlation=2, pair_repulsion=False, heads=None):
     from equikernels.models.builder import mace_config, random_model
 
     cfg = mace_config(r_max=4.0, num_bessel=4, num_polynomial_cutoff=5, max_ell=max_ell,
                       interaction="RealAgnosticResidualInteractionBlock",
                       interaction_first="RealAgnosticInteractionBlock", num_interactions=layers,
                       atomic_numbers=[28, 29], hidden_irreps=hidden, MLP_irreps="4x0e",
-                      avg_num_neighbors=8.0, correlation=correlation, radial_MLP=[8], pair_repulsion=pair_repulsion)
+                      avg_num_neighbors=8.0, correlation=correlation, radial_MLP=[8], pair_repulsion=pair_repulsion,
+                      heads=heads)
     return random_model(cfg, seed=1, dtype=torch.float64).eval()
+
+
+def test_multi_head_model_runs_the_chosen_head():
+    model = tiny_model(2, hidden="4x0e", max_ell=1, correlation=1, heads=["pbe", "r2scan"])
+    with pytest.raises(ValueError, match="several heads"):
+        EquikernelsMLIAP(model)
+    obj = EquikernelsMLIAP(model, head="r2scan")
+    atoms = small_cell()
+    em = decompose(atoms, obj.element_types, float(model.r_max), GRIDS[2])
+    result = em.run(obj, separate_objects=False)
+    ref = atoms.copy()
+    ref.calc = MACECalculator(model, device="cpu", head="r2scan")
+    assert abs(result.energy - ref.get_potential_energy()) < TOL
+    np.testing.assert_allclose(result.forces, ref.get_forces(), rtol=0, atol=TOL)
 
 
 def test_random_model_three_layers_and_one_layer():
