@@ -3,14 +3,15 @@
 ``decompose`` splits a cell into a grid of spatial domains (one emulated rank each): a rank owns
 the atoms whose fractional coordinates fall in its box, and holds as ghosts every periodic image
 of any atom (its own atoms' images included) in the shell of ``ghost_cutoff`` around its box
-(LAMMPS's rule, in fractional units per axis for triclinic cells), local atoms first. Pairs: every centre (owned atoms; with ``ghost_neighbors``, ghosts as well) with every
-other node within ``r_max``, ``rij = x_j - x_i``.
+(LAMMPS's rule, in fractional units per axis for triclinic cells), local atoms first. Pairs:
+every centre (owned atoms; with ``ghost_neighbors``, ghosts as well) with every other node
+within ``r_max``, ``rij = x_j - x_i``.
 
 ``RankData`` is the per-rank ``data`` object: ``nlocal``, ``ntotal``, ``npairs``, ``elems``,
 ``pair_i``, ``pair_j``, ``rij``, writable ``eatoms`` and ``energy``, ``update_pair_forces`` (``f[i]
 += fij; f[j] -= fij`` and LAMMPS's virial ``sum (x_i - x_j) (x) fij``) and, with ``exchange``, the
 collective ``forward_exchange`` / ``reverse_exchange`` of the KOKKOS coupling between ranks
-(Python threads meeting at barriers, as MPI ranks would). ``Emulation.run(obj)`` calls
+(threads or spawned processes meeting at barriers, as MPI ranks would). ``Emulation.run(obj)`` calls
 ``obj.compute_forces`` on every rank at once, returns the ghost forces to their owners and
 gathers energy, per-atom energies, forces and virial by global atom index.
 """
