@@ -154,18 +154,25 @@ class ConvKernels:
         v = settings.get().per_kind(f"conv_{name.lower()}", kind)
         return default if v is None else str(int(v)) if isinstance(v, bool) else str(v)
 
-    def _prefetch(self, kind: str) -> str:
-        """Edge-loop pipelining (emit.Rowing.prefetch): '', 'idx' or 'all'. The gradient kernels
-        run one warp per node at 247-255 registers (8 warps per multiprocessor) and were latency
-        bound: issuing the next edge's loads before this edge's arithmetic took the H200 kernels
-        (MACE-MP medium L2, 795k edges) from 4.76 to 3.57 ms (backward) and 3.36 + 7.31 to 2.84 +
-        5.52 ms (double backward); the forward got slower (1.40 -> 1.46 ms), so it keeps ''. Capping
-        registers for more warps, or two warps per node, was slower in every case tried (spills,
-        cross-warp sums). devtools/s8/conv_once.py --scan compares the settings."""
-        v = self._knob("PREFETCH", kind, "" if kind == "fwd" else "all")
+    @classmethod
+    def _prefetch(cls, kind: str, math: torch.dtype = torch.float32) -> str:
+        """Edge-loop pipelining (emit.Rowing.prefetch) of the node-parallel kernels: '', 'idx' or
+        'all'. The one-warp gradient kernels are latency bound in float32 at 247-255 registers, so
+        they issue the next edge's loads early ('all'); float64 needs twice the registers and the
+        early loads spill (docs/performance.md has the measurements), so it and the forward keep ''.
+        EQUIKERNELS_CONV_PREFETCH[_<KIND>] overrides."""
+        v = cls._knob("PREFETCH", kind, "" if kind == "fwd" or math == torch.float64 else "all")
         if v not in ("", "idx", "all"):
             raise ValueError(f"EQUIKERNELS_CONV_PREFETCH: expected '', 'idx' or 'all', got {v!r}")
         return v
+
+    @classmethod
+    def _hoist(cls, kind: str, math: torch.dtype) -> bool:
+        """Whether a node-parallel kernel holds its owned node's rows (g) in registers across the
+        edge loop instead of re-reading them per edge from cache: not in the double backward,
+        which holds twice the operands, nor in float64. EQUIKERNELS_CONV_HOIST[_<KIND>] overrides."""
+        spill = kind == "dbwd" or (kind == "bwd" and math == torch.float64)
+        return cls._knob("HOIST", kind, "0" if spill else "1") == "1"
 
     class _Capped:
         """A JIT function launched with a register cap (ptxas -maxrregcount): more resident warps
@@ -239,10 +246,10 @@ class ConvKernels:
             # (g) are re-read per edge from cache instead of held in registers (H200, MACE-MP
             # medium L2, 795k edges: 8.3 vs 11.9 ms; the backward prefers holding them, 5.1 vs 5.6)
             nodes = mode == "nodes"
-            hoist = self._knob("HOIST", kind, "0" if kind == "dbwd" else "1") == "1" if nodes else kind != "dbwd"
+            hoist = self._hoist(kind, math) if nodes else kind != "dbwd"
             share = self._knob("IN1OUTER", kind, "1" if in1_outer(self.problem, kind) else "0") == "1"
             k = self._kernel(tg, groups, mode, owner, sections or "segment", hoist=hoist,
-                             in1_outer=share, prefetch=self._prefetch(kind) if nodes else "",
+                             in1_outer=share, prefetch=self._prefetch(kind, math) if nodes else "",
                              maxnreg=int(self._knob("MAXNREG", kind, "0")) if nodes else 0,
                              scatter_src=nodes_atomic and nodes)
             outs, wide = {}, {}
