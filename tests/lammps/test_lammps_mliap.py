@@ -3,7 +3,6 @@
 whose atoms are their own ghosts, isolated atoms, ranks without atoms, the exchange-free ghost
 neighbour list and the error without either; per-pair force sign; export, pickling and the CLI."""
 import os
-import pickle
 import pickletools
 
 import numpy as np
