@@ -35,7 +35,7 @@ def test_no_default_model(no_default_model):
 
 
 def test_missing_model_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(FileNotFoundError, match="no such model file"):
         MACECalculator(str(tmp_path / "missing.model"), device="cpu")
 
 
@@ -105,6 +105,8 @@ def test_md_settings():
         MDSettings(ensemble="nvt-langevin", temperature_K=0).validate()
     with pytest.raises(ValueError, match="steps"):
         MDSettings(steps=-1).validate()
+    with pytest.raises(ValueError, match="timestep_fs must be a finite number"):
+        MDSettings(timestep_fs=float("inf")).validate()
     with pytest.raises(ValueError, match="npt"):
         make_dynamics(molecule("H2O"), MDSettings(ensemble="npt"))
     with pytest.raises(ValueError, match="no calculator"):
@@ -115,7 +117,7 @@ def test_md_settings():
 
 def test_cli_without_default_model(no_default_model, tmp_path, capsys):
     from equikernels.cli import main
-    with pytest.raises(SystemExit, match="no default model is bundled"):
-        main(["md", "--steps", "1", "--out", str(tmp_path), "--no-progress"])
-    with pytest.raises(SystemExit, match="neither a file nor a built-in"):
-        main(["md", str(tmp_path / "nothing.xyz"), "--steps", "1"])
+    assert main(["md", "--steps", "1", "--out", str(tmp_path), "--no-progress", "--device", "cpu"]) == 2
+    assert "no default model is bundled" in capsys.readouterr().err
+    assert main(["md", str(tmp_path / "nothing.xyz"), "--steps", "1"]) == 2
+    assert "neither a file nor a built-in" in capsys.readouterr().err

@@ -87,12 +87,35 @@ def test_rebuilds_only_past_half_the_skin():
     atoms.positions[3] += [0.1, 0.0, 0.0]  # 0.55 > skin/2 from the reference: rebuild
     ours(nl, atoms)
     assert nl.num_builds == 2
-    atoms.set_cell(atoms.cell.array * 1.001, scale_atoms=True)  # a changed cell always rebuilds
+    atoms.set_cell(atoms.cell.array * 1.001, scale_atoms=True)  # a slightly strained cell: reuse
+    assert ours(nl, atoms) == ase_pairs(atoms)
+    assert nl.num_builds == 2
+    atoms.set_cell(atoms.cell.array * 1.5, scale_atoms=True)  # expanding brings no pair closer: reuse
+    assert ours(nl, atoms) == ase_pairs(atoms)
+    assert nl.num_builds == 2
+    atoms.set_cell(atoms.cell.array / 1.5 * 0.75, scale_atoms=True)  # 25 % compression: past the skin
+
     assert ours(nl, atoms) == ase_pairs(atoms)
     assert nl.num_builds == 3
-    atoms.pbc = [True, False, True]  # and so does a changed pbc
+    atoms.pbc = [True, False, True]  # a changed pbc always rebuilds
     assert ours(nl, atoms) == ase_pairs(atoms)
     assert nl.num_builds == 4
+
+
+@pytest.mark.parametrize("name", ["triclinic", "primitive-1-atom"])
+def test_changing_cell_reuses_the_list_and_stays_exact(name):
+    """NPT-like walk: every step strains the cell a little (shear included) and moves the atoms; the
+    pairs equal ASE's at every step, with far fewer builds than steps."""
+    atoms = structures()[name]
+    rng = np.random.default_rng(1)
+    nl = SkinNeighborList(CUTOFF, skin=0.6)
+    steps = 80
+    for _ in range(steps):
+        strain = np.eye(3) + rng.normal(scale=0.002, size=(3, 3))
+        atoms.set_cell(atoms.cell.array @ strain, scale_atoms=True)
+        atoms.positions += rng.normal(scale=0.01, size=atoms.positions.shape)
+        assert ours(nl, atoms) == ase_pairs(atoms)
+    assert nl.num_builds < steps // 4, f"{nl.num_builds} builds in {steps} steps"
 
 
 def test_float32_positions():

@@ -1,12 +1,25 @@
 """`equikernels md` with an equikernels model file (no mace-torch): a structure file read by ASE,
-outputs written, and a clear error for elements the model does not know."""
+outputs written (md.log to 1e-6 eV, a strict-JSON summary with model, structure, dtype, device and
+versions, also on SIGTERM), a CPU default that runs briefly, errors before the run, and NPT with
+one model evaluation per step and a reused neighbour list."""
 import json
+import os
+import signal
 
+import numpy as np
 import pytest
-from ase.build import bulk
+from ase.build import bulk, molecule
 from ase.io import read, write
 
-from equikernels.cli import main
+from equikernels.calculators import md as md_module
+from equikernels.cli import build_parser, main
+from equikernels.cli.md import DEFAULT_STEPS
+
+
+def _strict_json(path):
+    def refuse(name):
+        raise ValueError(f"non-standard JSON constant {name}")
+    return json.loads(path.read_text(), parse_constant=refuse)
 
 
 @pytest.fixture(scope="module")
@@ -19,22 +32,89 @@ def cu_model(tmp_path_factory):
     return str(path)
 
 
-def test_md_from_structure_file(cu_model, tmp_path, single_thread):
-    structure = tmp_path / "cu.extxyz"
-    write(str(structure), bulk("Cu", "fcc", a=3.61, cubic=True))
+@pytest.fixture
+def cu_file(tmp_path):
+    path = tmp_path / "cu.extxyz"
+    write(str(path), bulk("Cu", "fcc", a=3.61, cubic=True))
+    return str(path)
+
+
+def test_md_from_structure_file(cu_model, cu_file, tmp_path, single_thread):
     out = tmp_path / "run"
-    assert main(["md", str(structure), "--model", cu_model, "--steps", "6", "--supercell", "1", "1", "2",
-                 "--ensemble", "nvt-langevin", "--traj-interval", "3", "--out", str(out), "--no-progress",
-                 "--device", "cpu"]) == 0
+    assert main(["md", cu_file, "--model", cu_model, "--steps", "6", "--supercell", "1", "1", "2",
+                 "--ensemble", "nve", "--traj-interval", "3", "--log-interval", "2", "--out", str(out),
+                 "--no-progress", "--device", "cpu"]) == 0
     assert len(read(str(out / "md.traj"), ":")) == 3
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["num_atoms"] == 8 and summary["neighbor_list_builds"] >= 1
+    summary = _strict_json(out / "summary.json")
+    assert summary["num_atoms"] == 8 and summary["neighbor_list_builds"] >= 1 and summary["status"] == "completed"
+    assert summary["model"] == os.path.abspath(cu_model) and summary["structure"] == cu_file
+    assert summary["device"] == "cpu" and summary["dtype"] == "float64"
+    assert {"equikernels", "torch", "ase"} <= set(summary["versions"])
+    rows = [ln.split() for ln in (out / "md.log").read_text().splitlines()[1:]]
+    assert len(rows) == 4 and all(len(r[2].split(".")[1]) == 6 for r in rows)  # Etot to 1e-6 eV
+    etot = np.array([float(r[2]) for r in rows])
+    assert np.ptp(etot) < 1e-2  # NVE: the drift is visible at this precision, and small
 
 
-def test_md_unknown_elements(cu_model, tmp_path):
-    with pytest.raises(SystemExit, match="does not know: H, C, O"):
-        main(["md", "ethanol", "--model", cu_model, "--steps", "1", "--out", str(tmp_path), "--no-progress",
-              "--device", "cpu"])
+def test_md_unknown_elements_fail_before_the_run(cu_model, tmp_path, capsys):
+    path = tmp_path / "water.xyz"
+    write(str(path), molecule("H2O"))
+    assert main(["md", str(path), "--model", cu_model, "--steps", "1", "--out", str(tmp_path / "run"),
+                 "--device", "cpu"]) == 2
+    captured = capsys.readouterr()
+    assert "does not know: H, O" in captured.err and "Traceback" not in captured.err
+    assert "md:" not in captured.err.replace("equikernels md:", "")  # no progress bar was started
+    assert not (tmp_path / "run").exists()
+
+
+def test_cpu_default_steps_header_and_report(cu_model, cu_file, tmp_path, capsys, single_thread):
+    assert build_parser().parse_args(["md"]).steps is None
+    out = tmp_path / "run"
+    assert main(["md", cu_file, "--model", cu_model, "--out", str(out), "--no-progress", "--device", "cpu"]) == 0
+    text = capsys.readouterr().out
+    assert f"{DEFAULT_STEPS['cpu']} steps of 1 fs (the CPU default" in text
+    assert "on cpu (float64, 1 thread)" in text and "estimated" in text
+    assert "ns/day" in text and str(out / "md.traj") in text
+    assert _strict_json(out / "summary.json")["steps_done"] == DEFAULT_STEPS["cpu"]
+
+
+@pytest.mark.parametrize("steps", [0, 1])
+def test_too_few_steps_for_a_rate_write_null(cu_model, cu_file, tmp_path, steps):
+    out = tmp_path / "run"
+    assert main(["md", cu_file, "--model", cu_model, "--steps", str(steps), "--out", str(out), "--no-progress",
+                 "--device", "cpu"]) == 0
+    summary = _strict_json(out / "summary.json")
+    assert summary["ns_per_day"] is None and summary["steps_done"] == steps
+
+
+def test_sigterm_still_writes_the_summary(cu_model, cu_file, tmp_path, capsys, monkeypatch):
+    real = md_module._Progress.__call__
+
+    def terminate_at_step_3(self):
+        real(self)
+        if self.steps_done == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+    monkeypatch.setattr(md_module._Progress, "__call__", terminate_at_step_3)
+    out = tmp_path / "run"
+    assert main(["md", cu_file, "--model", cu_model, "--steps", "50", "--out", str(out), "--no-progress",
+                 "--device", "cpu"]) == 128 + signal.SIGTERM
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "SIGTERM" in err[0] and "summary" in err[0]
+    summary = _strict_json(out / "summary.json")
+    assert summary["status"] == "interrupted" and summary["signal"] == "SIGTERM" and summary["steps_done"] == 3
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler was restored
+
+
+def test_builtin_structures_are_known_to_the_default_model():
+    from equikernels.calculators.loading import default_model_path
+    from equikernels.models import load
+
+    try:
+        known = {int(z) for z in load(default_model_path()).atomic_numbers}
+    except FileNotFoundError:
+        pytest.skip("no default model is bundled in this checkout")
+    for name in md_module.BUILTIN_STRUCTURES:
+        assert set(md_module.builtin_structure(name).numbers.tolist()) <= known, name
 
 
 def test_md_out_of_the_box_with_the_default_model(tmp_path, single_thread):
@@ -47,5 +127,22 @@ def test_md_out_of_the_box_with_the_default_model(tmp_path, single_thread):
         pytest.skip("no default model is bundled in this checkout")
     out = tmp_path / "run"
     assert main(["md", "--steps", "3", "--out", str(out), "--no-progress", "--device", "cpu"]) == 0
-    summary = json.loads((out / "summary.json").read_text())
+    summary = _strict_json(out / "summary.json")
     assert summary["num_atoms"] == 108 and summary["temperature_end_K"] > 0
+
+
+def test_npt_evaluates_once_per_step_and_reuses_the_neighbour_list(cu_model, single_thread):
+    from equikernels.calculators import MACECalculator
+
+    atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 1, 1))
+    calc = MACECalculator(cu_model, device="cpu")
+    calls = []
+    forward = calc.model.forward
+    calc.model.forward = lambda *a, **k: calls.append(k.get("compute_stress")) or forward(*a, **k)
+    atoms.calc = calc
+    steps = 8
+    summary = md_module.run_md(atoms, md_module.MDSettings(steps=steps, ensemble="npt", log_interval=0,
+                                                           traj_interval=0), progress=False)
+    assert summary["status"] == "completed"
+    assert len(calls) <= steps + 2 and all(calls[1:])  # one call per step, stress included
+    assert summary["neighbor_list_builds"] <= 2

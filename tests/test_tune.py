@@ -241,3 +241,17 @@ def test_bad_rounds_value_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("EQUIKERNELS_TUNE_ROUNDS", "zero")
     with pytest.raises(ValueError, match="EQUIKERNELS_TUNE_ROUNDS"):
         tune.choose("kr3", [{"r": 1}, {"r": 2}], lambda c: 1.0, {"r": 2})
+
+
+def test_cached_config_outside_the_candidates_is_retuned():
+    """A cached configuration that is not a candidate (edited or foreign file) is not used."""
+    key = "key-bogus"
+    tune.cache().put(key, {"config": {"rows": -5, "bogus": "x"}, "ms": 0.1})
+    tune._CACHE = None
+    calls = []
+    with pytest.warns(RuntimeWarning, match="not one of the candidates"):
+        got = tune.choose(key, lambda: [{"rows": 1}, {"rows": 2}], lambda c: calls.append(c) or float(c["rows"]),
+                          {"rows": 2})
+    assert got == {"rows": 1} and calls
+    tune._CACHE = None
+    assert tune.cache().get(key)["config"] == {"rows": 1}  # the bad entry was replaced

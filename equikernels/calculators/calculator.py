@@ -24,28 +24,15 @@ from ase.stress import full_3x3_to_voigt_6_stress
 
 from .. import settings
 from ..models.mace import trusted_inputs
+from .checks import MIN_VOLUME, check_finite, check_stress_cell, check_structure
 from .graph import ElementTable, single_graph
 from .loading import model_heads, resolve_device, resolve_dtype, resolve_head, resolve_model
 from .neighbors import DEFAULT_SKIN, SkinNeighborList, pbc_tensor, vesin_pairs
-
-MIN_VOLUME = 1e-8  # A^3: below this the cell has no volume and stress is undefined
+from .threads import apply_threads
 # cuda_graph=None reads EQUIKERNELS_CUDA_GRAPH (0, 1 or auto), else this. On: H200, MACE-MP-medium
 # shape, 1,008 atoms, E+F 4.8 ms as one graph replay vs 11.5 ms eager
 CUDA_GRAPH_DEFAULT = "auto"
 CUDA_GRAPH_MAX_ATOMS = 5000  # "auto": graphs below this size (larger systems are not host-bound)
-
-
-def _check_atoms(atoms, what: str = "atoms") -> None:
-    if not isinstance(atoms, Atoms):
-        raise TypeError(f"{what} must be an ase.Atoms, got {type(atoms).__name__}")
-    if len(atoms) == 0:
-        raise ValueError(f"{what} is empty: the calculator needs at least one atom")
-
-
-def _check_stress_cell(atoms: Atoms, what: str = "atoms") -> None:
-    if abs(atoms.cell.volume) < MIN_VOLUME:
-        raise ValueError(f"stress was requested but {what} has a cell without volume ({atoms.cell.array.tolist()}); "
-                         "stress needs a 3-D cell (set atoms.cell, or do not ask for stress)")
 
 
 class MACECalculator(Calculator):
@@ -66,9 +53,15 @@ class MACECalculator(Calculator):
         precision: None (the dtype above), or "fp64", "fp32", "bf16-mixed", "fp16-mixed" (equikernels
             MACE models; ``MACE.set_precision``). A mixed precision keeps float32 parameters,
             positions, energies and forces, so it excludes default_dtype="float64".
+        num_threads: torch CPU threads (``torch.set_num_threads``, process-wide) when the device is
+            the CPU; None chooses ``threads.default_threads()`` unless ``OMP_NUM_THREADS`` is set
+            or the process already chose a count; ignored on other devices.
 
     ``energies`` are per-atom energies (including the isolated-atom reference energies E0),
-    ``stress`` is Voigt (xx, yy, zz, yz, xz, xy) in eV/A^3 and is computed only when asked for.
+    ``stress`` is Voigt (xx, yy, zz, yz, xz, xy) in eV/A^3. Stress is computed when asked for, and
+    from then on with every energy and forces evaluation of a structure with a 3-D cell (NPT and
+    cell relaxation ask for forces and stress at each step: one model call serves both).
+    A NaN or infinite result raises ``checks.NonFiniteError`` naming the cause (e.g. coincident atoms).
     """
 
     implemented_properties = ["energy", "free_energy", "energies", "forces", "stress"]
@@ -76,9 +69,10 @@ class MACECalculator(Calculator):
     def __init__(self, model: Union[None, str, os.PathLike, torch.nn.Module] = None, device=None,
                  default_dtype: Optional[str] = None, head: Optional[str] = None, skin: float = DEFAULT_SKIN,
                  cuda_graph: Union[None, bool, str] = None, precision: Union[None, str, torch.dtype] = None,
-                 **kwargs):
+                 num_threads: Optional[int] = None, **kwargs):
         Calculator.__init__(self, **kwargs)
         self.device = resolve_device(device)
+        self.num_threads = apply_threads(self.device, num_threads)
         model = resolve_model(model, self.device)
         if precision is not None:
             from ..models.mace import MACE, PRECISIONS, resolve_precision  # noqa: PLC0415
@@ -108,6 +102,7 @@ class MACECalculator(Calculator):
         self._graphed = None
         self.cuda_graph = self._resolve_cuda_graph(cuda_graph)
         self._numbers: Optional[np.ndarray] = None   # cached per-structure device state
+        self._stress_wanted = False  # stress was asked for: compute it with every evaluation
         self._cell_np: Optional[np.ndarray] = None
         self._pbc_np: Optional[np.ndarray] = None
 
@@ -169,7 +164,7 @@ class MACECalculator(Calculator):
 
     def graph(self, atoms: Atoms) -> Dict[str, torch.Tensor]:
         """The model input for ``atoms`` (updates the cached neighbour list)."""
-        _check_atoms(atoms)
+        check_structure(atoms)
         self._sync_structure(atoms)
         positions = torch.as_tensor(atoms.positions, dtype=self.dtype).to(self.device)
         edges = self.neighbors.update(positions, self._cell, self._pbc)
@@ -180,11 +175,12 @@ class MACECalculator(Calculator):
         properties = list(properties) if properties else ["energy"]
         Calculator.calculate(self, atoms, properties, system_changes)
         atoms = self.atoms
-        compute_stress = "stress" in properties
-        if compute_stress:
-            _check_stress_cell(atoms)
+        check_structure(atoms)
+        if "stress" in properties:
+            check_stress_cell(atoms)
+            self._stress_wanted = True
+        compute_stress = self._stress_wanted and bool(np.all(atoms.pbc)) and abs(atoms.cell.volume) >= MIN_VOLUME
         if self._use_graphs(len(atoms)):
-            _check_atoms(atoms)
             self._sync_structure(atoms)
             positions = torch.as_tensor(atoms.positions, dtype=self.dtype).to(self.device)
             edges = self.neighbors.candidates(positions, self._cell, self._pbc)  # fixed between rebuilds
@@ -194,7 +190,9 @@ class MACECalculator(Calculator):
             data = self.graph(atoms)
             with trusted_inputs(node_feats=False):  # edges valid by construction: no index-check sync
                 out = self.model(data, compute_force=True, compute_stress=compute_stress, training=False)
-        self.results = _results(out, [len(atoms)], compute_stress)[0]
+        results = _results(out, [len(atoms)], compute_stress)[0]
+        check_finite(results, atoms)
+        self.results = results
 
     # ---- many structures in one model call -------------------------------------------------
     def batch_evaluate(self, atoms_list: Sequence[Atoms], properties: Sequence[str] = ("energy", "forces"),
@@ -215,10 +213,10 @@ class MACECalculator(Calculator):
             raise ValueError(f"unknown properties {sorted(unknown)}; available: {self.implemented_properties}")
         compute_stress = "stress" in properties
         for k, atoms in enumerate(atoms_list):
-            _check_atoms(atoms, f"atoms_list[{k}]")
+            check_structure(atoms, f"atoms_list[{k}]")
             self.elements.check(atoms.numbers)
             if compute_stress:
-                _check_stress_cell(atoms, f"atoms_list[{k}]")
+                check_stress_cell(atoms, f"atoms_list[{k}]")
 
         results: List[Dict[str, np.ndarray]] = []
         for chunk in _chunks(atoms_list, max_atoms_per_batch):
@@ -236,6 +234,8 @@ class MACECalculator(Calculator):
                                                 "cell", "batch", "ptr", "head")}
             out = self.model(data, compute_force=True, compute_stress=compute_stress, training=False)
             results.extend(_results(out, [len(a) for a in chunk], compute_stress))
+        for k, (atoms, res) in enumerate(zip(atoms_list, results)):
+            check_finite(res, atoms, f"atoms_list[{k}]")
         return results
 
 

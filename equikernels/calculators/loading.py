@@ -21,12 +21,29 @@ def default_device() -> torch.device:
 
 
 def resolve_device(device) -> torch.device:
+    """``device`` as a ``torch.device`` that this torch can use (``ValueError`` saying why not)."""
     if device is None:
         return default_device()
     try:
-        return torch.device(device)
+        dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise ValueError(f"device must be a torch device such as 'cpu' or 'cuda', got {device!r}") from exc
+    if dev.type == "cuda":
+        if not torch.backends.cuda.is_built():
+            raise ValueError(f"device {device!r}: this torch ({torch.__version__}) was built without CUDA; "
+                             "use device 'cpu' or install a CUDA build of torch")
+        count = torch.cuda.device_count()
+        if count == 0:
+            raise ValueError(f"device {device!r}: no CUDA device is visible (CUDA_VISIBLE_DEVICES, driver); "
+                             "use device 'cpu'")
+        if dev.index is not None and dev.index >= count:
+            raise ValueError(f"device {device!r}: only {count} CUDA device(s) are visible (cuda:0..cuda:{count - 1})")
+    elif dev.type not in ("cpu", "meta"):
+        backend = getattr(torch, dev.type, None)
+        available = getattr(backend, "is_available", None)
+        if available is not None and not available():
+            raise ValueError(f"device {device!r}: not available in this torch; use 'cpu' or 'cuda'")
+    return dev
 
 
 def resolve_dtype(default_dtype, model: torch.nn.Module) -> torch.dtype:
@@ -82,19 +99,14 @@ def default_model_path() -> str:
 
 
 def load_model_file(path, device: torch.device) -> torch.nn.Module:
+    """A model file or directory through ``equikernels.models.load``, the loader every command uses:
+    our format (a file, or the directory ``equikernels convert IN DIR`` writes) or a mace-torch
+    ``.model`` file, checked before anything is unpickled."""
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"model file {path!r} does not exist")
     loader = _models_attr("load")
-    if loader is not None:  # our format, or a mace-torch file converted to our accelerated model
-        return loader(path, device=device)
-    # mace-torch files are pickled whole modules: unpickling needs the classes' package
-    try:
-        return torch.load(path, map_location=device, weights_only=False)
-    except ModuleNotFoundError as exc:
-        raise ModuleNotFoundError(f"loading model file {path!r} needs the Python package {exc.name!r} "
-                                  f"(mace-torch files are pickled mace-torch modules: pip install mace-torch, "
-                                  f"or convert the model with `equikernels convert`)", name=exc.name) from exc
+    if loader is None:
+        raise ImportError(f"loading model file {path!r} needs equikernels.models, which is not available")
+    return loader(path, device=device)
 
 
 def resolve_model(model: Union[None, str, os.PathLike, torch.nn.Module], device: torch.device) -> torch.nn.Module:

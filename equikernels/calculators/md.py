@@ -1,13 +1,18 @@
 """Molecular dynamics with ASE: ensemble set-up, built-in example structures, and a runner with
-trajectory/log output and a progress bar reporting ns/day. Used by ``equikernels md``, the
-examples and the MD benchmark."""
+trajectory/log output, a progress bar reporting ns/day and a ``summary.json`` that is written
+however the run ends (completed, interrupted by SIGINT/SIGTERM, or stopped by an error). Used by
+``equikernels md``, the examples and the MD benchmark."""
 from __future__ import annotations
 
 import json
+import math
 import os
+import platform
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 import numpy as np
 from ase import Atoms, units
@@ -34,6 +39,9 @@ class MDSettings:
             raise ValueError(f"ensemble must be one of {ENSEMBLES}, got {self.ensemble!r}")
         if int(self.steps) != self.steps or self.steps < 0:
             raise ValueError(f"steps must be a non-negative integer, got {self.steps!r}")
+        for name in ("timestep_fs", "friction_per_ps", "temperature_K", "pressure_bar"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)!r}")
         for name in ("timestep_fs", "friction_per_ps"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
@@ -47,33 +55,54 @@ class MDSettings:
 
 
 # ---- built-in structures -------------------------------------------------------------------
+# every element here is one the bundled default model was trained on (Cu Ni Al Ag Au Pd Pt)
+BUILTIN_STRUCTURES = {
+    "cu-fcc": "a 108-atom Cu crystal (3x3x3 cubic fcc cells)",
+    "cu3au": "a 108-atom ordered Cu3Au alloy (L1_2, 3x3x3 cubic cells)",
+    "pt-surface": "a 36-atom Pt(111) slab, 4 layers, periodic in the surface plane, 10 A of vacuum",
+}
+
+
 def builtin_structure(name: str = "cu-fcc") -> Atoms:
-    """Small example systems: ``cu-fcc`` (a 108-atom Cu crystal) and ``ethanol`` (a molecule,
-    non-periodic)."""
+    """A built-in example system (``BUILTIN_STRUCTURES`` lists them)."""
+    from ase.build import bulk, fcc111
+
     if name == "cu-fcc":
-        from ase.build import bulk
         return bulk("Cu", "fcc", a=3.61, cubic=True).repeat((3, 3, 3))
-    if name == "ethanol":
-        from ase.build import molecule
-        return molecule("CH3CH2OH")
-    raise ValueError(f"unknown built-in structure {name!r}; choose 'cu-fcc' or 'ethanol'")
-
-
-BUILTIN_STRUCTURES = ("cu-fcc", "ethanol")
+    if name == "cu3au":
+        cell = bulk("Cu", "fcc", a=3.75, cubic=True)  # 4 atoms: the corner one becomes Au
+        cell.symbols[0] = "Au"
+        return cell.repeat((3, 3, 3))
+    if name == "pt-surface":
+        return fcc111("Pt", size=(3, 3, 4), a=3.92, vacuum=10.0, periodic=True)
+    raise ValueError(f"unknown built-in structure {name!r}; choose one of {', '.join(BUILTIN_STRUCTURES)}")
 
 
 # ---- dynamics ------------------------------------------------------------------------------
 def initialise_velocities(atoms: Atoms, temperature_K: float, seed: int = 0) -> None:
-    """Maxwell-Boltzmann velocities with no centre-of-mass drift (and no rotation for molecules)."""
-    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution, Stationary, ZeroRotation
+    """Maxwell-Boltzmann velocities with no centre-of-mass drift (and no rotation for molecules).
+    A single atom keeps its drawn velocity: removing its drift would leave no motion at all."""
+    from ase.md import velocitydistribution as vd
 
     if temperature_K <= 0:
         atoms.set_momenta(np.zeros((len(atoms), 3)))
         return
-    MaxwellBoltzmannDistribution(atoms, temperature_K=temperature_K, rng=np.random.default_rng(seed))
-    Stationary(atoms)
+    rng = np.random.default_rng(seed)
+    if hasattr(vd, "thermalize_momenta"):  # ASE >= 3.29; the older name is deprecated there
+        vd.thermalize_momenta(atoms, temperature_K, rng=rng)
+    else:
+        vd.MaxwellBoltzmannDistribution(atoms, temperature_K=temperature_K, rng=rng)
+    if len(atoms) > 1:
+        vd.Stationary(atoms)
     if not atoms.pbc.any() and len(atoms) > 2:
-        ZeroRotation(atoms)
+        vd.ZeroRotation(atoms)
+    check_momenta(atoms, "initial velocities")
+
+
+def check_momenta(atoms: Atoms, what: str) -> None:
+    bad = np.flatnonzero(~np.isfinite(atoms.get_momenta()).all(axis=1))
+    if bad.size:
+        raise ValueError(f"{what}: the velocities of atoms {bad[:8].tolist()} are not finite (NaN or infinite)")
 
 
 def make_dynamics(atoms: Atoms, settings: MDSettings):
@@ -98,12 +127,32 @@ def make_dynamics(atoms: Atoms, settings: MDSettings):
                            pressure_au=settings.pressure_bar * units.bar, tdamp=tdamp, pdamp=pdamp)
 
 
+def evaluation_properties(settings: MDSettings):
+    return ("energy", "forces", "stress") if settings.ensemble == "npt" else ("energy", "forces")
+
+
+def time_one_step(atoms: Atoms, settings: MDSettings) -> float:
+    """Evaluate ``atoms`` twice with its calculator (the first call also checks the structure and
+    pays one-off set-up) and return the seconds of the second: a step's cost, for estimates. Errors
+    a run would meet at its first step (unknown elements, a structure the model cannot run,
+    non-finite results) are raised here."""
+    from ase.calculators.calculator import all_changes
+
+    if atoms.calc is None:
+        raise ValueError("atoms has no calculator: set atoms.calc = MACECalculator(...) first")
+    props = list(evaluation_properties(settings))
+    atoms.calc.calculate(atoms, props, all_changes)
+    t0 = time.perf_counter()
+    atoms.calc.calculate(atoms, props, all_changes)
+    return time.perf_counter() - t0
+
+
 class _Progress:
     """Per-step observer: tqdm bar with ns/day, measured from the end of the first step (so that
-    one-off set-up such as kernel compilation is not counted)."""
+    one-off set-up such as kernel compilation is not counted); checks the velocities stay finite."""
 
-    def __init__(self, dyn, total: int, timestep_fs: float, enabled: bool):
-        self.dyn, self.timestep_fs = dyn, timestep_fs
+    def __init__(self, dyn, atoms, total: int, timestep_fs: float, enabled: bool):
+        self.dyn, self.atoms, self.timestep_fs = dyn, atoms, timestep_fs
         self.steps_done, self.t_first = 0, None
         self.bar = None
         if enabled:
@@ -114,6 +163,7 @@ class _Progress:
         if self.dyn.nsteps == 0:  # ASE also calls observers once before the first step
             return
         self.steps_done += 1
+        check_momenta(self.atoms, f"step {self.steps_done}")
         now = time.perf_counter()
         if self.t_first is None:
             self.t_first = now
@@ -122,28 +172,115 @@ class _Progress:
             if self.steps_done % 10 == 0:
                 self.bar.set_postfix_str(f"{self.ns_per_day(now):.3f} ns/day", refresh=False)
 
-    def ns_per_day(self, now: Optional[float] = None) -> float:
+    def ns_per_day(self, now: Optional[float] = None) -> Optional[float]:
+        """Simulated ns per wall-clock day, or None before two steps have run."""
         if self.t_first is None or self.steps_done < 2:
-            return float("nan")
+            return None
         elapsed = (now or time.perf_counter()) - self.t_first
-        return (self.steps_done - 1) * self.timestep_fs * 1e-6 / (elapsed / 86400.0) if elapsed > 0 else float("nan")
+        return (self.steps_done - 1) * self.timestep_fs * 1e-6 / (elapsed / 86400.0) if elapsed > 0 else None
 
     def close(self):
         if self.bar is not None:
             self.bar.close()
 
 
+class _Log:
+    """md.log: one line per ``interval`` steps with energies to 1e-6 eV, enough to see drift."""
+
+    def __init__(self, dyn, atoms: Atoms, path: str, stress: bool):
+        self.dyn, self.atoms, self.stress = dyn, atoms, stress
+        self.fh = open(path, "w")
+        head = f"{'step':>8s} {'time[ps]':>10s} {'Etot[eV]':>18s} {'Epot[eV]':>18s} {'Ekin[eV]':>14s} {'T[K]':>9s}"
+        if stress:
+            head += f" {'volume[A^3]':>13s} {'pressure[GPa]':>13s}"
+        self.fh.write(head + "\n")
+
+    def __call__(self):
+        epot, ekin = self.atoms.get_potential_energy(), self.atoms.get_kinetic_energy()
+        line = (f"{self.dyn.nsteps:8d} {self.dyn.get_time() / (1000 * units.fs):10.4f} {epot + ekin:18.6f} "
+                f"{epot:18.6f} {ekin:14.6f} {self.atoms.get_temperature():9.2f}")
+        if self.stress:
+            pressure = -float(np.mean(self.atoms.get_stress(include_ideal_gas=True)[:3])) / units.GPa
+            line += f" {self.atoms.get_volume():13.4f} {pressure:13.5f}"
+        self.fh.write(line + "\n")
+        self.fh.flush()
+
+    def close(self):
+        self.fh.close()
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived during ``run_md``; ``signum`` says which."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+class _Signals:
+    """SIGINT/SIGTERM raise ``Interrupted`` inside the block (main thread only; restored after)."""
+
+    def __enter__(self):
+        self.saved = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.saved[sig] = signal.signal(sig, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise Interrupted(signum)
+
+    def __exit__(self, *exc):
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+        return False
+
+
+def versions() -> Dict[str, str]:
+    import ase
+    import torch
+
+    from .._version import __version__
+    return {"equikernels": __version__, "torch": torch.__version__, "ase": ase.__version__,
+            "numpy": np.__version__, "python": platform.python_version()}
+
+
+def _finite_or_none(x) -> Optional[float]:
+    return float(x) if x is not None and math.isfinite(float(x)) else None
+
+
 def run_md(atoms: Atoms, settings: MDSettings, out_dir: Optional[str] = None, progress: bool = True,
-           init_velocities: bool = True) -> Dict:
+           init_velocities: bool = True, info: Optional[Dict] = None,
+           on_ready: Optional[Callable[[], None]] = None) -> Dict:
     """Run ``settings.steps`` of MD on ``atoms`` (its calculator must be set). With ``out_dir``,
-    writes ``md.traj`` (ASE trajectory), ``md.log`` (ASE MDLogger) and ``summary.json``.
-    Returns the summary: ns/day, wall time, energies, neighbour-list rebuilds."""
+    writes ``md.traj`` (ASE trajectory), ``md.log`` and ``summary.json``; ``info`` (e.g. model and
+    structure names) is recorded in the summary. The first energy/forces evaluation happens before
+    the progress bar starts (``on_ready`` is called after it), so a structure the model cannot run
+    fails before the run. Returns the summary: ns/day (None with fewer than 2 steps), wall time,
+    energies, neighbour-list rebuilds, device, dtype and versions.
+
+    ``summary.json`` is written however the run ends; ``status`` is "completed", "interrupted"
+    (SIGINT/SIGTERM: ``Interrupted``, a ``KeyboardInterrupt``, is raised after writing) or
+    "failed" (the error is raised after writing)."""
     if atoms.calc is None:
         raise ValueError("atoms has no calculator: set atoms.calc = MACECalculator(...) first")
     settings.validate()
     if init_velocities:
         initialise_velocities(atoms, settings.temperature_K, settings.seed)
+    else:
+        check_momenta(atoms, "atoms")
     dyn = make_dynamics(atoms, settings)
+    for prop in evaluation_properties(settings):  # a structure the model cannot run fails here, not mid-run
+        atoms.calc.get_property(prop, atoms)
+    e_start = atoms.get_potential_energy() + atoms.get_kinetic_energy()
+    if on_ready is not None:
+        on_ready()
+    calc = atoms.calc
+    summary = {"status": "running", "num_atoms": len(atoms), "formula": atoms.get_chemical_formula(),
+               **(info or {}), "settings": asdict(settings),
+               "device": str(getattr(calc, "device", "")), "dtype": str(getattr(calc, "dtype", "")).replace("torch.", ""),
+               "threads": getattr(calc, "num_threads", None), "versions": versions()}
     closers = []
     if out_dir is not None:
         os.makedirs(out_dir, exist_ok=True)
@@ -152,34 +289,43 @@ def run_md(atoms: Atoms, settings: MDSettings, out_dir: Optional[str] = None, pr
             traj = Trajectory(os.path.join(out_dir, "md.traj"), "w", atoms)
             dyn.attach(traj.write, interval=settings.traj_interval)
             closers.append(traj.close)
+            summary["trajectory"] = os.path.join(out_dir, "md.traj")
         if settings.log_interval:
-            from ase.md import MDLogger
-            logger = MDLogger(dyn, atoms, os.path.join(out_dir, "md.log"), header=True,
-                              stress=settings.ensemble == "npt", mode="w")
-            dyn.attach(logger, interval=settings.log_interval)
-            closers.append(logger.close)
-    bar = _Progress(dyn, settings.steps, settings.timestep_fs, progress)
+            log = _Log(dyn, atoms, os.path.join(out_dir, "md.log"), stress=settings.ensemble == "npt")
+            dyn.attach(log, interval=settings.log_interval)
+            closers.append(log.close)
+            summary["log"] = os.path.join(out_dir, "md.log")
+    bar = _Progress(dyn, atoms, settings.steps, settings.timestep_fs, progress)
     dyn.attach(bar, interval=1)
-    e_start = atoms.get_potential_energy() + atoms.get_kinetic_energy()
     t0 = time.perf_counter()
+    error: Optional[BaseException] = None
     try:
-        dyn.run(settings.steps)
+        with _Signals():
+            dyn.run(settings.steps)
+        summary["status"] = "completed"
+    except KeyboardInterrupt as exc:
+        summary["status"], error = "interrupted", exc
+        summary["signal"] = signal.Signals(exc.signum).name if isinstance(exc, Interrupted) else "SIGINT"
+    except Exception as exc:  # noqa: BLE001 (recorded, then raised again)
+        summary["status"], error = "failed", exc
+        summary["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         bar.close()
         for close in closers:
             close()
     wall = time.perf_counter() - t0
-    e_end = atoms.get_potential_energy() + atoms.get_kinetic_energy()
-    calc = atoms.calc
-    summary = {
-        "num_atoms": len(atoms), "settings": asdict(settings), "wall_s": wall,
-        "ns_per_day": bar.ns_per_day(t0 + wall),
-        "total_energy_start_eV": float(e_start), "total_energy_end_eV": float(e_end),
-        "temperature_end_K": float(atoms.get_temperature()),
+    e_end = None
+    if summary["status"] == "completed":
+        e_end = atoms.get_potential_energy() + atoms.get_kinetic_energy()
+    summary.update({
+        "steps_done": bar.steps_done, "wall_s": wall, "ns_per_day": _finite_or_none(bar.ns_per_day(t0 + wall)),
+        "total_energy_start_eV": _finite_or_none(e_start), "total_energy_end_eV": _finite_or_none(e_end),
+        "temperature_end_K": _finite_or_none(atoms.get_temperature()),
         "neighbor_list_builds": getattr(getattr(calc, "neighbors", None), "num_builds", None),
-        "device": str(getattr(calc, "device", "")), "dtype": str(getattr(calc, "dtype", "")),
-    }
+    })
     if out_dir is not None:
         with open(os.path.join(out_dir, "summary.json"), "w") as fh:
-            json.dump(summary, fh, indent=2)
+            json.dump(summary, fh, indent=2, allow_nan=False)
+    if error is not None:
+        raise error
     return summary

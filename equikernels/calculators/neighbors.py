@@ -1,7 +1,9 @@
 """Neighbour lists for the calculator: vesin-torch on the model's device, with a Verlet skin.
 
 The list is built with vesin at ``cutoff + skin`` and reused while no atom has moved more than
-half the skin since the build (then no pair can have crossed the cutoff unseen). Every call
+half the skin since the build (then no pair can have crossed the cutoff unseen); under a changing
+periodic cell (NPT, cell relaxation) the same bound is applied to the motion relative to the
+affinely deformed reference, widened by the cell's deformation (see ``SkinNeighborList``). Every call
 returns exactly the pairs within ``cutoff`` (the candidates are filtered by their current
 distance), so results equal a fresh list at every step, whatever the model does with edges
 beyond its cutoff. Conventions are mace-torch's: ``sender = i``, ``receiver = j``,
@@ -52,9 +54,12 @@ class SkinNeighborList:
     """Verlet neighbour list for one structure.
 
     ``update(positions, cell, pbc)`` returns the current :class:`Edges`. The candidate list is
-    rebuilt when the structure changes (number of atoms, cell, pbc) or when any atom moved more
-    than ``skin / 2`` since the last build. A changing cell (NPT) rebuilds every step: the
-    displacement bound alone does not hold when the periodic images move.
+    rebuilt when the structure changes (number of atoms, pbc) or when any atom moved more than
+    ``skin / 2`` since the last build. When a fully periodic cell changes from ``h0`` (rows are
+    lattice vectors) to ``h``, with ``A = h0^-1 h``: a pair within ``cutoff`` now was within
+    ``(cutoff + 2 d) / sigma_min(A)`` at the build, ``d`` the largest distance of an atom from its
+    reference position mapped by ``A``; the list is reused while that is at most ``cutoff + skin``
+    (with ``A = 1`` this is the ``skin / 2`` rule). A partly periodic cell that changes rebuilds.
     ``num_builds`` counts vesin calls (tests and logs use it). Pass new ``cell``/``pbc`` tensors
     when they change rather than modifying the previous ones in place (an unchanged object is
     taken as an unchanged value, which saves a device sync per step).
@@ -84,17 +89,29 @@ class SkinNeighborList:
         ref = self._ref_positions
         if ref is None or ref.shape != positions.shape or ref.device != positions.device or ref.dtype != positions.dtype:
             return True
-        # the calculator passes the same tensor objects while cell and pbc are unchanged: skip the
-        # element-wise comparison (a device sync on CUDA) in that case
-        if cell is not self._ref_cell_src and not torch.equal(self._ref_cell, cell):
-            return True
         if pbc is not self._ref_pbc_src and not torch.equal(self._ref_pbc, pbc):
             return True
         if self.skin == 0.0:
             return True
-        # one reduction and one host sync per step
-        max_sq = (positions - ref).square().sum(dim=1).max()
-        return bool(max_sq > (0.5 * self.skin) ** 2)
+        # the calculator passes the same tensor objects while cell and pbc are unchanged: skip the
+        # element-wise comparison (a device sync on CUDA) in that case
+        if cell is self._ref_cell_src or torch.equal(self._ref_cell, cell):
+            # one reduction and one host sync per step
+            max_sq = (positions - ref).square().sum(dim=1).max()
+            return bool(max_sq > (0.5 * self.skin) ** 2)
+        if not bool(self._ref_pbc.all()):
+            return True
+        h0, h = self._ref_cell.detach().cpu().double(), cell.detach().cpu().double()
+        try:
+            deform = torch.linalg.solve(h0, h)  # A = h0^-1 h: reference fractional coordinates -> now
+        except RuntimeError:  # a singular cell: nothing to reuse
+            return True
+        sigma_min = float(torch.linalg.svdvals(deform)[-1])
+        if not sigma_min > 0.0:
+            return True
+        mapped = ref @ deform.to(device=ref.device, dtype=ref.dtype)
+        d = float((positions - mapped).square().sum(dim=1).max().sqrt())
+        return (self.cutoff + 2.0 * d) / sigma_min > self.cutoff + self.skin
 
     def candidates(self, positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor) -> Edges:
         """Every pair within ``cutoff + skin`` (unfiltered), as the same tensor objects between

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 
@@ -25,6 +26,12 @@ def register(subparsers) -> None:
 def _convert(args: argparse.Namespace) -> int:
     from ..models.io import load, save  # noqa: PLC0415 (keeps `equikernels --help` light)
 
+    if not os.path.exists(args.input):
+        raise FileNotFoundError(f"IN {args.input!r}: no such file or directory; expected a mace-torch .model file "
+                                "or an equikernels model")
+    parent = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(parent):  # checked before the (slow) load
+        raise FileNotFoundError(f"OUT {args.output!r}: folder {parent} does not exist; create it first")
     model = load(args.input, device="cpu", dtype=DTYPES[args.dtype] if args.dtype else None)
     if args.to == "mace":
         from ..training.model_factory import save_mace_torch  # noqa: PLC0415

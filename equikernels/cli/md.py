@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
-from ..calculators.md import BUILTIN_STRUCTURES, ENSEMBLES, MDSettings
+from ..calculators.md import BUILTIN_STRUCTURES, ENSEMBLES
+
+# default steps: a GPU run long enough to measure; a CPU run that ends well within a minute
+DEFAULT_STEPS = {"cuda": 1000, "cpu": 20}
 
 
 def register(subparsers) -> None:
+    examples = "; ".join(f"{name}: {what}" for name, what in BUILTIN_STRUCTURES.items())
     p = subparsers.add_parser(
         "md", help="run molecular dynamics with a MACE model (ASE)",
-        description="Run MD with ASE and a MACE model. Writes md.traj, md.log and summary.json to --out.")
+        description="Run MD with ASE and a MACE model. Writes md.traj, md.log (energies to 1e-6 eV) and "
+                    "summary.json to --out; summary.json is also written when the run is interrupted "
+                    f"(Ctrl-C, SIGTERM) or fails. Built-in structures: {examples}.")
     p.add_argument("structure", nargs="?", default=None,
                    help=f"structure file (any format ASE reads; the last frame is used) or a built-in example "
-                        f"({', '.join(BUILTIN_STRUCTURES)}); default: cu-fcc, a 108-atom Cu crystal")
-    p.add_argument("--steps", type=int, default=1000, help="number of MD steps (default 1000)")
+                        f"({', '.join(BUILTIN_STRUCTURES)}); default: cu-fcc")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"number of MD steps (default {DEFAULT_STEPS['cuda']} on a GPU, {DEFAULT_STEPS['cpu']} on a CPU)")
     p.add_argument("--timestep", type=float, default=1.0, help="timestep in fs (default 1.0)")
     p.add_argument("--temperature", type=float, default=300.0,
                    help="temperature in K: initial velocities and thermostat (default 300)")
@@ -24,11 +32,16 @@ def register(subparsers) -> None:
     p.add_argument("--friction", type=float, default=10.0, help="Langevin friction in 1/ps (default 10)")
     p.add_argument("--supercell", type=int, nargs=3, metavar=("NA", "NB", "NC"), default=None,
                    help="repeat the structure NA x NB x NC times")
-    p.add_argument("--model", default=None, help="model file (default: the bundled default model)")
+    p.add_argument("--model", default=None,
+                   help="model file or directory (ours, as `equikernels convert` writes, or a mace-torch .model); "
+                        "default: the bundled default model")
     p.add_argument("--head", default=None, help="head of a multi-head model")
     p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--dtype", choices=("float64", "float32"), default=None,
                    help="model precision (default: the model's own)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: OMP_NUM_THREADS if set, else "
+                        "equikernels.calculators.threads.default_threads())")
     p.add_argument("--skin", type=float, default=None, help="neighbour-list skin in Angstrom (default 0.5)")
     p.add_argument("--out", default="md_out", help="output directory (default md_out)")
     p.add_argument("--log-interval", type=int, default=10, help="steps between log lines (0: no log)")
@@ -39,46 +52,81 @@ def register(subparsers) -> None:
 
 
 def load_structure(spec):
+    """``(atoms, description)`` for a built-in name or an ASE-readable file."""
     from ..calculators.md import builtin_structure
 
     if spec is None:
-        return builtin_structure("cu-fcc")
+        spec = "cu-fcc"
     if spec in BUILTIN_STRUCTURES and not os.path.exists(spec):
-        return builtin_structure(spec)
+        return builtin_structure(spec), f"built-in {spec}"
     if not os.path.exists(spec):
-        raise SystemExit(f"equikernels md: structure {spec!r} is neither a file nor a built-in example "
-                         f"({', '.join(BUILTIN_STRUCTURES)})")
+        raise FileNotFoundError(f"structure {spec!r} is neither a file nor a built-in example "
+                                f"({', '.join(BUILTIN_STRUCTURES)})")
+    if os.path.isdir(spec):
+        raise IsADirectoryError(f"structure {spec!r} is a directory; expected a structure file ASE can read")
     from ase.io import read
-    return read(spec)
+    try:
+        atoms = read(spec)
+    except Exception as exc:  # noqa: BLE001 (ASE raises many kinds for unreadable files)
+        text = str(exc).strip().splitlines()
+        raise ValueError(f"structure {spec!r}: ASE cannot read it ({type(exc).__name__}: "
+                         f"{text[0] if text else ''}); expected a structure file such as .xyz, .extxyz, .cif, POSCAR") from None
+    if isinstance(atoms, list):
+        if not atoms:
+            raise ValueError(f"structure {spec!r} holds no structures")
+        atoms = atoms[-1]
+    return atoms, spec
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.0f} s" if s >= 10 else f"{s:.1f} s"
 
 
 def run(args: argparse.Namespace) -> int:
     from ..calculators.calculator import MACECalculator
-    from ..calculators.md import run_md
+    from ..calculators.loading import default_model_path
+    from ..calculators.md import Interrupted, MDSettings, run_md, time_one_step
     from ..calculators.neighbors import DEFAULT_SKIN
 
-    atoms = load_structure(args.structure)
+    atoms, structure = load_structure(args.structure)
     if args.supercell:
         if min(args.supercell) < 1:
-            raise SystemExit(f"equikernels md: --supercell needs three positive integers, got {args.supercell}")
+            raise ValueError(f"--supercell needs three positive integers, got {args.supercell}")
         atoms = atoms.repeat(tuple(args.supercell))
-    settings = MDSettings(steps=args.steps, timestep_fs=args.timestep, temperature_K=args.temperature,
+    if args.steps is not None and args.steps < 0:
+        raise ValueError(f"--steps must be >= 0, got {args.steps}")
+    calc = MACECalculator(args.model, device=args.device, default_dtype=args.dtype, head=args.head,
+                          skin=DEFAULT_SKIN if args.skin is None else args.skin, num_threads=args.threads)
+    device_kind = "cuda" if calc.device.type == "cuda" else "cpu"
+    steps_note = ""
+    steps = args.steps
+    if steps is None:
+        steps = DEFAULT_STEPS[device_kind]
+        steps_note = f" (the {device_kind.upper()} default; --steps N for more)"
+    settings = MDSettings(steps=steps, timestep_fs=args.timestep, temperature_K=args.temperature,
                           ensemble=args.ensemble, pressure_bar=args.pressure, friction_per_ps=args.friction,
                           seed=args.seed, log_interval=args.log_interval, traj_interval=args.traj_interval)
+    settings.validate()
+    calc.elements.check(atoms.numbers)
+    atoms.calc = calc
+    model = args.model if args.model is not None else "the bundled default model"
+    dtype = str(calc.dtype).replace("torch.", "")
+    threads = f", {calc.num_threads} thread{'s' if calc.num_threads != 1 else ''}" if calc.device.type == "cpu" else ""
+    print(f"equikernels md: {len(atoms)} atoms ({atoms.get_chemical_formula()}, {structure}), {settings.ensemble} "
+          f"at {settings.temperature_K:g} K, {steps} steps of {settings.timestep_fs:g} fs{steps_note}", flush=True)
+    print(f"  model {model} on {calc.device} ({dtype}{threads})", flush=True)
+    step_s = time_one_step(atoms, settings)  # fails here, before the run, for structures the model cannot run
+    print(f"  {step_s:.3g} s per step: estimated {_seconds(step_s * steps)} for {steps} steps; output in {args.out}",
+          flush=True)
+    info = {"model": os.path.abspath(args.model if args.model else default_model_path()), "structure": structure}
     try:
-        settings.validate()
-        atoms.calc = MACECalculator(args.model, device=args.device, default_dtype=args.dtype, head=args.head,
-                                    skin=DEFAULT_SKIN if args.skin is None else args.skin)
-    except (ValueError, FileNotFoundError, TypeError) as exc:
-        raise SystemExit(f"equikernels md: {exc}") from exc
-    calc = atoms.calc
-    print(f"equikernels md: {len(atoms)} atoms ({atoms.get_chemical_formula()}), {settings.ensemble}, "
-          f"{settings.steps} steps of {settings.timestep_fs} fs at {settings.temperature_K} K on "
-          f"{calc.device} ({str(calc.dtype).replace('torch.', '')}); output in {args.out}")
-    try:
-        summary = run_md(atoms, settings, out_dir=args.out, progress=not args.no_progress)
-    except ValueError as exc:  # e.g. an element the model does not know, npt without a cell
-        raise SystemExit(f"equikernels md: {exc}") from exc
-    print(f"equikernels md: done in {summary['wall_s']:.1f} s, {summary['ns_per_day']:.4f} ns/day, "
+        summary = run_md(atoms, settings, out_dir=args.out, progress=not args.no_progress, info=info)
+    except Interrupted as exc:
+        print(f"equikernels md: {exc}; summary written to {os.path.join(args.out, 'summary.json')}", file=sys.stderr)
+        return 128 + exc.signum
+    rate = f"{summary['ns_per_day']:.4g} ns/day" if summary["ns_per_day"] is not None else "ns/day n/a (< 2 steps)"
+    print(f"equikernels md: done, {summary['steps_done']} steps in {summary['wall_s']:.1f} s, {rate}, "
           f"{summary['neighbor_list_builds']} neighbour-list builds, final T {summary['temperature_end_K']:.1f} K")
+    wrote = [summary.get("trajectory"), summary.get("log"), os.path.join(args.out, "summary.json")]
+    print("  wrote " + ", ".join(w for w in wrote if w))
     return 0

@@ -1,22 +1,36 @@
 """Content-addressed store of generated kernel source.
 
 Triton's ``@jit`` reads the source of the function it decorates, so generated kernels must live in
-real files. Each file is named by the hash of its body and starts with that hash; a file whose body
-does not match (partial write, corruption) is rewritten, never trusted. Writes go to a temp file
-in the same directory and are renamed into place, so concurrent processes never see partial files.
+real files. Each file is named by the hash of its body and starts with that hash; a file whose
+bytes do not match exactly (partial write, corruption, undecodable bytes, a directory in its place,
+no read permission) is rewritten, never trusted. Writes go to a temp file in the same directory and
+are renamed into place, so concurrent processes never see partial files.
+
+A cache directory that cannot be created or written (``EQUIKERNELS_CACHE_DIR`` naming a file, a
+read-only or foreign directory) is replaced, for the rest of the process, by a private temporary
+directory, with one warning; nothing that reads or writes the cache raises because of it.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.util
 import os
+import shutil
 import sys
 import tempfile
+import warnings
 from pathlib import Path
+from typing import Optional, Set
+
+from .._files import remove_stale_temps
 
 from .. import settings
 
 _HEADER = "# equikernels generated kernel; sha256 of body: "
+_FALLBACK: Optional[Path] = None  # this process's private cache directory, made on first need
+_UNUSABLE: Set[str] = set()  # configured cache directories that failed in this process
+_SWEPT: Set[str] = set()
 
 
 def cache_dir() -> Path:
@@ -27,34 +41,97 @@ def cache_dir() -> Path:
     return Path(base) / "equikernels"
 
 
+def fallback_dir(configured: Path, exc: BaseException, variable: str = "EQUIKERNELS_CACHE_DIR") -> Path:
+    """The process's private cache directory, to use instead of ``configured`` (which proved
+    unusable, ``exc`` says why); warns once per configured directory, naming ``variable``.
+    The private directory is removed when the process exits."""
+    global _FALLBACK
+    if _FALLBACK is None:
+        _FALLBACK = Path(tempfile.mkdtemp(prefix="equikernels-cache-"))
+        atexit.register(shutil.rmtree, _FALLBACK, True)
+    if str(configured) not in _UNUSABLE:
+        _UNUSABLE.add(str(configured))
+        warnings.warn(f"equikernels: the cache directory {configured} is unusable ({type(exc).__name__}: {exc}); "
+                      f"using a private temporary one for this process ({_FALLBACK}). Set {variable} "
+                      "to a writable location to keep compiled kernels and tunings between runs.",
+                      RuntimeWarning, stacklevel=3)
+    return _FALLBACK
+
+
+def usable_dir() -> Path:
+    """``cache_dir()``, or the private fallback once it has proved unusable in this process."""
+    base = cache_dir()
+    return _FALLBACK if _FALLBACK is not None and str(base) in _UNUSABLE else base
+
+
+def subdir(name: str) -> Path:
+    """``usable_dir()/name``, created if needed; falls back (see ``fallback_dir``) when that fails."""
+    base = usable_dir()
+    d = base / name
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        if not d.is_dir():
+            raise NotADirectoryError(f"{d} is not a directory")
+        return d
+    except OSError as exc:
+        if base == _FALLBACK:
+            raise
+        d = fallback_dir(base, exc) / name
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+
 def _body_hash(body: str) -> str:
     return hashlib.sha256(body.encode()).hexdigest()
 
 
-def _valid(path: Path, digest: str) -> bool:
+def _content(body: str, digest: str) -> bytes:
+    return (_HEADER + digest + "\n" + body).encode()
+
+
+def _valid(path: Path, content: bytes) -> bool:
+    """Whether ``path`` holds exactly ``content`` (any read failure or mismatch: no)."""
     try:
-        text = path.read_text()
-    except OSError:
+        with open(path, "rb") as fh:
+            return fh.read(len(content) + 1) == content
+    except OSError:  # missing, a directory, no permission
         return False
-    first, _, body = text.partition("\n")
-    return first == _HEADER + digest and _body_hash(body) == digest
+
+
+def _write(d: Path, path: Path, content: bytes) -> None:
+    if str(d) not in _SWEPT:  # leftovers of writers killed mid-write, once per directory and process
+        _SWEPT.add(str(d))
+        remove_stale_temps(d, prefix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=f".tmp{os.getpid()}_", suffix=".py")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(content)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def write_source(name: str, body: str) -> Path:
     """Store ``body`` under the cache directory (idempotent) and return its path."""
     digest = _body_hash(body)
-    d = cache_dir() / "kernels"
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"{name}_{digest[:20]}.py"
-    if not _valid(path, digest):
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp_", suffix=".py")
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(_HEADER + digest + "\n" + body)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+    content = _content(body, digest)
+    fname = f"{name}_{digest[:20]}.py"
+    d = subdir("kernels")
+    path = d / fname
+    if _valid(path, content):
+        return path
+    try:
+        if path.is_dir():  # an empty directory in the entry's place is cleared; anything else falls back
+            os.rmdir(path)
+        _write(d, path, content)
+    except OSError as exc:
+        if d.parent == _FALLBACK:
+            raise
+        d = fallback_dir(d.parent, exc) / "kernels"
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / fname
+        _write(d, path, content)
     return path
 
 

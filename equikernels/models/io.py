@@ -7,17 +7,22 @@
   as a JSON string and the state dict (plain tensors only, so it loads with ``weights_only=True``
   and without mace-torch); when ``path`` is a directory, ``config.json`` + ``weights.pt`` inside
   it. ``load`` also accepts mace-torch ``.model`` files (pickled modules: needs mace-torch, and
-  unpickling runs code from the file, so load only files you trust).
+  unpickling runs code from the file, so load only files you trust; ``load`` warns before it
+  does, and never unpickles a file that fails the format check).
 """
 from __future__ import annotations
 
 import json
 import os
+import pickle
+import warnings
+import zipfile
 from typing import Dict, Optional, Union
 
 import torch
 
 from .._compat import default_dtype
+from .._files import atomic_write, remove_stale_temps
 from .blocks import INTERACTIONS
 from .mace import CONFIG_VERSION, MACE, PRECISIONS, ScaleShiftMACE, resolve_precision
 
@@ -251,10 +256,15 @@ def from_mace(mace_model, precision=None) -> MACE:
 
 
 def save(model: MACE, path: Union[str, os.PathLike]) -> None:
-    """Write ``model`` in our format: one file, or ``config.json`` + ``weights.pt`` if ``path`` is a directory."""
+    """Write ``model`` in our format: one file, or ``config.json`` + ``weights.pt`` if ``path`` is a
+    directory. Each file is written to a temporary name and renamed into place (an interrupted
+    write leaves the previous file; its leftover is removed by the next save or load)."""
     if not isinstance(model, MACE):
         raise TypeError(f"model: expected an equikernels.models.MACE/ScaleShiftMACE, got {type(model).__name__}")
     path = os.fspath(path)
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(f"{path}: cannot write the model there, folder {parent} does not exist")
     config = json.dumps(model.config, indent=1)
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     if os.path.isdir(path):
@@ -264,9 +274,21 @@ def save(model: MACE, path: Union[str, os.PathLike]) -> None:
         _atomic_torch_save(path, {"format": FORMAT, "config": config, "state_dict": state})
 
 
+class CodeExecutionWarning(UserWarning):
+    """Issued right before a file is unpickled in full, which runs code stored in it."""
+
+
 def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] = None,
          dtype: Optional[torch.dtype] = None, precision=None) -> MACE:
-    """Load our format (no mace-torch needed) or a mace-torch ``.model`` file (needs mace-torch).
+    """Load our format (a file, or a directory with ``config.json`` + ``weights.pt``; no mace-torch
+    needed) or a mace-torch ``.model`` file (needs mace-torch).
+
+    Every file is checked first: anything that is not a ``torch.save`` archive (empty, truncated,
+    text, random bytes) is refused with a ``ValueError`` naming the file and what was expected.
+    Our format is read with ``weights_only=True`` (no code runs). A mace-torch file is a pickled
+    module: it is unpickled in full only after a ``CodeExecutionWarning`` saying that this runs
+    code from the file (load only files you trust; ``equikernels convert`` writes a code-free copy).
+
     ``precision`` ("fp64", "fp32", "bf16-mixed", "fp16-mixed"; see ``MACE.set_precision``) is
     applied after ``dtype``; a mixed precision keeps float32 parameters, so it excludes float64."""
     if precision is not None:
@@ -276,23 +298,19 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
                              f"{PRECISIONS[precision][0]} parameters); give one of them")
     path = os.fspath(path)
     if os.path.isdir(path):
-        cfg_path, w_path = os.path.join(path, CONFIG_FILE), os.path.join(path, WEIGHTS_FILE)
-        if not (os.path.isfile(cfg_path) and os.path.isfile(w_path)):
-            raise FileNotFoundError(f"path: directory {path!r} lacks {CONFIG_FILE} and {WEIGHTS_FILE}")
-        with open(cfg_path) as f:
-            config = json.load(f)
-        model = build(config, torch.load(w_path, map_location="cpu", weights_only=True))
-    elif not os.path.isfile(path):
-        raise FileNotFoundError(f"path: no such file or directory: {path!r}")
+        model = _load_directory(path)
+    elif not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such model file or directory")
     else:
-        try:
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception:  # a pickled module (mace-torch checkpoint): not loadable with weights_only
-            obj = None
-        if isinstance(obj, dict) and obj.get("format") == FORMAT:
-            model = build(json.loads(obj["config"]), obj["state_dict"])
-        else:
+        remove_stale_temps(path)
+        obj = _torch_load_safe(path, "an equikernels model file or a mace-torch .model file")
+        if obj is _NEEDS_PICKLE:
             model = from_mace(_load_mace_file(path))
+        elif isinstance(obj, dict) and obj.get("format") == FORMAT:
+            model = _build_checked(path, obj.get("config"), obj.get("state_dict"))
+        else:
+            raise ValueError(f"{path}: a torch file holding {_describe(obj)}, not a model: expected an equikernels "
+                             "model file (equikernels.models.save, equikernels convert) or a mace-torch .model file")
     if dtype is not None:
         model = model.to(dtype)
     if device is not None:
@@ -302,28 +320,124 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
     return model.eval()
 
 
+_NEEDS_PICKLE = object()  # a valid torch archive that only a full unpickle can read
+_LEGACY_MAGIC = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"  # pre-1.6 torch.save
+
+
+def check_torch_file(path: str, expected: str) -> None:
+    """Refuse (``ValueError`` naming ``path`` and ``expected``) a file that is not a ``torch.save``
+    archive: empty, truncated, text or other bytes. Reads the file's head and zip directory only."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as fh:
+            head = fh.read(64)
+    except OSError as exc:
+        raise OSError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    if size == 0:
+        what = "is empty"
+    elif head.startswith(_LEGACY_MAGIC):
+        return
+    elif head.startswith(b"PK\x03\x04"):
+        try:
+            with zipfile.ZipFile(path) as zf:
+                names = zf.namelist()
+        except (zipfile.BadZipFile, OSError, ValueError):
+            names = None
+        if names and any(n.endswith("/data.pkl") or n == "data.pkl" for n in names):
+            return
+        what = ("is a truncated or damaged zip archive" if names is None
+                else "is a zip archive but not one written by torch.save")
+    else:
+        try:
+            text = head.decode("utf-8")
+        except UnicodeDecodeError:
+            what = "has unrecognised binary content"
+        else:
+            what = f"is text (starts {text.strip()[:30]!r})"
+    raise ValueError(f"{path}: not a model file, it {what}; expected {expected}")
+
+
+def _torch_load_safe(path: str, expected: str):
+    """``torch.load(weights_only=True)`` after ``check_torch_file``; ``_NEEDS_PICKLE`` when the file
+    is intact but holds objects only a full unpickle can build (a pickled module)."""
+    check_torch_file(path, expected)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "weights_only" in str(exc) or "Weights only" in str(exc):
+            return _NEEDS_PICKLE
+        raise ValueError(f"{path}: damaged torch file ({_first_line(exc)}); expected {expected}") from None
+    except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{path}: damaged torch file ({_first_line(exc)}); expected {expected}") from None
+
+
+def _load_directory(path: str) -> MACE:
+    cfg_path, w_path = os.path.join(path, CONFIG_FILE), os.path.join(path, WEIGHTS_FILE)
+    missing = [name for name, p in ((CONFIG_FILE, cfg_path), (WEIGHTS_FILE, w_path)) if not os.path.isfile(p)]
+    if missing:
+        raise FileNotFoundError(f"{path}: a model directory needs {CONFIG_FILE} and {WEIGHTS_FILE} "
+                                f"(as equikernels convert writes); missing {' and '.join(missing)}")
+    remove_stale_temps(cfg_path)
+    remove_stale_temps(w_path)
+    try:
+        with open(cfg_path, "rb") as f:
+            config = json.loads(f.read())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{cfg_path}: not a model configuration ({_first_line(exc)}); expected the JSON "
+                         "that equikernels.models.save writes") from None
+    state = _torch_load_safe(w_path, f"the weights that equikernels.models.save writes beside {CONFIG_FILE}")
+    if state is _NEEDS_PICKLE:
+        raise ValueError(f"{w_path}: holds pickled objects, not plain tensors; expected the weights that "
+                         "equikernels.models.save writes (refusing to run code from it)")
+    return _build_checked(path, config, state)
+
+
+def _build_checked(path: str, config, state) -> MACE:
+    if not isinstance(config, (str, dict)) or not isinstance(state, dict):
+        raise ValueError(f"{path}: incomplete model (no config or no state_dict); expected an equikernels model")
+    try:
+        return build(json.loads(config) if isinstance(config, str) else config, state)
+    except (ValueError, KeyError, TypeError, RuntimeError, AttributeError, IndexError) as exc:
+        raise ValueError(f"{path}: the model's config and weights do not fit together "
+                         f"({type(exc).__name__}: {_first_line(exc)}); was it written by another version?") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _describe(obj) -> str:
+    if isinstance(obj, dict):
+        return f"a dict with keys {sorted(map(str, obj))[:6]}"
+    return f"a {type(obj).__name__}"
+
+
 def _load_mace_file(path: str):
     try:
         import mace  # noqa: F401,PLC0415  (registers the classes the pickle refers to)
     except ImportError:
-        raise ImportError(f"path: {path!r} is not an equikernels model file; loading a mace-torch .model file "
+        raise ImportError(f"{path}: not an equikernels model file; loading a mace-torch .model file "
                           "needs mace-torch (pip install mace-torch)") from None
     from .._compat import o3  # noqa: F401,PLC0415  (e3nn import that works on torch >= 2.6)
-    obj = torch.load(path, map_location="cpu", weights_only=False)
+    warnings.warn(f"{path}: loading a pickled model, which runs code stored in the file; load only files you "
+                  "trust (equikernels convert writes a copy that loads without running code)",
+                  CodeExecutionWarning, stacklevel=3)
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=False)
+    except (ModuleNotFoundError, AttributeError) as exc:
+        raise ImportError(f"{path}: the pickled model needs code that is not installed ({_first_line(exc)})") from None
     if not isinstance(obj, torch.nn.Module):
-        raise ValueError(f"path: {path!r} holds a {type(obj).__name__}, expected a mace-torch model or an "
-                         "equikernels model file")
+        raise ValueError(f"{path}: holds {_describe(obj)}, expected a mace-torch model or an equikernels model file")
     return obj
 
 
 def _atomic_torch_save(path: str, obj) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
 def _atomic_write_text(path: str, text: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            f.write(text)
+    atomic_write(path, write)

@@ -24,6 +24,7 @@ EQUIKERNELS_TUNE_MAX_CANDIDATES caps how many candidates are tried (the default 
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 import warnings
@@ -160,13 +161,32 @@ def _rounds() -> int:
 def choose(key: str, candidates: Union[Sequence[dict], Callable[[], Sequence[dict]]],
            measure: Callable[[dict], float], default: dict) -> dict:
     """The tuned configuration for ``key`` (see the module docstring). ``candidates`` may be a
-    callable, evaluated only on a cache miss."""
+    callable; it is evaluated on a cache miss and once per process for a hit, whose configuration
+    must be the default or one of the candidates (else it is tuned again and replaced)."""
     if not enabled():
         return default
-    hit = cache().get(key)
-    if hit is not None:
+    store = cache()
+    hit = store.get(key)
+    if hit is not None and key in store.checked:
         return hit["config"]
-    return _tune(key, candidates() if callable(candidates) else candidates, measure, default)
+    cands = candidates() if callable(candidates) else candidates
+    if hit is not None:
+        if _same_config(hit["config"], default) or any(_same_config(hit["config"], c) for c in cands):
+            store.checked.add(key)
+            return hit["config"]
+        warnings.warn(f"equikernels autotune: ignoring the cached configuration {hit['config']} for {key}: "
+                      f"it is not one of the candidates (tuning again)", RuntimeWarning)
+    best = _tune(key, cands, measure, default)
+    store.checked.add(key)  # chosen from the candidates just now
+    return best
+
+
+def _same_config(cached: dict, candidate: dict) -> bool:
+    """``cached`` (read back from JSON) is ``candidate``: compared as JSON (tuples become lists)."""
+    try:
+        return json.dumps(cached, sort_keys=True) == json.dumps(candidate, sort_keys=True)
+    except (TypeError, ValueError):
+        return False
 
 
 def _tune(key: str, candidates: Sequence[dict], measure: Callable[[dict], float], default: dict) -> dict:

@@ -1,0 +1,81 @@
+"""Atomic file writes whose interrupted leftovers are cleaned up by the next writer or reader.
+
+A write goes to ``<target>.tmp<pid>`` beside the target and is renamed into place, so readers
+never see a partial file. A process killed mid-write (SIGKILL, power loss) leaves its temporary
+file behind; ``remove_stale_temps`` deletes those whose process is gone (or that are older than a
+day, in case the pid was reused or belongs to another host), never another live writer's.
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+from typing import Callable, Union
+
+STALE_AFTER_S = 86400.0  # a temporary file this old is stale whatever its pid says
+_TMP = re.compile(r"\.tmp(\d+)(?:_[^/]*)?$")
+
+
+def temp_path(target: Union[str, os.PathLike]) -> str:
+    """This process's temporary name for ``target``."""
+    return f"{os.fspath(target)}.tmp{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists but is not ours (EPERM)
+        return True
+    return True
+
+
+def remove_stale_temps(target: Union[str, os.PathLike], prefix: str = "") -> int:
+    """Delete leftovers of interrupted writes: files ``<name>.tmp<pid>[_...]`` in the directory of
+    ``target`` (its own name when ``prefix`` is empty, else every name starting with ``prefix``)
+    whose writer is no longer running. Returns how many were removed; never raises."""
+    target = Path(target)
+    directory = target.parent if not prefix else target
+    stem = target.name if not prefix else prefix
+    removed = 0
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return 0
+    now = time.time()
+    for name in names:
+        if not name.startswith(stem):
+            continue
+        m = _TMP.search(name[len(stem):] if not prefix else name)
+        if m is None or (not prefix and m.start() != 0):
+            continue
+        path = directory / name
+        try:
+            old = now - path.stat().st_mtime > STALE_AFTER_S
+            if old or not _alive(int(m.group(1))):
+                path.unlink()
+                removed += 1
+        except OSError:  # gone meanwhile, or not ours to remove
+            continue
+    return removed
+
+
+def atomic_write(target: Union[str, os.PathLike], write: Callable[[str], None]) -> None:
+    """``write(tmp)`` then rename ``tmp`` onto ``target``; the temporary file never outlives a
+    failed or interrupted (KeyboardInterrupt, SIGTERM) write."""
+    target = os.fspath(target)
+    remove_stale_temps(target)
+    tmp = temp_path(target)
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    finally:
+        if os.path.lexists(tmp):
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass

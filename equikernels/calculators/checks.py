@@ -1,0 +1,78 @@
+"""Checks of what goes into and comes out of the model, with messages that name the cause.
+
+``check_structure`` refuses input a model cannot run (no atoms, non-finite positions, a periodic
+direction without a cell vector); ``check_finite`` refuses non-finite energies, forces or stress
+and says why when it can tell (atoms on top of each other, with their indices).
+"""
+from __future__ import annotations
+
+from typing import Dict, List
+
+import numpy as np
+from ase import Atoms
+
+MIN_VOLUME = 1e-8      # A^3: below this the cell has no volume and stress is undefined
+CLOSE_DISTANCE = 0.1   # A: atoms closer than this coincide for any interatomic potential
+_AXES = "abc"
+
+
+class NonFiniteError(ValueError):
+    """The model gave a NaN or infinite energy, force or stress."""
+
+
+def check_structure(atoms, what: str = "atoms") -> None:
+    """Raise ``TypeError``/``ValueError`` naming ``what`` for a structure no model can evaluate."""
+    if not isinstance(atoms, Atoms):
+        raise TypeError(f"{what} must be an ase.Atoms, got {type(atoms).__name__}")
+    if len(atoms) == 0:
+        raise ValueError(f"{what} is empty: the calculator needs at least one atom")
+    bad = np.flatnonzero(~np.isfinite(atoms.positions).all(axis=1))
+    if bad.size:
+        raise ValueError(f"{what}: positions of atoms {_indices(bad)} are not finite (NaN or infinite)")
+    pbc = np.broadcast_to(np.asarray(atoms.pbc, dtype=bool), (3,))
+    if pbc.any():
+        cell = np.asarray(atoms.cell.array, dtype=float)
+        vectors = cell[pbc]
+        if not np.isfinite(cell).all() or np.linalg.matrix_rank(vectors, tol=1e-6) < len(vectors):
+            axes = ", ".join(_AXES[k] for k in np.flatnonzero(pbc))
+            raise ValueError(f"{what} is periodic along {axes} (pbc={pbc.tolist()}) but its cell vectors there are "
+                             f"zero or degenerate ({cell.round(6).tolist()}): set the cell of the periodic box, "
+                             "or pbc=False for a molecule")
+
+
+def check_stress_cell(atoms: Atoms, what: str = "atoms") -> None:
+    if abs(atoms.cell.volume) < MIN_VOLUME:
+        raise ValueError(f"stress was requested but {what} has a cell without volume ({atoms.cell.array.tolist()}); "
+                         "stress needs a 3-D cell (set atoms.cell, or do not ask for stress)")
+
+
+def close_pairs(atoms: Atoms, cutoff: float = CLOSE_DISTANCE, limit: int = 5) -> List[tuple]:
+    """Up to ``limit`` pairs (i, j, distance) with i < j closer than ``cutoff`` (periodic images too)."""
+    from ase.neighborlist import neighbor_list
+
+    try:
+        i, j, d = neighbor_list("ijd", atoms, cutoff, self_interaction=False)
+    except Exception:  # noqa: BLE001 (a diagnosis must not hide the original problem)
+        return []
+    keep = i < j
+    pairs = sorted(zip(d[keep].tolist(), i[keep].tolist(), j[keep].tolist()))
+    return [(a, b, dist) for dist, a, b in pairs[:limit]]
+
+
+def check_finite(results: Dict[str, np.ndarray], atoms: Atoms, what: str = "atoms") -> None:
+    """Raise ``NonFiniteError`` when any result is NaN or infinite, naming the likely cause."""
+    bad = [k for k in ("energy", "forces", "stress") if k in results and not np.isfinite(results[k]).all()]
+    if not bad:
+        return
+    pairs = close_pairs(atoms)
+    if pairs:
+        listed = ", ".join(f"{a} and {b} ({d:.3g} A apart)" for a, b, d in pairs)
+        cause = f"atoms coincide: {listed}; move them apart (closer than {CLOSE_DISTANCE} A)"
+    else:
+        cause = "no coincident atoms were found: check the structure (units are Angstrom) and the model"
+    raise NonFiniteError(f"{what}: the model gave a non-finite {' and '.join(bad)} (NaN or infinite); {cause}")
+
+
+def _indices(idx: np.ndarray, limit: int = 8) -> str:
+    shown = ", ".join(str(int(k)) for k in idx[:limit])
+    return shown + (f" ... ({idx.size} in all)" if idx.size > limit else "")

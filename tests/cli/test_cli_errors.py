@@ -1,0 +1,128 @@
+"""The command line with bad files and arguments: one line on stderr naming the file or argument and
+what was expected, exit status 2, no traceback (a traceback with --debug); a model directory
+written by `convert` runs in `md`; a pickle is never unpickled when the format check fails, and
+only after a warning that it runs code from the file."""
+import datetime
+import json
+import os
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+from ase import Atoms
+from ase.build import bulk
+from ase.io import write
+
+from equikernels.cli import main
+from equikernels.models import io as model_io
+
+
+@pytest.fixture(scope="module")
+def cu_model(tmp_path_factory):
+    from equikernels.calculators.random_models import small_random_model
+    from equikernels.models import save
+
+    path = tmp_path_factory.mktemp("model") / "cu.model"
+    save(small_random_model([29], seed=4), str(path))
+    return str(path)
+
+
+@pytest.fixture
+def cu_file(tmp_path):
+    path = tmp_path / "cu.extxyz"
+    write(str(path), bulk("Cu", "fcc", a=3.61, cubic=True))
+    return str(path)
+
+
+def _one_line_error(capsys, *needles):
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert "Traceback" not in err and len(lines) == 1, err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def _md(*args):
+    return main(["md", *args, "--steps", "2", "--no-progress", "--device", "cpu"])
+
+
+def test_md_runs_the_directory_that_convert_writes(cu_model, cu_file, tmp_path, capsys):
+    out_dir = tmp_path / "converted"
+    out_dir.mkdir()
+    assert main(["convert", cu_model, str(out_dir)]) == 0
+    assert _md(cu_file, "--model", str(out_dir), "--out", str(tmp_path / "run")) == 0
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
+
+
+@pytest.mark.parametrize("kind", ["truncated", "empty", "random", "text"])
+def test_bad_model_files(cu_model, cu_file, tmp_path, capsys, kind):
+    data = open(cu_model, "rb").read()
+    content = {"truncated": data[:len(data) // 2], "empty": b"", "random": os.urandom(4096),
+               "text": b"this is not a model\n"}[kind]
+    bad = tmp_path / f"{kind}.model"
+    bad.write_bytes(content)
+    assert _md(cu_file, "--model", str(bad), "--out", str(tmp_path / "run")) == 2
+    _one_line_error(capsys, str(bad), "expected")
+    assert main(["convert", str(bad), str(tmp_path / "x.model")]) == 2
+    _one_line_error(capsys, str(bad), "expected")
+
+
+def test_bad_model_file_traceback_with_debug(tmp_path, cu_file):
+    bad = tmp_path / "empty.model"
+    bad.write_bytes(b"")
+    with pytest.raises(ValueError, match="is empty"):
+        main(["--debug", "md", cu_file, "--model", str(bad), "--device", "cpu"])
+
+
+def test_convert_missing_input_and_missing_output_folder(cu_model, tmp_path, capsys):
+    assert main(["convert", str(tmp_path / "nope.model"), str(tmp_path / "out.model")]) == 2
+    _one_line_error(capsys, "nope.model", "expected")
+    assert main(["convert", cu_model, str(tmp_path / "missing" / "out.model")]) == 2
+    _one_line_error(capsys, "missing", "does not exist")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without a usable CUDA device")
+def test_cuda_device_without_cuda(cu_model, cu_file, tmp_path, capsys):
+    assert main(["md", cu_file, "--model", cu_model, "--device", "cuda", "--out", str(tmp_path)]) == 2
+    _one_line_error(capsys, "device 'cuda'", "cpu")
+
+
+def test_periodic_structure_without_a_cell(cu_model, tmp_path, capsys):
+    path = tmp_path / "nocell.extxyz"
+    write(str(path), Atoms("Cu2", positions=[[0, 0, 0], [2.5, 0, 0]], cell=np.zeros((3, 3)), pbc=True))
+    assert _md(str(path), "--model", cu_model, "--out", str(tmp_path / "run")) == 2
+    _one_line_error(capsys, "periodic", "cell")
+
+
+def test_unreadable_structure_file(cu_model, tmp_path, capsys):
+    path = tmp_path / "garbage.xyz"
+    path.write_bytes(b"\x00\x01garbage")
+    assert _md(str(path), "--model", cu_model, "--out", str(tmp_path / "run")) == 2
+    _one_line_error(capsys, "garbage.xyz", "expected a structure file")
+
+
+def test_pickle_only_after_the_format_check_and_a_warning(tmp_path, monkeypatch):
+    full_loads = []
+    real = torch.load
+
+    def spy(*args, **kwargs):
+        if kwargs.get("weights_only") is False:
+            full_loads.append(args[0])
+        return real(*args, **kwargs)
+    monkeypatch.setattr(torch, "load", spy)
+    monkeypatch.setitem(sys.modules, "mace", types.ModuleType("mace"))  # as if mace-torch were installed
+    pickled = tmp_path / "module.model"
+    torch.save({"when": datetime.datetime(2020, 1, 1)}, str(pickled))  # needs a full unpickle
+    truncated = tmp_path / "truncated.model"
+    truncated.write_bytes(pickled.read_bytes()[:-200])
+    with pytest.raises(ValueError, match="truncated"):
+        model_io.load(str(truncated))
+    assert full_loads == []
+    with pytest.warns(model_io.CodeExecutionWarning, match="runs code stored in the file"):
+        with pytest.raises(ValueError, match="holds a dict"):
+            model_io.load(str(pickled))
+    assert full_loads == [str(pickled)]
+
