@@ -1,9 +1,13 @@
 """How many torch threads the calculator and ``equikernels md`` use on a CPU.
 
-An MD step of a small MACE model is thousands of small operations; extra intra-op threads mostly
-add synchronisation. On a 2-core machine, 108 Cu atoms (energy + forces, the bundled model) ran
-faster with one thread than with two in float64 and float32 (``DEFAULT_MAX_THREADS`` is the cap
-that measured best there). ``OMP_NUM_THREADS`` or an explicit count always wins.
+An MD step of a small MACE model is thousands of small operations, and extra intra-op threads
+mostly add synchronisation, badly so when other processes share the cores. Measured on a 2-core
+machine shared with other jobs (the bundled model, energy + forces, median of 5 calls per process,
+4 interleaved rounds): 108 Cu atoms took 1.2-2.3 s with one thread and 1.7-20 s with two in
+float64 (one thread faster in every round), 1.3-1.5 s vs 1.2-20 s in float32; at 500 atoms two
+threads won one round of four. Hence ``DEFAULT_MAX_THREADS = 1``; for large systems on an idle
+many-core machine pass a count (``--threads``, ``num_threads=``) or set ``OMP_NUM_THREADS``,
+which always win.
 """
 from __future__ import annotations
 
