@@ -22,6 +22,11 @@ class TensorProductConv(TensorProduct):
         self.dataflow = dataflow
         self.deterministic = deterministic
 
+    def __prepare_scriptable__(self):
+        """TorchScript cannot run the graph convolution (it takes a ConvGraph and custom ops)."""
+        raise RuntimeError("TensorProductConv does not support TorchScript (torch.jit.script); use torch.export or "
+                           "torch.compile, which keep the fused convolution")
+
     def forward(self, x: torch.Tensor, y: torch.Tensor, weight=None, src: Optional[torch.Tensor] = None,
                 dst: Optional[torch.Tensor] = None, num_nodes: Optional[int] = None,
                 graph: Optional[ConvGraph] = None) -> torch.Tensor:

@@ -5,8 +5,6 @@ is already optimal for it, so there is no kernel here. Same arguments, ``weight`
 parameters, ``instructions`` (with e3nn's normalised ``path_weight``) and ``output_mask`` buffer
 as e3nn, plus ``layout`` ("mul_ir" or "ir_mul").
 """
-from __future__ import annotations
-
 import math
 from typing import List, Optional, Tuple, Union
 
@@ -15,9 +13,11 @@ from torch import nn
 
 from .._compat import o3
 from e3nn.o3._linear import Instruction  # noqa: E402 (after the safe e3nn import)
+from e3nn.util.jit import compile_mode  # noqa: E402
 
 from ..problem import TensorProductError, TensorProductIndexError, TensorProductTypeError, parse_irreps
 from ..reference import autocast_on
+from ._script import linear_script_data, script_linear
 
 __all__ = ["Linear"]
 
@@ -39,12 +39,22 @@ def _linear_instructions(instructions) -> List[Tuple[int, int]]:
     return out
 
 
+@compile_mode("script")
 class Linear(nn.Module):
-    """Drop-in ``e3nn.o3.Linear`` (``_optimize_einsums`` is accepted and ignored).
+    """Drop-in ``e3nn.o3.Linear`` (``_optimize_einsums`` is accepted, kept and unused).
+
+    ``torch.jit.script`` works (as for e3nn's module) and runs a plain-PyTorch form of the map.
 
     ``f_in``/``f_out`` add an extra channel axis: features [..., f_in, irreps_in.dim] ->
     [..., f_out, irreps_out.dim] with weights [f_in, f_out, weight_numel].
     """
+
+    # types of the TorchScript form's plain attributes (TorchScript cannot infer an empty list's)
+    _ts_recs: List[List[int]]
+    _ts_alphas: List[float]
+    _ts_biases: List[List[int]]
+    _ts_blocks: List[List[int]]
+    _ts_f: List[int]
 
     def __init__(
         self,
@@ -137,6 +147,24 @@ class Linear(nn.Module):
         else:
             output_mask = torch.ones(0)
         self.register_buffer("output_mask", output_mask)
+        self._ts_recs, self._ts_alphas, self._ts_biases, self._ts_blocks = linear_script_data(self)
+        self._ts_f = [f_in or 0, f_out or 0, irreps_in.dim]  # (0: no f axes)
+
+    def _script_forward(self, features: torch.Tensor, weight: Optional[torch.Tensor],
+                        bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """The TorchScript form of ``forward`` (plain PyTorch)."""
+        f = self._ts_f[0] > 0
+        if features.shape[-1] != self._ts_f[2] or (f and features.shape[-2] != self._ts_f[0]):
+            raise ValueError(f"features: expected trailing dimension {self._ts_f[2]} (irreps_in), "
+                             f"got shape {features.shape}")
+        w = self.weight if weight is None else weight
+        b = self.bias if bias is None else bias
+        if (weight is None and self.weight_numel > 0 or bias is None and self.bias_numel > 0) \
+                and not self.internal_weights:
+            raise ValueError("weight/bias: required, this Linear has internal_weights=False")
+        return script_linear(features, w.to(features.dtype), b.to(features.dtype), self.shared_weights, f,
+                             self._ts_recs, self._ts_alphas, self._ts_biases, self._ts_blocks, self._ts_f[1],
+                             self.layout == "ir_mul")
 
     def __repr__(self) -> str:
         lay = "" if self.layout == "mul_ir" else f", layout={self.layout}"
@@ -256,6 +284,13 @@ class Linear(nn.Module):
     def forward(self, features: torch.Tensor, weight: Optional[torch.Tensor] = None,
                 bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``features`` [..., (f_in,) irreps_in.dim] -> [..., (f_out,) irreps_out.dim]."""
+        if torch.jit.is_scripting():
+            return self._script_forward(features, weight, bias)
+        return self._forward(features, weight, bias)
+
+    @torch.jit.unused
+    def _forward(self, features: torch.Tensor, weight: Optional[torch.Tensor],
+                 bias: Optional[torch.Tensor]) -> torch.Tensor:
         if weight is None and bias is None and isinstance(features, torch.Tensor):
             plan = self._fast_plan()
             if (plan is not None and features.dim() >= 1 and features.shape[-1] == self.irreps_in.dim

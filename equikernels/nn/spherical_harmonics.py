@@ -3,14 +3,15 @@
 The polynomials themselves are e3nn's (already fused elementwise code, cheap next to the tensor
 products), evaluated by a private e3nn instance so the numbers match the installed e3nn exactly.
 """
-from __future__ import annotations
-
-from typing import Optional
+import math
+from typing import List, Optional
 
 import torch
 from torch import nn
 
 from .._compat import o3
+from e3nn.o3._spherical_harmonics import _spherical_harmonics  # noqa: E402 (after the safe e3nn import)
+from e3nn.util.jit import compile_mode  # noqa: E402
 from ..problem import TensorProductError, TensorProductTypeError, parse_irreps
 
 __all__ = ["SphericalHarmonics", "ir_mul_permutation"]
@@ -47,13 +48,17 @@ def _check_ls(irreps_out) -> None:
         raise TensorProductError(f"irreps_out: expected at least one degree l, got {irreps_out!r}")
 
 
+@compile_mode("script")
 class SphericalHarmonics(nn.Module):
     """Drop-in ``e3nn.o3.SphericalHarmonics(irreps_out, normalize, normalization, irreps_in)``.
 
     ``layout="ir_mul"`` returns component-major blocks. For the usual one-copy-per-l output
     (``[0, 1, 2]``, ``"0e+1o+2e"``) both layouts are the same tensor; they differ only when an l
-    is repeated consecutively (``"2x1o"``), which the permutation handles.
+    is repeated consecutively (``"2x1o"``), which the permutation handles. ``torch.jit.script``
+    works (as for e3nn's module).
     """
+
+    _ls_list: List[int]
 
     def __init__(self, irreps_out, normalize: bool, normalization: str = "integral", irreps_in=None, *,
                  layout: str = "mul_ir") -> None:
@@ -79,10 +84,34 @@ class SphericalHarmonics(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` [..., 3] -> [..., irreps_out.dim]."""
+        if torch.jit.is_scripting():
+            if x.dim() < 1 or x.shape[-1] != 3:
+                raise ValueError("x: expected last dimension 3 (a vector)")
+            sh = self._script_sh(x)
+        else:
+            sh = self._sh(x)
+        perm = self._perm
+        return sh if perm is None else sh.index_select(-1, perm)
+
+    @torch.jit.unused
+    def _sh(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
         if x.dim() < 1 or x.shape[-1] != 3:
             raise ValueError(f"x: expected last dimension 3 (a vector, irreps_in={self.irreps_in}), "
                              f"got shape {tuple(x.shape)}")
-        sh = self._impl[0](x)
-        return sh if self._perm is None else sh.index_select(-1, self._perm)
+        return self._impl[0](x)
+
+    def _script_sh(self, x: torch.Tensor) -> torch.Tensor:
+        """e3nn's forward, for TorchScript (the private e3nn instance is not scriptable)."""
+        if self.normalize:
+            x = torch.nn.functional.normalize(x, dim=-1)
+        sh = _spherical_harmonics(self._lmax, x[..., 0], x[..., 1], x[..., 2])
+        if not self._is_range_lmax:
+            sh = torch.cat([sh[..., l * l:(l + 1) * (l + 1)] for l in self._ls_list], dim=-1)
+        if self.normalization == "integral":
+            sh = sh / math.sqrt(4 * math.pi)
+        elif self.normalization == "norm":
+            sh = sh / torch.cat([math.sqrt(2 * l + 1) * torch.ones(2 * l + 1, dtype=sh.dtype, device=sh.device)
+                                 for l in self._ls_list])
+        return sh

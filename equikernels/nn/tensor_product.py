@@ -6,8 +6,6 @@ keyword arguments: ``layout`` ("mul_ir", e3nn's, or "ir_mul"), ``backend`` (None
 the precision controls ``math_dtype`` / ``output_dtype`` of ``equikernels.ops.tensor_product``
 (inputs and weights may be float16/bfloat16/float32, mixed; math float32 by default).
 """
-from __future__ import annotations
-
 import math
 import warnings
 from typing import Dict, Iterator, List, Optional
@@ -17,17 +15,24 @@ from torch import nn
 
 from .._compat import e3nn, o3
 from e3nn.o3._tensor_product._instruction import Instruction  # noqa: E402 (after the safe e3nn import)
+from e3nn.util.jit import compile_mode  # noqa: E402
 
 from ..ops import tensor_product as _tensor_product
 from ..ops.tp import check_dtypes
 from ..problem import TensorProductError, TPProblem, parse_irreps
+from ._script import script_tensor_product, tp_script_data
 
 __all__ = ["TensorProduct", "FullyConnectedTensorProduct", "ElementwiseTensorProduct", "FullTensorProduct",
            "TensorSquare", "ChannelWiseTensorProduct"]
 
 
+@compile_mode("script")
 class TensorProduct(nn.Module):
     """Drop-in ``e3nn.o3.TensorProduct``: same arguments, weights, ``instructions`` and buffers.
+
+    ``torch.jit.script`` works (as for e3nn's module) and runs a plain-PyTorch form of the same
+    product (``nn._script``), not the generated kernels; ``torch.compile`` and ``torch.export``
+    keep the fast paths.
 
     e3nn's code-generation arguments (``compile_left_right``, ``compile_right``,
     ``_specialized_code``, ``_optimize_einsums``) are accepted and do not change the computation;
@@ -35,6 +40,13 @@ class TensorProduct(nn.Module):
     constants of ``compile_right=True`` are not mirrored: such checkpoints still load, leniently).
     ``normalization`` is e3nn's deprecated alias of ``irrep_normalization``.
     """
+
+    # types of the TorchScript form's plain attributes (TorchScript cannot infer an empty list's)
+    _ts_recs: List[List[int]]
+    _ts_modes: List[str]
+    _ts_alphas: List[float]
+    _ts_blocks: List[List[int]]
+    _ts_dims: List[int]
 
     def __init__(
         self,
@@ -110,6 +122,11 @@ class TensorProduct(nn.Module):
         # checkpoints load both ways (never used to compute: our coefficients live in the IR)
         self._compiled_main_left_right = _CodegenConstants(_e3nn_constants(self, _specialized_code))
         self._compiled_main_right = _CodegenConstants({})
+        # what the TorchScript form needs (plain attributes: not in state_dict, as in e3nn)
+        (self._ts_recs, self._ts_modes, self._ts_alphas, self._ts_blocks,
+         self._ts_w3j) = tp_script_data(self)
+        self._ts_ir_mul = layout == "ir_mul"
+        self._ts_dims = [p.dim_in1, p.dim_in2, p.dim_out]
 
     def __repr__(self) -> str:
         npath = sum(math.prod(i.path_shape) for i in self.instructions)
@@ -149,17 +166,47 @@ class TensorProduct(nn.Module):
                 yield (k, ins, view) if yield_instruction else view
 
     # --- evaluation ------------------------------------------------------------------------------
-    def _tp(self, x, y, weight):
+    @torch.jit.unused
+    def _tp(self, x: torch.Tensor, y: torch.Tensor, weight: Optional[torch.Tensor]) -> torch.Tensor:
         w = self._get_weights(weight)
         return _tensor_product(self.problem, x, y, w, layout=self.layout, backend=self.backend,
                                math_dtype=self.math_dtype, output_dtype=self.output_dtype)
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor, weight=None) -> torch.Tensor:
-        """``x``: [..., irreps_in1.dim], ``y``: [..., irreps_in2.dim] -> [..., irreps_out.dim]."""
+    def _script_tp(self, x: torch.Tensor, y: torch.Tensor, weight: Optional[torch.Tensor]) -> torch.Tensor:
+        """The TorchScript form of ``_tp`` (plain PyTorch, e3nn's broadcasting)."""
+        if x.shape[-1] != self._ts_dims[0]:
+            raise ValueError(f"x: expected last dimension {self._ts_dims[0]} (irreps_in1), got {x.shape[-1]}")
+        if y.shape[-1] != self._ts_dims[1]:
+            raise ValueError(f"y: expected last dimension {self._ts_dims[1]} (irreps_in2), got {y.shape[-1]}")
+        if weight is None:
+            if self.weight_numel > 0 and not self.internal_weights:
+                raise ValueError("weight: required, this tensor product has internal_weights=False")
+            w = self.weight
+        else:
+            w = weight
+        if self.weight_numel > 0 and w.shape[-1] != self.weight_numel:
+            raise ValueError(f"weight: expected last dimension {self.weight_numel}, got {w.shape[-1]}")
+        return script_tensor_product(x, y, w, self.shared_weights, self._ts_recs, self._ts_modes, self._ts_alphas,
+                                     self._ts_blocks, self._ts_w3j, self._ts_dims[2], self._ts_ir_mul)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``x``: [..., irreps_in1.dim], ``y``: [..., irreps_in2.dim] -> [..., irreps_out.dim]. ``weight``
+        may also be a list with one tensor per weighted instruction (as e3nn)."""
+        if torch.jit.is_scripting():
+            return self._script_tp(x, y, weight)
         return self._tp(x, y, weight)
 
-    def right(self, y: torch.Tensor, weight=None) -> torch.Tensor:
+    @torch.jit.export
+    def right(self, y: torch.Tensor, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The linear map ``x -> TP(x, y)`` as a matrix [..., irreps_in1.dim, irreps_out.dim] (as e3nn)."""
+        if torch.jit.is_scripting():
+            n = self._ts_dims[0]
+            eye = torch.eye(n, dtype=y.dtype, device=y.device).reshape([n] + [1] * (y.dim() - 1) + [n])
+            return self._script_tp(eye, y.unsqueeze(0), weight).movedim(0, -2)
+        return self._right(y, weight)
+
+    @torch.jit.unused
+    def _right(self, y: torch.Tensor, weight: Optional[torch.Tensor]) -> torch.Tensor:
         n = self.problem.dim_in1
         if not isinstance(y, torch.Tensor):
             raise TypeError(f"y: expected a torch.Tensor, got {type(y).__name__}")
@@ -369,7 +416,10 @@ class TensorSquare(TensorProduct):
         return (f"{self.__class__.__name__}({self.irreps_in} -> {self.irreps_out.simplify()} | {npath} paths | "
                 f"{self.weight_numel} weights)")
 
-    def forward(self, x: torch.Tensor, weight=None) -> torch.Tensor:  # pylint: disable=arguments-differ
+    def forward(self, x: torch.Tensor, weight: Optional[torch.Tensor] = None  # pylint: disable=arguments-differ
+                ) -> torch.Tensor:
+        if torch.jit.is_scripting():
+            return self._script_tp(x, x, weight)
         return self._tp(x, x, weight)
 
 

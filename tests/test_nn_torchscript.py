@@ -1,0 +1,86 @@
+"""torch.jit.script of the e3nn-compatible modules (e3nn's are scriptable): the scripted module
+gives the eager module's numbers, saves and loads, differentiates; the graph convolution refuses
+with a message naming torch.export."""
+import io
+
+import pytest
+import torch
+
+import equikernels.nn as enn
+
+MODES = ["uvw", "uvu", "uvv", "uuw", "uuu", "uvuv", "uvu<v", "u<vw"]
+
+
+def _tp(mode, weighted, layout, shared):
+    mo = {"uvuv": 4, "uvu<v": 1}.get(mode, 2)
+    if mode == "uuw" and not weighted:
+        mo = 1
+    ins = [(0, 0, 0, mode, weighted), (1, 1, 0, mode, weighted), (0, 1, 1, mode, weighted), (1, 1, 2, mode, weighted)]
+    return enn.TensorProduct("2x0e+2x1o", "2x0e+2x1o", f"{mo}x0e+{mo}x1o+{mo}x1e", ins, layout=layout,
+                             shared_weights=shared if weighted else None,
+                             internal_weights=shared if weighted else None)
+
+
+def _roundtrip(sm):
+    buf = io.BytesIO()
+    torch.jit.save(sm, buf)
+    buf.seek(0)
+    return torch.jit.load(buf)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("layout", ["mul_ir", "ir_mul"])
+def test_tensor_product_scripts_to_the_same_numbers(mode, layout):
+    torch.manual_seed(0)
+    for weighted, shared in ((True, True), (True, False), (False, True)):
+        if mode in ("uvw", "u<vw") and not weighted:
+            continue
+        m = _tp(mode, weighted, layout, shared).double()
+        x, y = torch.randn(3, 1, m.irreps_in1.dim, dtype=torch.float64), torch.randn(4, m.irreps_in2.dim,
+                                                                                   dtype=torch.float64)
+        args = (x, y) if m.internal_weights or m.weight_numel == 0 else (
+            x, y, torch.randn(3, 4, m.weight_numel, dtype=torch.float64))
+        sm = torch.jit.script(m)
+        torch.testing.assert_close(sm(*args), m(*args))
+        if len(args) == 2:
+            torch.testing.assert_close(sm.right(y), m.right(y))
+    loaded = _roundtrip(sm)
+    torch.testing.assert_close(loaded(*args), m(*args))
+    with pytest.raises(torch.jit.Error, match="x: expected last dimension"):
+        sm(x[..., 1:], *args[1:])
+
+
+def test_subclasses_linear_and_spherical_harmonics_script():
+    torch.manual_seed(0)
+    x = torch.randn(5, 8)
+    for m, args in [
+        (enn.FullyConnectedTensorProduct("2x0e+2x1o", "0e+1o", "3x0e+1x1e"), (x, torch.randn(5, 4))),
+        (enn.TensorSquare("2x0e+2x1o"), (x,)),
+        (enn.TensorSquare("2x0e+2x1o", "3x0e+1x1e"), (x,)),
+        (enn.ElementwiseTensorProduct("2x0e+2x1o", "2x0e+2x1o"), (x, x)),
+        (enn.Linear("2x0e+2x1o", "3x0e+1x1o", biases=True), (x,)),
+        (enn.Linear("2x0e+2x1o", "3x0e+1x1o", layout="ir_mul"), (x,)),
+        (enn.Linear("0e+1e", "2x0e+1e", f_in=3, f_out=2), (torch.randn(5, 3, 4),)),
+        (enn.Linear("2x0e+2x1o", "3x0e+1x1o", shared_weights=False), (x, torch.randn(5, 8))),
+        (enn.SphericalHarmonics([1, 3], True, normalization="norm"), (x[:, :3],)),
+        (enn.SphericalHarmonics("1o+2x2e", False, layout="ir_mul"), (x[:, :3],)),
+    ]:
+        sm = _roundtrip(torch.jit.script(m))
+        torch.testing.assert_close(sm(*args), m(*args), msg=repr(m))
+
+
+def test_scripted_module_differentiates_and_keeps_weights():
+    m = enn.FullyConnectedTensorProduct("2x0e+1x1o", "0e+1o", "2x0e+1x1o")
+    sm = torch.jit.script(m)
+    x = torch.randn(4, 5, requires_grad=True)
+    y = torch.randn(4, 4)
+    (gx_s,) = torch.autograd.grad(sm(x, y).pow(2).sum(), x)
+    (gx,) = torch.autograd.grad(m(x, y).pow(2).sum(), x)
+    torch.testing.assert_close(gx_s, gx)
+    assert set(dict(sm.named_parameters())) == set(dict(m.named_parameters()))
+
+
+def test_convolution_refuses_torchscript_naming_export():
+    conv = enn.TensorProductConv("2x0e", "0e", "2x0e", [(0, 0, 0, "uvw", True)])
+    with pytest.raises(RuntimeError, match="use torch.export"):
+        torch.jit.script(torch.nn.Sequential(conv))
