@@ -1,6 +1,22 @@
-"""equikernels: fast e3nn-compatible equivariant tensor products.
+"""equikernels: fast e3nn-compatible equivariant tensor products, MACE, MD and fine-tuning.
 
-Light at import: Triton is imported only when a CUDA kernel is first built.
+Main entry points:
+
+- ``equikernels.TensorProduct``, ``FullyConnectedTensorProduct``, ``Linear``, ``SphericalHarmonics``
+  ... : drop-in replacements for ``e3nn.o3`` modules (same arguments, weights and results);
+  ``equikernels.from_e3nn(module)`` converts one, ``equikernels.accelerate(model)`` every one in a model.
+- ``equikernels.TensorProductConv`` / ``ConvGraph``: the fused gather, tensor product and scatter of
+  message passing.
+- ``equikernels.models``: MACE without mace-torch (``load``/``save``, ``from_mace``; ``load`` also reads
+  mace-torch ``.model`` files).
+- ``equikernels.calculators.MACECalculator``: the ASE calculator (bundled default model, a model
+  file, or a module); ``equikernels.calculators.md.run_md`` for MD from Python.
+- ``equikernels.training.fine_tune``: fine-tune or train a MACE on ASE-readable data.
+- The ``equikernels`` command (also ``python -m equikernels``): ``md``, ``fine-tune``, ``convert``,
+  ``tune`` and more; ``equikernels --help`` lists them, ``--version`` prints the version.
+
+Light at import: no kernel is generated or compiled before its first use, and the models,
+calculators and training packages load only when imported.
 """
 from . import nn
 from .nn import (AccelerateReport, ChannelWiseTensorProduct, ElementwiseTensorProduct, FullTensorProduct,

@@ -200,7 +200,15 @@ def test_tune_command_without_gpu_says_why(capsys):
     if torch.cuda.is_available():
         pytest.skip("has a GPU")
     assert main(["tune", "--problems", "nequip-water"]) == 2
-    assert "needs a CUDA device" in capsys.readouterr().out
+    assert "needs a CUDA device" in capsys.readouterr().err
+
+
+def test_tune_help_says_when_tuning_happens(capsys):
+    from equikernels.cli import main
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Tuning is off by default" in text and "EQUIKERNELS_AUTOTUNE=1" in text
 
 
 @pytest.mark.gpu

@@ -1,8 +1,12 @@
-"""``equikernels tune``: tune named problems or a model ahead of time (on the GPU it will run on).
+"""``equikernels tune``: tune named problems or a model ahead of time, on the GPU they will run on.
 
-Every equikernels op tunes itself on first use (``equikernels.tune``); this command triggers
-that for the directions a training step uses (forward, backward, double backward) so production
-runs start from a warm cache, then prints the chosen configurations and their speedups."""
+Tuning is off by default: every op runs a heuristic launch configuration, with no timing and
+without reading the tuning cache. With ``EQUIKERNELS_AUTOTUNE=1`` set, an op times its candidate
+configurations on its first launch for each shape bucket on a GPU (seconds per kernel set), stores
+the fastest in the tuning cache (``equikernels.tune``) and reuses it in later runs. This command
+does that timing now, for the directions a training step uses (forward, backward, double
+backward), and prints the choices and their speed-ups; later runs use them only when they also
+set ``EQUIKERNELS_AUTOTUNE=1`` (same GPU, torch, Triton and equikernels versions)."""
 from __future__ import annotations
 
 import argparse
@@ -66,17 +70,14 @@ def run(args) -> int:
     from ..catalog import standard_problems
     device = torch.device(args.device)
     if device.type != "cuda" or not torch.cuda.is_available():
-        print("equikernels tune: needs a CUDA device (tuning times real GPU launches)")
-        return 2
+        raise ValueError(f"--device {args.device}: tuning needs a CUDA device (it times real GPU launches)")
     dtype = getattr(torch, args.dtype)
     names = list(standard_problems()) if args.problems == "all" else [n for n in args.problems.split(",") if n]
     unknown = [n for n in names if n not in standard_problems()]
     if unknown:
-        print(f"equikernels tune: --problems: unknown {unknown}; known: {', '.join(standard_problems())}")
-        return 2
+        raise ValueError(f"--problems: unknown {unknown}; known: {', '.join(standard_problems())}")
     if not names and not args.model:
-        print("equikernels tune: give --problems and/or --model")
-        return 2
+        raise ValueError("give --problems and/or --model")
     before = set(tune.cache()._read())
     jobs = [("problem", n) for n in names] + ([("model", args.model)] if args.model else [])
     t0 = time.perf_counter()
