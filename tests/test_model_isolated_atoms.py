@@ -77,3 +77,28 @@ def test_calculator_default_model_isolated_atoms():
     f = calc.get_forces(mol_far)
     assert (f[3] == 0).all() and np.abs(f_mol).max() > 0
     np.testing.assert_allclose(f[:3], f_mol, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_node_ops_with_no_nodes(backend):
+    """A batch part without atoms of an element, or no nodes at all: empty results that still carry
+    gradients (zeros) to the features and weights, to second order."""
+    from equikernels._compat import default_dtype
+    from equikernels.models.builder import coupled_u_matrices
+    from equikernels.models.element_linear import ElementGroups, ElementLinear
+    from equikernels.models.symmetric_contraction import SymmetricContraction
+
+    us = coupled_u_matrices("2x0e+2x1o+2x2e", "2x0e+2x1o", 3)
+    with default_dtype(torch.float64):
+        sc = SymmetricContraction(2, [0, 1, 2], [0, 1], [3, 3], 2, us, backend=backend)
+        lin = ElementLinear("3x0e+2x1o", 4, "4x0e+3x1o", "ir_mul")
+    none = torch.zeros(0, dtype=torch.long)
+    for op, x, param in ((lambda t: sc(t, none), torch.zeros(0, 18, dtype=torch.float64), sc.weights[1][2]),
+                         (lambda t: lin(t, ElementGroups.build(none, 4)), torch.zeros(0, 9, dtype=torch.float64),
+                          lin.weight)):
+        x.requires_grad_()
+        out = op(x)
+        assert out.shape[0] == 0
+        (g,) = torch.autograd.grad(out.pow(2).sum() + out.sum(), x, create_graph=True)
+        (gw,) = torch.autograd.grad(g.pow(2).sum() + out.sum(), param)
+        assert (gw == 0).all()

@@ -98,8 +98,9 @@ class ElementLinear(nn.Module):
         return cached[1]
 
     def forward(self, x: torch.Tensor, groups: ElementGroups) -> torch.Tensor:
-        if not groups.runs:  # no nodes
-            return x.new_zeros(x.shape[0], sum(m * (2 * l + 1) for m, l, _ in self.irreps_out))
+        if not groups.runs:  # no nodes: an empty result that stays in the graph of x and the weight
+            link = (x.sum() + self.weight.sum().to(x.dtype)) * 0
+            return x.new_zeros(x.shape[0], sum(m * (2 * l + 1) for m, l, _ in self.irreps_out)) + link
         blocks, scale = self._plan()
         w = self._scaled_weight(scale)
         if w.dtype != x.dtype:
