@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 from ase import units
-from ase.build import bulk
-from ase.io import read
+from ase.build import bulk, molecule
+from ase.io import read, write
 from ase.md.langevin import Langevin
 from ase.md.verlet import VelocityVerlet
 from ase.neighborlist import neighbor_list
@@ -92,7 +92,9 @@ def test_cli_md_runs_and_writes_outputs(model, tmp_path):
     path = tmp_path / "small.model"
     torch.save(model, path)
     out = tmp_path / "run"
-    rc = main(["md", "ethanol", "--model", str(path), "--steps", "20", "--timestep", "0.5", "--ensemble", "nve",
+    structure = tmp_path / "ethanol.xyz"
+    write(str(structure), molecule("CH3CH2OH"))
+    rc = main(["md", str(structure), "--model", str(path), "--steps", "20", "--timestep", "0.5", "--ensemble", "nve",
                "--temperature", "200", "--out", str(out), "--traj-interval", "5", "--log-interval", "5",
                "--no-progress", "--device", "cpu"])
     assert rc == 0
@@ -101,7 +103,7 @@ def test_cli_md_runs_and_writes_outputs(model, tmp_path):
     assert not np.allclose(frames[0].positions, frames[-1].positions)
     assert frames[-1].get_forces().shape == (9, 3)
     log_lines = (out / "md.log").read_text().strip().splitlines()
-    assert log_lines[0].startswith("Time[ps]") and len(log_lines) == 6
+    assert log_lines[0].split()[:3] == ["step", "time[ps]", "Etot[eV]"] and len(log_lines) == 6
     summary = json.loads((out / "summary.json").read_text())
     assert summary["num_atoms"] == 9 and summary["settings"]["steps"] == 20 and summary["ns_per_day"] > 0
     assert abs(summary["total_energy_end_eV"] - summary["total_energy_start_eV"]) < 1e-3
@@ -118,5 +120,5 @@ def test_cli_ensembles(model, tmp_path, ensemble):
                "--out", str(out), "--no-progress", "--device", "cpu", "--dtype", "float32"])
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["num_atoms"] == 108 and summary["dtype"] == "torch.float32"
+    assert summary["num_atoms"] == 108 and summary["dtype"] == "float32"
     assert os.path.getsize(out / "md.traj") > 0
