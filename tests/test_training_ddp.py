@@ -40,6 +40,8 @@ def _worker(rank, world, init_file, cfg_dict, out_dir):
 
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    from equikernels import settings
+    settings.reload()  # the package read the environment when it was imported
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         _run(cfg_dict, os.path.join(out_dir, f"rank{rank}.pt"))

@@ -35,6 +35,8 @@ def _worker(rank, world, init_file, cfg_dict, out_dir):
 
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    from equikernels import settings
+    settings.reload()  # the package read the environment when it was imported
     # a rank waiting in a collective its peer never enters fails after the timeout instead of hanging
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
