@@ -54,12 +54,12 @@ def build_command(src: Path, out: Path) -> list:
 
 
 def library_path() -> Path:
-    from ..codegen.cache import cache_dir  # noqa: PLC0415
+    from ..codegen.cache import subdir  # noqa: PLC0415 (the private fallback when the cache dir is unusable)
     h = hashlib.sha256()
     for part in (SOURCE.read_bytes(), torch.__version__.encode(), sys.version.encode(),
                  str(torch.compiled_with_cxx11_abi()).encode(), settings.get().cxx.encode()):
         h.update(part)
-    return cache_dir() / "native" / h.hexdigest()[:20] / (NAME + sysconfig.get_config_var("EXT_SUFFIX"))
+    return subdir("native") / h.hexdigest()[:20] / (NAME + sysconfig.get_config_var("EXT_SUFFIX"))
 
 
 def load():
