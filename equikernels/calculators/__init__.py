@@ -5,7 +5,7 @@
     atoms.calc = MACECalculator("my.model", default_dtype="float32", device="cuda")
     results = atoms.calc.batch_evaluate(list_of_atoms)  # many structures per model call
 
-``equikernels md`` (``commands.py``) runs MD from the command line; ``md.run_md`` from Python.
+``equikernels md`` (``equikernels.cli.md``) runs MD from the command line; ``md.run_md`` from Python.
 """
 from .calculator import MACECalculator
 from .neighbors import DEFAULT_SKIN, SkinNeighborList
