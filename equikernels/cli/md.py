@@ -95,6 +95,10 @@ def run(args: argparse.Namespace) -> int:
         atoms = atoms.repeat(tuple(args.supercell))
     if args.steps is not None and args.steps < 0:
         raise ValueError(f"--steps must be >= 0, got {args.steps}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be a positive integer, got {args.threads}")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise NotADirectoryError(f"--out {args.out!r} is a file; expected a directory (it is created if missing)")
     calc = MACECalculator(args.model, device=args.device, default_dtype=args.dtype, head=args.head,
                           skin=DEFAULT_SKIN if args.skin is None else args.skin, num_threads=args.threads)
     device_kind = "cuda" if calc.device.type == "cuda" else "cpu"

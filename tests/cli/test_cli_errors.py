@@ -126,3 +126,12 @@ def test_pickle_only_after_the_format_check_and_a_warning(tmp_path, monkeypatch)
             model_io.load(str(pickled))
     assert full_loads == [str(pickled)]
 
+
+
+def test_md_arguments_checked_before_the_run(cu_model, cu_file, tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    assert _md(cu_file, "--model", cu_model, "--out", str(blocker)) == 2
+    _one_line_error(capsys, "--out", "expected a directory")
+    assert _md(cu_file, "--model", cu_model, "--threads", "0", "--out", str(tmp_path / "run")) == 2
+    _one_line_error(capsys, "--threads")
