@@ -33,6 +33,7 @@ from .. import settings
 from ..ir import Factor, Operand, Path, Segment, Table, grad_table
 from ..dtypes import HALF, math_dtype_of
 from ..reference import evaluate
+from .cpu_contraction import MonomialContraction
 
 _STORAGE = HALF + (torch.float32, torch.float64)
 
@@ -307,10 +308,36 @@ class SymmetricContraction(nn.Module):
         return table.index_select(0, element)
 
     def forward(self, x: torch.Tensor, element: torch.Tensor) -> torch.Tensor:
+        from ..ops.tp import resolve_backend  # noqa: PLC0415
+
+        if resolve_backend(self.backend, x.device) == "cpu":
+            return self._forward_cpu(x, element)
         w = self.node_weights(element)
         if self.op.layout != self.layout:  # layout changed after construction
             self.op = TableOp(self.table, self.layout, backend=self.backend)
         return self.op({"x": x, "w": w})
+
+    def _forward_cpu(self, x: torch.Tensor, element: torch.Tensor) -> torch.Tensor:
+        """The monomial-basis evaluation (models.cpu_contraction), computed in float32 for half
+        features and in float64 for float64 ones."""
+        mono = self.__dict__.get("_mono")
+        if mono is None or mono[0] is not self.table:  # rebuilt with the table (U loaded)
+            mono = self.__dict__["_mono"] = (self.table, MonomialContraction(
+                self.channels, self.ls_in, self.ls_out, self.u_matrices()))
+        params = [w for per_nu in self.weights for w in per_nu]
+        math = math_dtype_of([x] + params)
+        key = (element._version, math, tuple((p.data_ptr(), p._version, p.dtype) for p in params))
+        cached = self.__dict__.get("_cpu_w")
+        frozen = not any(p.requires_grad for p in params) and not torch.compiler.is_compiling()
+        if frozen and cached is not None and cached[0] is element and cached[1] == key:
+            ws = cached[2]
+        else:  # per output: [K, N, channels], the degrees concatenated along k
+            ws = [torch.cat(list(per_nu), 1).to(math).index_select(0, element).transpose(0, 1)
+                  for per_nu in self.weights]
+            if frozen:
+                self.__dict__["_cpu_w"] = (element, key, ws)
+        out = mono[1](x.to(math), ws, self.layout)
+        return out.to(x.dtype)
 
     def extra_repr(self) -> str:
         return (f"channels={self.channels}, ls_in={self.ls_in}, ls_out={self.ls_out}, correlation={self.correlation},"

@@ -16,11 +16,11 @@ import torch
 from torch import Tensor
 
 from .. import reference, settings
-from . import native
+from . import cpu_tp, native
 from ..ir import Table, double_backward_tables, grad_table, tp_table
 from ..problem import TPProblem, problem_from_spec
 
-BACKENDS = ("auto", "triton", "reference")
+BACKENDS = ("auto", "triton", "reference", "cpu")  # cpu: dense contractions (ops.cpu_tp)
 LAYOUTS = reference.LAYOUTS
 NEED_X, NEED_Y, NEED_W = 1, 2, 4
 # Precision policy (docs in tensor_product): operands in any of STORAGE_DTYPES; float16, bfloat16
@@ -86,7 +86,9 @@ def resolve_backend(backend: Optional[str], device: torch.device) -> str:
     if b not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {b!r} (argument or EQUIKERNELS_BACKEND)")
     if b == "auto":
-        return "triton" if device.type == "cuda" and triton_available() else "reference"
+        if device.type == "cuda" and triton_available():
+            return "triton"
+        return "cpu" if device.type == "cpu" else "reference"
     return b
 
 
@@ -105,6 +107,8 @@ def _fwd_impl(x: Tensor, y: Tensor, w: Tensor, spec: str, backend: str, math_dty
     plan = plan_of(spec)
     if backend == "triton" and plan.generated("fwd"):
         return plan.kernels.forward(x, y, w, out_dtype=out_dtype, math=math_dtype)
+    if backend == "cpu":
+        return cpu_tp.forward(plan.problem, plan.layout, x, y, w, math_dtype, out_dtype or x.dtype)
     return reference.evaluate(plan.table, {"x": x, "y": y, "w": w}, plan.layout, rows=x.shape[0],
                               math_dtype=math_dtype, out_dtype=out_dtype or x.dtype)
 
@@ -156,6 +160,8 @@ def _bwd_impl(x: Tensor, y: Tensor, w: Tensor, g: Tensor, spec: str, backend: st
     plan = plan_of(spec)
     if backend == "triton" and plan.generated("bwd", need):
         return plan.kernels.backward(x, y, w, g, need, math=math_dtype)
+    if backend == "cpu":
+        return cpu_tp.backward(plan.problem, plan.layout, x, y, w, g, need, math_dtype)
     ops = {"x": x, "y": y, "w": w, "g": g}
     res = []
     for bit, name, like in ((NEED_X, "x", x), (NEED_Y, "y", y), (NEED_W, "w", w)):
@@ -292,6 +298,8 @@ def _dbwd_impl(x: Tensor, y: Tensor, w: Tensor, g: Tensor, a: Tensor, b: Tensor,
     if backend == "triton" and all(plan.generated("dbwd", part, have) for part in plan.kernels.dbwd_parts(need)
                                    if part):
         return plan.kernels.double_backward(x, y, w, g, a_, b_, c_, need, math=math_dtype)
+    if backend == "cpu":
+        return cpu_tp.double_backward(plan.problem, plan.layout, x, y, w, g, a_, b_, c_, need, math_dtype)
     tensors = {"x": x, "y": y, "w": w, "g": g, "a": a, "b": b, "c": c}
     names = "".join(n for bit, n in zip((1, 2, 4, 8), "xywg") if need & bit)
     tables = double_backward_tables(plan.table, have, names)

@@ -1,0 +1,335 @@
+"""The batched tensor product on CPU as dense per-instruction contractions.
+
+Each instruction of a ``TPProblem`` is one multilinear contraction of strided views of its
+operands' segments ([rows, mul, 2l+1]) with its dense Clebsch-Gordan block (normalisation folded
+in): ``out[z,w,k] = sum C[i,j,k] x[z,u,i] y[z,v,j] W[(z),u,v,w]`` with the labels of its
+connection mode. A gradient of a multilinear contraction is the contraction of the other operands
+and the cotangent, so the backward is the same machinery with relabelled subscripts, and the double
+backward is composed from both by trilinearity. The contraction order of every term is chosen once
+(opt_einsum) and kept with the constants per (problem, layout, dtype); a call runs a few pairwise
+``torch.einsum``/``bmm`` per instruction, with no per-coefficient Python work.
+
+``equikernels.reference`` (the path-table evaluator) stays the oracle this is tested against.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..dtypes import math_dtype_of
+from ..ir import cg_entries
+from ..problem import TPProblem
+
+# channel labels and operand subscripts of each mode (x, y, weight, output); "q" is a pair index of
+# the triangular modes, selected by the constant one-hot matrices P (q -> u) and Q (q -> v)
+_MODES = {
+    "uvw": ("ui", "vj", "uvw", "wk"), "uvu": ("ui", "vj", "uv", "uk"), "uvv": ("ui", "vj", "uv", "vk"),
+    "uuw": ("ui", "uj", "uw", "wk"), "uuu": ("ui", "uj", "u", "uk"), "uvuv": ("ui", "vj", "uv", "uvk"),
+    "uvu<v": ("ui", "vj", "q", "qk"), "u<vw": ("ui", "vj", "qw", "wk"),
+}
+_ROWS_FOR_ORDER = 4096  # the row count a contraction order is chosen for
+
+
+class _Term:
+    """One contraction: operand names with subscripts -> output subscripts, and its pairwise steps."""
+    __slots__ = ("names", "subs", "out", "steps", "missing", "sizes")
+
+    def __init__(self, names, subs, out, sizes: Dict[str, int]):
+        self.names, self.subs, self.sizes = tuple(names), tuple(subs), sizes
+        present = set("".join(subs))
+        self.missing = tuple(c for c in out if c not in present)  # labels only the output carries: broadcast
+        self.out = "".join(c for c in out if c in present)
+        self.steps = _steps(",".join(subs) + "->" + self.out,
+                            tuple(tuple(_ROWS_FOR_ORDER if c == "z" else sizes[c] for c in s) for s in subs))
+
+    def run(self, ops: List[Tensor]) -> Tensor:
+        if self.steps is None:
+            return _pair(",".join(self.subs) + "->" + self.out, *ops) if len(ops) == 2 else \
+                torch.einsum(",".join(self.subs) + "->" + self.out, *ops)
+        ops = list(ops)
+        for inds, eq in self.steps:
+            args = [ops.pop(i) for i in inds]
+            ops.append(_pair(eq, *args) if len(args) == 2 else torch.einsum(eq, *args))
+        return ops[0]
+
+
+def _pair(eq: str, a: Tensor, b: Tensor) -> Tensor:
+    """One pairwise contraction. Both operands per row (label z): a broadcast product summed over
+    the contracted labels -- torch.einsum would make it a bmm over rows of tiny matrices, which on
+    CPU runs one small GEMM (and a select) per row. Otherwise einsum, whose GEMM then spans all rows."""
+    rec = _pair_recipe(eq)
+    if rec is None:
+        return torch.einsum(eq, a, b)
+    pa, ea, pb, eb, red = rec
+    r = torch.mul(_align(a, pa, ea), _align(b, pb, eb))
+    return r.sum(red) if red else r
+
+
+def _align(t: Tensor, perm, expand_at) -> Tensor:
+    t = t.permute(perm)
+    for d in expand_at:
+        t = t.unsqueeze(d)
+    return t
+
+
+@functools.lru_cache(maxsize=None)
+def _pair_recipe(eq: str):
+    """(permute a, unsqueeze positions a, permute b, unsqueeze positions b, summed dims) aligning
+    both operands on the union of their labels, output labels first; None: not both per row."""
+    ins, out = eq.split("->")
+    sa, sb = ins.split(",")
+    if "z" not in sa or "z" not in sb or len(set(sa)) != len(sa) or len(set(sb)) != len(sb):
+        return None
+    kept = [c for c in out]
+    summed = [c for c in dict.fromkeys(sa + sb) if c not in out]
+    order = kept + summed  # union of labels: output first, then the contracted ones
+    if any(c not in sa + sb for c in out):
+        return None
+
+    def plan(sub):
+        present = [c for c in order if c in sub]
+        perm = tuple(sub.index(c) for c in present)
+        expand_at = tuple(n for n, c in enumerate(order) if c not in sub)
+        return perm, expand_at
+    pa, ea = plan(sa)
+    pb, eb = plan(sb)
+    red = tuple(range(len(kept), len(order)))
+    return pa, ea, pb, eb, red
+
+
+@functools.lru_cache(maxsize=None)
+def _steps(eq: str, shapes: tuple):
+    """Pairwise einsums of the cheapest order (None: a single step, or opt_einsum missing)."""
+    if len(shapes) < 3:
+        return None
+    try:
+        import opt_einsum  # noqa: PLC0415 (a dependency of e3nn)
+    except ImportError:  # pragma: no cover
+        return None
+    _, info = opt_einsum.contract_path(eq, *shapes, shapes=True, optimize="optimal" if len(shapes) <= 5 else "auto")
+    return tuple((tuple(sorted(step[0], reverse=True)), step[2]) for step in info.contraction_list)
+
+
+class _Instr:
+    """Static data of one instruction: segment geometry, subscripts, constants (float64 master copies)."""
+
+    def __init__(self, p: TPProblem, ins, coef: float, w_off: int):
+        (m1, l1, _), (m2, l2, _), (mo, lo, _) = (p.irreps_in1[ins.i_in1], p.irreps_in2[ins.i_in2],
+                                                p.irreps_out[ins.i_out])
+        self.mode, self.has_weight = ins.mode, ins.has_weight
+        self.segs = {"x": (_offset(p.irreps_in1, ins.i_in1), m1, 2 * l1 + 1),
+                     "y": (_offset(p.irreps_in2, ins.i_in2), m2, 2 * l2 + 1),
+                     "out": (_offset(p.irreps_out, ins.i_out), mo, 2 * lo + 1)}
+        d1, d2, do = 2 * l1 + 1, 2 * l2 + 1, 2 * lo + 1
+        cg = torch.zeros(d1, d2, do, dtype=torch.float64)
+        for i, j, k, c in cg_entries(l1, l2, lo):
+            cg[i, j, k] = c * coef
+        self.consts = {"C": cg}
+        xs, ys, ws, os_ = _MODES[ins.mode]
+        tri = m1 * (m2 - 1) // 2
+        self.sizes = {"u": m1, "v": m2, "w": mo, "q": tri, "i": d1, "j": d2, "k": do}
+        if ins.mode in ("uvu<v", "u<vw"):
+            pairs = [(u, v) for u in range(m1) for v in range(u + 1, m2)]
+            P = torch.zeros(len(pairs), m1, dtype=torch.float64)
+            Q = torch.zeros(len(pairs), m2, dtype=torch.float64)
+            for q, (u, v) in enumerate(pairs):
+                P[q, u] = Q[q, v] = 1.0
+            self.consts.update(P=P, Q=Q)
+        if ins.mode == "uuw" and not ins.has_weight:
+            os_ = "k"  # unweighted uuw sums u into its single output channel
+        self.w_off = w_off
+        self.w_shape = tuple(self.sizes[c] for c in ws)
+        self.w_numel = int(torch.Size(self.w_shape).numel()) if ins.has_weight else 0
+        self.subs = {"x": "z" + xs, "y": "z" + ys, "C": "ijk", "P": "qu", "Q": "qv", "out": "z" + os_}
+        self.ws = ws
+        self.empty = m1 == 0 or m2 == 0 or mo == 0 or coef == 0.0 or (ins.mode in ("uvu<v", "u<vw") and tri == 0)
+        self._terms: Dict[tuple, _Term] = {}
+
+    def term(self, target: str, w_rows: bool) -> _Term:
+        """The contraction giving ``target`` ("out", "x", "y" or "w"); "g" is the output's cotangent."""
+        key = (target, w_rows)
+        t = self._terms.get(key)
+        if t is None:
+            subs = dict(self.subs)
+            if self.has_weight:
+                subs["w"] = ("z" if w_rows else "") + self.ws
+            names = ["x", "y", "C"] + (["P", "Q"] if "P" in self.consts else []) + (["w"] if self.has_weight else [])
+            if target == "out":
+                t = _Term(names, [subs[n] for n in names], subs["out"], self.sizes)
+            else:
+                names = [n for n in names if n != target] + ["g"]
+                subs["g"] = subs["out"]
+                t = _Term(names, [subs[n] for n in names], subs[target], self.sizes)
+            self._terms[key] = t
+        return t
+
+
+def _offset(irreps, idx: int) -> int:
+    return sum(m * (2 * l + 1) for m, l, _ in irreps[:idx])
+
+
+def _seg_view(t: Tensor, seg, layout: str) -> Tensor:
+    """[rows, mul, dim] strided view of a segment of the [rows, D] tensor t."""
+    off, mul, dim = seg
+    s = t.narrow(1, off, mul * dim)
+    if layout == "mul_ir":
+        return s.unflatten(1, (mul, dim))
+    return s.unflatten(1, (dim, mul)).transpose(1, 2)
+
+
+class CpuPlan:
+    """Every instruction of one (problem, layout), with constants per (dtype, device)."""
+
+    def __init__(self, problem: TPProblem, layout: str):
+        self.problem, self.layout = problem, layout
+        instrs, off = [], 0
+        for ins, coef in zip(problem.instructions, problem.path_coefficients):
+            it = _Instr(problem, ins, coef, off)
+            off += it.w_numel
+            instrs.append(it)
+        self.instrs = [it for it in instrs if not it.empty]
+        self._consts: Dict[tuple, List[Dict[str, Tensor]]] = {}
+
+    def consts(self, dtype: torch.dtype, device: torch.device) -> List[Dict[str, Tensor]]:
+        key = (dtype, device)
+        c = self._consts.get(key)
+        if c is None:
+            c = self._consts[key] = [{k: v.to(device=device, dtype=dtype) for k, v in it.consts.items()}
+                                     for it in self.instrs]
+        return c
+
+    # --- operand views ------------------------------------------------------------------------------
+    def _ops(self, it: _Instr, const: Dict[str, Tensor], t: Dict[str, Tensor], names) -> List[Tensor]:
+        out = []
+        for n in names:
+            if n in const:
+                out.append(const[n])
+            elif n == "w":
+                w = t["w"]
+                if w.dim() == 1:
+                    out.append(w.narrow(0, it.w_off, it.w_numel).view(it.w_shape))
+                else:
+                    out.append(w.narrow(1, it.w_off, it.w_numel).view((w.shape[0],) + it.w_shape))
+            elif n == "g":  # the cotangent shaped as the mode's output subscripts (uvuv: [z, u, v, k])
+                g = _out_view(it, t["g"], self.layout)
+                out.append(g.reshape((g.shape[0],) + tuple(it.sizes[c] for c in it.subs["out"][1:])))
+            else:
+                out.append(_seg_view(t[n], it.segs[n], self.layout))
+        return out
+
+    def forward(self, x: Tensor, y: Tensor, w: Tensor, math: torch.dtype) -> Tensor:
+        """[rows, dim_out] in ``math``; operands already in ``math``."""
+        z = x.shape[0]
+        out = x.new_zeros(z, self.problem.dim_out)
+        t = {"x": x, "y": y, "w": w}
+        w_rows = w.dim() == 2
+        for it, const in zip(self.instrs, self.consts(math, x.device)):
+            term = it.term("out", w_rows)
+            r = _broadcast(term, term.run(self._ops(it, const, t, term.names)), it.subs["out"], z, it.sizes)
+            _out_view(it, out, self.layout).add_(r.reshape(_out_shape(it, z)))
+        return out
+
+    def grad(self, target: str, t: Dict[str, Tensor], like: Tensor, math: torch.dtype) -> Tensor:
+        """d<g, T(x, y, w)>/d(target) in ``math``, shaped like ``like`` (a shared w: summed over rows)."""
+        z = t["g"].shape[0]
+        res = torch.zeros(like.shape, dtype=math, device=like.device)
+        w_rows = t["w"].dim() == 2
+        for it, const in zip(self.instrs, self.consts(math, like.device)):
+            if target == "w" and not it.has_weight:
+                continue
+            term = it.term(target, w_rows)
+            r = term.run(self._ops(it, const, t, term.names))
+            if target == "w":
+                r = _broadcast(term, r, ("z" if w_rows else "") + it.ws, z, it.sizes)
+                if not w_rows:
+                    res.narrow(0, it.w_off, it.w_numel).add_(r.reshape(-1))
+                else:
+                    res.narrow(1, it.w_off, it.w_numel).add_(r.reshape(z, -1))
+            else:
+                r = _broadcast(term, r, it.subs[target], z, it.sizes)
+                _seg_view(res, it.segs[target], self.layout).add_(r)
+        return res
+
+
+def _out_shape(it: _Instr, z: int) -> Tuple[int, int, int]:
+    return (z, it.segs["out"][1], it.segs["out"][2])
+
+
+def _out_view(it: _Instr, t: Tensor, layout: str) -> Tensor:
+    return _seg_view(t, it.segs["out"], layout)
+
+
+def _broadcast(term: _Term, r: Tensor, full: str, z: int, sizes: Dict[str, int]) -> Tensor:
+    """r (subscripts term.out) expanded to ``full`` (labels no operand carries: the contraction does
+    not depend on them); term.out lists its labels in the order of ``full``."""
+    if not term.missing:
+        return r
+    shape = []
+    for c in full:
+        shape.append(r.shape[term.out.index(c)] if c in term.out else 1)
+    return r.reshape(shape).expand(*[z if c == "z" else sizes[c] for c in full])
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_plan(problem: TPProblem, layout: str) -> CpuPlan:
+    return CpuPlan(problem, layout)
+
+
+# --- entry points (the CPU implementations of tp_fwd / tp_bwd / tp_dbwd) ------------------------------
+def _cast(ts, math):
+    return [t if t is None or t.dtype == math else t.to(math) for t in ts]
+
+
+def forward(problem: TPProblem, layout: str, x: Tensor, y: Tensor, w: Tensor, math_dtype: Optional[torch.dtype],
+            out_dtype: torch.dtype) -> Tensor:
+    math = math_dtype_of((x, y, w), math_dtype)
+    x, y, w = _cast((x, y, w), math)
+    return cpu_plan(problem, layout).forward(x, y, w, math).to(out_dtype)
+
+
+def backward(problem: TPProblem, layout: str, x: Tensor, y: Tensor, w: Tensor, g: Tensor, need: int,
+             math_dtype: Optional[torch.dtype]) -> Tuple[Tensor, Tensor, Tensor]:
+    """(gx, gy, gw) for the bits of ``need`` (1 x, 2 y, 4 w), empty placeholders for the others."""
+    math = math_dtype_of((x, y, w, g), math_dtype)
+    t = dict(zip("xywg", _cast((x, y, w, g), math)))
+    plan = cpu_plan(problem, layout)
+    return tuple(plan.grad(n, t, like, math).to(like.dtype) if need & bit else like.new_empty(0)
+                 for bit, n, like in ((1, "x", x), (2, "y", y), (4, "w", w)))
+
+
+def double_backward(problem: TPProblem, layout: str, x, y, w, g, a, b, c, need: int,
+                    math_dtype: Optional[torch.dtype]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dx, dy, dw, dg) of S = <g, T(a,y,w) + T(x,b,w) + T(x,y,c)> (a, b, c: None where absent) for
+    the bits of ``need`` (1 x, 2 y, 4 w, 8 g); zeros where no term contributes, placeholders for the
+    others."""
+    math = math_dtype_of((x, y, w, g, a, b, c), math_dtype)
+    xm, ym, wm, gm, am, bm, cm = _cast((x, y, w, g, a, b, c), math)
+    plan = cpu_plan(problem, layout)
+    res = []
+    # each result: the terms of S that contain the operand, with the cotangent in place of its partner
+    terms = {"x": ((bm, lambda: {"x": xm, "y": bm, "w": wm, "g": gm}), (cm, lambda: {"x": xm, "y": ym, "w": cm, "g": gm})),
+             "y": ((am, lambda: {"x": am, "y": ym, "w": wm, "g": gm}), (cm, lambda: {"x": xm, "y": ym, "w": cm, "g": gm})),
+             "w": ((am, lambda: {"x": am, "y": ym, "w": wm, "g": gm}), (bm, lambda: {"x": xm, "y": bm, "w": wm, "g": gm}))}
+    for bit, n, like in ((1, "x", x), (2, "y", y), (4, "w", w)):
+        if not need & bit:
+            res.append(like.new_empty(0))
+            continue
+        acc = None
+        for cot, ops in terms[n]:
+            if cot is not None:
+                r = plan.grad(n, ops(), like, math)
+                acc = r if acc is None else acc.add_(r)
+        res.append(torch.zeros_like(like) if acc is None else acc.to(like.dtype))
+    if need & 8:
+        acc = None
+        for args in ((am, ym, wm), (xm, bm, wm), (xm, ym, cm)):
+            if all(v is not None for v in args):
+                r = plan.forward(*args, math)
+                acc = r if acc is None else acc.add_(r)
+        res.append(torch.zeros_like(g) if acc is None else acc.to(g.dtype))
+    else:
+        res.append(g.new_empty(0))
+    return tuple(res)
