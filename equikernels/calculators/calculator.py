@@ -165,6 +165,9 @@ class MACECalculator(Calculator):
     def graph(self, atoms: Atoms) -> Dict[str, torch.Tensor]:
         """The model input for ``atoms`` (updates the cached neighbour list)."""
         check_structure(atoms)
+        return self._graph(atoms)
+
+    def _graph(self, atoms: Atoms) -> Dict[str, torch.Tensor]:
         self._sync_structure(atoms)
         positions = torch.as_tensor(atoms.positions, dtype=self.dtype).to(self.device)
         edges = self.neighbors.update(positions, self._cell, self._pbc)
@@ -175,7 +178,8 @@ class MACECalculator(Calculator):
         properties = list(properties) if properties else ["energy"]
         Calculator.calculate(self, atoms, properties, system_changes)
         atoms = self.atoms
-        check_structure(atoms)
+        check_structure(atoms, cell=self._cell_np is None or not np.array_equal(atoms.cell.array, self._cell_np)
+                        or not np.array_equal(atoms.pbc, self._pbc_np))  # the cell only when it changed
         if "stress" in properties:
             check_stress_cell(atoms)
             self._stress_wanted = True
@@ -187,7 +191,7 @@ class MACECalculator(Calculator):
             data = single_graph(positions, self._node_attrs, edges, self._cell, self._head, self._batch, self._ptr)
             out = self._graphed(data, compute_stress=compute_stress)
         else:
-            data = self.graph(atoms)
+            data = self._graph(atoms)
             with trusted_inputs(node_feats=False):  # edges valid by construction: no index-check sync
                 out = self.model(data, compute_force=True, compute_stress=compute_stress, training=False)
         results = _results(out, [len(atoms)], compute_stress)[0]

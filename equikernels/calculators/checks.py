@@ -20,8 +20,9 @@ class NonFiniteError(ValueError):
     """The model gave a NaN or infinite energy, force or stress."""
 
 
-def check_structure(atoms, what: str = "atoms") -> None:
-    """Raise ``TypeError``/``ValueError`` naming ``what`` for a structure no model can evaluate."""
+def check_structure(atoms, what: str = "atoms", cell: bool = True) -> None:
+    """Raise ``TypeError``/``ValueError`` naming ``what`` for a structure no model can evaluate
+    (``cell=False`` skips the cell check, for a cell and pbc already checked)."""
     if not isinstance(atoms, Atoms):
         raise TypeError(f"{what} must be an ase.Atoms, got {type(atoms).__name__}")
     if len(atoms) == 0:
@@ -30,13 +31,13 @@ def check_structure(atoms, what: str = "atoms") -> None:
     if bad.size:
         raise ValueError(f"{what}: positions of atoms {_indices(bad)} are not finite (NaN or infinite)")
     pbc = np.broadcast_to(np.asarray(atoms.pbc, dtype=bool), (3,))
-    if pbc.any():
-        cell = np.asarray(atoms.cell.array, dtype=float)
-        vectors = cell[pbc]
-        if not np.isfinite(cell).all() or np.linalg.matrix_rank(vectors, tol=1e-6) < len(vectors):
+    if cell and pbc.any():
+        h = np.asarray(atoms.cell.array, dtype=float)
+        vectors = h[pbc]
+        if not np.isfinite(h).all() or np.linalg.matrix_rank(vectors, tol=1e-6) < len(vectors):
             axes = ", ".join(_AXES[k] for k in np.flatnonzero(pbc))
             raise ValueError(f"{what} is periodic along {axes} (pbc={pbc.tolist()}) but its cell vectors there are "
-                             f"zero or degenerate ({cell.round(6).tolist()}): set the cell of the periodic box, "
+                             f"zero or degenerate ({h.round(6).tolist()}): set the cell of the periodic box, "
                              "or pbc=False for a molecule")
 
 
