@@ -222,10 +222,7 @@ class Settings:
     visit: Optional[str] = _var(None, _Choice("out", "in1"), "Path order of generated kernels: by output or by "
                                                              "first-input segment")
     partial_sum: Optional[bool] = _var(None, _FLAG, "Per-thread partial channel sums in gradient kernels")
-    lazy_sum: Optional[bool] = _var(None, _FLAG, "Defer channel sums in generated kernels (diagnostics)")
     split_gw: bool = _var(True, _FLAG, "The weight gradient of weight-dominated problems in a kernel of its own")
-    dbwd_split: bool = _var(False, _FLAG, "The double backward's weight part in a kernel of its own "
-                                          "(diagnostics)")
     dbwd_one: Optional[bool] = _var(None, _FLAG, "One double-backward kernel for channel-wise per-row products")
     dbwd_paths: Optional[int] = _var(None, _Int(0), "Paths per part of a double backward split by first-input "
                                                     "segment (0: no split)")

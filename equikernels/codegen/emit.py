@@ -155,8 +155,7 @@ class KernelBuilder:
         self.acc_keys: Set[tuple] = set()  # output blocks an earlier edge loop already stored (add into)
         self.exprs: Dict[str, str] = {}
         self.lazy: Dict[str, tuple] = {}  # accumulator -> padded sizes of its not yet summed axes
-        env = settings.get().lazy_sum  # diagnostics: force on / off
-        self.lazy_sums = lazy if env is None else env
+        self.lazy_sums = lazy
         self.lazy_live = self.lazy_peak = 0  # padded elements per row of live un-reduced accumulators
         self.partial_sums = partial
         self.prefetch = prefetch

@@ -545,8 +545,7 @@ class TPKernels:
         once) when ``_dbwd_one`` says so."""
         if self._uvw_rows():  # dx, dy, dg read the weights and c; dw (outer products) only writes
             return (need,) if self._uvw_fused("dbwd") else (need & 11, need & 4)
-        if (self.problem.shared_weights or self._weights_dominate()
-                or settings.get().dbwd_split):  # diagnostics: dw on its own
+        if self.problem.shared_weights or self._weights_dominate():
             return (need & 8, need & 3, need & 4)
         return (need,) if self._dbwd_one() else (need & 8, need & 7)
 
