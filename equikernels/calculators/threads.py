@@ -2,12 +2,12 @@
 
 An MD step of a small MACE model is thousands of small operations, and extra intra-op threads
 mostly add synchronisation, badly so when other processes share the cores. Measured on a 2-core
-machine shared with other jobs (the bundled model, energy + forces, median of 5 calls per process,
-4 interleaved rounds): 108 Cu atoms took 1.2-2.3 s with one thread and 1.7-20 s with two in
-float64 (one thread faster in every round), 1.3-1.5 s vs 1.2-20 s in float32; at 500 atoms two
-threads won one round of four. Hence ``DEFAULT_MAX_THREADS = 1``; for large systems on an idle
-many-core machine pass a count (``--threads``, ``num_threads=``) or set ``OMP_NUM_THREADS``,
-which always win.
+machine shared with other jobs (the bundled model, energy + forces, median of 5 calls, one process
+per cell, rounds interleaved): at 108 Cu atoms a second thread gained nothing (float64 0.113 vs
+0.113 s and 0.175 vs 0.202 s; float32 0.063 vs 0.062 s) and, when the cores were busier, cost up
+to 10x; at 500 atoms it won one float64 round (1.16 vs 1.56 s) and lost or tied the others.
+Hence ``DEFAULT_MAX_THREADS = 1``; for large systems on an idle many-core machine pass a count
+(``--threads``, ``num_threads=``) or set ``OMP_NUM_THREADS``, which always win.
 """
 from __future__ import annotations
 
