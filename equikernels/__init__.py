@@ -19,8 +19,9 @@ Light at import: no kernel is generated or compiled before its first use, and th
 calculators and training packages load only when imported.
 """
 from . import nn
-from .nn import (AccelerateReport, ChannelWiseTensorProduct, ElementwiseTensorProduct, FullTensorProduct,
-                 FullyConnectedTensorProduct, Linear, TensorProductConv, SphericalHarmonics, TensorProduct, accelerate, from_e3nn)
+from .adapters import AccelerateReport, accelerate
+from .nn import (ChannelWiseTensorProduct, ElementwiseTensorProduct, FullTensorProduct, FullyConnectedTensorProduct,
+                 Linear, TensorProductConv, SphericalHarmonics, TensorProduct, from_e3nn)
 from .ops.conv import ConvGraph
 from ._version import __version__
 from .problem import TPProblem

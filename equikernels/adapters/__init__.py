@@ -4,7 +4,8 @@ Per model family one adapter: ``mace`` (mace-torch interaction blocks and symmet
 ``sevenn`` (SevenNet's ``IrrepsConvolution``), ``e3nn_graph`` (a generic detector for e3nn
 gather -> tensor product -> scatter-sum layers, NequIP-style). ``registry.register`` adds one.
 """
+from .accelerate import AccelerateReport, accelerate
 from .graph_cache import GraphCache, shared_graph
 from .registry import ADAPTERS, Adapter, NotFused, accelerate_layers, register
 
-__all__ = ["ADAPTERS", "Adapter", "NotFused", "accelerate_layers", "register", "GraphCache", "shared_graph"]
+__all__ = ["AccelerateReport", "accelerate", "ADAPTERS", "Adapter", "NotFused", "accelerate_layers", "register", "GraphCache", "shared_graph"]

@@ -1,0 +1,123 @@
+"""``accelerate(model)``: every supported e3nn module of a model replaced by its equikernels
+equivalent (``nn.convert.from_e3nn``), then whole layers rewired by the adapters of this package."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+from torch import nn
+
+from ..nn.convert import from_e3nn, why_not_convertible
+from .registry import accelerate_layers
+
+
+@dataclass
+class AccelerateReport:
+    """What ``accelerate`` did: ``replaced`` (name, e3nn type, new type), ``left_alone`` (name, type,
+    reason) for e3nn modules it kept, ``fused`` (name, layer class, what) for whole layers rewired
+    in place by an adapter (``equikernels.adapters``) and ``not_fused`` (name, class, reason) for
+    layers an adapter recognised but left as they were."""
+    replaced: List[Tuple[str, str, str]] = field(default_factory=list)
+    left_alone: List[Tuple[str, str, str]] = field(default_factory=list)
+    fused: List[Tuple[str, str, str]] = field(default_factory=list)
+    not_fused: List[Tuple[str, str, str]] = field(default_factory=list)
+
+    @property
+    def fused_names(self) -> List[str]:
+        return [n for n, _, _ in self.fused]
+
+    @property
+    def replaced_names(self) -> List[str]:
+        return [n for n, _, _ in self.replaced]
+
+    @property
+    def left_alone_names(self) -> List[str]:
+        return [n for n, _, _ in self.left_alone]
+
+    def __len__(self) -> int:
+        return len(self.replaced)
+
+    def __str__(self) -> str:
+        lines = [f"equikernels.accelerate: replaced {len(self.replaced)} module(s), "
+                 f"left {len(self.left_alone)} e3nn module(s) alone, fused {len(self.fused)} layer(s), "
+                 f"left {len(self.not_fused)} recognised layer(s) unfused"]
+        lines += [f"  fused       {n or '<root>'}: {t} ({what})" for n, t, what in self.fused]
+        lines += [f"  not fused   {n or '<root>'}: {t} ({why})" for n, t, why in self.not_fused]
+        lines += [f"  replaced    {n or '<root>'}: {a} -> {b}" for n, a, b in self.replaced]
+        lines += [f"  left alone  {n or '<root>'}: {t} ({why})" for n, t, why in self.left_alone]
+        return "\n".join(lines)
+
+
+def _is_e3nn(module) -> bool:
+    """An instance of an e3nn class or of a subclass of one."""
+    return any(c.__module__.split(".")[0] == "e3nn" for c in type(module).__mro__)
+
+
+def _acceleratewhy_not_convertible(module) -> Optional[str]:
+    """None if ``accelerate`` replaces this e3nn module, else why it keeps it."""
+    why = why_not_convertible(module)
+    if why is None and type(module).__module__.split(".")[0] != "e3nn":
+        # a user subclass may add attributes or methods that the rest of the model relies on
+        return ("user-defined subclass of an e3nn module; convert it explicitly with "
+                "equikernels.from_e3nn if its extras are not needed")
+    return why
+
+
+def accelerate(model: nn.Module, fuse: bool = True) -> AccelerateReport:
+    """Replace, in place, every supported e3nn submodule of ``model`` (at any depth, including inside
+    ModuleList/Sequential/ModuleDict and e3nn containers such as ``nn.Gate``) by its equikernels
+    equivalent sharing the same Parameters. ``model.state_dict()`` is unchanged. A module reached
+    through several parents is converted once and stays shared.
+
+    With ``fuse`` (default), whole layers are then rewired by the adapters of
+    ``equikernels.adapters``: message passing (gather -> tensor product with per-edge weights ->
+    scatter-sum) becomes one fused convolution on a graph shared by every layer, and mace-torch's
+    symmetric contraction runs as generated kernels; the layers keep their class names,
+    parameters, ``state_dict`` keys and call signatures. The report lists what was fused and why
+    a recognised layer was not.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if _is_e3nn(model) and _acceleratewhy_not_convertible(model) is None:
+        raise TypeError(f"model: {type(model).__name__} is itself a supported e3nn module and cannot be replaced "
+                        "in place; use equikernels.from_e3nn(model)")
+    report = AccelerateReport()
+    done = {}  # id(old module) -> new module
+
+    def walk(parent: nn.Module, prefix: str, report_e3nn: bool) -> int:
+        """Convert below ``parent``; returns how many modules were replaced there."""
+        count = 0
+        for name, child in list(parent._modules.items()):
+            if child is None:
+                continue
+            full = f"{prefix}.{name}" if prefix else name
+            if id(child) in done:
+                setattr(parent, name, done[id(child)])
+                continue
+            why = _acceleratewhy_not_convertible(child) if _is_e3nn(child) else None
+            if _is_e3nn(child) and why is None:
+                new = from_e3nn(child)
+                done[id(child)] = new
+                setattr(parent, name, new)
+                report.replaced.append((full, type(child).__name__, f"equikernels.{type(new).__name__}"))
+                count += 1
+                continue
+            if _is_e3nn(child) and report_e3nn:  # report the outermost kept e3nn module only
+                entry = len(report.left_alone)
+                report.left_alone.append((full, type(child).__name__, why))
+                n = walk(child, full, False)
+                if n:
+                    report.left_alone[entry] = (full, type(child).__name__,
+                                                f"{why}; {n} submodule(s) inside it replaced")
+            else:
+                n = walk(child, full, report_e3nn and not _is_e3nn(child))
+            count += n
+        return count
+
+    n = walk(model, "", not _is_e3nn(model))
+    if _is_e3nn(model):
+        note = f"; {n} submodule(s) inside it replaced" if n else ""
+        report.left_alone.insert(0, ("", type(model).__name__, f"{_acceleratewhy_not_convertible(model)}{note}"))
+    if fuse:
+        accelerate_layers(model, report)
+    return report
