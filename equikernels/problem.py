@@ -42,6 +42,11 @@ class TensorProductKeyError(TensorProductError, KeyError):
     """An unknown connection mode: e3nn raises KeyError here."""
 
 
+class MissingWeightError(ValueError, RuntimeError):
+    """A weighted product called without weights (``internal_weights=False``): a ValueError, and the
+    RuntimeError e3nn raises for it."""
+
+
 def parse_irreps(value, name: str) -> Tuple[Irrep, ...]:
     """Irreps (string, e3nn Irreps or list of (mul, (l, p))) -> tuple of (mul, l, p)."""
     try:

@@ -73,3 +73,13 @@ def test_graph_with_other_edges_is_refused():
         tensor_product_conv(p, x, y, w, src, dst, graph=(src, dst))
     with pytest.raises(ValueError, match="src and dst: required"):
         tensor_product_conv(p, x, y, w, None, None)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_zero_width_operand_with_broadcast_batch(backend):
+    """An operand with no features (empty irreps) and broadcast batch dimensions: zeros of the
+    broadcast shape, as e3nn gives."""
+    from equikernels.nn import FullyConnectedTensorProduct
+    tp = FullyConnectedTensorProduct("0e + 1e", "", "0e + 1e", backend=backend)
+    out = tp(torch.randn(1, 2, 4), torch.randn(2, 1, 0))
+    assert out.shape == (2, 2, 4) and (out == 0).all()

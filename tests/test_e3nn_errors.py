@@ -75,3 +75,15 @@ def test_codegen_attributes_are_kept():
     tp = enn.FullyConnectedTensorProduct("2x0e", "0e", "0e")
     assert tp._specialized_code is True and tp._optimize_einsums is True
     assert enn.Linear("0e", "0e", _optimize_einsums=False)._optimize_einsums is False
+
+
+def test_missing_weight_is_a_runtime_error_as_in_e3nn():
+    import torch
+    args = ("2x0e", "0e", "2x0e")
+    x, y = torch.randn(3, 2), torch.randn(3, 1)
+    with pytest.raises(RuntimeError):
+        o3.FullyConnectedTensorProduct(*args, internal_weights=False, shared_weights=False)(x, y)
+    tp = enn.FullyConnectedTensorProduct(*args, internal_weights=False, shared_weights=False)
+    with pytest.raises(RuntimeError, match="weight: required") as info:
+        tp(x, y)
+    assert isinstance(info.value, ValueError)

@@ -19,7 +19,7 @@ from e3nn.util.jit import compile_mode  # noqa: E402
 
 from ..ops import tensor_product as _tensor_product
 from ..ops.tp import check_dtypes
-from ..problem import TensorProductError, TPProblem, parse_irreps
+from ..problem import MissingWeightError, TensorProductError, TPProblem, parse_irreps
 from ._script import script_tensor_product, tp_script_data
 
 __all__ = ["TensorProduct", "FullyConnectedTensorProduct", "ElementwiseTensorProduct", "FullTensorProduct",
@@ -145,7 +145,7 @@ class TensorProduct(nn.Module):
             weight = torch.cat([w.reshape(lead(w, s) + (math.prod(s),)) for w, s in zip(weight, shapes)], -1)
         if weight is None:
             if self.weight_numel > 0 and not self.internal_weights:
-                raise ValueError("weight: required, this tensor product has internal_weights=False "
+                raise MissingWeightError("weight: required, this tensor product has internal_weights=False "
                                  f"(expected shape {'(' if self.shared_weights else '(..., '}{self.weight_numel},))")
             weight = self.weight
         return weight if self.weight_numel > 0 else None

@@ -695,9 +695,10 @@ def tensor_product(problem: TPProblem, x: Tensor, y: Tensor, weight: Optional[Te
             except RuntimeError:
                 raise ValueError(f"weight: batch dimensions {tuple(weight.shape[:-1])} do not broadcast with "
                                  f"{tuple(batch)}") from None
-            w = weight.expand(batch + (nw,)).reshape(-1, nw).contiguous()
-    xf = x.expand(batch + x.shape[-1:]).reshape(-1, x.shape[-1]).contiguous()
-    yf = y.expand(batch + y.shape[-1:]).reshape(-1, y.shape[-1]).contiguous()
+            w = weight.expand(batch + (nw,)).reshape(batch.numel(), nw).contiguous()
+    # explicit row counts: reshape(-1, 0) is ambiguous for zero-width (empty-irreps) operands
+    xf = x.expand(batch + x.shape[-1:]).reshape(batch.numel(), x.shape[-1]).contiguous()
+    yf = y.expand(batch + y.shape[-1:]).reshape(batch.numel(), y.shape[-1]).contiguous()
     out = fwd(xf, yf, w, spec, be, math_dtype, output_dtype)
     return out.reshape(batch + (problem.dim_out,))
 
