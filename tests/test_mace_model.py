@@ -323,10 +323,10 @@ def test_bad_inputs(tmp_path):
         _one(_molecule(), head="nope", heads=["Default"])
     with pytest.raises(ValueError, match="r_max"):
         atoms_to_data(_molecule(), -1.0, ZS)
-    with pytest.raises(FileNotFoundError, match="path"):
+    with pytest.raises(FileNotFoundError, match="no such model file"):
         load(tmp_path / "missing.pt")
     (tmp_path / "junk.pt").write_bytes(b"not a model")
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError, match="junk.pt: not a model file, it is text"):
         load(tmp_path / "junk.pt")
     with pytest.raises(TypeError, match="model"):
         save(torch.nn.Linear(1, 1), tmp_path / "x.pt")
