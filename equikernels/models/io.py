@@ -399,7 +399,7 @@ def _build_checked(path: str, config, state) -> MACE:
         return build(json.loads(config) if isinstance(config, str) else config, state)
     except (ValueError, KeyError, TypeError, RuntimeError, AttributeError, IndexError) as exc:
         raise ValueError(f"{path}: the model's config and weights do not fit together "
-                         f"({type(exc).__name__}: {_first_line(exc)}); was it written by another version?") from None
+                         f"({type(exc).__name__}: {_first_line(exc)}); was it written by another version?") from exc
 
 
 def _first_line(exc: BaseException) -> str:
