@@ -119,7 +119,6 @@ def mace_cells(dtype: torch.dtype, reps: int) -> List[Dict]:
         return [{"cell": "MACE E+F", "baseline": "mace-torch", "absent": f"{type(exc).__name__}: {exc}"}]
     from equikernels.models import atoms_to_data, from_mace
 
-    torch.serialization.add_safe_globals([slice])
     atoms = ase.build.bulk("Cu", "fcc", a=3.6, cubic=True).repeat((3, 3, 3))
     atoms.rattle(0.05, seed=0)
     model = _mace_model(dtype)
@@ -173,6 +172,7 @@ def main(argv=None) -> None:
     ap.add_argument("--skip-mace", action="store_true")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "cpu"))
     args = ap.parse_args(argv)
+    torch.serialization.add_safe_globals([slice])  # e3nn 0.4.4 loads its constants with torch.load (torch >= 2.6)
     names = [n for n in args.problems.split(",") if n]
     results = []
     for threads in [int(t) for t in args.threads.split(",")]:

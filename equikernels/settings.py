@@ -138,9 +138,9 @@ class Settings:
     otherwise). ``None``: unset, the code's own choice applies."""
 
     # --- what runs ---------------------------------------------------------------------------------
-    backend: str = _var("auto", _Choice("auto", "triton", "reference"),
-                        "Default backend of every op: triton on CUDA when Triton is importable (auto), "
-                        "or always the given one; a backend= argument wins")
+    backend: str = _var("auto", _Choice("auto", "triton", "reference", "cpu"),
+                        "Default backend of every op: triton on CUDA when Triton is importable, cpu (dense "
+                        "contractions) on CPU (auto), or always the given one; a backend= argument wins")
     autotune: bool = _var(False, _FLAG, "Time candidate launch shapes / dataflows on first use and cache the "
                                         "fastest (equikernels.tune)")
     native: str = _var("auto", _Choice("auto", "0", "1"),

@@ -131,7 +131,7 @@ def test_bad_layout(per_row):
 
 def test_bad_backend(per_row, monkeypatch):
     x, y, w = _xyw()
-    with pytest.raises(ValueError, match=r"backend: expected one of \('auto', 'triton', 'reference'\), got 'cuda'"):
+    with pytest.raises(ValueError, match=r"backend: expected one of \('auto', 'triton', 'reference', 'cpu'\), got 'cuda'"):
         tensor_product(per_row, x, y, w, backend="cuda")
     monkeypatch.setenv("EQUIKERNELS_BACKEND", "fast")
     with pytest.raises(ValueError, match=r"EQUIKERNELS_BACKEND: expected one of .*got 'fast'"):

@@ -247,7 +247,7 @@ class CpuPlan:
                 if not w_rows:
                     res.narrow(0, it.w_off, it.w_numel).add_(r.reshape(-1))
                 else:
-                    res.narrow(1, it.w_off, it.w_numel).add_(r.reshape(z, -1))
+                    res.narrow(1, it.w_off, it.w_numel).add_(r.reshape(z, it.w_numel))
             else:
                 r = _broadcast(term, r, it.subs[target], z, it.sizes)
                 _seg_view(res, it.segs[target], self.layout).add_(r)
