@@ -68,3 +68,22 @@ def test_non_finite_positions_are_refused(cu_model):
     atoms.calc = MACECalculator(cu_model, device="cpu")
     with pytest.raises(ValueError, match=r"positions of atoms 1 are not finite"):
         atoms.get_potential_energy()
+
+
+def test_failure_mid_run_is_recorded(cu_model, tmp_path, monkeypatch, single_thread):
+    import equikernels.calculators.md as md_module
+
+    atoms = bulk("Cu", "fcc", a=3.61, cubic=True)
+    atoms.calc = MACECalculator(cu_model, device="cpu")
+    real = md_module.make_dynamics
+
+    def collapsing(atoms, settings):  # after step 3, atom 3 lands on atom 0
+        dyn = real(atoms, settings)
+        dyn.attach(lambda: dyn.nsteps == 3 and atoms.positions.__setitem__(3, atoms.positions[0].copy()))
+        return dyn
+    monkeypatch.setattr(md_module, "make_dynamics", collapsing)
+    with pytest.raises(NonFiniteError, match="0 and 3"):
+        run_md(atoms, MDSettings(steps=10, ensemble="nve", log_interval=0, traj_interval=0), out_dir=str(tmp_path),
+               progress=False)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed" and "0 and 3" in summary["error"] and summary["steps_done"] == 3
