@@ -118,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
     threads = f", {calc.num_threads} thread{'s' if calc.num_threads != 1 else ''}" if calc.device.type == "cpu" else ""
     print(f"equikernels md: {len(atoms)} atoms ({atoms.get_chemical_formula()}, {structure}), {settings.ensemble} "
           f"at {settings.temperature_K:g} K, {steps} steps of {settings.timestep_fs:g} fs{steps_note}", flush=True)
-    print(f"  model {model} on {calc.device} ({dtype}{threads})", flush=True)
+    compiles = " (the first evaluation compiles kernels)" if calc.device.type == "cuda" else ""
+    print(f"  model {model} on {calc.device} ({dtype}{threads}){compiles}", flush=True)
     step_s = time_one_step(atoms, settings)  # fails here, before the run, for structures the model cannot run
     print(f"  {step_s:.3g} s per step: estimated {_seconds(step_s * steps)} for {steps} steps; output in {args.out}",
           flush=True)
