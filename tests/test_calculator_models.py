@@ -111,3 +111,19 @@ def test_float32(model):
     assert forces.dtype == np.float64  # ASE gets float64 whatever the model's precision
     np.testing.assert_allclose(forces, ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
     assert torch.get_default_dtype() == torch.float32  # the calculator leaves the global default alone
+
+
+def test_cell_relaxation_takes_stress_from_the_same_evaluation(model):
+    """An optimiser on a cell filter asks for forces and stress at every step: one model call each."""
+    from ase.filters import FrechetCellFilter
+    from ase.optimize import FIRE
+
+    atoms = crystal()
+    calc = MACECalculator(copy.deepcopy(model), device="cpu")
+    calls = []
+    forward = calc.model.forward
+    calc.model.forward = lambda *a, **k: calls.append(k.get("compute_stress")) or forward(*a, **k)
+    atoms.calc = calc
+    opt = FIRE(FrechetCellFilter(atoms), logfile=None)
+    opt.run(fmax=1e-6, steps=5)
+    assert len(calls) <= opt.nsteps + 2 and all(calls[1:])
