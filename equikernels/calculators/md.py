@@ -17,6 +17,8 @@ from typing import Callable, Dict, Optional
 import numpy as np
 from ase import Atoms, units
 
+from .._files import atomic_write
+
 ENSEMBLES = ("nve", "nvt-langevin", "npt")
 
 
@@ -324,8 +326,12 @@ def run_md(atoms: Atoms, settings: MDSettings, out_dir: Optional[str] = None, pr
         "neighbor_list_builds": getattr(getattr(calc, "neighbors", None), "num_builds", None),
     })
     if out_dir is not None:
-        with open(os.path.join(out_dir, "summary.json"), "w") as fh:
-            json.dump(summary, fh, indent=2, allow_nan=False)
+        text = json.dumps(summary, indent=2, allow_nan=False)
+
+        def write(tmp: str) -> None:
+            with open(tmp, "w") as fh:
+                fh.write(text)
+        atomic_write(os.path.join(out_dir, "summary.json"), write)
     if error is not None:
         raise error
     return summary
