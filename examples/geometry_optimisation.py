@@ -7,7 +7,6 @@ ASE's BFGS and FrechetCellFilter (forces and stress from the calculator), then a
 import argparse
 
 import numpy as np
-import torch
 from ase.build import bulk, fcc111
 from ase.filters import FrechetCellFilter
 from ase.optimize import BFGS
@@ -22,8 +21,6 @@ def main():
     parser.add_argument("--device", default=None)
     parser.add_argument("--fmax", type=float, default=0.01, help="force convergence, eV/A")
     args = parser.parse_args()
-    if args.device in (None, "cpu") and not torch.cuda.is_available():
-        torch.set_num_threads(1)  # a few dozen atoms: extra CPU threads cost more than they save
 
     crystal = bulk("Cu", "fcc", a=3.75, cubic=True).repeat(2)  # 4 % too large, and rattled
     crystal.rattle(0.05, seed=0)

@@ -10,7 +10,6 @@ is conserved), not chemistry.
 import argparse
 
 import numpy as np
-import torch
 from ase import units
 from ase.build import molecule
 from ase.md.verlet import VelocityVerlet
@@ -27,8 +26,6 @@ def main():
     parser.add_argument("--timestep", type=float, default=0.5, help="fs")
     parser.add_argument("--device", default=None)
     args = parser.parse_args()
-    if args.device in (None, "cpu") and not torch.cuda.is_available():
-        torch.set_num_threads(1)  # a few dozen atoms: extra CPU threads cost more than they save
 
     atoms = molecule("CH3CH2OH")
     model, description = example_model(atoms.numbers, args.model)
