@@ -413,6 +413,15 @@ def _describe(obj) -> str:
     return f"a {type(obj).__name__}"
 
 
+def load_mace_module(path: Union[str, os.PathLike]) -> Optional[torch.nn.Module]:
+    """The mace-torch module pickled in ``path`` (checked and announced as ``load`` does), or None
+    when ``path`` is in our own format; ``ValueError`` for a file that is neither."""
+    path = os.fspath(path)
+    if os.path.isdir(path) or _torch_load_safe(path, "a mace-torch .model file") is not _NEEDS_PICKLE:
+        return None
+    return _load_mace_file(path)
+
+
 def _load_mace_file(path: str):
     try:
         import mace  # noqa: F401,PLC0415  (registers the classes the pickle refers to)

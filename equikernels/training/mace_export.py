@@ -71,12 +71,12 @@ def _load_template(path: Optional[str]):
     if not path:
         return None
     try:
-        from ..models.io import _load_mace_file
+        from ..models.io import load_mace_module
 
-        obj = _load_mace_file(path)
-    except Exception:  # our own format, or not a model: build from the config instead
+        obj = load_mace_module(path)
+    except (ImportError, ValueError, OSError):  # not a loadable mace-torch file: build from the config
         return None
-    return obj if type(obj).__module__.startswith("mace.") else None
+    return obj if obj is not None and type(obj).__module__.startswith("mace.") else None
 
 
 def to_mace(model, template: Optional[str] = None) -> torch.nn.Module:
