@@ -201,9 +201,6 @@ class EquikernelsMLIAP(MLIAPUnified):
         # the receiver is the centre i: vectors = x_i - x_j = -rij, so dE/drij = -dE/dvectors
         vectors = (-rij).to(dtype)
         edge_index = torch.stack((pair_j, pair_i))
-        if npairs == 0:  # the kernels need an edge: one beyond the cutoff, whose messages are exact zeros
-            vectors = torch.tensor([[2.0 * float(model.r_max) + 1.0, 0.0, 0.0]], dtype=dtype, device=device)
-            edge_index = torch.zeros(2, 1, dtype=torch.int64, device=device)
         vectors.requires_grad_(True)
         with torch.enable_grad():
             node_energy = model.edge_node_energies(node_attrs, edge_index, vectors, self._head(device), num_out,
