@@ -8,6 +8,8 @@ import torch
 
 import equikernels.nn as enn
 
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
+
 MODES = ["uvw", "uvu", "uvv", "uuw", "uuu", "uvuv", "uvu<v", "u<vw"]
 
 
@@ -84,3 +86,18 @@ def test_convolution_refuses_torchscript_naming_export():
     conv = enn.TensorProductConv("2x0e", "0e", "2x0e", [(0, 0, 0, "uvw", True)])
     with pytest.raises(RuntimeError, match="use torch.export"):
         torch.jit.script(torch.nn.Sequential(conv))
+
+
+def test_linear_weight_view_for_instruction_and_dynamo():
+    """e3nn's Linear API: per-instruction weight views (writes reach the module); and torch.compile of
+    a freshly built Linear (no guards on e3nn Irreps objects, which dynamo cannot guard)."""
+    m = enn.Linear("4x0e + 3x1o + 2x0e", "2x1o + 8x0e", instructions=[(0, 1), (1, 0)])
+    assert m.weight_view_for_instruction(0).shape == (4, 8) and m.weight_view_for_instruction(1).shape == (3, 2)
+    with torch.no_grad():
+        m.weight_view_for_instruction(1).fill_(0.0)
+    x = torch.randn(3, m.irreps_in.dim)
+    assert (m(x)[:, :6] == 0).all()
+    fresh = enn.Linear("2x0e+1x1o", "3x0e+1x1o")
+    compiled = torch.compile(fresh, backend="eager", fullgraph=True)
+    x = torch.randn(4, 5)
+    torch.testing.assert_close(compiled(x), fresh(x))

@@ -15,7 +15,8 @@ from .._compat import o3
 from e3nn.o3._linear import Instruction  # noqa: E402 (after the safe e3nn import)
 from e3nn.util.jit import compile_mode  # noqa: E402
 
-from ..problem import TensorProductError, TensorProductIndexError, TensorProductTypeError, parse_irreps
+from ..problem import (MissingWeightError, TensorProductError, TensorProductIndexError, TensorProductTypeError,
+                       parse_irreps)
 from ..reference import autocast_on
 from ._script import linear_script_data, script_linear
 
@@ -149,6 +150,9 @@ class Linear(nn.Module):
         self.register_buffer("output_mask", output_mask)
         self._ts_recs, self._ts_alphas, self._ts_biases, self._ts_blocks = linear_script_data(self)
         self._ts_f = [f_in or 0, f_out or 0, irreps_in.dim]  # (0: no f axes)
+        # plain ints for the hot path: torch.compile cannot guard on e3nn Irreps objects
+        self._in_dims = [mul_ir.dim for mul_ir in irreps_in]
+        self._fast_plan()
 
     def _script_forward(self, features: torch.Tensor, weight: Optional[torch.Tensor],
                         bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -196,6 +200,18 @@ class Linear(nn.Module):
             raise ValueError(f"{name}: expected shape {want}, got {tuple(value.shape)}")
         return value
 
+    def weight_view_for_instruction(self, instruction: int, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """View of the weights of one (non-bias) instruction, ``batch + (f_in, f_out,) + (mul_in, mul_out)``."""
+        ins = self.instructions[instruction]
+        if ins.i_in == -1:
+            raise ValueError(f"instruction: {instruction} is a bias, it has no weights")
+        if weight is None:
+            if not self.internal_weights:
+                raise MissingWeightError("weight: required, this Linear has internal_weights=False")
+            weight = self.weight
+        offset = sum(math.prod(i.path_shape) for i in self.instructions[:instruction] if i.i_in != -1)
+        return weight.narrow(-1, offset, math.prod(ins.path_shape)).view(weight.shape[:-1] + ins.path_shape)
+
     def weight_views(self, weight: Optional[torch.Tensor] = None, yield_instruction: bool = False):
         """Per-instruction views ``batch + (f_in, f_out,) + (mul_in, mul_out)`` of the (non-bias) weights."""
         weight = self.weight if weight is None else weight
@@ -234,7 +250,7 @@ class Linear(nn.Module):
         return plan
 
     def _in_sizes(self) -> List[int]:
-        return [mul_ir.dim for mul_ir in self.irreps_in]
+        return self._in_dims
 
     def _scaled_weight(self, alpha: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """weight * path weights in ``dtype`` (the features': float32 masters round to half for
@@ -293,7 +309,7 @@ class Linear(nn.Module):
                  bias: Optional[torch.Tensor]) -> torch.Tensor:
         if weight is None and bias is None and isinstance(features, torch.Tensor):
             plan = self._fast_plan()
-            if (plan is not None and features.dim() >= 1 and features.shape[-1] == self.irreps_in.dim
+            if (plan is not None and features.dim() >= 1 and features.shape[-1] == self._ts_f[2]
                     and (features.dtype == self.weight.dtype
                          or (features.dtype in (torch.float16, torch.bfloat16) and self.weight.dtype == torch.float32))
                     and features.device == self.weight.device
