@@ -87,3 +87,18 @@ def test_missing_weight_is_a_runtime_error_as_in_e3nn():
     with pytest.raises(RuntimeError, match="weight: required") as info:
         tp(x, y)
     assert isinstance(info.value, ValueError)
+
+
+def test_per_row_weights_need_a_batch_dimension_as_in_e3nn():
+    import torch
+    args = ("1e", "1e", "1e")
+    x = torch.randn(2, 3)
+    ref = o3.FullyConnectedTensorProduct(*args, internal_weights=False, shared_weights=False)
+    with pytest.raises(AssertionError):
+        ref(x, x, torch.randn(ref.weight_numel))
+    tp = enn.FullyConnectedTensorProduct(*args, internal_weights=False, shared_weights=False)
+    with pytest.raises(TensorProductError, match="need a batch dimension"):
+        tp(x, x, torch.randn(tp.weight_numel))
+    with pytest.raises(torch.jit.Error, match="batch dimension"):
+        torch.jit.script(tp)(x, x, torch.randn(tp.weight_numel))
+    assert tp(x, x, torch.randn(1, tp.weight_numel)).shape == (2, 3)

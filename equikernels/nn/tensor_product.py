@@ -148,6 +148,10 @@ class TensorProduct(nn.Module):
                 raise MissingWeightError("weight: required, this tensor product has internal_weights=False "
                                  f"(expected shape {'(' if self.shared_weights else '(..., '}{self.weight_numel},))")
             weight = self.weight
+        elif (not self.shared_weights and self.weight_numel > 0 and isinstance(weight, torch.Tensor)
+              and weight.dim() < 2):
+            raise TensorProductError(f"weight: per-row weights (shared_weights=False) need a batch dimension, "
+                                     f"[..., {self.weight_numel}], got shape {tuple(weight.shape)}")
         return weight if self.weight_numel > 0 else None
 
     def weight_view_for_instruction(self, instruction: int, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -186,6 +190,9 @@ class TensorProduct(nn.Module):
             w = weight
         if self.weight_numel > 0 and w.shape[-1] != self.weight_numel:
             raise ValueError(f"weight: expected last dimension {self.weight_numel}, got {w.shape[-1]}")
+        if self.weight_numel > 0 and (w.dim() != 1 if self.shared_weights else w.dim() < 2):
+            raise ValueError("weight: expected shape [weight_numel] (shared) or [..., weight_numel] with a batch "
+                             "dimension (shared_weights=False)")
         return script_tensor_product(x, y, w, self.shared_weights, self._ts_recs, self._ts_modes, self._ts_alphas,
                                      self._ts_blocks, self._ts_w3j, self._ts_dims[2], self._ts_ir_mul)
 
