@@ -164,7 +164,8 @@ def test_chunked_equals_unchunked_fp32(name, count_chunked, device):
     assert count_chunked["convs"] == 2
     assert _rel(out["energy"], ref["energy"]) < 1e-6
     for key in ("forces", "stress"):
-        assert _rel(out[key], ref[key]) < max(1e-6, _rel(ref[key], exact[key])), key
+        # two float32 evaluations summing in different orders: within twice the float32 error
+        assert _rel(out[key], ref[key]) < max(1e-6, 2 * _rel(ref[key], exact[key])), key
 
 
 def test_no_grad_energy(count_chunked):
