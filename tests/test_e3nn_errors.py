@@ -4,7 +4,7 @@ the triangle rule, TypeError for a float index, ...), so code written against e3
 import pytest
 
 import equikernels.nn as enn
-from equikernels._compat import o3
+from equikernels._compat import E3NN_VERSION, o3
 from equikernels.problem import TensorProductError
 
 W = [(0, 0, 0, "uvw", True)]
@@ -54,8 +54,9 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_error_is_catchable_as_e3nn_raises_it(name):
     build, e3nn_type, message = CASES[name]
-    with pytest.raises(e3nn_type):
-        build(o3)
+    if not (name.startswith("sh") and E3NN_VERSION < (0, 5)):  # older e3nn accepts some bad degrees
+        with pytest.raises(e3nn_type):
+            build(o3)
     with pytest.raises(TensorProductError, match=message) as info:
         build(enn)
     assert isinstance(info.value, ValueError) and isinstance(info.value, e3nn_type)

@@ -3,7 +3,6 @@
 The polynomials themselves are e3nn's (already fused elementwise code, cheap next to the tensor
 products), evaluated by a private e3nn instance so the numbers match the installed e3nn exactly.
 """
-import math
 from typing import List, Optional
 
 import torch
@@ -48,6 +47,22 @@ def _check_ls(irreps_out) -> None:
         raise TensorProductError(f"irreps_out: expected at least one degree l, got {irreps_out!r}")
 
 
+def _block_factors(impl) -> List[float]:
+    """Per requested l, the factor between the installed e3nn's output and its raw polynomial
+    ``_spherical_harmonics`` (the normalisation convention differs between e3nn versions)."""
+    probe = torch.tensor([0.3, -0.5, 0.81], dtype=torch.float64)
+    probe = probe / probe.norm()
+    with torch.no_grad():
+        out = impl(probe)
+        raw = _spherical_harmonics(impl._lmax, probe[0], probe[1], probe[2])
+    factors, off = [], 0
+    for l in impl._ls_list:
+        d = 2 * l + 1
+        factors.append(float(out[off:off + d].norm() / raw[l * l:l * l + d].norm()))
+        off += d
+    return factors
+
+
 @compile_mode("script")
 class SphericalHarmonics(nn.Module):
     """Drop-in ``e3nn.o3.SphericalHarmonics(irreps_out, normalize, normalization, irreps_in)``.
@@ -59,6 +74,7 @@ class SphericalHarmonics(nn.Module):
     """
 
     _ls_list: List[int]
+    _ts_factors: List[float]
 
     def __init__(self, irreps_out, normalize: bool, normalization: str = "integral", irreps_in=None, *,
                  layout: str = "mul_ir") -> None:
@@ -75,6 +91,7 @@ class SphericalHarmonics(nn.Module):
         self.normalize, self.normalization = normalize, normalization
         self._ls_list, self._lmax, self._is_range_lmax = impl._ls_list, impl._lmax, impl._is_range_lmax
         self.layout = layout
+        self._ts_factors = _block_factors(impl)
         perm = ir_mul_permutation(self.irreps_out) if layout == "ir_mul" else None
         self.register_buffer("_perm", perm, persistent=False)  # e3nn's module has no state to mirror
 
@@ -103,15 +120,13 @@ class SphericalHarmonics(nn.Module):
         return self._impl[0](x)
 
     def _script_sh(self, x: torch.Tensor) -> torch.Tensor:
-        """e3nn's forward, for TorchScript (the private e3nn instance is not scriptable)."""
+        """e3nn's forward, for TorchScript (the private e3nn instance is not scriptable): its raw
+        polynomials times the per-l factors measured at construction."""
         if self.normalize:
             x = torch.nn.functional.normalize(x, dim=-1)
         sh = _spherical_harmonics(self._lmax, x[..., 0], x[..., 1], x[..., 2])
         if not self._is_range_lmax:
             sh = torch.cat([sh[..., l * l:(l + 1) * (l + 1)] for l in self._ls_list], dim=-1)
-        if self.normalization == "integral":
-            sh = sh / math.sqrt(4 * math.pi)
-        elif self.normalization == "norm":
-            sh = sh / torch.cat([math.sqrt(2 * l + 1) * torch.ones(2 * l + 1, dtype=sh.dtype, device=sh.device)
-                                 for l in self._ls_list])
-        return sh
+        ls, fs = self._ls_list, self._ts_factors
+        return sh * torch.cat([fs[k] * torch.ones(2 * ls[k] + 1, dtype=sh.dtype, device=sh.device)
+                               for k in range(len(ls))])
