@@ -101,3 +101,19 @@ def test_linear_weight_view_for_instruction_and_dynamo():
     compiled = torch.compile(fresh, backend="eager", fullgraph=True)
     x = torch.randn(4, 5)
     torch.testing.assert_close(compiled(x), fresh(x))
+
+
+def test_modules_pickled_without_derived_attributes_still_work():
+    """Modules pickled before the plain-int attributes existed rebuild them when unpickled."""
+    import pickle
+    mods = [(enn.FullyConnectedTensorProduct("2x0e+1x1o", "0e+1o", "2x0e+1x1o"), (torch.randn(3, 5), torch.randn(3, 4))),
+            (enn.Linear("2x0e+1x1o", "3x0e+1x1o"), (torch.randn(3, 5),)),
+            (enn.SphericalHarmonics([1, 2], True), (torch.randn(3, 3),))]
+    for m, args in mods:
+        ref = m(*args)
+        for k in [k for k in m.__dict__ if k.startswith(("_ts_", "_in_dims", "_plan", "_scaled", "_specialized",
+                                                         "_optimize"))]:
+            del m.__dict__[k]
+        back = pickle.loads(pickle.dumps(m))
+        torch.testing.assert_close(back(*args), ref)
+        torch.testing.assert_close(torch.jit.script(back)(*args), ref)

@@ -148,11 +148,21 @@ class Linear(nn.Module):
         else:
             output_mask = torch.ones(0)
         self.register_buffer("output_mask", output_mask)
+        self._derived()
+
+    def _derived(self) -> None:
+        """Plain-int forms of the irreps (the hot path, TorchScript): torch.compile cannot guard on
+        e3nn Irreps objects, TorchScript cannot read them."""
         self._ts_recs, self._ts_alphas, self._ts_biases, self._ts_blocks = linear_script_data(self)
-        self._ts_f = [f_in or 0, f_out or 0, irreps_in.dim]  # (0: no f axes)
-        # plain ints for the hot path: torch.compile cannot guard on e3nn Irreps objects
-        self._in_dims = [mul_ir.dim for mul_ir in irreps_in]
+        self._ts_f = [self.f_in or 0, self.f_out or 0, self.irreps_in.dim]  # (0: no f axes)
+        self._in_dims = [mul_ir.dim for mul_ir in self.irreps_in]
         self._fast_plan()
+
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        if "_ts_f" not in self.__dict__:  # pickled by an earlier version
+            self.__dict__.setdefault("_optimize_einsums", None)
+            self._derived()
 
     def _script_forward(self, features: torch.Tensor, weight: Optional[torch.Tensor],
                         bias: Optional[torch.Tensor]) -> torch.Tensor:

@@ -95,6 +95,11 @@ class SphericalHarmonics(nn.Module):
         perm = ir_mul_permutation(self.irreps_out) if layout == "ir_mul" else None
         self.register_buffer("_perm", perm, persistent=False)  # e3nn's module has no state to mirror
 
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        if "_ts_factors" not in self.__dict__:  # pickled by an earlier version
+            self._ts_factors = _block_factors(self._impl[0])
+
     def __repr__(self) -> str:
         lay = "" if self.layout == "mul_ir" else f", layout={self.layout}"
         return f"{self.__class__.__name__}({self._ls_list}, normalize={self.normalize}{lay})"

@@ -122,11 +122,21 @@ class TensorProduct(nn.Module):
         # checkpoints load both ways (never used to compute: our coefficients live in the IR)
         self._compiled_main_left_right = _CodegenConstants(_e3nn_constants(self, _specialized_code))
         self._compiled_main_right = _CodegenConstants({})
-        # what the TorchScript form needs (plain attributes: not in state_dict, as in e3nn)
+        self._derived()
+
+    def _derived(self) -> None:
+        """What the TorchScript form needs (plain attributes: not in state_dict, as in e3nn)."""
         (self._ts_recs, self._ts_modes, self._ts_alphas, self._ts_blocks,
          self._ts_w3j) = tp_script_data(self)
-        self._ts_ir_mul = layout == "ir_mul"
-        self._ts_dims = [p.dim_in1, p.dim_in2, p.dim_out]
+        self._ts_ir_mul = self.layout == "ir_mul"
+        self._ts_dims = [self.problem.dim_in1, self.problem.dim_in2, self.problem.dim_out]
+
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        if "_ts_dims" not in self.__dict__:  # pickled by an earlier version
+            self._derived()
+            self.__dict__.setdefault("_specialized_code", True)
+            self.__dict__.setdefault("_optimize_einsums", True)
 
     def __repr__(self) -> str:
         npath = sum(math.prod(i.path_shape) for i in self.instructions)
