@@ -268,7 +268,6 @@ class RadialMLP(nn.Module):
         return (self.act(z) if self.act is not None else z), ws[-1]
 
 
-
 def _half_weights(mlp: "RadialMLP", ws: List[torch.Tensor], x: torch.Tensor) -> List[torch.Tensor]:
     """float32 weights for half-precision inputs: rounded to the input's type (matmuls in the half
     type, as autocast runs them; the cast's backward returns float32 gradients to the masters)."""
