@@ -16,11 +16,11 @@ import torch
 from torch import Tensor
 
 from .. import reference, settings
-from . import cpu_tp, native
+from . import cpu_e3nn, cpu_tp, native
 from ..ir import Table, double_backward_tables, grad_table, tp_table
 from ..problem import TPProblem, problem_from_spec
 
-BACKENDS = ("auto", "triton", "reference", "cpu")  # cpu: dense contractions (ops.cpu_tp)
+BACKENDS = ("auto", "triton", "reference", "cpu")  # cpu: e3nn's module (ops.cpu_e3nn) or dense contractions (ops.cpu_tp)
 LAYOUTS = reference.LAYOUTS
 NEED_X, NEED_Y, NEED_W = 1, 2, 4
 # Precision policy (docs in tensor_product): operands in any of STORAGE_DTYPES; float16, bfloat16
@@ -235,6 +235,12 @@ def _bwd_backward(ctx, ga, gb, gc):
         + (None, None, None, None)
 
 
+@functools.lru_cache(maxsize=None)
+def _has_unweighted(spec: str) -> bool:
+    """Whether the product mixes in instructions without weights (their paths do not depend on w)."""
+    return any(not ins.has_weight for ins in plan_of(spec).problem.instructions)
+
+
 def _have(a, b, c) -> str:
     """The cotangents present, as dbwd's ``have``."""
     return ("a" if a is not None else "") + ("b" if b is not None else "") + ("c" if c is not None else "")
@@ -265,16 +271,24 @@ def _double_backward(x, y, w, g, a, b, c, spec, be, m, nx, ny, nw, ng):
     def acc(old, new):
         return new if old is None else old + new
 
+    # the T(x, y, c) term is the part of T that depends on w: the unweighted instructions' T(x, y, 0)
+    # is taken out again (exact: T is affine in w)
+    c0 = torch.zeros_like(c) if c is not None and _has_unweighted(spec) else None
     if ng:
         for args in ((a, y, w), (x, b, w), (x, y, c)):
             if all(t is not None for t in args):
                 dg = acc(dg, fwd(*args, spec, be, m, g.dtype))  # dg in g's dtype
+        if c0 is not None:
+            dg = dg - fwd(x, y, c0, spec, be, m, g.dtype)
     if b is not None and (nx or nw):  # from T(x, b, w): d/dx and d/dw
         rx, _, rw = bwd(x, b, w, g, spec, be, (NEED_X if nx else 0) | (NEED_W if nw else 0), m)
         dx = acc(dx, rx) if nx else dx
         dw = acc(dw, rw) if nw else dw
     if c is not None and (nx or ny):  # from T(x, y, c)
         rx, ry, _ = bwd(x, y, c, g, spec, be, (NEED_X if nx else 0) | (NEED_Y if ny else 0), m)
+        if c0 is not None:
+            rx0, ry0, _ = bwd(x, y, c0, g, spec, be, (NEED_X if nx else 0) | (NEED_Y if ny else 0), m)
+            rx, ry = (rx - rx0 if nx else rx), (ry - ry0 if ny else ry)
         dx = acc(dx, rx) if nx else dx
         dy = acc(dy, ry) if ny else dy
     if a is not None and (ny or nw):  # from T(a, y, w)
@@ -621,7 +635,12 @@ def _bwd_native(x, y, w, g, spec, backend, need, math_dtype):
 def fwd(x, y, w, spec, backend, math_dtype=None, out_dtype=None):
     if _eager(x, y, w):
         # the eager path skips the dispatcher, so it applies tp_fwd's autocast rule itself
-        return _Fwd.apply(x, y, w, spec, backend, math_dtype, out_dtype or autocast_dtype(x))
+        out_dtype = out_dtype or autocast_dtype(x)
+        if backend == "cpu":
+            problem = plan_of(spec).problem
+            if cpu_e3nn.applicable(problem, x, y, w, math_dtype, out_dtype):  # e3nn's module, its autograd
+                return cpu_e3nn.forward(problem, plan_of(spec).layout, x, y, w)
+        return _Fwd.apply(x, y, w, spec, backend, math_dtype, out_dtype)
     return tp_fwd(x, y, w, spec, backend, math_dtype, out_dtype)
 
 

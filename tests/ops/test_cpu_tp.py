@@ -1,4 +1,4 @@
-"""The CPU tensor product (dense per-instruction contractions, ``ops.cpu_tp``) against the
+"""The dense CPU tensor product (per-instruction contractions, ``ops.cpu_tp``) against the
 path-table reference and e3nn in float64: every connection mode, both layouts, shared and per-row
 weights, forward, backward and double backward, gradcheck / gradgradcheck on tiny problems."""
 import pytest
@@ -10,6 +10,14 @@ from problems import (e3nn_forward_backward, e3nn_tp, ek_forward_backward, ir_mu
                       problem_of, random_inputs, random_problem, rel_err, supported_modes)
 
 MODES = ("uvw", "uvu", "uvv", "uuw", "uuu", "uvuv", "uvu<v", "u<vw")
+
+
+@pytest.fixture(autouse=True)
+def dense_only(monkeypatch):
+    """These tests are about the dense contractions: the e3nn-backed CPU path is kept out."""
+    from equikernels.ops import cpu_e3nn
+
+    monkeypatch.setattr(cpu_e3nn, "use_e3nn", lambda problem: False)
 
 
 def test_cpu_is_the_default_on_cpu():
