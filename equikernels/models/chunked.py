@@ -19,7 +19,7 @@ With gradients on, each chunk (MLP, cutoff, local graph, convolution) runs under
 inputs (views of one dst-sorted copy of edge_attrs, edge_feats and cutoff per layer: 27 floats per
 edge for MACE-MP-0's shapes), and
 the backward recomputes one chunk at a time, freeing each recomputed tensor as soon as it is used.
-Non-reentrant checkpointing is differentiable to any order (tests/test_mace_chunked.py: a force
+Non-reentrant checkpointing is differentiable to any order (tests/models/test_chunked.py: a force
 loss, ``create_graph=True``, differentiated again to the parameters), so force training works too;
 there the recomputed graph is kept for the second backward, so chunking saves little memory in
 training, only in energy + forces (MD, inference). Without gradients the chunks simply run in turn.

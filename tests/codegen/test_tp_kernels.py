@@ -1,6 +1,6 @@
 """Generated Triton kernels (interpreter on CPU, real GPU with -m gpu) against the reference.
 
-The reference itself is checked against e3nn in test_parity.py; here every mode, layout, weight
+The reference itself is checked against e3nn in ops/test_tp.py; here every mode, layout, weight
 sharing and dtype of the generated code is compared with it, outputs NaN-poisoned first.
 """
 import os
@@ -14,6 +14,7 @@ from equikernels.catalog import problem as catalog_problem
 from equikernels.catalog import standard_problems
 from equikernels.ops import tensor_product
 from equikernels.problem import TPProblem
+from tp_checks import _double_backward, _inputs, _rel, check_against_reference
 
 MODES = ["uvw", "uvu", "uvv", "uuw", "uuu", "uvuv", "uvu<v", "u<vw"]
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -45,38 +46,6 @@ def random_problem(seed: int, mode: str) -> TPProblem:
     return TPProblem.create(i1, i2, io, ins, shared_weights=rng.random() < 0.5, internal_weights=False,
                             irrep_normalization=rng.choice(["component", "norm", "none"]),
                             path_normalization=rng.choice(["element", "path", "none"]))
-
-
-def _inputs(p: TPProblem, rows: int, dtype, device, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    mk = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)  # noqa: E731
-    x, y = mk(rows, p.dim_in1), mk(rows, p.dim_in2)
-    w = mk(p.weight_numel) if p.shared_weights else mk(rows, p.weight_numel)
-    return x, y, w
-
-
-def _rel(a, b):
-    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-300))
-
-
-def check_against_reference(p: TPProblem, rows: int, dtype, layout: str, device: str = "cpu"):
-    tol = 1e-10 if dtype == torch.float64 else 1e-5
-    x, y, w = _inputs(p, rows, dtype, device)
-    # reference in float64 from the same (rounded) inputs
-    xr, yr, wr = (t.double().requires_grad_() for t in (x, y, w))
-    x, y, w = (t.requires_grad_() for t in (x, y, w))
-    out = tensor_product(p, x, y, w, layout=layout, backend="triton")
-    ref = tensor_product(p, xr, yr, wr, layout=layout, backend="reference")
-    assert not out.isnan().any(), "kernel left output elements unwritten"
-    assert _rel(out, ref) <= tol, f"forward: {_rel(out, ref):.2e}"
-    g = torch.randn_like(ref)
-    inputs = [t for t in (x, y, w) if t.numel()]
-    refs = [t for t in (xr, yr, wr) if t.numel()]
-    grads = torch.autograd.grad(out, inputs, g.to(dtype))
-    grads_ref = torch.autograd.grad(ref, refs, g)
-    for name, a, b in zip("xyw", grads, grads_ref):
-        assert not a.isnan().any(), f"grad {name}: unwritten elements"
-        assert _rel(a, b) <= tol, f"grad {name}: {_rel(a, b):.2e}"
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -172,15 +141,6 @@ def test_gradgradcheck_gpu():
     x, y, w = (t.requires_grad_() for t in _inputs(p, 4, torch.float64, "cuda"))
     f = lambda a, b, c: tensor_product(p, a, b, c, backend="triton")  # noqa: E731
     assert torch.autograd.gradgradcheck(f, (x, y, w))
-
-
-def _double_backward(fn, x, y, w):
-    out = fn(x, y, w)
-    g = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)
-    ins = [t for t in (x, y, w) if t.numel()]
-    grads = torch.autograd.grad((out * g).sum(), ins, create_graph=True)
-    loss = sum((gr * gr).sum() + gr.sin().sum() for gr in grads)
-    return torch.autograd.grad(loss, ins)
 
 
 @pytest.mark.parametrize("mode", ["uvw", "uvu", "uvv", "uuw", "uuu", "uvuv"])

@@ -17,9 +17,9 @@ from equikernels.models import chunked
 from equikernels.models.blocks import set_edge_chunk
 from equikernels.models.chunked import (CHUNK_FRACTION, EDGE_CHUNK_ENV, MEMORY_MARGIN, STEP_BYTES_PER_WEIGHT_BYTE, chunk_plan,
                                         resolve_edge_chunk)
-
-ZS = (1, 6, 8)
-R_MAX = 3.0
+from mace_models import R_MAX, ZS
+from mace_models import layout_model as _model
+from mace_models import mixed_atoms as _atoms
 CHUNK = 7
 
 MODELS = {
@@ -35,29 +35,6 @@ MODELS = {
 def _env(monkeypatch, single_thread):
     monkeypatch.delenv(EDGE_CHUNK_ENV, raising=False)
     monkeypatch.delenv("EQUIKERNELS_BACKEND", raising=False)
-
-
-def _model(dtype=torch.float64, layout="ir_mul", device="cpu", **kw):
-    base = dict(r_max=R_MAX, num_bessel=5, num_polynomial_cutoff=5, max_ell=2,
-                interaction="RealAgnosticResidualInteractionBlock", interaction_first="RealAgnosticInteractionBlock",
-                num_interactions=2, atomic_numbers=list(ZS), hidden_irreps="4x0e+4x1o", MLP_irreps="4x0e",
-                avg_num_neighbors=6.0, correlation=2, radial_MLP=[8])
-    base.update(kw)
-    cfg = mace_config(**base)
-    cfg["layout"] = layout
-    return random_model(cfg, seed=0, dtype=dtype).to(device)
-
-
-def _atoms():
-    import ase.build
-
-    crystal = ase.build.bulk("C", "diamond", a=3.57, cubic=True).repeat((2, 1, 1))  # 16 in-edges per atom
-    crystal.numbers = np.random.default_rng(0).choice(ZS, size=len(crystal))
-    crystal.rattle(0.1, seed=0)
-    lone = Atoms("O", positions=[[0.0, 0.0, 0.0]])  # no edges, between the other graphs' nodes
-    mol = ase.build.molecule("CH3CH2OH")
-    mol.rattle(0.05, seed=1)
-    return [crystal, lone, mol]
 
 
 def _data(dtype=torch.float64, device="cpu"):

@@ -4,7 +4,7 @@ import runpy
 import sys
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mace_convert.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mace_convert.py"
 
 
 def test_runs_on_a_model_of_other_elements(tmp_path, monkeypatch, capsys, single_thread):

@@ -12,7 +12,7 @@ from equikernels.codegen.tp import NEED_W
 from equikernels.ops import plan_of, spec_of, tensor_product
 from equikernels.problem import TPProblem
 
-from test_kernels import _double_backward, _inputs, _rel, check_against_reference
+from tp_checks import _double_backward, _inputs, _rel, check_against_reference
 
 
 def _problem(i1="3x1o+5x0e+2x1e", i2="1x0e+1x1o+1x2e", io="3x1o+5x0e+2x1e"):

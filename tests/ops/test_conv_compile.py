@@ -12,7 +12,7 @@ import equikernels
 from equikernels import ConvGraph
 from equikernels.ops import conv_bwd, conv_dbwd, conv_fwd, spec_of, tensor_product_conv
 from equikernels.problem import TPProblem
-from test_conv import awkward_graph
+from conv_checks import awkward_graph
 
 # (backend, dataflow): the reference path and both fused Triton dataflows (interpreted on CPU)
 FLOWS = [("reference", "auto"), ("triton", "deterministic"), ("triton", "atomic")]

@@ -17,7 +17,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 @pytest.fixture(autouse=True)
 def _python_node(monkeypatch):
-    """These tests count the Python direct paths' calls: the C++ node (tests/test_native_node.py) off."""
+    """These tests count the Python direct paths' calls: the C++ node (tests/ops/test_native.py) off."""
     from equikernels.ops import native
     monkeypatch.setattr(native, "MODE", "0")
 

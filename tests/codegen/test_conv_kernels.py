@@ -1,10 +1,10 @@
-"""Convolution kernel arrangements beside the defaults (covered by test_conv.py): gradient kernels
+"""Convolution kernel arrangements beside the defaults (covered by ops/test_conv.py): gradient kernels
 with a single edge loop (EQUIKERNELS_CONV_GRAD_LOOPS=one), every edge-loop pipelining mode, both
 atomic arrangements; checked against the float64 oracle, first and second order."""
 import pytest
 import torch
 
-from test_conv import channelwise, check_conv
+from conv_checks import channelwise, check_conv
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,7 @@ import json
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _bench():

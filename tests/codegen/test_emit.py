@@ -15,7 +15,7 @@ from equikernels.codegen import emit
 from equikernels.codegen.emit import Group, generate, l2_prefetched
 from equikernels.ops import plan_of, spec_of
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _backward_source(ahead):

@@ -8,47 +8,11 @@ import torch
 from equikernels._compat import default_dtype, o3
 from equikernels.models import MACE, ScaleShiftMACE, atoms_list_to_data, atoms_to_data, load, save
 from equikernels.models.builder import coupled_u_matrices, mace_config, random_model
-
-ZS = (1, 6, 8)
-R_MAX = 3.0
+from mace_models import R_MAX, ZS, _batch, _config, _crystal, _model, _molecule
 
 
 def _one(atoms, **kw):
     return atoms_to_data(atoms, R_MAX, ZS, dtype=torch.float64, **kw)
-
-
-def _batch(atoms_list, **kw):
-    return atoms_list_to_data(atoms_list, R_MAX, ZS, dtype=torch.float64, **kw)
-
-
-def _config(**kw):
-    base = dict(r_max=R_MAX, num_bessel=5, num_polynomial_cutoff=5, max_ell=2,
-                interaction="RealAgnosticResidualInteractionBlock", interaction_first="RealAgnosticInteractionBlock",
-                num_interactions=2, atomic_numbers=list(ZS), hidden_irreps="4x0e+4x1o", MLP_irreps="4x0e",
-                avg_num_neighbors=6.0, correlation=2, radial_MLP=[8])
-    base.update(kw)
-    return mace_config(**base)
-
-
-def _model(dtype=torch.float64, seed=0, **kw):
-    return random_model(_config(**kw), seed=seed, dtype=dtype)
-
-
-def _crystal(seed=0):
-    import ase.build
-
-    a = ase.build.bulk("C", "diamond", a=3.57, cubic=True)
-    a.numbers = np.random.default_rng(seed).choice(ZS, size=len(a))
-    a.rattle(0.1, seed=seed)
-    return a
-
-
-def _molecule(seed=0):
-    import ase.build
-
-    m = ase.build.molecule("CH3CH2OH")
-    m.rattle(0.05, seed=seed)
-    return m
 
 
 MODELS = {

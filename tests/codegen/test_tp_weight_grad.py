@@ -10,7 +10,7 @@ from equikernels._compat import o3
 from equikernels.ops import plan_of, spec_of, tensor_product
 from equikernels.problem import TPProblem
 
-from test_kernels import _double_backward, _inputs, _rel, check_against_reference
+from tp_checks import _double_backward, _inputs, _rel, check_against_reference
 
 
 def _problem():

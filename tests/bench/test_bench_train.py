@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("mace")
 pytest.importorskip("vesin")
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _bench_train():
