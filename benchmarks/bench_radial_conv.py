@@ -4,7 +4,7 @@ the periodic rattled Cu cells of bench_conv.py.
 
 Every implementation computes out = conv(x, y, h @ W): h [E, 64] the radial MLP's last hidden
 activation, W [64, weight_numel] its last layer.
-- ``fused``: ``equikernels.ops.radial_conv`` (w formed in registers, never written);
+- ``fused``: ``equikernels.experimental.radial_conv`` (w formed in registers, never written);
 - ``unfused``: ``h @ W`` (cuBLAS) then ``tensor_product_conv`` (deterministic);
 - ``cue``: ``h @ W`` then cuEquivariance's fused channel-wise TP with indices (MACE's cueq path).
 
@@ -33,7 +33,7 @@ from bench_conv import build_cue, cu_graph  # noqa: E402
 from equikernels.catalog import problem as catalog_problem  # noqa: E402
 from equikernels.catalog import standard_problems  # noqa: E402
 from equikernels.ops import ConvGraph, tensor_product_conv  # noqa: E402
-from equikernels.ops.radial_conv import radial_conv  # noqa: E402
+from equikernels.experimental.radial_conv import radial_conv  # noqa: E402
 
 HIDDEN = 64
 

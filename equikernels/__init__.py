@@ -29,6 +29,20 @@ from .problem import TPProblem
 __all__ = ["TensorProduct", "FullyConnectedTensorProduct", "ElementwiseTensorProduct", "FullTensorProduct",
            "ChannelWiseTensorProduct", "TensorProductConv", "Linear", "SphericalHarmonics", "from_e3nn", "accelerate",
            "AccelerateReport", "ConvGraph", "TPProblem", "__version__"]
+
+def _load_experimental() -> None:
+    """The experimental paths, when the environment asks for them (a bad value raises at first use)."""
+    from . import settings  # noqa: PLC0415
+    try:
+        wanted = settings.get().radial_conv != "0" or settings.get().fused_mlp
+    except settings.SettingsError:
+        return
+    if wanted:
+        from . import experimental  # noqa: PLC0415
+        experimental.enable()
+
+
+_load_experimental()
 if "TensorSquare" in nn.__all__:
     from .nn import TensorSquare  # noqa: F401
     __all__.append("TensorSquare")

@@ -160,11 +160,12 @@ class Settings:
     conv_dataflow: Optional[str] = _var(None, _Choice("auto", "atomic", "deterministic", "unfused"),
                                         "Dataflow of dataflow='auto' convolutions (default: atomic, or "
                                         "deterministic under deterministic algorithms)")
-    radial_conv: str = _var("auto", _Choice("auto", "0", "1"),
-                            "Fuse the radial MLP's last layer into the convolution: auto (the autotuner's "
-                            "choice, else unfused), 1 (whenever the kernels take the call), 0 (never)")
-    fused_mlp: bool = _var(False, _FLAG, "Run the radial MLP as fused Triton kernels under backend auto "
-                                         "(float32 on CUDA)")
+    radial_conv: str = _var("0", _Choice("auto", "0", "1"),
+                            "Experimental: fuse the radial MLP's last layer into the convolution: 0 (never), "
+                            "1 (whenever the kernels take the call), auto (the autotuner's choice, else "
+                            "unfused)")
+    fused_mlp: bool = _var(False, _FLAG, "Experimental: run the radial MLP as fused Triton kernels under "
+                                         "backend auto (float32 on CUDA)")
     mlp_precision: Optional[str] = _var(None, _Choice("ieee", "tf32x3", "tf32"),
                                         "Matmul precision of the fused radial MLP kernels (default tf32x3; "
                                         "float64 always ieee)")

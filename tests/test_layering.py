@@ -21,6 +21,7 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("ops", ("ops",)),
     ("nn", ("nn",)),
     ("models", ("models", "default_model", "adapters", "accelerate")),
+    ("experimental", ("experimental",)),  # opt-in paths; models only hold hooks it registers into
     ("calculators/training", ("calculators", "training", "lammps", "bench")),
     ("cli", ("cli", "__main__")),
     ("package", ("",)),  # equikernels/__init__.py: the public face, above everything

@@ -146,6 +146,11 @@ def _num_sms(device: torch.device) -> int:
     return 4
 
 
+# public names for the opt-in kernels in equikernels.experimental
+num_sms = _num_sms
+KERNEL_DT = _DT
+
+
 class Kernel:
     """One generated Triton kernel over ``groups`` (its source, metadata and launch)."""
 

@@ -8,15 +8,13 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from .. import settings
 from ..nn.linear import Linear
 from ..ops.conv import ConvGraph, tensor_product_conv
-from ..ops.radial_conv import fused_available, radial_conv
 from ..problem import TPProblem
-from .chunked import EdgeChunk, chunked_edge_conv, edge_chunk_setting, edge_weights, parse_edge_chunk, resolve_edge_chunk
+from .chunked import EdgeChunk, chunked_edge_conv, edge_weights, parse_edge_chunk, resolve_edge_chunk
+from . import hooks
 from .element_linear import ElementGroups, ElementLinear
 from .radial import GATES, RadialMLP
-from .radial_fusion import choose_radial_fusion
 from .symmetric_contraction import SymmetricContraction
 from .._compat import e3nn  # noqa: F401
 from e3nn.math import normalize2mom  # noqa: E402
@@ -37,7 +35,9 @@ class InteractionBlock(nn.Module):
 
     ``edge_chunk`` (attribute, not saved): None = ``EQUIKERNELS_EDGE_CHUNK`` / "auto", or "auto" /
     edges per chunk / 0 (never) for this block: the per-edge part (radial MLP, cutoff, convolution)
-    then runs a chunk of destination nodes at a time, recomputed in the backward (models.chunked)."""
+    then runs a chunk of destination nodes at a time, recomputed in the backward (models.chunked).
+    ``radial_fusion`` (attribute, not saved): the experimental fused radial convolution for this
+    block (``equikernels.experimental``; None = ``EQUIKERNELS_RADIAL_CONV``)."""
 
     edge_chunk: Optional[EdgeChunk] = None  # class default: modules pickled before it existed
     radial_fusion: Optional[str] = None
@@ -68,26 +68,13 @@ class InteractionBlock(nn.Module):
                 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         sc = self.skip(node_feats, groups) if self.residual else None
         h = self.linear_up(node_feats)
-        fused = self._radial_fused(h, edge_attrs, edge_feats, cutoff, graph)
-        # large graphs: the per-edge part a chunk of destinations at a time, recomputed in the backward.
-        # The "auto" rule counts the per-edge weights, which the fused convolution never stores: it
-        # chunks only when asked for explicitly (then unfused inside the chunks)
-        chunk = 0 if fused and edge_chunk_setting(self.edge_chunk) == "auto" else resolve_edge_chunk(
-            self.edge_chunk, graph.num_edges, self.problem.weight_numel, h.element_size(), h.device)
-        if chunk:
-            msg = chunked_edge_conv(self.problem, self.radial_mlp, h, edge_attrs, edge_feats, cutoff, graph, chunk,
-                                    self.layout)
-        elif fused:
-            hidden, w_last = self.radial_mlp.split_last(edge_feats)
-            if cutoff is not None:  # the last layer is linear: (hidden @ W) * cutoff == (hidden * cutoff) @ W
-                hidden = hidden * cutoff
-            msg = radial_conv(self.problem, h, edge_attrs, hidden, w_last, graph, layout=self.layout, fused=True)
+        msg = None
+        if hooks.message is not None:  # opt-in: equikernels.experimental (None: it leaves the call here)
+            msg = hooks.message(self, h, edge_attrs, edge_feats, cutoff, graph)
         else:
-            # per-edge weights in the node features' dtype (mixed precision: the MLP runs in the half type,
-            # as autocast would; edge_feats, cutoff and the spherical harmonics stay full precision)
-            w = edge_weights(self.radial_mlp, edge_feats, cutoff, h.dtype)
-            msg = tensor_product_conv(self.problem, h, edge_attrs, w, graph.src, graph.dst, graph.num_nodes,
-                                      graph=graph, layout=self.layout, validate=False)
+            hooks.check_message_unrequested(self.radial_fusion)
+        if msg is None:
+            msg = self._message(h, edge_attrs, edge_feats, cutoff, graph)
         if self.density:
             d = torch.tanh(self.density_fn(edge_feats) ** 2)
             if cutoff is not None:
@@ -101,27 +88,20 @@ class InteractionBlock(nn.Module):
             msg = self.skip(msg, groups)
         return msg, sc
 
-
-    def _radial_fused(self, h: torch.Tensor, edge_attrs: torch.Tensor, edge_feats: torch.Tensor,
-                      cutoff: Optional[torch.Tensor], graph: ConvGraph) -> bool:
-        """Whether this call runs the convolution with the radial MLP's last layer fused in
-        (ops.radial_conv): ``radial_fusion`` (attribute, not saved) or EQUIKERNELS_RADIAL_CONV =
-        "auto" (default: with the autotuner on, whichever measured faster for this graph size; else
-        ``radial_fusion.DEFAULT_FUSED``, unfused: slower on an H200 so far, though it stores no
-        per-edge weights), "1" (whenever the kernels take it: the memory-lean path) or "0" (never)."""
-        setting = self.radial_fusion or settings.get().radial_conv
-        if setting not in ("auto", "0", "1"):
-            raise ValueError(f"radial_fusion / EQUIKERNELS_RADIAL_CONV: expected 'auto', '0' or '1', got {setting!r}")
-        if setting == "0" or self.radial_mlp.act is None or len(self.radial_mlp.layers) < 2:
-            return False
-        edge_dtype = self.radial_mlp.layers[0].weight.dtype
-        if h.dtype != edge_dtype or torch.is_autocast_enabled(h.device.type):
-            return False
-        if not fused_available(self.problem, self.radial_mlp.hs[-2], h, self.layout):
-            return False
-        if setting == "1":
-            return True
-        return choose_radial_fusion(self, h, edge_attrs, edge_feats, cutoff, graph)
+    def _message(self, h: torch.Tensor, edge_attrs: torch.Tensor, edge_feats: torch.Tensor,
+                 cutoff: Optional[torch.Tensor], graph: ConvGraph) -> torch.Tensor:
+        """The convolution of ``h`` with per-edge weights from the radial MLP; on large graphs a chunk
+        of destinations at a time, recomputed in the backward (models.chunked)."""
+        chunk = resolve_edge_chunk(self.edge_chunk, graph.num_edges, self.problem.weight_numel, h.element_size(),
+                                   h.device)
+        if chunk:
+            return chunked_edge_conv(self.problem, self.radial_mlp, h, edge_attrs, edge_feats, cutoff, graph, chunk,
+                                     self.layout)
+        # per-edge weights in the node features' dtype (mixed precision: the MLP runs in the half type,
+        # as autocast would; edge_feats, cutoff and the spherical harmonics stay full precision)
+        w = edge_weights(self.radial_mlp, edge_feats, cutoff, h.dtype)
+        return tensor_product_conv(self.problem, h, edge_attrs, w, graph.src, graph.dst, graph.num_nodes,
+                                   graph=graph, layout=self.layout, validate=False)
 
 
 def set_edge_chunk(model: nn.Module, value: Optional[EdgeChunk]) -> nn.Module:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..dtypes import HALF
-from ..ops.mlp import radial_mlp
+from . import hooks
 from .._compat import e3nn  # noqa: F401  (safe e3nn import before e3nn.math)
 from e3nn.math import normalize2mom  # noqa: E402
 
@@ -204,9 +204,9 @@ class RadialMLP(nn.Module):
     activation scaled to unit second moment between layers, none after the last. The parameters
     are named ``layer{i}.weight`` as in e3nn, so checkpoints map one to one.
 
-    With SiLU (MACE's) the chain runs through ``ops.mlp.radial_mlp``: the torch chain, or with
-    ``EQUIKERNELS_FUSED_MLP=1`` one fused Triton kernel per direction on CUDA for float32. ``backend`` (attribute, not saved):
-    None = ``EQUIKERNELS_BACKEND`` / automatic, or "triton" / "reference" to force one."""
+    With SiLU (MACE's) and ``equikernels.experimental`` enabled, the chain may run as its fused
+    Triton kernels; ``backend`` (attribute, not saved) is that path's backend: None =
+    ``EQUIKERNELS_BACKEND`` / automatic, or "triton" / "reference" to force one."""
 
     fused: bool = False  # class defaults for modules pickled before these attributes existed
     backend: Optional[str] = None
@@ -241,8 +241,17 @@ class RadialMLP(nn.Module):
         ws = self._scaled()
         if ws and x.dtype != ws[0].dtype:
             ws = _half_weights(self, ws, x)
+        return self._chain(x, ws, last)
+
+    def _chain(self, x: torch.Tensor, ws: List[torch.Tensor], last: int) -> torch.Tensor:
+        """x through the layers ``ws``, the activation after each layer before index ``last``."""
         if ws and self.fused and x.dim() == 2:
-            return radial_mlp(x, ws, 1.0 if self.act._is_id else self.act.cst, backend=self.backend)
+            if hooks.radial_mlp is not None:  # opt-in: equikernels.experimental (None: the torch chain)
+                out = hooks.radial_mlp(self, x, ws)
+                if out is not None:
+                    return out
+            else:
+                hooks.check_mlp_unrequested()
         for i, w in enumerate(ws):
             x = x @ w
             if i < last and self.act is not None:
@@ -257,14 +266,7 @@ class RadialMLP(nn.Module):
             raise ValueError("split_last: the MLP needs at least one hidden layer")
         if x.dtype != ws[0].dtype:
             ws = _half_weights(self, ws, x)
-        if self.fused and x.dim() == 2:
-            z = radial_mlp(x, ws[:-1], 1.0 if self.act._is_id else self.act.cst, backend=self.backend)
-        else:
-            z = x
-            for i, w in enumerate(ws[:-1]):
-                z = z @ w
-                if i < len(ws) - 2 and self.act is not None:
-                    z = self.act(z)
+        z = self._chain(x, ws[:-1], len(ws) - 2)
         return (self.act(z) if self.act is not None else z), ws[-1]
 
 

@@ -60,6 +60,9 @@ class _Conv:
         return cache[self.flow], Unsupported
 
 
+ConvCall = _Conv  # public name for the opt-in paths in equikernels.experimental
+
+
 def _conv_of(src, dst, perm_dst, ptr_dst, perm_src, ptr_src, spec, backend, flow, math) -> _Conv:
     """The context of a custom-op call, rebuilt from its arguments."""
     if flow not in FLOWS:

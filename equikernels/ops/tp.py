@@ -361,6 +361,9 @@ def _eager(*ts) -> bool:
     return True
 
 
+is_eager = _eager  # public name for the opt-in paths in equikernels.experimental
+
+
 class _Fwd(torch.autograd.Function):
     # ctx-style forward: a separate setup_context makes apply() bind arguments through inspect
     @staticmethod
@@ -753,3 +756,6 @@ def _check_same(name: str, t: Tensor, x: Tensor) -> None:
                         "with other dtypes (float16, bfloat16 and float32 can)")
     if t.device != x.device:
         raise ValueError(f"{name}: device {t.device} does not match x ({x.device})")
+
+
+check_same = _check_same  # public name for the opt-in paths in equikernels.experimental

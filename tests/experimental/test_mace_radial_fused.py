@@ -1,5 +1,5 @@
 """MACE interactions with the radial MLP's last layer fused into the convolution
-(models.radial_fusion / ops.radial_conv): a whole small model (16 channels, radial MLP [16, 16]) on
+(experimental.radial_fusion / experimental.radial_conv): a whole small model (16 channels, radial MLP [16, 16]) on
 the Triton interpreter gives the energy and forces of the same model with the fusion off, and a
 force loss differentiated to the parameters (create_graph, the composed second order) agrees; the
 setting rejects bad values."""
@@ -7,14 +7,18 @@ import pytest
 import torch
 
 from equikernels.models import atoms_list_to_data
-from equikernels.models.blocks import InteractionBlock
-from test_mace_chunked import R_MAX, ZS, _atoms, _model
+from equikernels import experimental
+from equikernels.experimental import radial_fusion
+from models.test_chunked import R_MAX, ZS, _atoms, _model
 
 
 @pytest.fixture(autouse=True)
 def _env(monkeypatch, single_thread):
     monkeypatch.setenv("EQUIKERNELS_BACKEND", "triton")
     monkeypatch.delenv("EQUIKERNELS_RADIAL_CONV", raising=False)
+    experimental.enable()
+    yield
+    experimental.disable()
 
 
 def _rel(a, b):
@@ -25,12 +29,12 @@ def test_fused_model_matches_unfused(monkeypatch):
     model = _model(dtype=torch.float64, hidden_irreps="16x0e+16x1o", MLP_irreps="4x0e", radial_MLP=[16, 16],
                    max_ell=1, correlation=1, num_interactions=1)
     calls = []
-    real = InteractionBlock._radial_fused
+    real = radial_fusion.radial_fused
 
-    def spy(self, *a):
-        calls.append(real(self, *a))
+    def spy(*a):
+        calls.append(real(*a))
         return calls[-1]
-    monkeypatch.setattr(InteractionBlock, "_radial_fused", spy)
+    monkeypatch.setattr(radial_fusion, "radial_fused", spy)
 
     def run(setting):
         monkeypatch.setenv("EQUIKERNELS_RADIAL_CONV", setting)
@@ -52,4 +56,16 @@ def test_setting_rejects_bad_values(monkeypatch):
     monkeypatch.setenv("EQUIKERNELS_RADIAL_CONV", "yes")
     data = atoms_list_to_data(_atoms()[1:], R_MAX, ZS, dtype=torch.float64)
     with pytest.raises(ValueError, match="EQUIKERNELS_RADIAL_CONV"):
+        model(data)
+
+
+def test_default_path_needs_no_experimental_and_a_request_without_it_is_an_error(monkeypatch):
+    """The default model runs with the hooks empty; asking for the fused path without enabling the
+    experimental package raises instead of being ignored."""
+    experimental.disable()
+    model = _model(dtype=torch.float64)
+    data = atoms_list_to_data(_atoms()[1:], R_MAX, ZS, dtype=torch.float64)
+    model(data)
+    monkeypatch.setenv("EQUIKERNELS_RADIAL_CONV", "1")
+    with pytest.raises(RuntimeError, match="experimental.enable"):
         model(data)

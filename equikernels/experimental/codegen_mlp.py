@@ -21,7 +21,7 @@ Widths are padded to powers of two (at least 16, tl.dot's minimum) with masked l
 columns stay exactly zero through the chain (silu(0) = 0, the padded weight rows are zero).
 Hidden and input widths up to ``MAX_WIDTH``; the output width is arbitrary (column tiles).
 Dot precision ``PREC`` is a constexpr: "ieee" (exact fp32; always for float64), "tf32x3" or "tf32"
-(validated by ops/mlp.py, which owns the choice and its default).
+(validated by experimental/mlp.py, which owns the choice and its default).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .. import settings
-from .cache import load_module
+from ..codegen.cache import load_module
 
 MIN_DOT = 16      # smallest tl.dot dimension
 MAX_WIDTH = 128   # widest input / hidden layer the kernels hold in registers

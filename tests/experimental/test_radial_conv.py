@@ -1,4 +1,4 @@
-"""Convolution with the radial MLP's last layer fused in (ops.radial_conv).
+"""Convolution with the radial MLP's last layer fused in (experimental.radial_conv).
 
 The fused kernels (Triton interpreter on CPU) against e3nn: per-edge weights h @ W formed in
 float64, e3nn's TP on gathered rows, index_add onto dst. Outputs NaN-poisoned before each kernel
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from equikernels import ConvGraph
-from equikernels.ops.radial_conv import fusable, radial_conv
+from equikernels.experimental.radial_conv import fusable, radial_conv
 from equikernels.problem import TPProblem
 from problems import e3nn_tp, rel_err, ir_mul_to_mul_ir, mul_ir_to_ir_mul
-from test_conv import awkward_graph, channelwise
+from conv_checks import awkward_graph, channelwise
 
 # 16 channels (tl.dot's minimum), every l up to 2 on the edge: 7 uvu paths
 KW = channelwise("16x0e+16x1o", "0e+1o+2e", "0e+1o+2e")
@@ -172,7 +172,7 @@ def test_standard_problems_gpu(name, dtype):
 def test_weight_gradient_only_when_asked(monkeypatch):
     """autograd.grad to (x, y, h) alone (forces) skips the weight-gradient kernel; .backward()
     and autograd.grad to W still get it."""
-    from equikernels.codegen import radial_conv as codegen
+    from equikernels.experimental import codegen_radial_conv as codegen
     p = TPProblem.create(**KW)
     n, e = 5, 20
     src, dst = awkward_graph(n, e, seed=9)

@@ -23,7 +23,7 @@ convolution). The kernels own one path's weight slice W_p at a time, loaded once
 
 A whole-MLP fusion would recompute the hidden layers once per path program (10x for MACE-MP) and
 hold all their weights beside W_p; h is 64 floats per edge against weight_numel (1,280), so it is
-computed outside (ops.mlp) and only the wide last layer is fused.
+computed outside (experimental.mlp) and only the wide last layer is fused.
 """
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ import torch
 import triton
 
 from .. import settings
-from .cache import load_module
-from .tp import _DT, _num_sms
+from ..codegen.cache import load_module
+from ..codegen.tp import KERNEL_DT, num_sms
 
 
 @dataclass(frozen=True)
@@ -443,7 +443,7 @@ class RadialConvKernels:
 
     def _meta(self, kind: str, dtype: torch.dtype) -> dict:
         cfg = default_config(kind, dtype)
-        return dict(B=cfg.block, DT=_DT[dtype], PREC=cfg.precision, num_warps=cfg.warps, num_stages=cfg.stages,
+        return dict(B=cfg.block, DT=KERNEL_DT[dtype], PREC=cfg.precision, num_warps=cfg.warps, num_stages=cfg.stages,
                     **self.dims)
 
     def _meta_t(self, kind: str, dtype: torch.dtype) -> dict:
@@ -500,7 +500,7 @@ class RadialConvKernels:
         if need_w:
             meta = self._meta("gw", x.dtype)
             blocks = triton.cdiv(max(e, 1), meta["B"])
-            chunks = max(1, min(blocks, 4 * _num_sms(x.device) // max(1, len(self.paths))))
+            chunks = max(1, min(blocks, 4 * num_sms(x.device) // max(1, len(self.paths))))
             chunk = triton.cdiv(blocks, chunks) * meta["B"]
             chunks = triton.cdiv(max(e, 1), chunk)
             part = torch.zeros((chunks, self.hidden, self.dims["WN"]), dtype=x.dtype, device=x.device)

@@ -1,4 +1,4 @@
-"""Fused radial MLP (ops/mlp.py, codegen/mlp.py): the Triton kernels (interpreter on CPU) against
+"""Fused radial MLP (experimental/mlp.py, experimental/codegen_mlp.py): the Triton kernels (interpreter on CPU) against
 the plain torch chain -- forward, input and weight gradients, fp32 and fp64, outputs NaN-poisoned
 first -- derivatives to third order, errors, fallbacks, and a MACE model with the fused MLP on/off."""
 import pytest
@@ -6,10 +6,11 @@ import torch
 
 pytest.importorskip("triton")
 
-from equikernels.codegen.mlp import MLPConfig, kernels_for  # noqa: E402
+from equikernels.experimental.codegen_mlp import MLPConfig, kernels_for  # noqa: E402
 from equikernels.models.radial import RadialMLP  # noqa: E402
-from equikernels.ops import mlp as mlp_ops  # noqa: E402
-from equikernels.ops.mlp import DEFAULT_PRECISION, mlp_chain, radial_mlp, resolve_precision  # noqa: E402
+from equikernels import experimental  # noqa: E402
+from equikernels.experimental import mlp as mlp_ops  # noqa: E402
+from equikernels.experimental.mlp import DEFAULT_PRECISION, mlp_chain, radial_mlp, resolve_precision  # noqa: E402
 
 SCALE = 1.6791767923989418  # e3nn normalize2mom(silu)
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
@@ -20,6 +21,9 @@ WIDTHS = {"small": [10, 16, 16, 40], "mace-like": [8, 64, 64, 64, 96]}
 @pytest.fixture(autouse=True)
 def _poison(monkeypatch):
     monkeypatch.setenv("EQUIKERNELS_POISON", "1")
+    experimental.enable()
+    yield
+    experimental.disable()
 
 
 @pytest.fixture
@@ -204,7 +208,7 @@ def test_radial_mlp_module_state_dict_and_half_path(kernel_calls):
 def test_mace_model_fused_mlp_on_and_off(kernel_calls):
     """A small equikernels MACE (density and residual interactions: RadialMLPs with hidden layers
     and a single-layer one) gives the same energies and forces with the fused MLP forced on."""
-    from test_mace_model import _batch, _crystal, _model, _molecule
+    from models.test_mace_model import _batch, _crystal, _model, _molecule
 
     model = _model(interaction_first="RealAgnosticDensityInteractionBlock")
     data = _batch([_crystal(), _molecule()])

@@ -4,11 +4,11 @@
 
 ``h`` [E, H] is the radial MLP's last hidden activation (times the cutoff: the last layer is linear,
 so ``(h3 @ W) * cutoff == (h3 * cutoff) @ W``), ``weight`` [H, weight_numel] its last layer (already
-divided by sqrt(fan_in)). The fused kernels (codegen/radial_conv.py) form the per-edge weights in
+divided by sqrt(fan_in)). The fused kernels (codegen_radial_conv.py) form the per-edge weights in
 registers and never write the [E, weight_numel] tensor, forward or backward.
 
 When: the triton backend, float32/float64 operands of one dtype, a problem the generator takes
-(channel-wise MACE convolutions; ``codegen.radial_conv.paths_of``), eager execution. Otherwise the
+(channel-wise MACE convolutions; ``codegen_radial_conv.paths_of``), eager execution. Otherwise the
 same value is computed unfused (``h @ weight`` then ``tensor_product_conv``), differentiable to any
 order. The first backward runs the fused kernels; a backward that is itself being recorded (force
 training: ``create_graph=True``) is composed from differentiable ops (the unfused convolution's
@@ -16,7 +16,7 @@ backward with ``w = h @ weight`` recomputed), so every higher derivative is exac
 
 Measured (H200, MACE-MP medium layer 2, 10,192 Cu atoms, fp32; docs/performance.md):
 24x less extra memory than the unfused path for energy + forces, but 1.5x (forward) to 2.7x (E+F)
-slower. It is the memory-lean option; models.radial_fusion decides when a MACE model uses it.
+slower. It is the memory-lean option; radial_fusion decides when a MACE model uses it.
 """
 from __future__ import annotations
 
@@ -27,16 +27,16 @@ from torch import Tensor
 
 from .. import settings
 from ..problem import TPProblem
-from .conv import ConvGraph, tensor_product_conv
-from .conv_fused import _Conv, cbwd
-from .tp import _check_same, _eager, autocast_dtype, plan_of, resolve_backend, spec_of
+from ..ops.conv import ConvGraph, tensor_product_conv
+from ..ops.conv_fused import ConvCall, cbwd
+from ..ops.tp import autocast_dtype, check_same, is_eager, plan_of, resolve_backend, spec_of
 
 KERNEL_DTYPES = (torch.float32, torch.float64)
 
 
 def fusable(problem: TPProblem, hidden: int, layout: str = "mul_ir") -> Optional[str]:
     """None if the fused kernels take this problem and hidden width, else the reason."""
-    from ..codegen.radial_conv import block_width, paths_of  # noqa: PLC0415 (Triton imported on demand)
+    from .codegen_radial_conv import block_width, paths_of  # noqa: PLC0415 (Triton imported on demand)
     paths, why = paths_of(plan_of(spec_of(problem, layout)))
     if paths is None:
         return why
@@ -104,7 +104,7 @@ class _RadialConv(torch.autograd.Function):
         return gx, gy, gh, gw, None
 
 
-def _composed_grads(conv: _Conv, x, y, h, w, g, flags):
+def _composed_grads(conv: ConvCall, x, y, h, w, g, flags):
     nx, ny, nh, nw = flags
     names = "".join(n for n, f in zip("xyw", (nx, ny, nh or nw)) if f)
     if not names:
@@ -136,8 +136,8 @@ def radial_conv(problem: TPProblem, x: Tensor, y: Tensor, h: Tensor, weight: Ten
     if weight.shape != (h.shape[1], problem.weight_numel):
         raise ValueError(f"weight: expected shape ({h.shape[1]}, {problem.weight_numel}) "
                          f"(h's width, the problem's weight_numel), got {tuple(weight.shape)}")
-    _check_same("h", h, x)
-    _check_same("weight", weight, x)
+    check_same("h", h, x)
+    check_same("weight", weight, x)
     be = resolve_backend(backend, x.device)
     why = _why_unfused(problem, x, y, h, weight, layout, be)
     if fused is None:
@@ -147,11 +147,11 @@ def radial_conv(problem: TPProblem, x: Tensor, y: Tensor, h: Tensor, weight: Ten
     if not fused:
         return tensor_product_conv(problem, x, y, h @ weight, graph.src, graph.dst, graph.num_nodes, graph=graph,
                                    layout=layout, backend=be, validate=False)
-    from ..codegen.radial_conv import kernels_for  # noqa: PLC0415
+    from .codegen_radial_conv import kernels_for  # noqa: PLC0415
     plan = plan_of(spec_of(problem, layout))
     ins = (x.contiguous(), y.contiguous(), h.contiguous(), weight.contiguous())
     nodes = tuple(_grad_node(t) for t in ins) if torch.is_grad_enabled() else ()
-    st = _Static(kernels_for(plan, h.shape[1]), _Conv(spec_of(problem, layout), graph, "deterministic", be, None, plan),
+    st = _Static(kernels_for(plan, h.shape[1]), ConvCall(spec_of(problem, layout), graph, "deterministic", be, None, plan),
                  graph, nodes)
     return _RadialConv.apply(*ins, st)
 
@@ -159,7 +159,7 @@ def radial_conv(problem: TPProblem, x: Tensor, y: Tensor, h: Tensor, weight: Ten
 def fused_available(problem: TPProblem, hidden: int, x: Tensor, layout: str = "mul_ir",
                     backend: Optional[str] = None) -> bool:
     """Whether ``radial_conv`` can run fused for node features like ``x`` (cheap: no kernel built)."""
-    if resolve_backend(backend, x.device) != "triton" or x.dtype not in KERNEL_DTYPES or not _eager(x):
+    if resolve_backend(backend, x.device) != "triton" or x.dtype not in KERNEL_DTYPES or not is_eager(x):
         return False
     if problem.shared_weights or not problem.weight_numel:
         return False
@@ -169,7 +169,7 @@ def fused_available(problem: TPProblem, hidden: int, x: Tensor, layout: str = "m
 def _why_unfused(problem, x, y, h, weight, layout, backend) -> Optional[str]:
     if backend != "triton":
         return "reference backend"
-    if not _eager(x, y, h, weight):
+    if not is_eager(x, y, h, weight):
         return "traced (torch.compile / export use the unfused custom ops)"
     if x.dtype not in KERNEL_DTYPES or any(t.dtype != x.dtype for t in (y, h, weight)):
         return "operands must all be float32 or all float64"

@@ -3,7 +3,7 @@ weights already divided by sqrt(fan_in)) and ``σ = act_scale · SiLU`` between 
 the last: e3nn's ``FullyConnectedNet(hs, silu)`` as MACE runs it per edge.
 
 On the triton backend (CUDA by default; ``backend="triton"`` / ``EQUIKERNELS_BACKEND=triton``
-elsewhere runs Triton's interpreter) float32 and float64 inputs run codegen/mlp.py's kernels: one
+elsewhere runs Triton's interpreter) float32 and float64 inputs run experimental/codegen_mlp.py's kernels: one
 for the forward of the whole chain, one for its backward, which recomputes the activations from x
 (nothing per row is saved but x). Weight gradients are matmuls of the activations and deltas that
 the backward kernel writes when a weight needs one. Everywhere else (the reference backend,
@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from .. import settings
-from .tp import _eager, resolve_backend
+from ..ops.tp import is_eager, resolve_backend
 
 PRECISIONS = ("ieee", "tf32x3", "tf32")
 # float32 dot precision of the kernels: three tf32 tensor-core passes, about fp32 accuracy (plain
@@ -101,7 +101,7 @@ def _widths(x: Tensor, weights: Sequence[Tensor]) -> Tuple[int, ...]:
 
 
 def _fwd_impl(x: Tensor, weights: Sequence[Tensor], act_scale: float, precision: str) -> Tensor:
-    from ..codegen.mlp import kernels_for  # noqa: PLC0415 (Triton imported on demand)
+    from .codegen_mlp import kernels_for  # noqa: PLC0415 (Triton imported on demand)
     return kernels_for(_widths(x, weights)).forward(x, weights, act_scale, precision)
 
 
@@ -109,7 +109,7 @@ def _bwd_impl(x: Tensor, weights: Sequence[Tensor], g: Tensor, act_scale: float,
               need: int) -> List[Tensor]:
     """[grad_x] + [grad_W_i]; bit 0 of ``need`` asks for grad_x, bit i+1 for grad_W_i (the others
     come back empty)."""
-    from ..codegen.mlp import kernels_for  # noqa: PLC0415
+    from .codegen_mlp import kernels_for  # noqa: PLC0415
     need_w = [bool(need >> (i + 1) & 1) for i in range(len(weights))]
     gx, acts, deltas = kernels_for(_widths(x, weights)).backward(x, weights, g, act_scale, precision,
                                                                  bool(need & 1), any(need_w))
@@ -153,7 +153,7 @@ def _grads(x: Tensor, weights: Sequence[Tensor], g: Tensor, act_scale: float, pr
     if torch.is_grad_enabled():  # the backward is being recorded: differentiable torch ops
         return _torch_grads(x, weights, g, act_scale, need_x, need_w)
     need = int(need_x) | sum(1 << (i + 1) for i, n in enumerate(need_w) if n)
-    if _eager(x, g, *weights):
+    if is_eager(x, g, *weights):
         res = _bwd_impl(x, weights, g, act_scale, precision, need)
     else:
         res = mlp_bwd(x, list(weights), g, act_scale, precision, need)
@@ -228,7 +228,7 @@ def kernel_path(x: Tensor, weights: Sequence[Tensor], backend: Optional[str] = N
     s = settings.get()
     if (backend or s.backend) == "auto" and (x.dtype not in AUTO_DTYPES or not s.fused_mlp):
         return False
-    from ..codegen.mlp import unsupported  # noqa: PLC0415
+    from .codegen_mlp import unsupported  # noqa: PLC0415
     return unsupported(_widths(x, weights)) is None
 
 
@@ -249,6 +249,6 @@ def radial_mlp(x: Tensor, weights: Sequence[Tensor], act_scale: float = 1.0, *, 
         return mlp_chain(x, weights, act_scale)
     x = x.contiguous()
     ws = [w.contiguous() for w in weights]
-    if _eager(x, *ws):
+    if is_eager(x, *ws):
         return _Fwd.apply(x, act_scale, prec, *ws)
     return mlp_fwd(x, ws, act_scale, prec)
