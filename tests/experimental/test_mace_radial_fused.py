@@ -9,7 +9,7 @@ import torch
 from equikernels.models import atoms_list_to_data
 from equikernels import experimental
 from equikernels.experimental import radial_fusion
-from models.test_chunked import R_MAX, ZS, _atoms, _model
+from mace_models import R_MAX, ZS, layout_model as _model, mixed_atoms as _atoms
 
 
 @pytest.fixture(autouse=True)

@@ -208,7 +208,7 @@ def test_radial_mlp_module_state_dict_and_half_path(kernel_calls):
 def test_mace_model_fused_mlp_on_and_off(kernel_calls):
     """A small equikernels MACE (density and residual interactions: RadialMLPs with hidden layers
     and a single-layer one) gives the same energies and forces with the fused MLP forced on."""
-    from models.test_mace_model import _batch, _crystal, _model, _molecule
+    from mace_models import _batch, _crystal, _model, _molecule
 
     model = _model(interaction_first="RealAgnosticDensityInteractionBlock")
     data = _batch([_crystal(), _molecule()])
