@@ -26,7 +26,7 @@ run tests/models/test_graphed.py tests/calculators/test_calculator_gpu.py tests/
 run tests/nn/test_nn_modules.py tests/ops/test_tp_errors.py tests/ops/test_tp_autograd.py tests/ops/test_tp_compile.py tests/nn/test_convert.py &
 run tests/codegen/test_launch.py tests/codegen/test_uvw_rows.py tests/codegen/test_conv_kernels.py tests/tune/test_tune.py &
 run tests/ops/test_native.py &
-run tests/test_radial_conv.py tests/test_radial_mlp.py tests/models/test_mace_mixed.py &
+run tests/experimental/test_radial_conv.py tests/experimental/test_radial_mlp.py tests/models/test_mace_mixed.py &
 run tests/models/test_chunked.py &
 [ "${SKIP_BENZENE:-0}" = 1 ] || run tests/ops/test_mixed_precision.py -k "standard_problems and benzene" &  # 2 tests, likewise
 wait

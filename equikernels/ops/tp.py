@@ -391,7 +391,7 @@ class _Bwd(torch.autograd.Function):
 # (problem, need, dtypes): _BwdDirect keeps it, and a call allocates and launches (a launch.Pinned:
 # the dtypes are part of the recipe's key). Same kernel, configuration and arguments as
 # Kernel.launch passes (pointers in meta.inputs + meta.outputs order, N, NBLK, ROWS, DT, PREC), so
-# results are bit-identical (tests/test_fast_launch.py compares the two paths). Only the eager
+# results are bit-identical (tests/codegen/test_launch.py compares the two paths). Only the eager
 # no-grad backward of tp_fwd takes it (and of tp_bwd: _dbwd_direct below); EQUIKERNELS_FAST_BWD=0
 # turns both off.
 FAST_BWD = settings.get().fast_bwd
