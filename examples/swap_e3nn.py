@@ -4,7 +4,7 @@ Builds a small e3nn model (spherical harmonics -> fully connected tensor product
 it, then (1) converts one module with ``equikernels.from_e3nn`` and (2) converts the whole model in
 place with ``equikernels.accelerate``, checking the outputs agree and timing both versions.
 
-    python examples/swap_e3nn.py          # CPU: the PyTorch reference backend, a few seconds
+    python examples/swap_e3nn.py          # CPU: the CPU path, a few seconds
 """
 import time
 
@@ -59,7 +59,7 @@ def main():
 
     print(f"max |difference| of the model output: {(out - ref).abs().max().item():.2e} "
           f"(relative {((out - ref).norm() / ref.norm()).item():.1e})")
-    backend = "Triton kernels" if device == "cuda" else "PyTorch reference backend (no kernels on CPU)"
+    backend = "Triton kernels" if device == "cuda" else "CPU path (e3nn's tensor product or dense contractions)"
     print(f"time per forward on {device}: e3nn {t_e3nn:.2f} ms, equikernels {t_ek:.2f} ms [{backend}]")
 
 
