@@ -183,7 +183,9 @@ class MACECalculator(Calculator):
         if "stress" in properties:
             check_stress_cell(atoms)
             self._stress_wanted = True
-        compute_stress = self._stress_wanted and bool(np.all(atoms.pbc)) and abs(atoms.cell.volume) >= MIN_VOLUME
+        # asked for: always; once asked for, with every later evaluation of a 3-D periodic cell
+        compute_stress = "stress" in properties or (
+            self._stress_wanted and bool(np.all(atoms.pbc)) and abs(atoms.cell.volume) >= MIN_VOLUME)
         if self._use_graphs(len(atoms)):
             self._sync_structure(atoms)
             positions = torch.as_tensor(atoms.positions, dtype=self.dtype).to(self.device)
