@@ -197,6 +197,24 @@ def rename(table: Table, mapping: Dict[str, str]) -> Table:
     return Table(ops, r(table.output), paths)
 
 
+def substitute(table: Table, old: str, new: str) -> Table:
+    """Directional derivative of ``table`` along operand ``old``, the direction named ``new``: the
+    paths that read ``old``, with ``new`` in its place. Paths without ``old`` (e.g. unweighted
+    instructions when ``old`` is the weight) are constant in it and dropped.
+
+    Each path must read ``old`` at most once (true of every tensor-product table); a repeated
+    operand would need one term per occurrence.
+    """
+    keep = []
+    for p in table.paths:
+        n = sum(f.operand == old for f in p.factors + ((p.weight,) if p.weight is not None else ()))
+        if n > 1:
+            raise ValueError(f"substitute: a path reads operand {old!r} {n} times; expected at most once")
+        if n:
+            keep.append(p)
+    return rename(Table(table.operands, table.output, tuple(keep)), {old: new})
+
+
 def combine(tables) -> Table:
     """Sum of tables writing the same output (e.g. the three forward terms of a double backward)."""
     tables = [t for t in tables if t is not None]
@@ -213,18 +231,21 @@ def combine(tables) -> Table:
 def double_backward_tables(table: Table, have: str, need: str) -> Dict[str, Table]:
     """Tables of the double backward by trilinearity (docs/architecture.md).
 
-    With cotangents a, b, c of (gx, gy, gw) and upstream g, S = <g, T(a,y,w) + T(x,b,w) + T(x,y,c)>.
+    With cotangents a, b, c of (gx, gy, gw) and upstream g, S = <g, T(a,y,w) + T(x,b,w) + T(x,y,c)>,
+    where each term keeps only the paths that read the substituted operand (T(x,y,c) has no
+    unweighted path: those do not depend on w).
     ``have`` lists the cotangents present (subset of "abc"), ``need`` the outputs wanted (subset of
     "xywg"). Returns output name -> table; derivative tables read ``g`` as the cotangent operand.
     """
-    sub = {"a": {"x": "a"}, "b": {"y": "b"}, "c": {"w": "c"}}
-    terms = [rename(table, sub[k]) for k in "abc" if k in have]
+    sub = {"a": ("x", "a"), "b": ("y", "b"), "c": ("w", "c")}
+    keys = [k for k in "abc" if k in have]
+    terms = [substitute(table, *sub[k]) for k in keys]
     res = {}
-    if "g" in need and terms:
+    if "g" in need and any(t.paths for t in terms):
         res["g"] = combine(terms)
     for wrt, skip in (("x", "a"), ("y", "b"), ("w", "c")):
         if wrt in need:
-            parts = [grad_table(t, wrt) for k, t in zip([k for k in "abc" if k in have], terms) if k != skip]
+            parts = [grad_table(t, wrt) for k, t in zip(keys, terms) if k != skip]
             parts = [p for p in parts if p.paths]
             if parts:
                 res[wrt] = combine(parts)

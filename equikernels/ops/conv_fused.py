@@ -259,10 +259,16 @@ def _bwd_grads(c: _Conv, x, y, w, g, names: str, ga, gb, gc, flags):
     def acc(old, new):
         return new if old is None else old + new
 
+    # C(x, y, cc) is the part of C that depends on w: the unweighted instructions' C(x, y, 0) is
+    # taken out again (exact: C is affine in w)
+    c0 = (torch.zeros_like(cc) if cc is not None and any(not i.has_weight for i in c.plan.problem.instructions)
+          else None)
     if ng:
         for args in ((a, y, w), (x, b, w), (x, y, cc)):
             if all(t is not None for t in args):
                 dg = acc(dg, cfwd(c, *args, g.dtype))  # dg in g's dtype
+        if c0 is not None:
+            dg = dg - cfwd(c, x, y, c0, g.dtype)
     for sub, wrt in (((x, b, w), "xw"), ((x, y, cc), "xy"), ((a, y, w), "yw")):
         if any(t is None for t in sub):
             continue
@@ -270,6 +276,9 @@ def _bwd_grads(c: _Conv, x, y, w, g, names: str, ga, gb, gc, flags):
         if not want:
             continue
         rx, ry, rw = cbwd(c, *sub, g, want)
+        if c0 is not None and wrt == "xy":  # the term with cc in place of w
+            rx0, ry0, _ = cbwd(c, x, y, c0, g, want)
+            rx, ry = (rx - rx0 if "x" in want else rx), (ry - ry0 if "y" in want else ry)
         dx = acc(dx, rx) if "x" in want else dx
         dy = acc(dy, ry) if "y" in want else dy
         dw = acc(dw, rw) if "w" in want else dw

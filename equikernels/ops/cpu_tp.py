@@ -220,25 +220,30 @@ class CpuPlan:
                 out.append(_seg_view(t[n], it.segs[n], self.layout))
         return out
 
-    def forward(self, x: Tensor, y: Tensor, w: Tensor, math: torch.dtype) -> Tensor:
-        """[rows, dim_out] in ``math``; operands already in ``math``."""
+    def forward(self, x: Tensor, y: Tensor, w: Tensor, math: torch.dtype, weighted_only: bool = False) -> Tensor:
+        """[rows, dim_out] in ``math``; operands already in ``math``. ``weighted_only``: the
+        instructions with weights alone (the part of T that depends on w)."""
         z = x.shape[0]
         out = x.new_zeros(z, self.problem.dim_out)
         t = {"x": x, "y": y, "w": w}
         w_rows = w.dim() == 2
         for it, const in zip(self.instrs, self.consts(math, x.device)):
+            if weighted_only and not it.has_weight:
+                continue
             term = it.term("out", w_rows)
             r = _broadcast(term, term.run(self._ops(it, const, t, term.names)), it.subs["out"], z, it.sizes)
             _out_view(it, out, self.layout).add_(r.reshape(_out_shape(it, z)))
         return out
 
-    def grad(self, target: str, t: Dict[str, Tensor], like: Tensor, math: torch.dtype) -> Tensor:
-        """d<g, T(x, y, w)>/d(target) in ``math``, shaped like ``like`` (a shared w: summed over rows)."""
+    def grad(self, target: str, t: Dict[str, Tensor], like: Tensor, math: torch.dtype,
+             weighted_only: bool = False) -> Tensor:
+        """d<g, T(x, y, w)>/d(target) in ``math``, shaped like ``like`` (a shared w: summed over rows);
+        ``weighted_only`` as in ``forward``."""
         z = t["g"].shape[0]
         res = torch.zeros(like.shape, dtype=math, device=like.device)
         w_rows = t["w"].dim() == 2
         for it, const in zip(self.instrs, self.consts(math, like.device)):
-            if target == "w" and not it.has_weight:
+            if (target == "w" or weighted_only) and not it.has_weight:
                 continue
             term = it.term(target, w_rows)
             r = term.run(self._ops(it, const, t, term.names))
@@ -318,16 +323,17 @@ def double_backward(problem: TPProblem, layout: str, x, y, w, g, a, b, c, need: 
             res.append(like.new_empty(0))
             continue
         acc = None
-        for cot, ops in terms[n]:
+        for k, (cot, ops) in enumerate(terms[n]):
             if cot is not None:
-                r = plan.grad(n, ops(), like, math)
+                # the term with c in place of w: unweighted instructions do not depend on w
+                r = plan.grad(n, ops(), like, math, weighted_only=n != "w" and k == 1)
                 acc = r if acc is None else acc.add_(r)
         res.append(torch.zeros_like(like) if acc is None else acc.to(like.dtype))
     if need & 8:
         acc = None
-        for args in ((am, ym, wm), (xm, bm, wm), (xm, ym, cm)):
+        for k, args in enumerate(((am, ym, wm), (xm, bm, wm), (xm, ym, cm))):
             if all(v is not None for v in args):
-                r = plan.forward(*args, math)
+                r = plan.forward(*args, math, weighted_only=k == 2)
                 acc = r if acc is None else acc.add_(r)
         res.append(torch.zeros_like(g) if acc is None else acc.to(g.dtype))
     else:
