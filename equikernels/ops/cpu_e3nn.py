@@ -21,6 +21,8 @@ from .._compat import default_dtype, o3
 from ..problem import TPProblem, irreps_str
 
 E3NN_MODES = ("uvw", "uvu", "uvv", "uuw", "uuu", "uvuv")  # the triangular modes are ours only
+# e3nn's class as imported, so that code swapping e3nn.o3.TensorProduct for ours later still gets e3nn's
+E3NN_TENSOR_PRODUCT = o3.TensorProduct
 DTYPES = (torch.float32, torch.float64)
 
 
@@ -58,7 +60,7 @@ class _E3nnPlan:
 
     def __init__(self, problem: TPProblem, dtype: torch.dtype):
         with default_dtype(dtype):  # e3nn builds its CG constants in the default dtype
-            self.module = o3.TensorProduct(
+            self.module = E3NN_TENSOR_PRODUCT(
                 irreps_str(problem.irreps_in1), irreps_str(problem.irreps_in2), irreps_str(problem.irreps_out),
                 [(i.i_in1, i.i_in2, i.i_out, i.mode, i.has_weight, i.path_weight) for i in problem.instructions],
                 in1_var=list(problem.in1_var), in2_var=list(problem.in2_var), out_var=list(problem.out_var),

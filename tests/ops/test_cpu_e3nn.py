@@ -95,3 +95,17 @@ def test_mixed_precision_stays_dense(monkeypatch):
     assert rel_err(got, ref) < 1e-6
     got = tensor_product(p, x.float(), y.half(), w.float(), backend="cpu")
     assert rel_err(got, ref) < 2e-3
+
+
+def test_builds_e3nn_class_even_when_swapped(monkeypatch):
+    """Code that swaps e3nn.o3.TensorProduct for ours (as e3nn-compatibility users do) must not make
+    the CPU path build our class instead of e3nn's."""
+    import equikernels
+    from equikernels._compat import o3
+    from equikernels.ops import cpu_e3nn
+    monkeypatch.setattr(o3, "TensorProduct", equikernels.TensorProduct)
+    cpu_e3nn.e3nn_plan.cache_clear()
+    p = catalog_problem("nequip-water")
+    plan = cpu_e3nn.e3nn_plan(p, torch.float64)
+    cpu_e3nn.e3nn_plan.cache_clear()
+    assert type(plan.module).__module__.startswith("e3nn.")
