@@ -11,7 +11,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Callable, Union
+from typing import Callable, List, Union
 
 STALE_AFTER_S = 86400.0  # a temporary file this old is stale whatever its pid says
 _TMP = re.compile(r"\.tmp(\d+)(?:_[^/]*)?$")
@@ -59,6 +59,28 @@ def remove_stale_temps(target: Union[str, os.PathLike], prefix: str = "") -> int
             if old or not _alive(int(m.group(1))):
                 path.unlink()
                 removed += 1
+        except OSError:  # gone meanwhile, or not ours to remove
+            continue
+    return removed
+
+
+def remove_stale_temps_in(directory: Union[str, os.PathLike]) -> List[str]:
+    """Delete every leftover ``*.tmp<pid>[_...]`` file in ``directory`` whose writer is no longer
+    running (or that is older than ``STALE_AFTER_S``); returns the paths removed, never raises."""
+    removed: List[str] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    now = time.time()
+    for name in names:
+        m = _TMP.search(name)
+        path = os.path.join(directory, name)
+        try:
+            if m and os.path.isfile(path) and (now - os.path.getmtime(path) > STALE_AFTER_S
+                                               or not _alive(int(m.group(1)))):
+                os.remove(path)
+                removed.append(path)
         except OSError:  # gone meanwhile, or not ours to remove
             continue
     return removed

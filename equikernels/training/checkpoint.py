@@ -11,6 +11,8 @@ from typing import Any, Dict, Optional
 import numpy as np
 import torch
 
+from .._files import remove_stale_temps_in
+
 _NAME = "checkpoint-{:09d}.pt"
 _PATTERN = re.compile(r"checkpoint-(\d{9})\.pt$")
 
@@ -68,35 +70,7 @@ def load(path: str) -> Dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
-_TMP = re.compile(r"\.tmp(\d+)$")
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
 def remove_stale_temporaries(directories) -> list:
     """Delete the ``*.tmp<PID>`` files that writes of a killed process left behind (checkpoints,
     models, metrics); files of a process still running are kept. Returns the paths removed."""
-    removed = []
-    for directory in directories:
-        if not os.path.isdir(directory):
-            continue
-        for name in os.listdir(directory):
-            m = _TMP.search(name)
-            path = os.path.join(directory, name)
-            if m and os.path.isfile(path) and not _alive(int(m.group(1))):
-                try:
-                    os.remove(path)
-                    removed.append(path)
-                except OSError:
-                    pass
-    return removed
+    return [path for directory in directories for path in remove_stale_temps_in(directory)]
