@@ -6,48 +6,24 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
-import importlib
-import importlib.util
 import os
 import platform
 import re
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Dict, Optional
 
 import torch
 
 from equikernels.bench.timing import *  # noqa: F401,F403  (the harness, re-exported)
-from equikernels.bench.timing import _stats, describe_exception, l2_bytes  # noqa: F401
+from equikernels.bench.timing import _stats, describe_exception, fmt_err, fmt_ms, l2_bytes  # noqa: F401
+from equikernels.bench.environment import _dist_version, module_version as _module_version  # noqa: F401
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 # --- environment --------------------------------------------------------------------------------
-def _dist_version(name: str) -> Optional[str]:
-    try:
-        from importlib.metadata import version
-        return version(name)
-    except Exception:
-        return None
-
-
-def _module_version(name: str) -> Optional[str]:
-    """Version without importing heavy modules when the distribution metadata knows it."""
-    v = _dist_version(name.replace("_", "-")) or _dist_version(name)
-    if v is not None:
-        return v
-    if name in sys.modules:
-        return getattr(sys.modules[name], "__version__", "?")
-    try:
-        spec = importlib.util.find_spec(name)
-    except Exception:
-        spec = None
-    return None if spec is None else "present (version unknown)"
-
-
 def equikernels_fingerprint() -> Dict[str, Optional[str]]:
     out: Dict[str, Optional[str]] = {"version": _dist_version("equikernels")}
     try:
@@ -127,16 +103,3 @@ def stamp() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
 
 
-# --- formatting ---------------------------------------------------------------------------------
-def fmt_ms(v: Optional[float]) -> str:
-    if v is None:
-        return "—"
-    if v >= 100:
-        return f"{v:.1f}"
-    if v >= 10:
-        return f"{v:.2f}"
-    return f"{v:.3f}"
-
-
-def fmt_err(v: Optional[float]) -> str:
-    return "—" if v is None else f"{v:.1e}"
