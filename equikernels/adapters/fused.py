@@ -5,6 +5,7 @@ import torch
 
 from ..nn.tensor_product import TensorProduct
 from ..ops.conv import tensor_product_conv
+from ..ops.tp import resolve_backend
 from .graph_cache import shared_graph
 
 
@@ -20,7 +21,12 @@ def fusable_tp(tp) -> str:
 def message_passing(tp: TensorProduct, x: torch.Tensor, y: torch.Tensor, weight, src: torch.Tensor,
                     dst: torch.Tensor, num_nodes) -> torch.Tensor:
     """out[n] = sum over edges e with dst[e] == n of tp(x[src[e]], y[e], weight[e]): the same numbers
-    as the unfused layer, through ``tensor_product_conv`` on the graph shared by every layer."""
+    as the unfused layer, through ``tensor_product_conv`` on the graph shared by every layer. On
+    the CPU backend no fused kernel runs, so the layer gathers and scatters as the original did,
+    without sorting a graph."""
+    if resolve_backend(tp.backend, x.device) == "cpu":
+        msg = tp(x.index_select(0, src), y, weight)
+        return msg.new_zeros(int(num_nodes), msg.shape[1]).index_add_(0, dst, msg)
     graph = shared_graph(src, dst, num_nodes)
     return tensor_product_conv(tp.problem, x, y, tp._get_weights(weight), graph.src, graph.dst, graph.num_nodes,
                                graph=graph, layout=tp.layout, backend=tp.backend, validate=False,

@@ -10,7 +10,9 @@ sevenn_calc = pytest.importorskip("sevenn.calculator")
 import equikernels as ek  # noqa: E402
 
 
-def test_sevenn0_fused_matches(single_thread):
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_sevenn0_fused_matches(backend, monkeypatch, single_thread):
+    monkeypatch.setenv("EQUIKERNELS_BACKEND", backend)  # reference: the fused convolution; cpu: gather/scatter
     import ase.build  # noqa: PLC0415
 
     plain = sevenn_calc.SevenNetCalculator("7net-0", device="cpu")
