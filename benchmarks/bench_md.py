@@ -35,8 +35,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
+from equikernels.bench import mace as bench_mace  # noqa: E402
+
 IMPLS = ("equikernels", "equikernels_graph", "mace", "mace_cueq")  # _graph: cuda_graph=True
-MP0_ELEMENTS = list(range(1, 90))
 
 
 def cu_crystal(target_atoms: int):
@@ -54,15 +55,13 @@ def cu_crystal(target_atoms: int):
 
 
 def build_mace_model(args, dtype):
-    from equikernels.calculators.random_models import MP0_MEDIUM, random_mace_model
-
     if args.model:
         from equikernels._compat import o3  # noqa: F401  (e3nn safe globals before unpickling)
         return torch.load(args.model, map_location="cpu", weights_only=False).to(dtype)
     # scale: with unit scale these random weights give forces ~1e-4 eV/A, too flat for the parity
     # check to mean much; x1000 gives forces of a few tenths of eV/A, like a real crystal at 300 K
-    return random_mace_model(MP0_ELEMENTS, **MP0_MEDIUM, seed=0, dtype=dtype, pair_repulsion=False,
-                             avg_num_neighbors=40.0, atomic_inter_scale=1000.0)
+    return bench_mace.mace_model(40.0, dtype, first_interaction="RealAgnosticInteractionBlock",
+                                 atomic_inter_scale=1000.0, atomic_inter_shift=0.0)
 
 
 def make_calculator(impl, mace_model, args, dtype_name):

@@ -12,21 +12,19 @@ from ase.filters import FrechetCellFilter
 from ase.optimize import BFGS
 
 from equikernels.calculators import MACECalculator
-from equikernels.calculators.random_models import example_model
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None)
+    parser.add_argument("--model", default=None, help="model file (default: the bundled model)")
     parser.add_argument("--device", default=None)
     parser.add_argument("--fmax", type=float, default=0.01, help="force convergence, eV/A")
     args = parser.parse_args()
 
     crystal = bulk("Cu", "fcc", a=3.75, cubic=True).repeat(2)  # 4 % too large, and rattled
     crystal.rattle(0.05, seed=0)
-    model, description = example_model(crystal.numbers, args.model)
-    print(f"model: {description}")
-    calc = MACECalculator(model, device=args.device, default_dtype="float64")
+    print(f"model: {args.model or 'the bundled default model'}")
+    calc = MACECalculator(args.model, device=args.device, default_dtype="float64")
 
     crystal.calc = calc
     e0 = crystal.get_potential_energy()

@@ -1,7 +1,6 @@
 """Molecular dynamics of a small copper crystal (Langevin thermostat, 300 K) through ASE.
 
-Uses the bundled default model when it is installed, else ``--model`` or a small MACE with random
-weights (which runs, but is not physics).
+Uses the bundled default model (trained on EMT Cu, Ni, Al, Ag, Au, Pd, Pt) or ``--model``.
 
     python examples/md_crystal.py                     # CPU: 32 atoms, 20 steps, seconds
     python examples/md_crystal.py --repeat 6 --steps 1000 --device cuda
@@ -12,7 +11,6 @@ from ase.build import bulk
 
 from equikernels.calculators import MACECalculator
 from equikernels.calculators.md import MDSettings, run_md
-from equikernels.calculators.random_models import example_model
 
 
 def main():
@@ -25,9 +23,8 @@ def main():
     args = parser.parse_args()
 
     atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat(args.repeat)
-    model, description = example_model(atoms.numbers, args.model)
-    print(f"{len(atoms)} Cu atoms, {description}")
-    atoms.calc = MACECalculator(model, device=args.device)
+    print(f"{len(atoms)} Cu atoms, model: {args.model or 'the bundled default model'}")
+    atoms.calc = MACECalculator(args.model, device=args.device)
     settings = MDSettings(steps=args.steps, timestep_fs=2.0, temperature_K=300.0, ensemble="nvt-langevin")
     summary = run_md(atoms, settings, out_dir=args.out)
     rate = f"{summary['ns_per_day']:.3f} ns/day" if summary["ns_per_day"] is not None else "no rate (< 2 steps)"

@@ -4,7 +4,7 @@ optimiser steps: 4-6 min on 2 quiet cores, 16 min on 2 cores shared with other j
 
 Data: ASE's EMT potential on Cu, Ni, Al, Ag, Au, Pd, Pt: pure and alloyed fcc cells, strained
 and rattled, strongly rattled ("hot") cells and rattled (111)/(100) surface slabs, labelled with
-energy, forces and stress (equikernels.training.emt_data, fixed seeds). Model: a small
+energy, forces and stress (emt_data.py next to this script, fixed seeds). Model: a small
 ScaleShiftMACE (16x0e+16x1o, max_ell 2, correlation 3, 2 interactions, r_max 5 Å), trained with
 equikernels.training (AdamW, cosine schedule, EMA, energy/forces/stress loss).
 
@@ -27,6 +27,11 @@ import time
 
 import torch
 
+from emt_data import write_emt_dataset  # the sibling module: this folder is sys.path[0] when run as a script
+from equikernels.training import DataKeys, Trainer, TrainConfig, read_configs
+from equikernels.training import model_factory as mf
+from equikernels.training.data import build_dataset
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "data")
 SEEDS = {"train": 1001, "valid": 1002, "test": 1003}
@@ -36,8 +41,6 @@ SMALL_MACE = dict(hidden_irreps="16x0e+16x1o", MLP_irreps="16x0e", max_ell=2, co
 
 
 def dataset(directory: str, split: str, n: int, regenerate: bool) -> str:
-    from equikernels.training.emt_data import write_emt_dataset
-
     path = os.path.join(directory, f"emt_{split}.xyz")
     if regenerate or not os.path.isfile(path):
         os.makedirs(directory, exist_ok=True)
@@ -63,10 +66,6 @@ def main() -> None:
     p.add_argument("--no-install", action="store_true", help="do not copy the model into the package")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-
-    from equikernels.training import DataKeys, Trainer, TrainConfig, read_configs
-    from equikernels.training.data import build_dataset
-    from equikernels.training import model_factory as mf
 
     t0 = time.time()
     files = {s: dataset(args.data, s, getattr(args, f"n_{s}"), args.regenerate) for s in SEEDS}

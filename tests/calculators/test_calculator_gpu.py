@@ -10,6 +10,7 @@ from ase.neighborlist import neighbor_list
 
 from equikernels.calculators import MACECalculator
 from equikernels.calculators.neighbors import SkinNeighborList, pbc_tensor
+from random_models import small_random_model
 
 pytestmark = pytest.mark.gpu
 
@@ -47,7 +48,6 @@ def test_neighbour_list_on_gpu(name, dtype):
 def model(request):
     if request.param == "mace-torch":
         pytest.importorskip("mace")
-    from equikernels.calculators.random_models import small_random_model
     return small_random_model(ELEMENTS, seed=2, backend=request.param)
 
 

@@ -8,6 +8,8 @@ import torch
 from ase.build import bulk, fcc111, molecule
 from ase.stress import voigt_6_to_full_3x3_stress
 
+from random_models import small_random_mace_model
+
 pytestmark = pytest.mark.mace
 
 ELEMENTS = [1, 6, 8, 29]
@@ -16,7 +18,6 @@ ELEMENTS = [1, 6, 8, 29]
 @pytest.fixture(scope="module")
 def model():
     pytest.importorskip("mace")
-    from equikernels.calculators.random_models import small_random_mace_model
     return small_random_mace_model(ELEMENTS, seed=1)
 
 

@@ -13,6 +13,7 @@ from ase.stress import voigt_6_to_full_3x3_stress
 
 from equikernels.calculators import MACECalculator
 from equikernels.calculators.md import initialise_velocities
+from random_models import small_random_model
 
 ELEMENTS = [1, 6, 8, 29]
 
@@ -24,7 +25,6 @@ def _one_thread(single_thread):
 
 @pytest.fixture(scope="module")
 def model():
-    from equikernels.calculators.random_models import small_random_model
     return small_random_model(ELEMENTS, seed=3, backend="equikernels")
 
 

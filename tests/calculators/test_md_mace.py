@@ -13,6 +13,8 @@ from ase.md.langevin import Langevin
 from ase.md.verlet import VelocityVerlet
 from ase.neighborlist import neighbor_list
 
+from random_models import small_random_mace_model
+
 pytestmark = pytest.mark.mace
 
 ELEMENTS = [1, 6, 8, 29]
@@ -30,7 +32,6 @@ def _one_thread(single_thread):
 @pytest.fixture(scope="module")
 def model():
     pytest.importorskip("mace")
-    from equikernels.calculators.random_models import small_random_mace_model
     return small_random_mace_model(ELEMENTS, seed=0)
 
 

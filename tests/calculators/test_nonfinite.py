@@ -13,11 +13,11 @@ from equikernels.calculators import MACECalculator
 from equikernels.calculators.checks import NonFiniteError
 from equikernels.calculators.md import MDSettings, initialise_velocities, run_md
 from equikernels.cli import main
+from random_models import small_random_model
 
 
 @pytest.fixture(scope="module")
 def cu_model(tmp_path_factory):
-    from equikernels.calculators.random_models import small_random_model
     from equikernels.models import save
 
     path = tmp_path_factory.mktemp("model") / "cu.model"

@@ -5,6 +5,7 @@ import torch
 
 from equikernels.calculators import MACECalculator
 from equikernels.calculators.threads import default_threads
+from random_models import small_random_model
 
 
 @pytest.fixture
@@ -16,7 +17,6 @@ def restore_threads():
 
 @pytest.fixture(scope="module")
 def model():
-    from equikernels.calculators.random_models import small_random_model
     return small_random_model([29], seed=1)
 
 

@@ -24,7 +24,7 @@ def _strict_json(path):
 
 @pytest.fixture(scope="module")
 def cu_model(tmp_path_factory):
-    from equikernels.calculators.random_models import small_random_model
+    from random_models import small_random_model
     from equikernels.models import save
 
     path = tmp_path_factory.mktemp("model") / "cu.model"

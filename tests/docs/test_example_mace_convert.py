@@ -4,13 +4,13 @@ import runpy
 import sys
 from pathlib import Path
 
+from equikernels.models import save
+from random_models import small_random_model
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mace_convert.py"
 
 
 def test_runs_on_a_model_of_other_elements(tmp_path, monkeypatch, capsys, single_thread):
-    from equikernels.calculators.random_models import small_random_model
-    from equikernels.models import save
-
     path = tmp_path / "pd_pt.model"
     save(small_random_model([46, 78], seed=3), str(path))  # Pd and Pt: neither Cu nor Au
     monkeypatch.setattr(sys, "argv", [str(EXAMPLE), str(path)])

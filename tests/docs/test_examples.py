@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from random_models import small_random_mace_model
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
 FENCE = re.compile(r"(?:<!-- example: (?P<tag>[a-z-]+) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)\n```", re.S)
@@ -56,7 +58,6 @@ def test_python_example(path, line, tag, code, tmp_path, monkeypatch):
     if tag == "mace":
         if not _have_mace():
             pytest.skip("needs mace-torch")
-        from equikernels.calculators.random_models import small_random_mace_model
         torch.save(small_random_mace_model([13, 28, 29, 46, 47, 78, 79]), "mace.model")
     torch.manual_seed(0)
     exec(compile(code, f"{path.name}:{line}", "exec"), {"__name__": "__example__"})

@@ -145,12 +145,12 @@ def test_missing_exchange_is_an_error(model, mliap):
         em.run(mliap, separate_objects=False)
 
 
-def tiny_model(layers, hidden="4x0e+4x1o", max_ell=2, correlation=2, pair_repulsion=False, heads=None):
+def tiny_model(layers, hidden="4x0e+4x1o", max_ell=2, correlation=2, pair_repulsion=False, heads=None,
+               interaction="RealAgnosticResidualInteractionBlock", first="RealAgnosticInteractionBlock"):
     from equikernels.models.builder import mace_config, random_model
 
     cfg = mace_config(r_max=4.0, num_bessel=4, num_polynomial_cutoff=5, max_ell=max_ell,
-                      interaction="RealAgnosticResidualInteractionBlock",
-                      interaction_first="RealAgnosticInteractionBlock", num_interactions=layers,
+                      interaction=interaction, interaction_first=first, num_interactions=layers,
                       atomic_numbers=[28, 29], hidden_irreps=hidden, MLP_irreps="4x0e",
                       avg_num_neighbors=8.0, correlation=correlation, radial_MLP=[8], pair_repulsion=pair_repulsion,
                       heads=heads)
@@ -172,9 +172,11 @@ def test_multi_head_model_runs_the_chosen_head():
 
 
 def test_random_model_three_layers_and_one_layer():
-    """Equivariant (l = 1) hidden features, ZBL, three layers (two exchanges); one layer needs none."""
-    for layers in (3, 1):
-        model = tiny_model(layers, pair_repulsion=True)
+    """Equivariant (l = 1) hidden features, ZBL, three layers (two exchanges); one layer needs none;
+    density-normalised layers."""
+    density = "RealAgnosticDensityResidualInteractionBlock"
+    for layers, kinds in ((3, {}), (1, {}), (2, {"interaction": density, "first": density})):
+        model = tiny_model(layers, pair_repulsion=True, **kinds)
         obj = EquikernelsMLIAP(model)
         atoms = small_cell()
         em = decompose(atoms, obj.element_types, float(model.r_max), GRIDS[2], exchange=layers > 1)
@@ -323,7 +325,7 @@ def test_dlpack_arrays_are_used_in_place(model, mliap):
 @pytest.mark.mace
 def test_export_mace_torch_file(tmp_path):
     pytest.importorskip("mace")
-    from equikernels.calculators.random_models import small_random_model
+    from random_models import small_random_model
 
     mace_model = small_random_model([28, 29], seed=4, backend="mace-torch")
     path = tmp_path / "mace.model"

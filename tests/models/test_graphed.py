@@ -27,7 +27,7 @@ def _one_thread(single_thread):
 
 @pytest.fixture(scope="module")
 def model():
-    from equikernels.calculators.random_models import small_random_model
+    from random_models import small_random_model
     return small_random_model(ELEMENTS, seed=3, backend="equikernels").double().eval()
 
 

@@ -13,7 +13,7 @@ DEAD_PID = 2 ** 22 + 4321  # above the default pid_max: no such process
 
 @pytest.fixture(scope="module")
 def model():
-    from equikernels.calculators.random_models import small_random_model
+    from random_models import small_random_model
     return small_random_model([29], seed=2)
 
 

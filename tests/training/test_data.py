@@ -9,7 +9,7 @@ from equikernels.training import DataError, DataKeys, TrainConfig, read_configs
 from equikernels.training import checkpoint as ckpt
 from equikernels.training.data import (build_dataset, check_elements, check_labels, collate,
                                        split_train_valid)
-from equikernels.training.emt_data import emt_structures
+from emt_data import emt_structures
 from equikernels.training.loss import error_sums, local_counts, loss_terms, metrics_from_sums
 from equikernels.training.statistics import average_e0s, parse_given_e0s
 from equikernels.training.trainer import epoch_batches

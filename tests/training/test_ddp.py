@@ -5,6 +5,8 @@ import os
 import pytest
 import torch
 
+from emt_data import write_emt_dataset
+
 TINY = dict(hidden_irreps="4x0e+4x1o", MLP_irreps="4x0e", max_ell=1, correlation=2, num_bessel=4,
             radial_MLP=[8], r_max=3.6)
 
@@ -50,8 +52,6 @@ def _worker(rank, world, init_file, cfg_dict, out_dir):
 
 
 def test_ddp_two_gloo_processes_match_one(tmp_path, single_thread):
-    from equikernels.training.emt_data import write_emt_dataset
-
     train = write_emt_dataset(str(tmp_path / "train.xyz"), 10, seed=21, elements=("Cu", "Ni"), max_atoms=4)
     single = str(tmp_path / "single.pt")
     _run(_config(train, str(tmp_path / "one"), batch_size=4), single)

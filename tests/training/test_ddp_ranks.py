@@ -7,6 +7,8 @@ import time
 import pytest
 import torch
 
+from emt_data import write_emt_dataset
+
 TINY = dict(hidden_irreps="4x0e+4x1o", MLP_irreps="4x0e", max_ell=1, correlation=2, num_bessel=4,
             radial_MLP=[8], r_max=3.6)
 _COLLECTIVES = ("all_reduce", "barrier", "broadcast", "broadcast_object_list", "all_gather",
@@ -56,8 +58,6 @@ def _worker(rank, world, init_file, cfg_dict, out_dir):
 
 
 def test_two_gloo_ranks_finish_with_the_same_collectives_and_summary(tmp_path, single_thread):
-    from equikernels.training.emt_data import write_emt_dataset
-
     train = write_emt_dataset(str(tmp_path / "train.xyz"), 10, seed=21, elements=("Cu", "Ni"), max_atoms=4)
     cfg = dict(train_file=train, valid_fraction=0.3, new_model=TINY, epochs=2, batch_size=2, lr=0.02,
                out_dir=str(tmp_path / "out"), progress=False, plot=False, checkpoint_every=2, device="cpu",

@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 
 from equikernels.training import DataError, DataKeys, TrainConfig, Trainer, read_configs
+from emt_data import write_emt_dataset
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    from equikernels.training.emt_data import write_emt_dataset
-
     d = tmp_path_factory.mktemp("ux")
     return (write_emt_dataset(str(d / "train.xyz"), 4, seed=11, elements=("Cu", "Ni"), max_atoms=3),
             write_emt_dataset(str(d / "valid.xyz"), 2, seed=12, elements=("Cu", "Ni"), max_atoms=3))

@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 import torch
 
+from emt_data import write_emt_dataset
+
 pytestmark = pytest.mark.mace
 
 
@@ -45,7 +47,6 @@ def test_fine_tune_writes_a_mace_torch_model_beside_ours(tmp_path, single_thread
     pytest.importorskip("mace")
     from equikernels import models
     from equikernels.training import TrainConfig, Trainer
-    from equikernels.training.emt_data import write_emt_dataset
 
     train = write_emt_dataset(str(tmp_path / "t.xyz"), 4, seed=3, elements=("Cu", "Ni"), max_atoms=3)
     from equikernels.default_model import default_model_path

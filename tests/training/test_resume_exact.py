@@ -7,14 +7,13 @@ import pytest
 import torch
 
 from equikernels.training import TrainConfig, Trainer
+from emt_data import write_emt_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    from equikernels.training.emt_data import write_emt_dataset
-
     d = tmp_path_factory.mktemp("resume")
     return (write_emt_dataset(str(d / "train.xyz"), 6, seed=11, elements=("Cu", "Ni"), max_atoms=4),
             write_emt_dataset(str(d / "valid.xyz"), 2, seed=12, elements=("Cu", "Ni"), max_atoms=4))

@@ -8,6 +8,8 @@ import os
 import pytest
 import torch
 
+from emt_data import write_emt_dataset
+
 TINY = dict(hidden_irreps="4x0e+4x1o", MLP_irreps="4x0e", max_ell=1, correlation=2, num_bessel=4,
             radial_MLP=[8], r_max=3.6)
 
@@ -23,7 +25,6 @@ def _have_mace():
 @pytest.fixture(scope="module")
 def data_files(tmp_path_factory):
     pytest.importorskip("equikernels.models")
-    from equikernels.training.emt_data import write_emt_dataset
 
     d = tmp_path_factory.mktemp("emt")
     train = write_emt_dataset(str(d / "train.xyz"), 16, seed=11, elements=("Cu", "Ni"), max_atoms=4)

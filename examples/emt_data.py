@@ -1,19 +1,22 @@
 """Reproducible labelled structures from ASE's EMT potential (Cu, Ni, Al, Ag, Au, Pd, Pt and their
-alloys): bulk, strained and rattled cells, surfaces. Used to train the bundled default model and by
-the tests; every structure is a pure function of the seed."""
+alloys): bulk, strained and rattled cells, surfaces. ``train_default_model.py`` trains the bundled
+default model on them and the training tests use them; every structure is a pure function of the
+seed."""
 from __future__ import annotations
 
 from typing import List, Sequence
 
+import ase.io
 import numpy as np
+from ase.build import bulk, fcc100, fcc111
+from ase.calculators.emt import EMT
+from ase.data import atomic_numbers, reference_states
 
 EMT_ELEMENTS = ("Cu", "Ni", "Al", "Ag", "Au", "Pd", "Pt")
 
 
 def _label(atoms, keys_prefix: str = "REF_"):
     """Attach EMT energy/forces/stress under REF_* keys (stress only for periodic cells)."""
-    from ase.calculators.emt import EMT
-
     atoms.calc = EMT()
     energy = atoms.get_potential_energy()
     forces = atoms.get_forces()
@@ -28,10 +31,6 @@ def _label(atoms, keys_prefix: str = "REF_"):
 
 
 def _bulk(rng, elements: Sequence[str], n_species: int, repeat):
-    from ase.build import bulk
-
-    from ase.data import atomic_numbers, reference_states
-
     host = elements[rng.integers(len(elements))]
     a = reference_states[atomic_numbers[host]]["a"]
     kind = rng.integers(3)
@@ -62,8 +61,6 @@ def _strain_and_rattle(rng, atoms, max_strain: float, rattle: float):
 
 
 def _surface(rng, elements: Sequence[str]):
-    from ase.build import fcc100, fcc111
-
     host = elements[rng.integers(len(elements))]
     build = fcc111 if rng.random() < 0.5 else fcc100
     atoms = build(host, size=(2, 2, 3), vacuum=6.0, periodic=True)
@@ -103,7 +100,6 @@ def emt_structures(n: int, seed: int = 0, elements: Sequence[str] = EMT_ELEMENTS
 
 
 def write_emt_dataset(path: str, n: int, seed: int = 0, **kwargs) -> str:
-    import ase.io
-
+    """``emt_structures(n, seed, **kwargs)`` written to ``path`` as extended XYZ; returns ``path``."""
     ase.io.write(path, emt_structures(n, seed, **kwargs), format="extxyz")
     return path

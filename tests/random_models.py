@@ -1,7 +1,6 @@
-"""Randomly initialised MACE models, for examples, tests and benchmarks when no trained model is at
-hand: mace-torch's own classes (needs mace-torch, imported lazily) or equikernels' models built
-without mace-torch. They give smooth, conservative but unphysical potential energy surfaces: fine
-for exercising and timing the calculator, not for science."""
+"""Small MACE models with random weights for the tests: mace-torch's own classes (needs mace-torch,
+imported lazily) or equikernels' models built without mace-torch. They give smooth, conservative
+but unphysical potential energy surfaces: enough to exercise the calculator, not for science."""
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -9,10 +8,9 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-# MACE-MP-0 "medium" hyperparameters, for benchmarks with realistic cost
-MP0_MEDIUM = dict(r_max=6.0, num_bessel=10, num_polynomial_cutoff=5, max_ell=3, num_interactions=2,
-                  hidden_irreps="128x0e+128x1o", mlp_irreps="16x0e", correlation=3, radial_mlp=(64, 64, 64))
-# a model small enough for CPU tests and examples that run in seconds
+from equikernels.models.builder import mace_config, random_model
+
+# small enough for CPU tests that run in seconds
 SMALL = dict(r_max=4.5, num_bessel=8, num_polynomial_cutoff=5, max_ell=2, num_interactions=2,
              hidden_irreps="8x0e+8x1o", mlp_irreps="8x0e", correlation=2, radial_mlp=(16, 16))
 
@@ -62,8 +60,6 @@ def small_random_model(atomic_numbers: Sequence[int], seed: int = 0, dtype: torc
         return small_random_mace_model(atomic_numbers, seed=seed, dtype=dtype)
     if backend != "equikernels":
         raise ValueError(f"backend must be 'equikernels' or 'mace-torch', got {backend!r}")
-    from equikernels.models.builder import mace_config, random_model
-
     cfg = mace_config(r_max=SMALL["r_max"], num_bessel=SMALL["num_bessel"],
                       num_polynomial_cutoff=SMALL["num_polynomial_cutoff"], max_ell=SMALL["max_ell"],
                       interaction="RealAgnosticResidualInteractionBlock",
@@ -73,24 +69,3 @@ def small_random_model(atomic_numbers: Sequence[int], seed: int = 0, dtype: torc
                       radial_MLP=SMALL["radial_mlp"], pair_repulsion=True)
     return random_model(cfg, seed=seed, dtype=dtype)
 
-
-def example_model(atomic_numbers: Sequence[int], model=None, seed: int = 0):
-    """The model for the examples: ``model`` when given; else the bundled default model when it
-    exists and knows every element of ``atomic_numbers``; else a small random equikernels model.
-    Returns ``(model or path, description)``."""
-    if model is not None:
-        return model, f"model {model}"
-    from .loading import default_model_path, load_model_file
-
-    needed = {int(z) for z in atomic_numbers}
-    try:
-        path = default_model_path()
-    except FileNotFoundError:
-        reason = "no default model is installed"
-    else:
-        known = {int(z) for z in load_model_file(path, torch.device("cpu")).atomic_numbers}
-        if needed <= known:
-            return path, f"the bundled default model ({path})"
-        reason = f"the default model does not know elements {sorted(needed - known)}"
-    return (small_random_model(sorted(needed), seed=seed),
-            f"a small MACE with random weights ({reason}; pass --model for a real one)")
