@@ -7,12 +7,16 @@ equikernels (not mace-torch) where LAMMPS runs.
 """
 from __future__ import annotations
 
+import collections
+import io
 import os
 import pickle
+import zipfile
 from typing import Optional, Union
 
 import torch
 
+from ..models.io import check_torch_file
 from .mliap import EquikernelsMLIAP
 
 TORCH_SUFFIXES = (".pt", ".pth")
@@ -45,17 +49,80 @@ def export_mliap(model, path: Union[str, os.PathLike], dtype: Optional[str] = No
     return obj
 
 
+EXPECTED = "an ML-IAP model file written by equikernels export-lammps"
+_PICKLE_PROTOCOLS = (2, 3, 4, 5)
+# truncated or damaged files, and states of another version (EquikernelsMLIAP.__setstate__)
+_READ_ERRORS = (EOFError, RuntimeError, ValueError, TypeError, AttributeError, IndexError, KeyError, OSError,
+                zipfile.BadZipFile)
+
+
 def load_mliap(path: Union[str, os.PathLike]) -> EquikernelsMLIAP:
-    """Read a file written by ``export_mliap`` as LAMMPS does (unpickling runs code named in the
-    file: load only files you trust)."""
+    """Read a file written by ``export_mliap`` (what LAMMPS loads), checking its format first: a
+    file that is not a torch archive (``.pt``/``.pth``) or a pickle (other names), or that holds
+    anything besides an ``EquikernelsMLIAP`` and tensors, is refused with a ``ValueError`` naming it,
+    without running code from it. (LAMMPS itself unpickles in full: give it only files you trust.)"""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"path: no such file: {path!r}")
     if _is_torch_file(path):
-        obj = torch.load(path, map_location="cpu", weights_only=False)
+        check_torch_file(path, EXPECTED)
+        try:
+            with torch.serialization.safe_globals([EquikernelsMLIAP]):
+                obj = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise ValueError(f"{path}: holds objects other than an EquikernelsMLIAP and tensors ({_first_line(exc)}); "
+                             f"expected {EXPECTED}") from None
+        except _READ_ERRORS as exc:
+            raise ValueError(f"{path}: cannot be read ({type(exc).__name__}: {_first_line(exc)}); "
+                             f"expected {EXPECTED}") from None
     else:
         with open(path, "rb") as f:
-            obj = pickle.load(f)
+            head = f.read(2)
+            if len(head) < 2 or head[0] != 0x80 or head[1] not in _PICKLE_PROTOCOLS:
+                raise ValueError(f"{path}: not a pickle (it {_describe_head(head)}); expected {EXPECTED} "
+                                 "(.pt/.pth files are read as torch archives)")
+            f.seek(0)
+            try:
+                obj = _RestrictedUnpickler(f).load()
+            except pickle.UnpicklingError as exc:
+                raise ValueError(f"{path}: {_first_line(exc)}; expected {EXPECTED}") from None
+            except _READ_ERRORS as exc:
+                raise ValueError(f"{path}: cannot be read ({type(exc).__name__}: {_first_line(exc)}); "
+                                 f"expected {EXPECTED}") from None
     if not isinstance(obj, EquikernelsMLIAP):
-        raise ValueError(f"path: {path!r} holds a {type(obj).__name__}, expected an EquikernelsMLIAP")
+        raise ValueError(f"{path}: holds a {type(obj).__name__}, expected {EXPECTED}")
     return obj
+
+
+def _storage_from_bytes(data: bytes):
+    """A tensor storage pickled inside the file, read without running code (``weights_only``)."""
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Builds only what ``export_mliap`` writes: the ML-IAP object, tensors and their storages."""
+
+    _ALLOWED = {("equikernels.lammps.mliap", "EquikernelsMLIAP"): EquikernelsMLIAP,
+                ("torch._utils", "_rebuild_tensor_v2"): torch._utils._rebuild_tensor_v2,
+                ("torch.storage", "_load_from_bytes"): _storage_from_bytes,
+                ("collections", "OrderedDict"): collections.OrderedDict}
+
+    def find_class(self, module: str, name: str):
+        found = self._ALLOWED.get((module, name))
+        if found is None:
+            raise pickle.UnpicklingError(f"refers to {module}.{name}, which an ML-IAP model file does not hold")
+        return found
+
+
+def _describe_head(head: bytes) -> str:
+    if not head:
+        return "is empty"
+    try:
+        return f"is text, starting {head.decode('ascii')!r}"
+    except UnicodeDecodeError:
+        return "has unrecognised binary content"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

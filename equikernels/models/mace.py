@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -87,6 +87,14 @@ class _NodeContext:
     e0: torch.Tensor
     scale: Optional[torch.Tensor] = None
     shift: Optional[torch.Tensor] = None
+    # element groups of the first num_out nodes, by num_out (``_interactions`` with ``num_out``)
+    out_groups: Dict[int, ElementGroups] = field(default_factory=dict)
+
+    def groups_of_first(self, num_out: int, num_elements: int) -> ElementGroups:
+        g = self.out_groups.get(num_out)
+        if g is None:
+            g = self.out_groups[num_out] = ElementGroups.build(self.element[:num_out], num_elements)
+        return g
 
 
 class MACE(nn.Module):
@@ -280,16 +288,22 @@ class MACE(nn.Module):
         return positions, vectors, lengths, displacement, cell, node_heads, num_graphs
 
     def _interactions(self, data, ctx, vectors, lengths, node_heads, num_out: Optional[int] = None,
-                      between_layers: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
+                      between_layers: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+                      graph: Optional[ConvGraph] = None):
         """Runs every layer; returns per-node readout energies [per readout] and node features.
         ``num_out``: only the first ``num_out`` nodes receive messages; each layer's node update and
         the readouts run on those rows only, and ``between_layers`` (required then, for a model of
-        several layers) maps their features [num_out, ...] to the next layer's input [n, ...]."""
+        several layers) maps their features [num_out, ...] to the next layer's input [n, ...].
+        ``graph``: the ``ConvGraph`` of ``data["edge_index"]`` (built here if None)."""
         node_attrs = data["node_attrs"]
         n = node_attrs.shape[0]
         sender, receiver = data["edge_index"][0], data["edge_index"][1]
         groups, node_z = ctx.groups, ctx.node_z
-        graph = ConvGraph.build(sender, receiver, n, validate=False)  # one graph, reused by every layer
+        if graph is None:
+            graph = ConvGraph.build(sender, receiver, n, validate=False)  # one graph, reused by every layer
+        elif graph.num_nodes != n or graph.num_edges != sender.shape[0]:
+            raise ValueError(f"graph: built for {graph.num_nodes} nodes and {graph.num_edges} edges, the data has "
+                             f"{n} and {sender.shape[0]}")
         half = self._feature_dtype()
         node_feats = self.node_embedding(node_attrs)
         if half is not None:  # the blocks follow the node features' dtype (per-edge weights included)
@@ -299,19 +313,19 @@ class MACE(nn.Module):
         pair = None
         if self.pair_repulsion is not None:
             pair = self.pair_repulsion(lengths, node_z, sender, receiver, n)
-        prod_element = ctx.prod_element
+        prod_element, out_groups = ctx.prod_element, None
         if num_out is not None:
             prod_element, node_heads = prod_element[:num_out], node_heads[:num_out]
             pair = None if pair is None else pair[:num_out]
+            out_groups = ctx.groups_of_first(num_out, self.num_elements)
         feats = []
         for k, (interaction, product) in enumerate(zip(self.interactions, self.products)):
             if k and between_layers is not None:
                 node_feats = between_layers(node_feats)
             elif k and num_out is not None and node_feats.shape[0] != n:
                 raise ValueError("num_out: a model of several layers needs between_layers to refill the other rows")
-            node_feats, sc = interaction(node_feats, groups, edge_attrs, edge_feats, cutoff, graph)
-            if num_out is not None:  # rows past num_out receive no messages: their update is never used
-                node_feats, sc = node_feats[:num_out], None if sc is None else sc[:num_out]
+            # with num_out, rows past it receive no messages: their update is never computed
+            node_feats, sc = interaction(node_feats, groups, edge_attrs, edge_feats, cutoff, graph, num_out, out_groups)
             node_feats = product(node_feats, sc, prod_element)
             feats.append(node_feats)
         node_es = []
@@ -344,24 +358,31 @@ class MACE(nn.Module):
 
     def edge_node_energies(self, node_attrs: torch.Tensor, edge_index: torch.Tensor, vectors: torch.Tensor,
                            head: Optional[torch.Tensor] = None, num_out: Optional[int] = None,
-                           between_layers: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
+                           between_layers: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+                           graph: Optional[ConvGraph] = None) -> torch.Tensor:
         """Per-node energies (E0 included, as ``node_energy``) of one graph given by its edge vectors
         (``vectors[e]`` = x[receiver] - x[sender], ``edge_index`` = [sender, receiver]; no positions,
         cell or shifts): differentiate them with respect to ``vectors`` for per-edge forces.
-        ``num_out`` / ``between_layers``: see ``_interactions``; the result has ``num_out`` rows then."""
+        ``num_out`` / ``between_layers`` / ``graph`` (the ``ConvGraph`` of ``edge_index``, trusted to
+        be its edges): see ``_interactions``; the result has ``num_out`` rows then. Passing the same
+        ``node_attrs`` and ``head`` tensors again reuses what depends only on the atoms."""
         n = node_attrs.shape[0]
         if vectors.dim() != 2 or vectors.shape[1] != 3 or edge_index.shape != (2, vectors.shape[0]):
             raise ValueError(f"vectors / edge_index: expected [E, 3] and [2, E], got {tuple(vectors.shape)} and "
                              f"{tuple(edge_index.shape)}")
         if not self._u_ready:
             raise RuntimeError("this MACE has no U tensors yet: build it with equikernels.models.from_mace or load()")
-        batch = torch.zeros(n, dtype=torch.int64, device=node_attrs.device)
-        ptr = torch.tensor([0, n], dtype=torch.int64, device=node_attrs.device)
-        data = {"node_attrs": node_attrs, "edge_index": edge_index, "batch": batch, "ptr": ptr, "head": head}
+        cached = self.__dict__.get("_one_graph")  # batch / ptr of one graph of n nodes, kept for _context's key
+        if cached is None or cached[0] != (n, node_attrs.device):
+            cached = self.__dict__["_one_graph"] = (
+                (n, node_attrs.device), torch.zeros(n, dtype=torch.int64, device=node_attrs.device),
+                torch.tensor([0, n], dtype=torch.int64, device=node_attrs.device))
+        data = {"node_attrs": node_attrs, "edge_index": edge_index, "batch": cached[1], "ptr": cached[2], "head": head}
         ctx = self._context(data)
         lengths = torch.linalg.norm(vectors, dim=-1, keepdim=True)
         with trusted_inputs(node_feats=False):
-            node_es, pair, _ = self._interactions(data, ctx, vectors, lengths, ctx.node_heads, num_out, between_layers)
+            node_es, pair, _ = self._interactions(data, ctx, vectors, lengths, ctx.node_heads, num_out, between_layers,
+                                                  graph)
         rows = n if num_out is None else num_out
         return self._node_energy(ctx, ctx.node_e0[:rows], pair, node_es)
 

@@ -38,6 +38,14 @@ class _Comm:
 
     def __init__(self, tables, nlocals, slots, barrier):
         self.tables, self.nlocals, self.slots, self.barrier = tables, nlocals, slots, barrier
+        self._on_device = {}  # (id, device) -> (host index tensor, its device copy): no copy per exchange
+
+    def _index(self, t: torch.Tensor, device) -> torch.Tensor:
+        key = (id(t), str(device))
+        hit = self._on_device.get(key)
+        if hit is None or hit[0] is not t:
+            hit = self._on_device[key] = (t, t.to(device))
+        return hit[1]
 
     def _slot(self, q: int, device) -> torch.Tensor:
         return torch.as_tensor(self.slots[q]).to(device)
@@ -50,7 +58,7 @@ class _Comm:
         self._post(rank, src)
         dst.copy_(src)  # owned rows unchanged
         for q, (ghost_rows, owner_rows) in self.tables[rank].items():
-            dst[ghost_rows.to(dst.device)] = self._slot(q, dst.device)[owner_rows.to(dst.device)]
+            dst[self._index(ghost_rows, dst.device)] = self._slot(q, dst.device)[self._index(owner_rows, dst.device)]
         self.barrier.wait()
 
     def reverse(self, rank: int, src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -60,7 +68,8 @@ class _Comm:
         for q, table in enumerate(self.tables):
             if rank in table:
                 ghost_rows, owner_rows = table[rank]
-                dst.index_add_(0, owner_rows.to(dst.device), self._slot(q, dst.device)[ghost_rows.to(dst.device)])
+                dst.index_add_(0, self._index(owner_rows, dst.device),
+                               self._slot(q, dst.device)[self._index(ghost_rows, dst.device)])
         self.barrier.wait()
 
 
