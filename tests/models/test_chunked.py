@@ -225,7 +225,7 @@ def test_auto_rule(count_chunked, monkeypatch):
     model(_data())
     assert count_chunked["convs"] == 0  # the default ("auto") leaves small systems unchunked
     gib = 1 << 30
-    monkeypatch.setattr(chunked, "available_bytes", lambda device: 70 * gib)
+    monkeypatch.setattr(chunked, "available_bytes", lambda device, needed=None: 70 * gib)
     # MACE-MP-0-medium shape (weight_numel 512 and 1280), 795k edges: unchunked in fp32 and fp64
     # when the memory is there, whatever the dtype
     for nw in (512, 1280):
@@ -241,7 +241,7 @@ def test_auto_rule(count_chunked, monkeypatch):
     assert resolve_edge_chunk(None, fits // 2, 1280, 8, "cuda") == 0
     assert resolve_edge_chunk(None, fits // 2 + 1, 1280, 8, "cuda") > 0
     # less memory left: the same layer is chunked
-    monkeypatch.setattr(chunked, "available_bytes", lambda device: 2 * gib)
+    monkeypatch.setattr(chunked, "available_bytes", lambda device, needed=None: 2 * gib)
     assert resolve_edge_chunk(None, 795_010, 1280, 4, "cuda") > 0
     # an explicit setting wins over the memory rule
     assert resolve_edge_chunk(0, 10 ** 9, 1280, 4) == 0
@@ -251,6 +251,22 @@ def test_auto_rule(count_chunked, monkeypatch):
 
 def test_available_bytes_on_host():
     assert chunked.available_bytes("cpu") > 0
+
+
+def test_available_bytes_asks_the_allocator_only_when_needed(monkeypatch):
+    gib = 1 << 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (8 * gib, 80 * gib))
+
+    def stats(device=None):
+        calls.append(device)
+        return {"reserved_bytes.all.current": 5 * gib, "allocated_bytes.all.current": 1 * gib}
+    calls = []
+    monkeypatch.setattr(torch.cuda, "memory_stats", stats)
+    assert chunked.available_bytes("cuda", needed=6 * gib) == 8 * gib  # the driver's free memory covers it
+    assert calls == []
+    assert chunked.available_bytes("cuda", needed=10 * gib) == 12 * gib  # plus the allocator's unused blocks
+    assert chunked.available_bytes("cuda") == 12 * gib
+    assert len(calls) == 2
 
 
 def test_never_while_compiling(monkeypatch):
