@@ -114,3 +114,42 @@ def test_bad_indices_are_refused(model):
     with pytest.raises(ValueError, match="data.pair_i / data.pair_j"):
         obj.compute_forces(rank)
 
+
+
+def _sync_count(fn) -> int:
+    """Synchronising CUDA calls made by fn (torch's sync debug mode)."""
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+@pytest.mark.gpu
+def test_gpu_steady_step_syncs_twice_beyond_the_model(model):
+    """On CUDA data, a step with an unchanged pair list synchronises with the host only to check
+    the cached graph and to hand LAMMPS the energy, beyond what the model call itself does."""
+    from equikernels.calculators import MACECalculator
+    from equikernels.models.mace import trusted_inputs
+
+    obj = EquikernelsMLIAP(model)
+    atoms = crystal()
+    rank = decompose(atoms, obj.element_types, float(model.r_max), device="cuda").ranks[0]
+    rank.update_pair_forces_gpu = lambda fij: None  # the emulator's tally copies to the host
+    calc = MACECalculator(model, device="cuda", default_dtype="float64", cuda_graph=False)
+    data = calc.graph(atoms)
+
+    def model_call():
+        with trusted_inputs(node_feats=False):
+            calc.model(data, compute_force=True, training=False)
+
+    for _ in range(2):
+        obj.compute_forces(rank)
+        model_call()
+    assert _sync_count(lambda: obj.compute_forces(rank)) <= _sync_count(model_call) + 2
