@@ -263,17 +263,16 @@ class EquikernelsMLIAP(MLIAPUnified):
             checks.append((sends & ~centre)[nlocal:].sum())
         flags = torch.stack([c.to(torch.int64) for c in checks]).tolist()  # the one host sync
         atoms_ok, pairs_ok, (elo, ehi, ilo, ihi, jlo, jhi) = bool(flags[0]), bool(flags[1]), flags[2:8]
+        if ghost_rows and flags[8]:
+            self._missing_exchange(data, flags[8])
         if atoms_ok and pairs_ok:
             return cached
         if elo < 0 or ehi >= len(self.element_types):
             raise ValueError(f"data.elems: element indices must lie in [0, {len(self.element_types)}) (the "
                              f"pair_coeff elements {' '.join(self.element_types)}), got [{elo}, {ehi}]")
-        centres = ntotal if ghost_rows else nlocal
-        if ilo < 0 or ihi >= centres or jlo < 0 or jhi >= ntotal:
-            raise ValueError(f"data.pair_i / data.pair_j: expected centres in [0, {centres}) and neighbours in "
-                             f"[0, {ntotal}), got [{ilo}, {ihi}] and [{jlo}, {jhi}]")
-        if ghost_rows and flags[8]:
-            self._missing_exchange(data, flags[8])
+        if ilo < 0 or ihi >= ntotal or jlo < 0 or jhi >= ntotal:
+            raise ValueError(f"data.pair_i / data.pair_j: expected atom indices in [0, ntotal={ntotal}), got "
+                             f"[{ilo}, {ihi}] and [{jlo}, {jhi}]")
         if atoms_ok:
             elems, node_attrs = cached.elems, cached.node_attrs
         else:

@@ -74,6 +74,12 @@ def test_unchanged_pair_list_reuses_the_graph(model, counted):
     _run(obj, em_swapped, swapped, model)
     assert counted["graph"] == first["graph"] + 1
 
+    # the kept pair list handed by a coupling without exchange is still refused
+    em_plain = decompose(swapped, obj.element_types, float(model.r_max), exchange=False)
+    em_plain.ranks[0].pair_i, em_plain.ranks[0].pair_j = rank.pair_i, rank.pair_j
+    with pytest.raises(RuntimeError, match="forward_exchange"):
+        em_plain.run(obj, separate_objects=False)
+
 
 def test_layers_update_owned_rows_only(model):
     """Ghost rows feed messages (linear_up) but receive none: the rest of each layer runs on the
