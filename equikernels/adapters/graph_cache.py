@@ -1,4 +1,5 @@
-"""One ``ConvGraph`` per graph, shared by every fused layer of a model."""
+"""One ``ConvGraph`` per graph, shared by every fused layer of a model, and one element grouping per
+node-attribute tensor, shared by every element-indexed layer."""
 from __future__ import annotations
 
 import threading
@@ -6,6 +7,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from ..models.element_linear import ElementGroups
 from ..ops.conv import ConvGraph
 
 
@@ -52,3 +54,55 @@ def shared_graph(src: torch.Tensor, dst: torch.Tensor, num_nodes) -> ConvGraph:
     if cache is None:
         cache = _SHARED.cache = GraphCache()
     return cache.get(src, dst, num_nodes)
+
+
+class ElementCache:
+    """Remembers the element grouping of the last one-hot node-attribute tensor seen (same storage,
+    view and version), so every element-indexed layer of one forward shares one grouping and one
+    host synchronisation."""
+
+    def __init__(self) -> None:
+        self._entry: Optional[Tuple[tuple, torch.Tensor, Optional[ElementGroups]]] = None
+
+    def get(self, attrs: torch.Tensor) -> Optional[ElementGroups]:
+        key = _key(attrs)
+        entry = self._entry
+        if entry is not None and entry[0] == key:
+            return entry[2]
+        groups = _one_hot_groups(attrs)
+        self._entry = (key, attrs, groups)
+        return groups
+
+    def clear(self) -> None:
+        self._entry = None
+
+
+def _one_hot_groups(attrs: torch.Tensor) -> Optional[ElementGroups]:
+    """Nodes grouped by element if every row of ``attrs`` [N, elements] is exactly one-hot, else None."""
+    n, ne = attrs.shape
+    if n == 0 or ne == 0:
+        return None
+    element = torch.argmax(attrs, dim=1)
+    exact = (attrs == torch.nn.functional.one_hot(element, ne).to(attrs.dtype)).all()
+    stats = torch.cat([torch.bincount(element, minlength=ne), exact.long().view(1)]).tolist()  # one host sync
+    if not stats[-1]:
+        return None
+    perm = torch.sort(element, stable=True).indices
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(n, device=perm.device)
+    runs, start = [], 0
+    for z, count in enumerate(stats[:-1]):
+        if count:
+            runs.append((z, start, start + count))
+            start += count
+    return ElementGroups(element, perm, inverse, runs)
+
+
+def shared_element_groups(attrs: torch.Tensor) -> Optional[ElementGroups]:
+    """The element grouping of one-hot node attributes ``attrs`` [N, elements] from this thread's
+    cache (None if a row is not exactly one-hot): built once per attribute tensor and shared by
+    every element-indexed layer given it."""
+    cache = getattr(_SHARED, "elements", None)
+    if cache is None:
+        cache = _SHARED.elements = ElementCache()
+    return cache.get(attrs)

@@ -10,6 +10,12 @@ call with the fused convolution. The blocks' own code, normalisation included, r
 path table of ``equikernels.models.symmetric_contraction`` built from the module's own U buffers,
 with per-node weights ``node_attrs @ W`` (exactly mace-torch's ``ekc,be`` contraction, one-hot or
 not) from the module's own parameters.
+
+Element-indexed skip products (``skip_tp``: a fully connected product of node features with the
+one-hot node attributes): with exactly one-hot attributes each node's result is its features times
+its element's weight block, so the product runs as ``ElementLinear`` on the same weight (nodes
+grouped by element once per forward, shared by every block). Attributes that are not exactly
+one-hot, or that require a gradient, and explicit weights take the original product.
 """
 from __future__ import annotations
 
@@ -18,12 +24,17 @@ import inspect
 import torch
 from torch import nn
 
-from ..models.symmetric_contraction import TableOp, contraction_table
+from ..models.element_linear import ElementLinear
+from ..models.symmetric_contraction import contraction_op, contraction_table
+from ..ops.table_chain import TableOp
+from ..nn.tensor_product import TensorProduct
+from ..problem import TPProblem, irreps_str
 from .classes import accelerated_class, original_class, register_overrides
 from .fused import fusable_tp, message_passing
+from .graph_cache import shared_element_groups
 from .registry import Adapter, NotFused, register
 
-CONV, CONTRACTION = "mace", "mace_contraction"
+CONV, CONTRACTION, SKIP = "mace", "mace_contraction", "mace_skip"
 
 
 # --- interaction blocks -------------------------------------------------------------------------
@@ -84,7 +95,7 @@ def _op(sc) -> TableOp:
     if cached is None or cached[0] != key:
         channels = sc.contractions[0].num_features
         table, _ = contraction_table(channels, [ir.l for _, ir in sc.irreps_in], [ir.l for _, ir in sc.irreps_out], us)
-        cached = sc.__dict__["_ek_op"] = (key, TableOp(table, "ir_mul"))
+        cached = sc.__dict__["_ek_op"] = (key, contraction_op(table, "ir_mul"))
     return cached[1]
 
 
@@ -131,3 +142,69 @@ def _contraction_apply(sc: nn.Module) -> str:
 
 
 register(Adapter(CONTRACTION, _contraction_matches, _contraction_apply))
+
+
+# --- element-indexed skip product ----------------------------------------------------------------
+def _elements(tp: TensorProduct) -> int:
+    """The element count of ``tp``'s second input if it is ``E x 0e`` (one block of scalars), else 0."""
+    irreps = tp.problem.irreps_in2
+    return irreps[0][0] if len(irreps) == 1 and irreps[0][1:] == (0, 1) else 0
+
+
+def _skip_linear(tp: TensorProduct) -> ElementLinear:
+    """The ElementLinear computing ``tp`` on one-hot attributes, on ``tp``'s own weight Parameter."""
+    lin = tp.__dict__.get("_ek_lin")
+    if lin is None or lin.weight is not tp.weight:
+        p = tp.problem
+        lin = ElementLinear(irreps_str(p.irreps_in1), _elements(tp), irreps_str(p.irreps_out), tp.layout)
+        lin.weight = tp.weight  # shared, not registered on tp: state_dict keys stay the original's
+        tp.__dict__["_ek_lin"] = lin
+    return lin
+
+
+def _skip_overrides(cls: type) -> dict:
+    def forward(self, x, y, weight=None):
+        if (weight is None and isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dim() == 2
+                and y.dim() == 2 and y.shape == (x.shape[0], _elements(self)) and not y.requires_grad
+                and x.dtype == self.weight.dtype and not torch.compiler.is_compiling()
+                and not isinstance(y, torch._subclasses.FakeTensor)):
+            groups = shared_element_groups(y)
+            if groups is not None:
+                return _skip_linear(self)(x, groups)
+        return cls.forward(self, x, y, weight)
+
+    forward.__signature__ = inspect.signature(cls.forward)
+    forward.__doc__ = ("As the original product; on exactly one-hot ``y`` (no gradient) and the internal weight, "
+                       "computed per element as ElementLinear.")
+    return {"forward": forward}
+
+
+register_overrides(SKIP, _skip_overrides)
+
+
+def _skip_matches(block: nn.Module) -> bool:
+    return _is_mace(block, "InteractionBlock")
+
+
+def _skip_apply(tp: nn.Module) -> str:
+    if getattr(type(tp), "_ek_adapter", None) == SKIP:
+        return ""
+    if not isinstance(tp, TensorProduct):
+        raise NotFused(f"skip_tp is a {type(tp).__name__}, not an equikernels TensorProduct")
+    ne = _elements(tp)
+    if not ne:
+        raise NotFused(f"its second input {tp.irreps_in2} is not one block of element scalars (E x 0e)")
+    p = tp.problem
+    if not isinstance(getattr(tp, "weight", None), nn.Parameter) or tp.weight.numel() != p.weight_numel:
+        raise NotFused("it has no internal shared weight")
+    lin = ElementLinear(irreps_str(p.irreps_in1), ne, irreps_str(p.irreps_out), tp.layout)
+    links = [(i, 0, o, "uvw", True) for i, o, _, _ in lin.paths]
+    want = TPProblem.create(irreps_str(p.irreps_in1), f"{ne}x0e", irreps_str(p.irreps_out), links)
+    have = [(i.i_in1, i.i_in2, i.i_out, i.mode, i.has_weight) for i in p.instructions]
+    if have != links or any(abs(a - b) > 1e-12 * abs(b) for a, b in zip(p.path_coefficients, want.path_coefficients)):
+        raise NotFused("it is not the fully connected element-indexed product (instructions or normalisation differ)")
+    tp.__class__ = accelerated_class(SKIP, type(tp))
+    return f"element-indexed skip product ({ne} elements) as ElementLinear: one matmul per element and block"
+
+
+register(Adapter(SKIP, _skip_matches, _skip_apply, child="skip_tp"))

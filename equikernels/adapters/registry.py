@@ -2,8 +2,10 @@
 
 An adapter recognises a layer (``matches``) and rewires it in place (``apply``), keeping its class
 name, parameters, ``state_dict`` keys and call signature; ``apply`` returns what it did or raises
-``NotFused`` with the reason. ``accelerate_layers`` runs every adapter over a model (after the
-module-by-module conversion of ``equikernels.nn.convert``) and records the outcome in the report.
+``NotFused`` with the reason. An adapter with a ``child`` attribute name rewires that submodule of
+the layers it matches (reported under the submodule's name), alongside whichever layer adapter
+applies. ``accelerate_layers`` runs every adapter over a model (after the module-by-module
+conversion of ``equikernels.nn.convert``) and records the outcome in the report.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ class Adapter:
     name: str
     matches: Callable[[nn.Module], bool]
     apply: Callable[[nn.Module], str]
+    child: str = ""  # set: ``matches`` sees the parent layer, ``apply`` gets ``getattr(parent, child)``
 
 
 ADAPTERS: List[Adapter] = []
@@ -44,22 +47,30 @@ def _load() -> None:
 
 
 def accelerate_layers(model: nn.Module, report) -> None:
-    """Apply the first matching adapter to every submodule of ``model`` (and ``model`` itself);
-    appends (name, class, what) to ``report.fused`` and (name, class, why) to ``report.not_fused``."""
+    """Apply the first matching layer adapter, and every matching child adapter, to every submodule
+    of ``model`` (and ``model`` itself); appends (name, class, what) to ``report.fused`` and (name, class, why) to ``report.not_fused``."""
     _load()
     seen = set()
     for name, module in list(model.named_modules()):
         if id(module) in seen:
             continue
         seen.add(id(module))
-        adapter = next((a for a in ADAPTERS if a.matches(module)), None)
-        if adapter is None:
-            continue
-        try:
-            what = adapter.apply(module)
-        except NotFused as exc:
-            report.not_fused.append((name, type(module).__name__, str(exc)))
-            continue
-        if what:
-            report.fused.append((name, type(module).__name__, what))
-            report.left_alone[:] = [e for e in report.left_alone if e[0] != name]
+        layer = next((a for a in ADAPTERS if not a.child and a.matches(module)), None)
+        todo = [(name, module, layer)] if layer is not None else []
+        for a in ADAPTERS:
+            sub = getattr(module, a.child, None) if a.child else None
+            if isinstance(sub, nn.Module) and a.matches(module):
+                todo.append((f"{name}.{a.child}" if name else a.child, sub, a))
+        for where, target, adapter in todo:
+            _apply(adapter, where, target, report)
+
+
+def _apply(adapter: Adapter, name: str, module: nn.Module, report) -> None:
+    try:
+        what = adapter.apply(module)
+    except NotFused as exc:
+        report.not_fused.append((name, type(module).__name__, str(exc)))
+        return
+    if what:
+        report.fused.append((name, type(module).__name__, what))
+        report.left_alone[:] = [e for e in report.left_alone if e[0] != name]

@@ -96,7 +96,7 @@ def test_mace_torch_model_accelerated(monkeypatch, single_thread):
     report = ek.accelerate(model)
     fused = report.fused_names
     assert {"interactions.0", "interactions.1", "products.0.symmetric_contractions",
-            "products.1.symmetric_contractions"} <= set(fused), str(report)
+            "products.1.symmetric_contractions", "interactions.0.skip_tp", "interactions.1.skip_tp"} <= set(fused), str(report)
     assert not report.not_fused, str(report)
     assert list(model.state_dict()) == keys
     modules = dict(model.named_modules())
@@ -136,3 +136,39 @@ def test_mace_state_dict_and_pickle(single_thread):
     assert type(loaded.products[0].symmetric_contractions).__name__ == "SymmetricContraction"
     assert rel(loaded(dict(batch), compute_force=False)["energy"].detach(), e_fast) < TOL
     assert not ek.accelerate(model).fused  # nothing left to do on a second call
+
+
+def test_mace_skip_product_runs_per_element(monkeypatch, single_thread):
+    """skip_tp on one-hot attributes runs as ElementLinear on its own weight (the original product is
+    not called), equal to the plain product to second order in the features and weight; attributes
+    that are not exactly one-hot, or that carry a gradient, take the original product."""
+    torch.set_default_dtype(torch.float64)
+    model = _model(seed=4)
+    plain = copy.deepcopy(model)
+    ek.accelerate(model)
+    skip, ref = model.interactions[1].skip_tp, plain.interactions[1].skip_tp
+    assert type(skip).__name__ == type(ref).__name__ and list(skip.state_dict()) == list(ref.state_dict())
+    torch.manual_seed(0)
+    x = torch.randn(7, ref.irreps_in1.dim)
+    one_hot = torch.nn.functional.one_hot(torch.tensor([2, 0, 2, 1, 0, 2, 2]), len(ZS)).double()
+    mixed = one_hot.clone()
+    mixed[3] = torch.tensor([0.25, 0.5, 0.25])
+
+    def second_order(tp, y):
+        xs = x.clone().requires_grad_()
+        out = tp(xs, y)
+        gx, gw = torch.autograd.grad(out.pow(2).sum(), [xs, tp.weight], create_graph=True)
+        return [out] + list(torch.autograd.grad((gx.pow(2).sum() + gw.pow(3).sum()), [xs, tp.weight])) + [gx, gw]
+
+    base = type(skip).__mro__[1]
+    original = base.forward
+    monkeypatch.setattr(base, "forward", lambda *a, **k: (_ for _ in ()).throw(AssertionError("original product called")))
+    for a, b in zip(second_order(skip, one_hot), [None] * 5):
+        assert b is None and torch.isfinite(a).all()
+    monkeypatch.setattr(base, "forward", original)
+    for a, b in zip(second_order(skip, one_hot), second_order(ref, one_hot)):
+        assert rel(a.detach(), b.detach()) < TOL
+    assert rel(skip(x, mixed), ref(x, mixed)) < TOL  # not one-hot: the original product
+    y = one_hot.clone().requires_grad_()
+    gy = torch.autograd.grad(skip(x, y).sum(), y)[0]
+    assert rel(gy, torch.autograd.grad(ref(x, y).sum(), y)[0]) < TOL
