@@ -104,6 +104,8 @@ def _convert_linear(module):
     new.internal_weights = module.internal_weights
     new.instructions = list(module.instructions)  # the exact numbers
     _adopt(new, module, ("weight", "bias", "output_mask"))
+    new.__dict__.pop("_plan", None)  # the plan built at construction saw external weights: rebuild it
+    new._derived()
     return new
 
 
