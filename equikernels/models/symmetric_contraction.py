@@ -12,17 +12,17 @@ one path with nu factors of ``x`` (the features) and one factor of ``w`` (per-ro
 "components" are the k index), all sharing the channel label ``u``; its entries are U's nonzeros.
 Permutations of the same input segments are merged into one path (the factors are one operand),
 which divides the number of degree-3 paths by up to six. The per-row weights are W[z] gathered by
-each node's element. ``equikernels.reference.evaluate`` evaluates the table on any device and is
-differentiable to any order (forces, and force-trained parameters).
+each node's element. The table's op (``ops.table_chain``) is differentiable to any order (forces,
+and force-trained parameters) through its gradient tables.
 
-On CUDA (backend "triton") the same tables -- the forward and every gradient table -- go through
-the project's Triton generator (``equikernels.codegen``) unchanged: each table becomes unrolled
-kernels (at most ``EQUIKERNELS_MAX_PATHS`` paths each, adding into one output). A table the
-generator cannot express falls back to the reference, with a warning.
+This module provides the contraction's implementation of those tables on CUDA (backend "triton"):
+the forward and every gradient table go through the project's Triton generator
+(``equikernels.codegen``) unchanged, each table as unrolled kernels (at most
+``EQUIKERNELS_MAX_PATHS`` paths each, adding into one output). A table the generator cannot express
+falls back to the reference, with a warning.
 """
 from __future__ import annotations
 
-import warnings
 from collections import defaultdict
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -30,12 +30,10 @@ import torch
 from torch import nn
 
 from .. import settings
-from ..ir import Factor, Operand, Path, Segment, Table, grad_table
-from ..dtypes import HALF, math_dtype_of
-from ..reference import evaluate
+from ..dtypes import HALF, acc_dtype, math_dtype_of
+from ..ir import Factor, Operand, Path, Segment, Table
+from ..ops.table_chain import TableOp
 from .cpu_contraction import MonomialContraction
-
-_STORAGE = HALF + (torch.float32, torch.float64)
 
 U_ZERO_TOL = 0.0  # U entries are kept exactly (a checkpoint's zeros are exact zeros)
 
@@ -97,85 +95,10 @@ def contraction_table(channels: int, ls_in: Sequence[int], ls_out: Sequence[int]
     return Table(operands, "out", tuple(paths)), sizes
 
 
-class TableOp:
-    """A path table evaluated with ``equikernels.reference.evaluate`` under an autograd Function
-    whose backward is the evaluation of the gradient tables (``ir.grad_table``) through the same
-    Function, so every order of derivative works while only the inputs are saved: the per-path
-    einsum intermediates are transient, which keeps force (and force-training) memory at the
-    size of the inputs instead of the sum of every path's intermediates."""
-
-    def __init__(self, table: Table, layout: str, level: int = 0, backend: Optional[str] = None,
-                 out_like: str = "x") -> None:
-        self.table, self.layout, self.level, self.backend = table, layout, level, backend
-        # the operand whose dtype the result takes: the features for the forward, the operand a
-        # gradient is taken with respect to for a gradient table (mixed fp32 weights / half x)
-        self.out_like = out_like
-        self._kernels: Dict[torch.dtype, Optional[_Generated]] = {}
-        used = {f.operand for p in table.paths for f in p.factors + ((p.weight,) if p.weight else ())}
-        self.names = tuple(o.name for o in table.operands if o.name in used)  # d/dx still reads x
-        self._grads: Dict[str, "TableOp"] = {}
-
-    def grad(self, wrt: str) -> "TableOp":
-        if wrt not in self._grads:
-            gt = grad_table(self.table, wrt, f"g{self.level}")
-            # the gradient's output gets a name of its own: it is x-shaped but x stays an input
-            out = f"d{self.level}_{wrt}"
-            target = gt.operand(wrt)
-            paths = tuple(Path(p.factors, p.weight, Factor(out, p.output.segment, p.output.base, p.output.strides),
-                               p.labels, p.entries) for p in gt.paths)
-            gt = Table(gt.operands + (Operand(out, target.dim, target.segments),), out, paths)
-            self._grads[wrt] = TableOp(gt, self.layout, self.level + 1, self.backend, out_like=wrt)
-        return self._grads[wrt]
-
-    def __call__(self, tensors: Dict[str, torch.Tensor], out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-        """``out_dtype``: default the ``out_like`` operand's dtype (a table linear in its ``wrt`` does
-        not read it: the caller passes that operand's dtype)."""
-        if out_dtype is None:
-            out_dtype = (tensors[self.out_like] if self.out_like in tensors else tensors[self.names[0]]).dtype
-        return _TableFn.apply(self, out_dtype, *(tensors[n] for n in self.names))
-
-    def evaluate(self, named: Dict[str, torch.Tensor], out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-        """Plain (non-recording) evaluation: generated kernels on the triton backend, else the reference."""
-        from ..ops.tp import resolve_backend  # noqa: PLC0415
-
-        ref = next(iter(named.values()))
-        rows = ref.shape[0]
-        if out_dtype is None:
-            out_dtype = named[self.out_like].dtype if self.out_like in named else ref.dtype
-        bad = [f"{k}: {v.dtype}" for k, v in named.items() if v.dtype not in _STORAGE]
-        if bad:
-            raise TypeError(f"symmetric contraction: operands must be float16, bfloat16, float32 or float64, "
-                            f"got {', '.join(bad)}")
-        math = math_dtype_of(named.values())
-        if math == torch.float64 and any(v.dtype in HALF for v in named.values()):
-            raise TypeError("symmetric contraction: float64 operands do not mix with float16/bfloat16 ones "
-                            f"({', '.join(f'{k}: {v.dtype}' for k, v in named.items())})")
-        if resolve_backend(self.backend, ref.device) == "triton":
-            gen = self._generated(math)
-            if gen is not None:
-                if gen.compiled:
-                    return gen({k: v.contiguous() for k, v in named.items()}, rows, out_dtype)
-                try:  # Triton compiles on the first launch: a failure there falls back, later ones raise
-                    out = gen({k: v.contiguous() for k, v in named.items()}, rows, out_dtype)
-                    gen.compiled = True
-                    return out
-                except Exception as exc:
-                    if "out of memory" in str(exc).lower():
-                        raise
-                    warnings.warn(f"symmetric contraction: a level-{self.level} kernel failed to compile or run "
-                                  f"({type(exc).__name__}: {exc}); using the reference", RuntimeWarning)
-                    self._kernels[math] = None
-        return evaluate(self.table, named, self.layout, rows=rows, out_dtype=out_dtype)
-
-    def _generated(self, dtype: torch.dtype) -> Optional["_Generated"]:
-        if dtype not in self._kernels:
-            try:
-                self._kernels[dtype] = _Generated(self.table, self.layout, dtype, f"sc{self.level}")
-            except Exception as exc:  # the generator's Unsupported, or a compile problem: stay correct
-                warnings.warn(f"symmetric contraction: no generated kernel for a level-{self.level} table "
-                              f"({type(exc).__name__}: {exc}); using the reference", RuntimeWarning)
-                self._kernels[dtype] = None
-        return self._kernels[dtype]
+def contraction_op(table: Table, layout: str, backend: Optional[str] = None) -> TableOp:
+    """The contraction's table as a differentiable op (``ops.table_chain``): generated Triton
+    kernels (``_Generated``) on the triton backend, the reference elsewhere."""
+    return TableOp(table, layout, backend=backend, build=_Generated, label="symmetric contraction")
 
 
 class _Generated:
@@ -205,35 +128,13 @@ class _Generated:
     def __call__(self, named: Dict[str, torch.Tensor], rows: int, out_dtype: torch.dtype) -> torch.Tensor:
         like = next(iter(named.values()))
         # chunks add into one output: a half result is summed in a float32 buffer, rounded once
-        buf_dtype = torch.float32 if self.accumulate and out_dtype in HALF else out_dtype
+        buf_dtype = acc_dtype(out_dtype) if self.accumulate else out_dtype
         alloc = torch.zeros if self.zero else torch.empty
         out = alloc(rows, self.out.dim, dtype=buf_dtype, device=like.device)
         if rows:
             for k in self.kernels:  # self.dtype is the math dtype (kernels cast on load and store)
                 k.launch(named, {self.out.name: out}, rows, self.cfg, self.dtype)
         return out.to(out_dtype)
-
-
-class _TableFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, op: TableOp, out_dtype: torch.dtype, *tensors):
-        ctx.op = op
-        ctx.save_for_backward(*tensors)
-        return op.evaluate(dict(zip(op.names, tensors)), out_dtype)
-
-    @staticmethod
-    def backward(ctx, g):
-        op, tensors = ctx.op, ctx.saved_tensors
-        named = dict(zip(op.names, tensors))
-        grads = []
-        for name, needed in zip(op.names, ctx.needs_input_grad[2:]):
-            if needed:  # each gradient in its operand's dtype
-                gop = op.grad(name)
-                grads.append(gop({**named, f"g{op.level}": g.contiguous()}, named[name].dtype) if gop.table.paths
-                             else torch.zeros_like(named[name]))
-            else:
-                grads.append(None)
-        return (None, None, *grads)
 
 
 class SymmetricContraction(nn.Module):
@@ -273,7 +174,7 @@ class SymmetricContraction(nn.Module):
 
     def _build_table(self) -> None:
         self.table, self.weight_sizes = contraction_table(self.channels, self.ls_in, self.ls_out, self.u_matrices())
-        self.op = TableOp(self.table, self.layout, backend=self.backend)
+        self.op = contraction_op(self.table, self.layout, self.backend)
 
     def _load_from_state_dict(self, *args, **kwargs):
         super()._load_from_state_dict(*args, **kwargs)
@@ -314,7 +215,7 @@ class SymmetricContraction(nn.Module):
             return self._forward_cpu(x, element)
         w = self.node_weights(element)
         if self.op.layout != self.layout:  # layout changed after construction
-            self.op = TableOp(self.table, self.layout, backend=self.backend)
+            self.op = contraction_op(self.table, self.layout, self.backend)
         return self.op({"x": x, "w": w})
 
     def _forward_cpu(self, x: torch.Tensor, element: torch.Tensor) -> torch.Tensor:

@@ -11,11 +11,12 @@ import torch
 from torch import Tensor
 
 from .. import settings
+from ..dtypes import acc_dtype
 from ..problem import TPProblem
 from .graph import ConvGraph, _check_range
 from .conv_fused import conv_bwd, conv_dbwd, conv_fwd, fused_conv  # noqa: F401 (registers the custom ops)
-from .tp import (LAYOUTS, STORAGE_DTYPES, _check_same, _eager, autocast_dtype, check_dtypes, resolve_backend,
-                 tensor_product)
+from .chain import autocast_dtype
+from .tp import LAYOUTS, STORAGE_DTYPES, _check_same, check_dtypes, resolve_backend, tensor_product
 
 DATAFLOWS = ("auto", "atomic", "deterministic", "unfused")
 
@@ -104,9 +105,8 @@ def tensor_product_conv(problem: TPProblem, x: Tensor, y: Tensor, weight: Option
     if tunable:
         flow = _tuned_dataflow(problem, x, y, weight, graph, layout, be, flow, math_dtype, out_dtype)
     if flow == "unfused":
-        acc = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype  # sum, then round
         msgs = tensor_product(problem, x.index_select(0, graph.src), y, weight, layout=layout, backend=be,
-                              math_dtype=math_dtype, output_dtype=acc)
+                              math_dtype=math_dtype, output_dtype=acc_dtype(out_dtype))  # sum, then round
         return _segment_sum(msgs, graph, n_out).to(out_dtype)
     return fused_conv(problem, x, y, weight, graph, layout, be, flow, math_dtype, out_dtype)
 

@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .tp import _eager
+from .chain import is_eager as _eager
 
 
 @dataclass

@@ -1,8 +1,8 @@
-"""Batched tensor product as torch custom ops with a composable autograd chain.
+"""The batched tensor product: its implementations (Triton on CUDA, dense contractions or e3nn on
+CPU, the reference elsewhere) as a ``chain.Method``, and the public entry point.
 
-``tp_fwd(x, y, w)`` and ``tp_bwd(x, y, w, g) -> (gx, gy, gw)`` are opaque custom ops (Triton on
-CUDA, the reference elsewhere). The backward of ``tp_bwd`` is expressed with the same two ops by
-trilinearity (docs/architecture.md), so derivatives of any order work. The static problem travels as a JSON
+The chain (``ops.chain``) makes them the custom ops ``tp_fwd(x, y, w)``, ``tp_bwd(x, y, w, g) ->
+(gx, gy, gw)`` and ``tp_dbwd``, differentiable to any order. The static problem travels as a JSON
 string argument, which keeps exported graphs self-contained.
 """
 from __future__ import annotations
@@ -16,19 +16,19 @@ import torch
 from torch import Tensor
 
 from .. import reference, settings
-from . import cpu_e3nn, cpu_tp, native
+from . import cpu_e3nn, cpu_tp, native, trilinear
+from .chain import NEED_W, NEED_X, NEED_Y, Chain, Method, have_of
+from .chain import autocast_dtype, is_eager  # noqa: F401 (public names for equikernels.experimental)
 from ..ir import Table, double_backward_tables, grad_table, tp_table
 from ..problem import TPProblem, problem_from_spec
 
 BACKENDS = ("auto", "triton", "reference", "cpu")  # cpu: e3nn's module (ops.cpu_e3nn) or dense contractions (ops.cpu_tp)
 LAYOUTS = reference.LAYOUTS
-NEED_X, NEED_Y, NEED_W = 1, 2, 4
 # Precision policy (docs in tensor_product): operands in any of STORAGE_DTYPES; float16, bfloat16
 # and float32 operands may be mixed (each is read in its own dtype, nothing is copied), float64
 # only with float64. Math in MATH_DTYPES (default float32, float64 when the operands are float64).
 STORAGE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 MATH_DTYPES = (torch.float32, torch.float64)
-_AUTOCAST_DEVICES = ("cuda", "cpu")
 
 
 class Plan:
@@ -113,47 +113,6 @@ def _fwd_impl(x: Tensor, y: Tensor, w: Tensor, spec: str, backend: str, math_dty
                               math_dtype=math_dtype, out_dtype=out_dtype or x.dtype)
 
 
-@torch.library.custom_op("equikernels::tp_fwd", mutates_args=())
-def tp_fwd(x: Tensor, y: Tensor, w: Tensor, spec: str, backend: str, math_dtype: Optional[torch.dtype] = None,
-           out_dtype: Optional[torch.dtype] = None) -> Tensor:
-    """out_dtype None: x's dtype (under autocast: the autocast dtype, see _autocast_fwd)."""
-    return _fwd_impl(x, y, w, spec, backend, math_dtype, out_dtype)
-
-
-@tp_fwd.register_fake
-def _(x, y, w, spec, backend, math_dtype=None, out_dtype=None):
-    return x.new_empty(x.shape[0], plan_of(spec).problem.dim_out, dtype=out_dtype or x.dtype)
-
-
-def autocast_dtype(x: Tensor) -> Optional[torch.dtype]:
-    """The output dtype autocast asks for (None when autocast is off for x's device, or x is float64:
-    autocast leaves float64 alone, as it does for matmul)."""
-    dev = x.device.type
-    if dev not in _AUTOCAST_DEVICES or x.dtype == torch.float64 or not torch.is_autocast_enabled(dev):
-        return None
-    return torch.get_autocast_dtype(dev)
-
-
-def _autocast_fwd(keyset, *args, **kwargs):
-    """Autocast rule of tp_fwd: the output is written in the autocast dtype (unless out_dtype is
-    given); the operands are *not* cast. The kernels read each operand in its own dtype and compute
-    in float32, so a cast would only add a read-and-write pass (and a rounding) per float32 operand.
-    Gradients come back in each operand's dtype (tp_bwd / tp_dbwd have no autocast rule)."""
-    names = ("x", "y", "w", "spec", "backend", "math_dtype", "out_dtype")
-    full = dict(zip(names, args), **kwargs)
-    full.setdefault("math_dtype", None)
-    if full.get("out_dtype") is None:
-        full["out_dtype"] = autocast_dtype(full["x"])
-    dev = full["x"].device.type
-    with torch.autocast(dev, enabled=False):
-        return tp_fwd._opoverload(*(full[n] for n in names))
-
-
-_autocast_lib = torch.library.Library("equikernels", "IMPL")  # kept alive: it owns the registrations
-for _key in ("AutocastCUDA", "AutocastCPU"):
-    _autocast_lib.impl("tp_fwd", _autocast_fwd, _key, with_keyset=True)
-
-
 # --- backward -----------------------------------------------------------------------------------
 def _bwd_impl(x: Tensor, y: Tensor, w: Tensor, g: Tensor, spec: str, backend: str, need: int,
               math_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor, Tensor]:
@@ -174,66 +133,6 @@ def _bwd_impl(x: Tensor, y: Tensor, w: Tensor, g: Tensor, spec: str, backend: st
     return tuple(res)
 
 
-@torch.library.custom_op("equikernels::tp_bwd", mutates_args=())
-def tp_bwd(x: Tensor, y: Tensor, w: Tensor, g: Tensor, spec: str, backend: str, need: int,
-           math_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor, Tensor]:
-    """(gx, gy, gw), each in the dtype of its operand."""
-    return _bwd_impl(x, y, w, g, spec, backend, need, math_dtype)
-
-
-@tp_bwd.register_fake
-def _(x, y, w, g, spec, backend, need, math_dtype=None):
-    return tuple(t.new_empty(t.shape) if need & bit else t.new_empty(0)
-                 for bit, t in ((NEED_X, x), (NEED_Y, y), (NEED_W, w)))
-
-
-# --- autograd -----------------------------------------------------------------------------------
-def _fwd_setup(ctx, inputs, output):
-    x, y, w, spec, backend = inputs[:5]
-    ctx.save_for_backward(x, y, w)
-    ctx.spec, ctx.backend = spec, backend
-    ctx.math = inputs[5] if len(inputs) > 5 else None
-
-
-def _fwd_backward(ctx, g, *_):
-    x, y, w = ctx.saved_tensors
-    ni = ctx.needs_input_grad
-    need = ni[0] + 2 * ni[1] + 4 * ni[2]
-    if need == 0:
-        return None, None, None, None, None, None, None
-    g = g.contiguous()
-    res = None
-    if FAST_BWD and ctx.backend == "triton" and not torch.is_grad_enabled() and _eager(x, y, w, g):
-        res = _bwd_direct(x, y, w, g, ctx.spec, need, ctx.math)
-    gx, gy, gw = res if res is not None else bwd(x, y, w, g, ctx.spec, ctx.backend, need, ctx.math)
-    return (gx if need & NEED_X else None, gy if need & NEED_Y else None, gw if need & NEED_W else None,
-            None, None, None, None)
-
-
-tp_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup)
-
-
-def _bwd_setup(ctx, inputs, output):
-    x, y, w, g, spec, backend, need = inputs[:7]
-    ctx.save_for_backward(x, y, w, g)
-    ctx.spec, ctx.backend, ctx.need = spec, backend, need
-    ctx.math = inputs[7] if len(inputs) > 7 else None
-
-
-def _cot(t: Optional[Tensor], wanted: bool) -> Optional[Tensor]:
-    """A usable cotangent, or None when autograd gave none or the output was a placeholder (not
-    ``wanted``). A wanted one has its output's shape: autograd checks what it hands a node."""
-    return t.contiguous() if wanted and t is not None else None
-
-
-def _bwd_backward(ctx, ga, gb, gc):
-    x, y, w, g = ctx.saved_tensors
-    cn = ctx.need
-    a, b, c = _cot(ga, cn & NEED_X), _cot(gb, cn & NEED_Y), _cot(gc, cn & NEED_W)
-    nx, ny, nw, ng = ctx.needs_input_grad[:4]
-    return _double_backward(x, y, w, g, a, b, c, ctx.spec, ctx.backend, ctx.math, nx, ny, nw, ng) \
-        + (None, None, None, None)
-
 
 @functools.lru_cache(maxsize=None)
 def _has_unweighted(spec: str) -> bool:
@@ -241,72 +140,20 @@ def _has_unweighted(spec: str) -> bool:
     return any(not ins.has_weight for ins in plan_of(spec).problem.instructions)
 
 
-def _have(a, b, c) -> str:
-    """The cotangents present, as dbwd's ``have``."""
-    return ("a" if a is not None else "") + ("b" if b is not None else "") + ("c" if c is not None else "")
+_have = have_of
 
 
 def _double_backward(x, y, w, g, a, b, c, spec, be, m, nx, ny, nw, ng):
-    """Trilinear identity: S = <g, T(a,y,w) + T(x,b,w) + T(x,y,c)>, (a,b,c) the cotangents (None:
-    absent). (dx, dy, dw, dg), None for those not asked for (nx ... ng).
-
-    When no higher derivative is being recorded (the usual force-training step) one fused op
-    computes all four results; otherwise the same identity is composed from tp_fwd / tp_bwd, which
-    are differentiable themselves, so any order works.
-    """
-    if not torch.is_grad_enabled():
-        # plain arithmetic, not generators: this runs once per force-training step and is host time
-        need = nx + 2 * ny + 4 * nw + 8 * ng
-        have = _have(a, b, c)
-        res = None
-        if FAST_BWD and be == "triton" and _eager(x, y, w, g, a, b, c):
-            res = _dbwd_direct(x, y, w, g, a, b, c, spec, have, need, m)
-        if res is None:
-            e = x.new_empty(0) if len(have) < 3 else None  # placeholder for a missing cotangent
-            res = dbwd(x, y, w, g, a if a is not None else e, b if b is not None else e,
-                       c if c is not None else e, spec, be, have, need, m)
-        return tuple(r if n else None for r, n in zip(res, (nx, ny, nw, ng)))
-    dx = dy = dw = dg = None
-
-    def acc(old, new):
-        return new if old is None else old + new
-
-    # the T(x, y, c) term is the part of T that depends on w: the unweighted instructions' T(x, y, 0)
-    # is taken out again (exact: T is affine in w)
-    c0 = torch.zeros_like(c) if c is not None and _has_unweighted(spec) else None
-    if ng:
-        for args in ((a, y, w), (x, b, w), (x, y, c)):
-            if all(t is not None for t in args):
-                dg = acc(dg, fwd(*args, spec, be, m, g.dtype))  # dg in g's dtype
-        if c0 is not None:
-            dg = dg - fwd(x, y, c0, spec, be, m, g.dtype)
-    if b is not None and (nx or nw):  # from T(x, b, w): d/dx and d/dw
-        rx, _, rw = bwd(x, b, w, g, spec, be, (NEED_X if nx else 0) | (NEED_W if nw else 0), m)
-        dx = acc(dx, rx) if nx else dx
-        dw = acc(dw, rw) if nw else dw
-    if c is not None and (nx or ny):  # from T(x, y, c)
-        rx, ry, _ = bwd(x, y, c, g, spec, be, (NEED_X if nx else 0) | (NEED_Y if ny else 0), m)
-        if c0 is not None:
-            rx0, ry0, _ = bwd(x, y, c0, g, spec, be, (NEED_X if nx else 0) | (NEED_Y if ny else 0), m)
-            rx, ry = (rx - rx0 if nx else rx), (ry - ry0 if ny else ry)
-        dx = acc(dx, rx) if nx else dx
-        dy = acc(dy, ry) if ny else dy
-    if a is not None and (ny or nw):  # from T(a, y, w)
-        _, ry, rw = bwd(a, y, w, g, spec, be, (NEED_Y if ny else 0) | (NEED_W if nw else 0), m)
-        dy = acc(dy, ry) if ny else dy
-        dw = acc(dw, rw) if nw else dw
-    if ng and dg is None:
-        dg = torch.zeros_like(g)
-    return dx, dy, dw, dg
-
-
-tp_bwd.register_autograd(_bwd_backward, setup_context=_bwd_setup)
+    """(dx, dy, dw, dg) of the trilinear identity (ops.trilinear), None for those not asked for
+    (nx ... ng); a, b, c the cotangents, None where absent."""
+    return trilinear.double_backward(TP, (spec, be), m, x, y, w, g, a, b, c, nx, ny, nw, ng)
 
 
 # --- fused double backward (not differentiable: used only when nothing records higher orders) ---
-def _dbwd_impl(x: Tensor, y: Tensor, w: Tensor, g: Tensor, a: Tensor, b: Tensor, c: Tensor, spec: str,
-               backend: str, have: str, need: int, math_dtype: Optional[torch.dtype] = None
-               ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+def _dbwd_impl(x: Tensor, y: Tensor, w: Tensor, g: Tensor, a: Optional[Tensor], b: Optional[Tensor],
+               c: Optional[Tensor], spec: str, backend: str, have: str, need: int,
+               math_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """a, b, c: used where named in ``have`` (the others may be None or placeholders)."""
     plan = plan_of(spec)
     a_, b_, c_ = (t if k in have else None for k, t in zip("abc", (a, b, c)))
     if backend == "triton" and all(plan.generated("dbwd", part, have) for part in plan.kernels.dbwd_parts(need)
@@ -330,57 +177,69 @@ def _dbwd_impl(x: Tensor, y: Tensor, w: Tensor, g: Tensor, a: Tensor, b: Tensor,
     return tuple(res)
 
 
-@torch.library.custom_op("equikernels::tp_dbwd", mutates_args=())
-def tp_dbwd(x: Tensor, y: Tensor, w: Tensor, g: Tensor, a: Tensor, b: Tensor, c: Tensor, spec: str, backend: str,
-            have: str, need: int, math_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dx, dy, dw, dg), each in the dtype of x, y, w, g."""
-    return _dbwd_impl(x, y, w, g, a, b, c, spec, backend, have, need, math_dtype)
+# --- the product as the chain's method ---------------------------------------------------------------
+class _Product(Method):
+    """The batched product's implementations; a call is (spec, backend)."""
+    name = "tp"
+    static = ("spec", "backend")
 
-
-@tp_dbwd.register_fake
-def _(x, y, w, g, a, b, c, spec, backend, have, need, math_dtype=None):
-    return tuple(t.new_empty(t.shape) if need & bit else t.new_empty(0)
-                 for bit, t in zip((1, 2, 4, 8), (x, y, w, g)))
-
-
-# --- eager fast path ------------------------------------------------------------------------------
-# torch.library dispatch costs tens of microseconds per call, which is most of the time of a small
-# product. Outside tracing the same implementations and autograd formulas run through plain
-# autograd.Functions; under torch.compile / export (or fake tensors) the custom ops are used.
-_PLAIN = (Tensor, torch.nn.Parameter)
-
-
-def _eager(*ts) -> bool:
-    """Plain tensors outside tracing (None: an absent cotangent, skipped). A loop, not a generator:
-    the eager backward and double backward ask this on every call (host time)."""
-    if torch.compiler.is_compiling():
-        return False
-    for t in ts:
-        if t is not None and t.__class__ not in _PLAIN:
-            return False
-    return True
-
-
-is_eager = _eager  # public name for the opt-in paths in equikernels.experimental
-
-
-class _Fwd(torch.autograd.Function):
-    # ctx-style forward: a separate setup_context makes apply() bind arguments through inspect
     @staticmethod
-    def forward(ctx, x, y, w, spec, backend, math_dtype, out_dtype):
-        _fwd_setup(ctx, (x, y, w, spec, backend, math_dtype, out_dtype), None)
-        return _fwd_impl(x, y, w, spec, backend, math_dtype, out_dtype)
+    def args_of(call):
+        return call
 
-    backward = staticmethod(_fwd_backward)
-
-
-class _Bwd(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, y, w, g, spec, backend, need, math_dtype):
-        _bwd_setup(ctx, (x, y, w, g, spec, backend, need, math_dtype), None)
-        return _bwd_impl(x, y, w, g, spec, backend, need, math_dtype)
+    def call_of(extra, static):
+        return static
 
-    backward = staticmethod(_bwd_backward)
+    @staticmethod
+    def out_shape(x, extra, static):
+        return x.shape[0], plan_of(static[0]).problem.dim_out
+
+    @staticmethod
+    def unweighted(call) -> bool:
+        return _has_unweighted(call[0])
+
+    @staticmethod
+    def fwd(call, x, y, w, math, out_dtype):
+        return _fwd_impl(x, y, w, call[0], call[1], math, out_dtype)
+
+    @staticmethod
+    def bwd(call, x, y, w, g, need, math):
+        return _bwd_impl(x, y, w, g, call[0], call[1], need, math)
+
+    @staticmethod
+    def dbwd(call, x, y, w, g, a, b, c, have, need, math):
+        return _dbwd_impl(x, y, w, g, a, b, c, call[0], call[1], have, need, math)
+
+    @staticmethod
+    def eager_fwd(call, x, y, w, math, out_dtype):
+        """On the cpu backend e3nn's module, with its own autograd, where it applies."""
+        if call[1] != "cpu":
+            return None
+        plan = plan_of(call[0])
+        if cpu_e3nn.applicable(plan.problem, x, y, w, math, out_dtype):
+            return cpu_e3nn.forward(plan.problem, plan.layout, x, y, w)
+        return None
+
+    @staticmethod
+    def direct_bwd(call, x, y, w, g, need, math):
+        return _bwd_direct(x, y, w, g, call[0], need, math) if FAST_BWD and call[1] == "triton" else None
+
+    @staticmethod
+    def direct_dbwd(call, x, y, w, g, a, b, c, have, need, math):
+        if FAST_BWD and call[1] == "triton":
+            return _dbwd_direct(x, y, w, g, a, b, c, call[0], have, need, math)
+        return None
+
+    @staticmethod
+    def record_bwd(call, x, y, w, g, need, math):
+        if FAST_BWD and call[1] == "triton" and native.wanted(x):
+            return _bwd_native(x, y, w, g, call[0], call[1], need, math)
+        return None
+
+
+TP = Chain(_Product())
+tp_fwd, tp_bwd, tp_dbwd = TP.fwd_op, TP.bwd_op, TP.dbwd_op
 
 
 # --- eager backward without per-call planning ----------------------------------------------------
@@ -636,31 +495,16 @@ def _bwd_native(x, y, w, g, spec, backend, need, math_dtype):
 
 
 def fwd(x, y, w, spec, backend, math_dtype=None, out_dtype=None):
-    if _eager(x, y, w):
-        # the eager path skips the dispatcher, so it applies tp_fwd's autocast rule itself
-        out_dtype = out_dtype or autocast_dtype(x)
-        if backend == "cpu":
-            problem = plan_of(spec).problem
-            if cpu_e3nn.applicable(problem, x, y, w, math_dtype, out_dtype):  # e3nn's module, its autograd
-                return cpu_e3nn.forward(problem, plan_of(spec).layout, x, y, w)
-        return _Fwd.apply(x, y, w, spec, backend, math_dtype, out_dtype)
-    return tp_fwd(x, y, w, spec, backend, math_dtype, out_dtype)
+    return TP.fwd((spec, backend), x, y, w, math_dtype, out_dtype)
 
 
 def bwd(x, y, w, g, spec, backend, need, math_dtype=None):
-    if _eager(x, y, w, g):
-        if not torch.is_grad_enabled():  # a plain backward: nothing to record, skip Function.apply
-            return _bwd_impl(x, y, w, g, spec, backend, need, math_dtype)
-        if FAST_BWD and backend == "triton" and native.wanted(x):
-            return _bwd_native(x, y, w, g, spec, backend, need, math_dtype)
-        return _Bwd.apply(x, y, w, g, spec, backend, need, math_dtype)
-    return tp_bwd(x, y, w, g, spec, backend, need, math_dtype)
+    return TP.bwd((spec, backend), x, y, w, g, need, math_dtype)
 
 
 def dbwd(x, y, w, g, a, b, c, spec, backend, have, need, math_dtype=None):
-    if _eager(x, y, w, g, a, b, c):
-        return _dbwd_impl(x, y, w, g, a, b, c, spec, backend, have, need, math_dtype)
-    return tp_dbwd(x, y, w, g, a, b, c, spec, backend, have, need, math_dtype)
+    """a, b, c: None (or a placeholder) where not named in ``have``."""
+    return TP.dbwd((spec, backend), x, y, w, g, a, b, c, have, need, math_dtype)
 
 
 # --- public entry point -------------------------------------------------------------------------
@@ -691,7 +535,7 @@ def tensor_product(problem: TPProblem, x: Tensor, y: Tensor, weight: Optional[Te
                 weight.shape == ((nw,) if problem.shared_weights else (x.shape[0], nw))))):
         # the common case (rows x features, matching weights): no broadcasting work on the hot path
         w = x.new_empty(0) if nw == 0 else weight.contiguous()
-        return fwd(x.contiguous(), y.contiguous(), w, spec, be, math_dtype, output_dtype)
+        return TP.fwd((spec, be), x.contiguous(), y.contiguous(), w, math_dtype, output_dtype)
     try:
         batch = torch.broadcast_shapes(x.shape[:-1], y.shape[:-1])
     except RuntimeError:

@@ -189,11 +189,11 @@ def test_opcheck(backend, flow):
     x, y, w, gout = mk(5, p.dim_in1), mk(9, p.dim_in2), mk(9, p.weight_numel), mk(5, p.dim_out)
     a, b, c = mk(*x.shape), mk(*y.shape), mk(*w.shape)
     req = lambda *ts: [t.clone().requires_grad_() for t in ts]  # noqa: E731
-    torch.library.opcheck(conv_fwd, (*req(x, y, w), *gt, spec, backend, flow, torch.float64))
-    torch.library.opcheck(conv_bwd, (*req(x, y, w, gout), *gt, spec, backend, flow, "xyw"))
-    torch.library.opcheck(conv_bwd, (*req(x, y, w, gout), *gt, spec, backend, flow, "y"))
+    torch.library.opcheck(conv_fwd, (*req(x, y, w), *gt, spec, backend, flow, None, torch.float64))
+    torch.library.opcheck(conv_bwd, (*req(x, y, w, gout), *gt, spec, backend, flow, 7))
+    torch.library.opcheck(conv_bwd, (*req(x, y, w, gout), *gt, spec, backend, flow, 2))
     # the fused double backward is not differentiable (used only when nothing records higher orders)
-    torch.library.opcheck(conv_dbwd, (x, y, w, gout, a, b, c, *gt, spec, backend, flow, "ac", "xywg"))
+    torch.library.opcheck(conv_dbwd, (x, y, w, gout, a, b, c, *gt, spec, backend, flow, "ac", 15))
 
 
 def test_ops_match_functional_and_reject_bad_flow():
@@ -203,8 +203,8 @@ def test_ops_match_functional_and_reject_bad_flow():
     x = torch.randn(6, p.dim_in1, dtype=torch.float64)
     g = ConvGraph.build(src, dst, 6)
     gt = (g.src, g.dst, g.perm_dst, g.ptr_dst, g.perm_src, g.ptr_src)
-    out = conv_fwd(x, y, w, *gt, spec_of(p, "mul_ir"), "reference", "deterministic", torch.float64)
+    out = conv_fwd(x, y, w, *gt, spec_of(p, "mul_ir"), "reference", "deterministic")
     want = tensor_product_conv(p, x, y, w, src, dst, backend="reference")
     torch.testing.assert_close(out, want)
     with pytest.raises(ValueError, match="flow"):
-        conv_fwd(x, y, w, *gt, spec_of(p, "mul_ir"), "reference", "unfused", torch.float64)
+        conv_fwd(x, y, w, *gt, spec_of(p, "mul_ir"), "reference", "unfused")
