@@ -19,8 +19,9 @@ import statistics
 import time
 from typing import Callable, Dict, List
 
-import numpy as np
 import torch
+
+from equikernels.bench import mace as MC
 
 
 def _timed(fn: Callable[[], None]) -> float:
@@ -86,27 +87,11 @@ def tp_cells(dtype: torch.dtype, rows: int, reps: int, names: List[str]) -> List
 
 
 # --- MACE ---------------------------------------------------------------------------------------
-R_MAX = 6.0
+R_MAX = MC.MP0_MEDIUM["r_max"]
 
 
 def _mace_model(dtype: torch.dtype):
-    from e3nn import o3
-    from mace import modules
-
-    residual = modules.interaction_classes["RealAgnosticResidualInteractionBlock"]
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        torch.manual_seed(0)
-        return modules.ScaleShiftMACE(
-            r_max=R_MAX, num_bessel=10, num_polynomial_cutoff=5, max_ell=3, interaction_cls=residual,
-            interaction_cls_first=residual, num_interactions=2, num_elements=89,
-            hidden_irreps=o3.Irreps("128x0e+128x1o"), MLP_irreps=o3.Irreps("16x0e"),
-            atomic_energies=-np.random.default_rng(0).uniform(1, 5, 89), avg_num_neighbors=40.0,
-            atomic_numbers=list(range(1, 90)), correlation=3, gate=torch.nn.functional.silu,
-            radial_MLP=[64, 64, 64], atomic_inter_scale=1.2, atomic_inter_shift=0.1).eval()
-    finally:
-        torch.set_default_dtype(old)
+    return MC.mace_model(40.0, dtype).eval()
 
 
 def mace_cells(dtype: torch.dtype, reps: int) -> List[Dict]:

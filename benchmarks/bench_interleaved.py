@@ -3,14 +3,14 @@
 
 bench_tp times one implementation after another. Where a call is shorter than the host work around
 it (nequip-water's double backward at 20,000 rows: ~0.13 ms of GPU work, 0.2-0.4 ms of Python and
-autograd on the lent H200's host), a cell's time is the host's speed at that moment, and that
+autograd on an H200's host), a cell's time is the host's speed at that moment, and that
 drifts within a process and from one process to the next by more than the gap between
-implementations. Here every implementation's graphs are built first (bench_tp.make_call, the same
-calls bench_tp times), then R rounds each time ``--calls`` calls of every implementation, the order
+implementations. Here every implementation's graphs are built first (``equikernels.bench.tp.make_call``,
+the calls bench_tp times), then R rounds each time ``--calls`` calls of every implementation, the order
 rotated per round, so each implementation sees the same host. Per implementation: the median over
 all timed calls, the median of the round medians, the rounds it was fastest in, and the GPU time
 with the host queued ahead (common.queued_gpu_times). Every implementation is checked against e3nn
-in float64 first (bench_tp.check), as bench_tp does.
+in float64 first (``equikernels.bench.tp.errors``), as bench_tp does.
 
 Usage (GPU):  python benchmarks/bench_interleaved.py --problems nequip-water --directions dbwd \
                   --rows 20000,50000 --impls equikernels_ir_mul,oeq,cue_ir_mul
@@ -37,14 +37,16 @@ import torch  # noqa: E402
 import bench_tp as B  # noqa: E402
 import common as C  # noqa: E402
 
+from equikernels.bench import tp as TP  # noqa: E402
+
 
 def measure(problem: str, direction: str, rows: int, args, device, log) -> dict:
     """Builds, checks and times every implementation of one cell, interleaved."""
     from equikernels.catalog import standard_problems
-    spec = B.Spec.create(problem, standard_problems()[problem])
+    spec = TP.Spec.create(problem, standard_problems()[problem])
     dtype = B.DTYPES[args.dtype]
-    level = B.LEVEL[direction]
-    inp_ref = None if args.no_check else B.reference(spec, args.check_rows, device, args.seed, level)
+    level = TP.LEVEL[direction]
+    inp_ref = None if args.no_check else TP.reference(spec, args.check_rows, device, level=level, seed=args.seed)
     cell = {"problem": problem, "direction": direction, "rows": rows, "dtype": args.dtype, "impls": {}}
     calls = {}
     for impl in args.impls:
@@ -52,15 +54,16 @@ def measure(problem: str, direction: str, rows: int, args, device, log) -> dict:
         try:
             built = B.build(impl, spec, dtype, device, args)
             if inp_ref is not None:
-                rec["rel_err"] = B.direction_error(B.check(spec, built, dtype, inp_ref[0], inp_ref[1], level),
-                                                   direction)
-            call, n_sets, nbytes = B.make_call(spec, built, direction, rows, dtype, device, args)
+                rec["rel_err"] = TP.direction_error(TP.errors(spec, built, dtype, inp_ref[0], inp_ref[1], level),
+                                                    direction)
+            call, n_sets, nbytes = TP.make_call(spec, built, direction, rows, dtype, device, max_sets=args.max_sets,
+                                                rotate_factor=args.rotate_factor, seed=args.seed)
             for i in range(max(args.warmup, n_sets)):
                 call(i)
             C.synchronize(device)
             calls[impl] = call
             rec.update(n_sets=n_sets, bytes_min=nbytes)
-        except B.Absent as exc:
+        except TP.Absent as exc:
             rec.update(status="absent", error=str(exc))
         except Exception as exc:  # reported, never skipped silently
             rec.update(status="oom" if C.is_oom(exc) else "error", error=C.describe_exception(exc))

@@ -23,7 +23,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 HERE = Path(__file__).resolve().parent
 for _p in (str(HERE), str(HERE.parent)):
@@ -35,7 +35,10 @@ import torch  # noqa: E402
 
 import common as C  # noqa: E402
 
-IMPLS = ("equikernels", "mace-e3nn", "mace-cueq", "mace-oeq")
+from equikernels.bench import mace as MC  # noqa: E402
+from equikernels.bench import tp as TP  # noqa: E402
+
+IMPLS = MC.IMPLS
 SYSTEMS = {  # name: (cubic-cell repeats, mixed elements)
     "cu-1008": ((6, 6, 7), False),
     "cu-10192": ((13, 14, 14), False),
@@ -56,64 +59,27 @@ def make_atoms(repeats, mixed: bool, seed: int = 0):
 
 
 def make_mace_model(dtype: torch.dtype, tiny: bool, avg_num_neighbors: float):
-    """mace-torch ScaleShiftMACE of MACE-MP-0 medium's shape, random weights."""
-    from e3nn import o3
-    from mace import modules
-
-    residual = modules.interaction_classes["RealAgnosticResidualInteractionBlock"]
-    with C.default_dtype(dtype):
-        torch.manual_seed(0)
-        return modules.ScaleShiftMACE(
-            r_max=6.0, num_bessel=10, num_polynomial_cutoff=5, max_ell=3, interaction_cls=residual,
-            interaction_cls_first=residual, num_interactions=2, num_elements=89,
-            hidden_irreps=o3.Irreps("8x0e+8x1o" if tiny else "128x0e+128x1o"), MLP_irreps=o3.Irreps("16x0e"),
-            atomic_energies=-np.random.default_rng(0).uniform(1, 5, 89), avg_num_neighbors=avg_num_neighbors,
-            atomic_numbers=list(range(1, 90)), correlation=3, gate=torch.nn.functional.silu,
-            radial_MLP=[16, 16] if tiny else [64, 64, 64], atomic_inter_scale=1.2, atomic_inter_shift=0.1)
+    """mace-torch ScaleShiftMACE of MACE-MP-0 medium's shape (``tiny``: 8 channels), random weights."""
+    return MC.mace_model(avg_num_neighbors, dtype, **(MC.TINY if tiny else {}))
 
 
 def build_impls(mace_model, dtype: torch.dtype, device: torch.device, wanted) -> Dict[str, Dict]:
     """name -> {"model": callable model or None, "status": ok/absent/error, "error": ...}."""
     out: Dict[str, Dict] = {}
-
-    def attempt(name: str, fn: Callable[[], torch.nn.Module]) -> None:
+    for name in IMPLS:
         if name not in wanted:
-            return
-        old = torch.get_default_dtype()
+            continue
         try:
-            out[name] = {"model": fn(), "status": "ok"}
-        except ImportError as exc:
+            out[name] = {"model": MC.build(name, mace_model, dtype, device), "status": "ok"}
+        except (TP.Absent, ImportError) as exc:
             out[name] = {"model": None, "status": "absent", "error": C.describe_exception(exc)}
         except Exception as exc:  # report, never stop the run
             out[name] = {"model": None, "status": "error", "error": C.describe_exception(exc)}
-        finally:
-            torch.set_default_dtype(old)  # mace's converters change the global default dtype
-
-    def ours():
-        from equikernels.models import from_mace
-        return from_mace(mace_model).to(device).eval()
-
-    def cueq():
-        import cuequivariance_torch  # noqa: F401  (absent -> ImportError -> "absent")
-        from mace.cli.convert_e3nn_cueq import run
-        return run(mace_model, device=device.type, return_model=True).to(device).eval()
-
-    def oeq():
-        import openequivariance  # noqa: F401  (absent -> ImportError -> "absent")
-        from mace.cli.convert_e3nn_oeq import run
-        return run(mace_model, device=device.type, return_model=True).to(device).eval()
-
-    attempt("equikernels", ours)
-    attempt("mace-e3nn", lambda: mace_model.to(device).eval())
-    attempt("mace-cueq", cueq)
-    attempt("mace-oeq", oeq)
     return out
 
 
 def graph_data(atoms, dtype, device):
-    from equikernels.models import atoms_to_data
-
-    return atoms_to_data(atoms, 6.0, list(range(1, 90)), device=device, dtype=dtype)
+    return MC.graph(atoms, MC.MP0_MEDIUM["r_max"], MC.Z_ALL, dtype, device)
 
 
 def step(model, data, stress: bool):

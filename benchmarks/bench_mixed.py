@@ -23,7 +23,6 @@ import argparse
 import json
 import sys
 import time
-import warnings
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -34,55 +33,32 @@ for _p in (str(HERE), str(ROOT)):
 
 import torch  # noqa: E402
 
-import bench_tp as T  # noqa: E402
+import bench_tp  # noqa: E402
 import common as C  # noqa: E402
+
+from equikernels.bench import tp as TP  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 IMPLS = ("ek", "cue")
 TARGET_SPEEDUP = 1.6  # bf16 over our own fp32, forward and backward
 
 
-def build_cue(spec: T.Spec, dtype, device, layout: str) -> T.Built:
-    """cuet.ChannelWiseTensorProduct with weights in ``dtype`` and float32 math (bench_tp.build_cue
-    uses math_dtype = dtype, which is not what a half-precision run wants)."""
-    cue, cuet, descriptors, O3_e3nn = T._import_cue()
-    if spec.mode != "uvu":
-        raise T.Absent("only the channel-wise (uvu) problems are set up here")
-    kw = spec.kw
-    irr = lambda s: cue.Irreps(O3_e3nn, s)  # noqa: E731
-    i1, i2, io = irr(kw["irreps_in1"]), irr(kw["irreps_in2"]), irr(kw["irreps_out"])
-    with C.default_dtype(torch.float32), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # O3_e3nn's CG tables come from e3nn in the default dtype
-        m = cuet.ChannelWiseTensorProduct(i1, i2, io, layout=cue.ir_mul if layout == "ir_mul" else cue.mul_ir,
-                                          shared_weights=False, internal_weights=False, device=device,
-                                          dtype=dtype, math_dtype=torch.float32)
-        desc = descriptors.channelwise_tensor_product(i1, i2, io)
-    if [tuple(t) for t in T._irreps_tuple(m.irreps_out)] != [tuple(t) for t in spec.P.irreps_out]:
-        raise RuntimeError(f"cue output irreps {m.irreps_out} differ from e3nn's {kw['irreps_out']}")
-    perm = T._cue_weight_perm(spec, desc).to(device)
-    inv = torch.argsort(perm)
-    kernel = type(getattr(m.f, "m", m.f)).__name__
-    info = {"module": "ChannelWiseTensorProduct", "kernel_class": kernel, "math_dtype": "float32",
-            "layout": layout}
-    if "Naive" in kernel:
-        info["FALLBACK"] = "cue runs its pure-PyTorch 'naive' method (no CUDA kernel)"
-    return T.Built(m, layout, T._wshape(spec), lambda w: w.index_select(-1, perm),
-                   lambda g: g.index_select(-1, inv), info, keep=m)
-
-
-def build(impl: str, spec: T.Spec, dtype, device, args) -> T.Built:
+def build(impl: str, spec: TP.Spec, dtype, device, args) -> TP.Built:
     if impl == "ek":
-        return T.build_equikernels(spec, dtype, device, args, args.layout)
-    return build_cue(spec, dtype, device, args.layout)
+        return TP.build_equikernels(spec, dtype, device, args.layout, args.backend)
+    if spec.mode != "uvu":
+        raise TP.Absent("only the channel-wise (uvu) problems are set up here")
+    # weights in the half type, float32 arithmetic: what a half-precision run wants
+    return TP.build_cue(spec, dtype, device, args.layout, math_dtype=torch.float32)
 
 
-def rounded_reference(spec: T.Spec, inp: dict, dtype, device) -> dict:
+def rounded_reference(spec: TP.Spec, inp: dict, dtype, device) -> dict:
     """e3nn float64 on the inputs rounded to ``dtype``."""
     from equikernels._compat import o3
     with C.default_dtype(torch.float64):
         m = o3.TensorProduct(**spec.kw).to(device)
     r = {k: v.to(dtype).double() for k, v in inp.items()}
-    return T._all_orders(m, r["x"], r["y"], r["w"], r["g"], r["Rx"], r["Ry"], r["Rw"], 1)
+    return TP.all_orders(m, r["x"], r["y"], r["w"], r["g"], r["Rx"], r["Ry"], r["Rw"], 1)
 
 
 def max_err(errs):
@@ -124,9 +100,9 @@ def main() -> None:
     data = {"schema": "equikernels-bench-mixed/1", "args": vars(args), "env": env, "cells": [], "checks": []}
     t0 = time.perf_counter()
     for pname in args.problems.split(","):
-        spec = T.Spec.create(pname, catalog[pname])
+        spec = TP.Spec.create(pname, catalog[pname])
         print(f"== {pname}: {spec.P.describe()}", flush=True)
-        inp, ref = T.reference(spec, args.check_rows, device, args.seed, 1)
+        inp, ref = TP.reference(spec, args.check_rows, device, level=1, seed=args.seed)
         for impl in impls:
             for dname in dtypes:
                 dtype = DTYPES[dname]
@@ -134,9 +110,9 @@ def main() -> None:
                 try:
                     built = build(impl, spec, dtype, device, args)
                     rec["info"] = built.info
-                    rec["err"] = max_err(T.check(spec, built, dtype, inp, ref, 1))
-                    rec["kerr"] = max_err(T.check(spec, built, dtype, inp, rounded_reference(spec, inp, dtype, device), 1))
-                except T.Absent as exc:
+                    rec["err"] = max_err(TP.errors(spec, built, dtype, inp, ref, 1))
+                    rec["kerr"] = max_err(TP.errors(spec, built, dtype, inp, rounded_reference(spec, inp, dtype, device), 1))
+                except TP.Absent as exc:
                     rec["status"] = "absent: " + str(exc)
                     built = None
                 except Exception as exc:  # report and go on: one failure never stops the run
@@ -150,7 +126,7 @@ def main() -> None:
                         cell["status"] = rec.get("status")
                     else:
                         try:
-                            cell.update(T.time_cell(spec, built, direction, args.rows, dtype, device, args))
+                            cell.update(bench_tp.time_cell(spec, built, direction, args.rows, dtype, device, args))
                             cell.pop("times_ms", None)
                             cell["status"] = "ok"
                         except Exception as exc:

@@ -28,8 +28,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as C  # noqa: E402
-from bench_conv import build_cue, cu_graph  # noqa: E402
 
+from equikernels.bench import conv as CV  # noqa: E402
+from equikernels.bench import tp as TP  # noqa: E402
 from equikernels.catalog import problem as catalog_problem  # noqa: E402
 from equikernels.catalog import standard_problems  # noqa: E402
 from equikernels.ops import ConvGraph, tensor_product_conv  # noqa: E402
@@ -45,7 +46,8 @@ def make(impl, problem, kw, graph, dtype, device):
         return lambda x, y, h, W: radial_conv(problem, x, y, h, W, graph, layout="ir_mul", fused=False)
     if impl == "cue":
         # cue's weight order differs from e3nn's; timing only (its numbers are checked in bench_conv)
-        _, raw, _ = build_cue(problem, kw, graph.src, graph.dst, graph.num_nodes, dtype, device)
+        _, raw, _ = CV.build("cuequivariance", TP.Spec.create("conv", kw), graph.src, graph.dst, graph.num_nodes,
+                             dtype, device)
         return lambda x, y, h, W: raw(x, y, h @ W)
     raise SystemExit(f"unknown impl {impl}")
 
@@ -84,7 +86,7 @@ def main(argv=None):
     res = {"env": C.env_info(device), "problem": args.problem, "hidden": HIDDEN, "dtype": args.dtype,
            "date": time.strftime("%Y-%m-%d %H:%M"), "gpu": torch.cuda.get_device_name(), "cells": [], "errors": {}}
     if args.check_atoms:
-        src, dst, n = cu_graph(args.check_atoms, args.r_cut, device)
+        src, dst, n = CV.cu_graph(args.check_atoms, device, r_cut=args.r_cut)
         graph = ConvGraph.build(src, dst, n)
         a = inputs(problem, n, len(src), dtype, device, 0)
         ref = lambda x, y, h, W: tensor_product_conv(problem, x, y, h @ W, src, dst, n, graph=graph,  # noqa: E731
@@ -98,7 +100,7 @@ def main(argv=None):
                 res["errors"][impl] = err
                 print(f"[check {args.check_atoms} atoms] {impl}: max rel. err {err}", flush=True)
     for atoms in args.atoms:
-        src, dst, n = cu_graph(atoms, args.r_cut, device)
+        src, dst, n = CV.cu_graph(atoms, device, r_cut=args.r_cut)
         e = len(src)
         graph = ConvGraph.build(src, dst, n, validate=False)
         x, y, h, W = inputs(problem, n, e, dtype, device, 1)

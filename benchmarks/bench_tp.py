@@ -35,7 +35,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
@@ -50,11 +49,12 @@ import torch  # noqa: E402
 
 import common as C  # noqa: E402
 
+from equikernels.bench import tp as TP  # noqa: E402
+
 IMPLS = ("equikernels", "equikernels_ir_mul", "e3nn", "cue_ir_mul", "cue_mul_ir", "oeq")
 SHORT = {"equikernels": "ek", "equikernels_ir_mul": "ek_ir", "e3nn": "e3nn", "cue_ir_mul": "cue_ir",
          "cue_mul_ir": "cue_mi", "oeq": "oeq"}
 DIRECTIONS = ("fwd", "bwd", "dbwd")
-LEVEL = {"fwd": 0, "bwd": 1, "dbwd": 2}
 BASELINES = ("cue_ir_mul", "oeq")  # the best library: the faster of cue[ir_mul] and OEQ
 OURS = ("equikernels", "equikernels_ir_mul")
 QUICK_PROBLEMS = ("mace-medium", "nequip-water", "tetris-poly-1")
@@ -64,387 +64,28 @@ TOL = {"float32": 1e-5, "float64": 1e-10}  # parity targets (used only to flag)
 SCHEMA = "equikernels-bench-tp/1"
 
 
-class Absent(Exception):
-    """The implementation is not installed or cannot run on this device."""
-
-
-# --- problem description ------------------------------------------------------------------------
-@dataclass
-class Spec:
-    name: str
-    kw: dict
-    P: object  # equikernels TPProblem
-    mode: str
-    d1: int
-    d2: int
-    d3: int
-    nw: int
-    shared: bool
-    conv_in1: C.LayoutConverter
-    conv_in2: C.LayoutConverter
-    conv_out: C.LayoutConverter
-    w_slices: List[Tuple[int, int, Tuple[int, ...]]]  # per instruction: offset, size, path shape
-
-    @staticmethod
-    def create(name: str, kw: dict) -> "Spec":
-        from equikernels.problem import TPProblem
-        P = TPProblem.create(**kw)
-        modes = {i.mode for i in P.instructions}
-        segs = lambda irreps: [(m, 2 * l + 1) for m, l, _ in irreps]  # noqa: E731
-        slices, off = [], 0
-        for ins in P.instructions:
-            shape = ins.path_shape(P) if ins.has_weight else ()
-            size = math.prod(shape) if ins.has_weight else 0
-            slices.append((off, size, tuple(shape)))
-            off += size
-        return Spec(name, kw, P, modes.pop() if len(modes) == 1 else "mixed", P.dim_in1, P.dim_in2,
-                    P.dim_out, P.weight_numel, P.shared_weights, C.LayoutConverter(segs(P.irreps_in1)),
-                    C.LayoutConverter(segs(P.irreps_in2)), C.LayoutConverter(segs(P.irreps_out)), slices)
-
-    def summary(self) -> dict:
-        return {"description": self.P.describe(), "mode": self.mode, "d1": self.d1, "d2": self.d2,
-                "d3": self.d3, "weight_numel": self.nw, "shared_weights": self.shared,
-                "paths": len(self.P.instructions),
-                "kwargs": {k: (v if k != "instructions" else [list(i) for i in v]) for k, v in self.kw.items()}}
-
-
-def _identity(t):
-    return t
-
-
-@dataclass
-class Built:
-    fn: Callable  # (x, y, w) -> out, all in the implementation's native layout / weight order
-    layout: str  # "mul_ir" | "ir_mul"
-    weight_batch_shape: Callable[[int], Tuple[int, ...]]  # rows -> native weight shape
-    w_from_e3nn: Callable = _identity  # e3nn-ordered weights (rows, nw) or (nw,) -> native
-    gw_to_e3nn: Callable = _identity  # native weight-shaped tensor -> e3nn order and shape
-    info: dict = field(default_factory=dict)
-    keep: object = None  # module reference
-
-
-def _wshape(spec: Spec, shared_shape=None):
-    if spec.shared:
-        return lambda rows: shared_shape or (spec.nw,)
-    return lambda rows: (rows, spec.nw)
-
-
-# --- implementations ----------------------------------------------------------------------------
-def build_equikernels(spec: Spec, dtype, device, args, layout: str) -> Built:
-    from equikernels.ops import resolve_backend, tensor_product
-    be = args.backend
-    P = spec.P
-
-    def fn(x, y, w):
-        return tensor_product(P, x, y, w, layout=layout, backend=be)
-
-    return Built(fn, layout, _wshape(spec), info={"backend": resolve_backend(be, device), "layout": layout})
-
-
-def build_e3nn(spec: Spec, dtype, device, args) -> Built:
-    from equikernels._compat import o3
-    with C.default_dtype(dtype):  # e3nn bakes its CG constants in the default dtype
-        m = o3.TensorProduct(**spec.kw).to(device=device, dtype=dtype)
-    return Built(m, "mul_ir", _wshape(spec), info={"module": "e3nn.o3.TensorProduct"}, keep=m)
-
-
-_CUE = None
-
-
-def _import_cue():
-    global _CUE
-    if _CUE is None:
-        try:
-            import cuequivariance as cue
-            import cuequivariance_torch as cuet
-            from cuequivariance import descriptors
-            from cuequivariance.group_theory.experimental.e3nn import O3_e3nn
-            _CUE = (cue, cuet, descriptors, O3_e3nn)
-        except Exception as exc:  # ImportError or a broken install: report, do not stop
-            _CUE = exc
-    if isinstance(_CUE, Exception):
-        raise Absent(f"cuequivariance_torch not importable: {C.describe_exception(_CUE)}")
-    return _CUE
-
-
-def _irreps_tuple(irreps) -> List[Tuple[int, int, int]]:
-    return [(int(mul), int(ir.l), int(ir.p)) for mul, ir in irreps]
-
-
-def build_cue(spec: Spec, dtype, device, args, layout: str) -> Built:
-    """cuet.ChannelWiseTensorProduct (uvu, kernel ``uniform_1d``) or cuet.FullyConnectedTensorProduct
-    (uvw, kernel ``fused_tp``) on ``O3_e3nn`` irreps (e3nn's CG and irrep order)."""
-    cue, cuet, descriptors, O3_e3nn = _import_cue()
-    if spec.mode not in ("uvu", "uvw"):
-        raise Absent(f"cue: no e3nn-equivalent module for mode {spec.mode!r} in this harness")
-    P = spec.P
-    if (P.irrep_normalization, P.path_normalization) != ("component", "element") or \
-            any(i.path_weight != 1.0 for i in P.instructions) or any(v != 1.0 for v in P.in1_var + P.in2_var + P.out_var):
-        raise Absent("cue modules support only component/element normalisation, unit path weights and variances")
-    kw = spec.kw
-    irr = lambda s: cue.Irreps(O3_e3nn, s)  # noqa: E731
-    i1, i2, io = irr(kw["irreps_in1"]), irr(kw["irreps_in2"]), irr(kw["irreps_out"])
-    lay = cue.ir_mul if layout == "ir_mul" else cue.mul_ir
-    common_kw = dict(layout=lay, shared_weights=spec.shared, internal_weights=False, device=device,
-                     dtype=dtype, math_dtype=dtype)
-    with C.default_dtype(dtype), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        # O3_e3nn.clebsch_gordan calls e3nn's wigner_3j in the default dtype
-        if spec.mode == "uvu":
-            m = cuet.ChannelWiseTensorProduct(i1, i2, io, **common_kw)
-            desc = descriptors.channelwise_tensor_product(i1, i2, io)
-        else:
-            m = cuet.FullyConnectedTensorProduct(i1, i2, io, **common_kw)
-            desc = descriptors.fully_connected_tensor_product(i1, i2, io)
-    got = _irreps_tuple(m.irreps_out)
-    want = [tuple(t) for t in spec.P.irreps_out]
-    if got != want:
-        raise RuntimeError(f"cue output irreps {m.irreps_out} differ from e3nn's {kw['irreps_out']}")
-    if m.weight_numel != spec.nw:
-        raise RuntimeError(f"cue weight_numel {m.weight_numel} != e3nn {spec.nw}")
-    perm = _cue_weight_perm(spec, desc)
-    inv = torch.argsort(perm)
-    kernel = type(getattr(m.f, "m", m.f)).__name__
-    info = {"module": type(m).__name__, "method": getattr(m, "method", None), "kernel_class": kernel,
-            "layout": layout, "irreps_group": "O3_e3nn",
-            "weight_perm_identity": bool(torch.equal(perm, torch.arange(spec.nw)))}
-    if "Naive" in kernel:
-        info["FALLBACK"] = "cue runs its pure-PyTorch 'naive' method (no CUDA kernel)"
-    pd = {}
-
-    def p_on(t, which):
-        key = (which, t.device)
-        if key not in pd:
-            pd[key] = (perm if which == "f" else inv).to(t.device)
-        return pd[key]
-
-    if spec.shared:
-        w_from = lambda w: w.reshape(-1).index_select(0, p_on(w, "f")).reshape(1, -1)  # noqa: E731
-        gw_to = lambda g: g.reshape(-1).index_select(0, p_on(g, "i"))  # noqa: E731
-    else:
-        w_from = lambda w: w.index_select(-1, p_on(w, "f"))  # noqa: E731
-        gw_to = lambda g: g.index_select(-1, p_on(g, "i"))  # noqa: E731
-    return Built(m, layout, _wshape(spec, (1, spec.nw)), w_from, gw_to, info, keep=m)
-
-
-def _cue_weight_perm(spec: Spec, desc) -> torch.Tensor:
-    """Index ``perm`` with ``w_cue = w_e3nn[..., perm]``, read off the cue descriptor's paths.
-
-    Each cue path has indices (weight segment, in1 segment, in2 segment, out segment); the e3nn
-    instruction with the same (i_in1, i_in2, i_out) owns that weight block. Within a block both
-    libraries store the path weights row-major in the same index order (uvu: [u, v]; uvw: [u, v, w]).
-    """
-    stp = desc.polynomial.operations[0][1]
-    wop = stp.operands[0]
-    shapes = [tuple(s) for s in wop.segments]
-    offs = [0]
-    for s in shapes:
-        offs.append(offs[-1] + math.prod(s))
-    if len(stp.paths) != len(spec.P.instructions):
-        raise RuntimeError(f"cue has {len(stp.paths)} paths, e3nn {len(spec.P.instructions)} instructions")
-    by_ins = {(i.i_in1, i.i_in2, i.i_out): k for k, i in enumerate(spec.P.instructions)}
-    owner: Dict[int, int] = {}
-    for path in stp.paths:
-        wseg, a, b, c = (int(v) for v in path.indices)
-        k = by_ins.get((a, b, c))
-        if k is None:
-            raise RuntimeError(f"cue path {(a, b, c)} has no e3nn instruction: weight mapping unknown")
-        if owner.setdefault(wseg, k) != k:
-            raise RuntimeError(f"cue weight segment {wseg} shared by two instructions: mapping unknown")
-    perm = []
-    for wseg, shape in enumerate(shapes):
-        k = owner.get(wseg)
-        if k is None:
-            raise RuntimeError(f"cue weight segment {wseg} is used by no path: mapping unknown")
-        off, size, pshape = spec.w_slices[k]
-        if math.prod(shape) != size or tuple(d for d in shape) != tuple(pshape):
-            raise RuntimeError(f"cue weight segment {wseg} shape {shape} != e3nn path shape {pshape}")
-        perm.append(torch.arange(off, off + size))
-    perm = torch.cat(perm)
-    if not torch.equal(torch.sort(perm).values, torch.arange(spec.nw)):
-        raise RuntimeError("cue weight mapping is not a permutation of e3nn's weights")
-    return perm
-
-
-_OEQ = None
-
-
-def _import_oeq():
-    global _OEQ
-    if _OEQ is None:
-        try:
-            t0 = time.perf_counter()
-            import openequivariance as oeq
-            _OEQ = (oeq, time.perf_counter() - t0)
-        except BaseException as exc:  # its JIT extension build may fail in many ways
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            _OEQ = exc
-    if isinstance(_OEQ, BaseException):
-        raise Absent(f"openequivariance not importable: {C.describe_exception(_OEQ)}")
-    return _OEQ
-
-
-def build_oeq(spec: Spec, dtype, device, args) -> Built:
-    """oeq.TensorProduct(oeq.TPProblem(...)) with e3nn irreps/instructions, e3nn layout (mul_ir).
-
-    Like OEQ's own benchmark problems (as their benchmarks do), uvu instructions are sorted by output
-    segment (OEQ's ChannelwiseTPP does this; it only permutes e3nn's weight blocks)."""
-    if device.type != "cuda":
-        raise Absent("openequivariance needs a CUDA device")
-    oeq, import_s = _import_oeq()
-    import numpy as np
-    npdt = {torch.float32: np.float32, torch.float64: np.float64}[dtype]
-    kw = spec.kw
-    order = list(range(len(spec.P.instructions)))
-    if spec.mode == "uvu":
-        order = sorted(order, key=lambda k: spec.P.instructions[k].i_out)
-    instr = [tuple(kw["instructions"][k]) for k in order]
-    sort_perm = torch.cat([torch.arange(spec.w_slices[k][0], spec.w_slices[k][0] + spec.w_slices[k][1])
-                           for k in order]) if spec.nw else torch.zeros(0, dtype=torch.long)
-    sort_inv = torch.argsort(sort_perm)
-    prob = oeq.TPProblem(kw["irreps_in1"], kw["irreps_in2"], kw["irreps_out"], instr,
-                         shared_weights=spec.shared, internal_weights=False, irrep_dtype=npdt,
-                         weight_dtype=npdt, label=spec.name)
-    t0 = time.perf_counter()
-    tp = oeq.TensorProduct(prob)
-    build_s = time.perf_counter() - t0
-    batch = not spec.shared
-    sp = {}
-
-    def idx(t, which):
-        key = (which, t.device)
-        if key not in sp:
-            sp[key] = (sort_perm if which == "f" else sort_inv).to(t.device)
-        return sp[key]
-
-    def w_from(w):
-        return tp.reorder_weights_from_e3nn(w.index_select(-1, idx(w, "f")).contiguous(), batch)
-
-    def gw_to(g):
-        return tp.reorder_weights_to_e3nn(g.contiguous(), batch).index_select(-1, idx(g, "i"))
-
-    info = {"module": "openequivariance.TensorProduct", "import_s": round(import_s, 2),
-            "construct_s": round(build_s, 3), "instructions_sorted_by_output": spec.mode == "uvu"}
-    return Built(tp, "mul_ir", _wshape(spec), w_from, gw_to, info, keep=tp)
-
-
-def build(impl: str, spec: Spec, dtype, device, args) -> Built:
+def build(impl: str, spec: TP.Spec, dtype, device, args) -> TP.Built:
+    """This script's implementations: the package's builders in both layouts."""
     if impl == "equikernels":
-        return build_equikernels(spec, dtype, device, args, "mul_ir")
+        return TP.build_equikernels(spec, dtype, device, "mul_ir", args.backend)
     if impl == "equikernels_ir_mul":
-        return build_equikernels(spec, dtype, device, args, "ir_mul")
+        return TP.build_equikernels(spec, dtype, device, "ir_mul", args.backend)
     if impl == "e3nn":
-        return build_e3nn(spec, dtype, device, args)
+        return TP.build_e3nn(spec, dtype, device)
     if impl == "cue_ir_mul":
-        return build_cue(spec, dtype, device, args, "ir_mul")
+        return TP.build_cue(spec, dtype, device, "ir_mul")
     if impl == "cue_mul_ir":
-        return build_cue(spec, dtype, device, args, "mul_ir")
+        return TP.build_cue(spec, dtype, device, "mul_ir")
     if impl == "oeq":
-        return build_oeq(spec, dtype, device, args)
-    raise ValueError(impl)
-
-
-# --- correctness --------------------------------------------------------------------------------
-def _all_orders(fn, x, y, w, g, Rx, Ry, Rw, level: int) -> Dict[str, torch.Tensor]:
-    x = x.detach().requires_grad_(level >= 1)
-    y = y.detach().requires_grad_(level >= 1)
-    w = w.detach().requires_grad_(level >= 1)
-    out = fn(x, y, w)
-    res = {"out": out.detach()}
-    if level >= 1:
-        g = g.detach().requires_grad_(level >= 2)
-        gx, gy, gw = torch.autograd.grad(out, (x, y, w), g, create_graph=level >= 2)
-        res.update(gx=gx.detach(), gy=gy.detach(), gw=gw.detach())
-        if level >= 2:
-            L = (gx * Rx).sum() + (gy * Ry).sum() + (gw * Rw).sum()
-            dx, dy, dw, dg = torch.autograd.grad(L, (x, y, w, g))
-            res.update(dx=dx, dy=dy, dw=dw, dg=dg)
-    return res
-
-
-def reference(spec: Spec, rows: int, device, seed: int, level: int):
-    """Fresh float64 inputs (seeded) and e3nn float64 results, all in e3nn layout/order."""
-    from equikernels._compat import o3
-    gen = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64).to(device)  # noqa: E731
-    wshape = (spec.nw,) if spec.shared else (rows, spec.nw)
-    inp = {"x": r(rows, spec.d1), "y": r(rows, spec.d2), "w": r(*wshape), "g": r(rows, spec.d3),
-           "Rx": r(rows, spec.d1), "Ry": r(rows, spec.d2), "Rw": r(*wshape)}
-    with C.default_dtype(torch.float64):
-        m = o3.TensorProduct(**spec.kw).to(device)
-    res = _all_orders(m, inp["x"], inp["y"], inp["w"], inp["g"], inp["Rx"], inp["Ry"], inp["Rw"], level)
-    return inp, res
-
-
-def check(spec: Spec, built: Built, dtype, inp, ref, level: int) -> Dict[str, float]:
-    ir = built.layout == "ir_mul"
-    c1 = spec.conv_in1.to_ir_mul if ir else _identity
-    c2 = spec.conv_in2.to_ir_mul if ir else _identity
-    co = spec.conv_out.to_ir_mul if ir else _identity
-    b1 = spec.conv_in1.to_mul_ir if ir else _identity
-    b2 = spec.conv_in2.to_mul_ir if ir else _identity
-    bo = spec.conv_out.to_mul_ir if ir else _identity
-    t = {k: v.to(dtype) for k, v in inp.items()}
-    res = _all_orders(built.fn, c1(t["x"]), c2(t["y"]), built.w_from_e3nn(t["w"]), co(t["g"]),
-                      c1(t["Rx"]), c2(t["Ry"]), built.w_from_e3nn(t["Rw"]), level)
-    back = {"out": bo, "gx": b1, "gy": b2, "gw": built.gw_to_e3nn, "dx": b1, "dy": b2,
-            "dw": built.gw_to_e3nn, "dg": bo}
-    return {k: C.rel_err(back[k](v), ref[k]) for k, v in res.items()}
-
-
-def direction_error(errs: Optional[Dict[str, float]], direction: str) -> Optional[float]:
-    if not errs:
-        return None
-    keys = {"fwd": ("out",), "bwd": ("gx", "gy", "gw"), "dbwd": ("dx", "dy", "dw", "dg")}[direction]
-    vals = [errs[k] for k in keys if k in errs]
-    return max(vals) if vals else None
+        return TP.build_oeq(spec, dtype, device)
+    raise ValueError(f"unknown implementation {impl!r}; expected one of {IMPLS}")
 
 
 # --- timing one cell ----------------------------------------------------------------------------
-def make_call(spec: Spec, built: Built, direction: str, rows: int, dtype, device, args):
-    """(call, n_sets, minimal bytes): ``call(i)`` runs one timed call of ``direction`` on input set
-    ``i % n_sets`` (graphs built here, outside the timing)."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    nbytes = C.minimal_bytes(direction, rows, spec.d1, spec.d2, spec.d3, spec.nw, spec.shared, itemsize)
-    n_sets = C.rotation_sets(nbytes, device, factor=args.rotate_factor, max_sets=args.max_sets) \
-        if args.max_sets > 1 else 1
-    torch.manual_seed(args.seed + rows)
-    mk = lambda *s: torch.randn(*s, device=device, dtype=dtype)  # noqa: E731
-    sets = []
-    for _ in range(n_sets):
-        x, y, w = mk(rows, spec.d1), mk(rows, spec.d2), mk(*built.weight_batch_shape(rows))
-        if direction == "fwd":
-            sets.append((x, y, w))
-            continue
-        x.requires_grad_()
-        y.requires_grad_()
-        w.requires_grad_()
-        out = built.fn(x, y, w)
-        if direction == "bwd":
-            sets.append((out, (x, y, w), torch.randn_like(out)))
-            continue
-        g = torch.randn_like(out).requires_grad_()
-        gx, gy, gw = torch.autograd.grad(out, (x, y, w), g, create_graph=True)
-        L = (gx * torch.randn_like(gx)).sum() + (gy * torch.randn_like(gy)).sum() \
-            + (gw * torch.randn_like(gw)).sum()
-        sets.append((L, (x, y, w, g)))
-        del out, gx, gy, gw
-    C.synchronize(device)
-    fn = built.fn
-    if direction == "fwd":
-        call = lambda i: fn(*sets[i % n_sets])  # noqa: E731
-    elif direction == "bwd":
-        call = lambda i: torch.autograd.grad(sets[i % n_sets][0], sets[i % n_sets][1], sets[i % n_sets][2],  # noqa: E731
-                                             retain_graph=True)
-    else:
-        call = lambda i: torch.autograd.grad(sets[i % n_sets][0], sets[i % n_sets][1], retain_graph=True)  # noqa: E731
-    return call, n_sets, nbytes
-
-
-def time_cell(spec: Spec, built: Built, direction: str, rows: int, dtype, device, args) -> dict:
+def time_cell(spec: TP.Spec, built: TP.Built, direction: str, rows: int, dtype, device, args) -> dict:
     C.reset_peak(device)
-    call, n_sets, nbytes = make_call(spec, built, direction, rows, dtype, device, args)
+    call, n_sets, nbytes = TP.make_call(spec, built, direction, rows, dtype, device, max_sets=args.max_sets,
+                                        rotate_factor=args.rotate_factor, seed=args.seed)
     res = C.time_calls(call, device, n_sets=n_sets, target_ms=args.target_ms, min_reps=args.min_reps,
                        max_reps=args.max_reps, warmup=args.warmup)
     if getattr(args, "gpu_time", True):
@@ -512,19 +153,19 @@ def run(args, paths: Dict[str, Path]) -> dict:
     data["copy_bandwidth"] = C.copy_bandwidth(device)
     copy_gbps = data["copy_bandwidth"]["gbps_median"]
     progress(f"device-to-device copy: {copy_gbps:.0f} GB/s (median; {data['copy_bandwidth']['bytes_per_copy'] / 1e9:.2f} GB)")
-    max_level = max(LEVEL[d] for d in args.directions) if args.directions else -1
+    max_level = max(TP.LEVEL[d] for d in args.directions) if args.directions else -1
     plan = [(d, r) for d in args.directions for r in (args.dbwd_rows if d == "dbwd" else [args.rows])]
     total = len(args.problems) * len(args.dtypes) * len(args.impls) * len(plan)
     k = 0
     for pname in args.problems:
-        spec = Spec.create(pname, catalog[pname])
+        spec = TP.Spec.create(pname, catalog[pname])
         data["problems"][pname] = spec.summary()
         progress(f"== {pname}: {spec.P.describe()}")
         ref = None
         over = args.time_budget_s is not None and time.perf_counter() - t_run > args.time_budget_s
         if max_level >= 0 and not args.no_check and not over:
             try:
-                ref = reference(spec, args.check_rows, device, args.seed, max_level)
+                ref = TP.reference(spec, args.check_rows, device, level=max_level, seed=args.seed)
             except Exception as exc:
                 ref = C.describe_exception(exc)
                 progress(f"   e3nn float64 reference failed: {ref}")
@@ -537,14 +178,14 @@ def run(args, paths: Dict[str, Path]) -> dict:
                         status, err = "skipped", f"time budget of {args.time_budget_s:.0f} s exhausted"
                     else:
                         built = build(impl, spec, dtype, device, args)
-                except Absent as exc:
+                except TP.Absent as exc:
                     status, err = "absent", str(exc)
                 except Exception as exc:
                     status, err = ("oom" if C.is_oom(exc) else "error"), "build: " + C.describe_exception(exc)
                 errs, check_err = None, None
                 if built is not None and isinstance(ref, tuple):
                     try:
-                        errs = check(spec, built, dtype, ref[0], ref[1], max_level)
+                        errs = TP.errors(spec, built, dtype, ref[0], ref[1], max_level)
                     except Exception as exc:
                         check_err = C.describe_exception(exc)
                 elif isinstance(ref, str):
@@ -561,7 +202,7 @@ def run(args, paths: Dict[str, Path]) -> dict:
                     cell = {"problem": pname, "dtype": dtname, "direction": direction, "rows": rows,
                             "impl": impl, "status": status, "error": err,
                             "info": built.info if built is not None else {},
-                            "rel_err": direction_error(errs, direction), "check_error": check_err}
+                            "rel_err": TP.direction_error(errs, direction), "check_error": check_err}
                     over = args.time_budget_s is not None and time.perf_counter() - t_run > args.time_budget_s
                     if built is not None and over:
                         cell["status"] = "skipped"
@@ -590,7 +231,7 @@ def cell_line(k: int, total: int, c: dict) -> str:
         return f"{head} {c['status'].upper()} {c.get('error') or ''}"[:400]
     extra = f" err {C.fmt_err(c.get('rel_err'))}" if c.get("rel_err") is not None else \
         (f" check: {c['check_error'][:120]}" if c.get("check_error") else "")
-    fb = " FALLBACK" if c.get("info", {}).get("FALLBACK") else ""
+    fb = " FALLBACK" if c.get("info", {}).get("fallback") else ""
     gpu = ""
     if c.get("gpu_ms_median") is not None:
         gpu = f" gpu {C.fmt_ms(c['gpu_ms_median'])} ms{'' if c.get('gpu_queued') else ' (not queued)'}" \
@@ -802,8 +443,8 @@ def render_markdown(data: dict) -> str:
             if c.get("check_error"):
                 note.append(f"check: {c['check_error']}")
             info = c.get("info") or {}
-            if info.get("FALLBACK"):
-                note.append("FALLBACK: " + info["FALLBACK"])
+            if info.get("fallback"):
+                note.append("FALLBACK: " + info["fallback"])
             if info.get("kernel_class"):
                 note.append(f"{info.get('method')}/{info['kernel_class']}")
             if c.get("rel_err") is not None and c["rel_err"] > TOL[c["dtype"]] * (100 if impl not in OURS else 1):
@@ -858,7 +499,7 @@ def summary_text(data: dict) -> str:
             out.append(f"{SHORT[impl]}: {msg[:120]} [{n}]")
         if len(errs) > 15:
             out.append(f"... {len(errs) - 15} more distinct failures in the JSON / markdown")
-    fb = sorted({c["impl"] for c in data["cells"] if (c.get("info") or {}).get("FALLBACK")})
+    fb = sorted({c["impl"] for c in data["cells"] if (c.get("info") or {}).get("fallback")})
     if fb:
         out.append(f"!! cue ran its naive PyTorch fallback (no CUDA kernel) for: {', '.join(fb)}")
     cb = data.get("copy_bandwidth") or {}

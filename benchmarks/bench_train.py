@@ -109,7 +109,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import common as C  # noqa: E402
-from bench_mace import MIXED_ELEMENTS, make_mace_model  # noqa: E402
+from bench_mace import MIXED_ELEMENTS  # noqa: E402
+
+from equikernels.bench import mace as MC  # noqa: E402
 
 Z = list(range(1, 90))
 R_MAX = 6.0
@@ -180,21 +182,7 @@ def keep_default_dtype():
 def build_mace_model(dtype: torch.dtype, tiny: bool, avg_num_neighbors: float):
     """bench_mace's MACE-MP-0-medium-shaped model; --tiny: 8x0e+8x1o, max_ell 2, correlation 2 (the
     CPU reference path's cost is in the correlation-3 contraction; this is a plumbing check)."""
-    if not tiny:
-        return make_mace_model(dtype, False, avg_num_neighbors)
-    from e3nn import o3
-    from mace import modules
-
-    residual = modules.interaction_classes["RealAgnosticResidualInteractionBlock"]
-    with C.default_dtype(dtype):
-        torch.manual_seed(0)
-        return modules.ScaleShiftMACE(
-            r_max=R_MAX, num_bessel=10, num_polynomial_cutoff=5, max_ell=2, interaction_cls=residual,
-            interaction_cls_first=residual, num_interactions=2, num_elements=89,
-            hidden_irreps=o3.Irreps("8x0e+8x1o"), MLP_irreps=o3.Irreps("16x0e"),
-            atomic_energies=-np.random.default_rng(0).uniform(1, 5, 89), avg_num_neighbors=avg_num_neighbors,
-            atomic_numbers=Z, correlation=2, gate=torch.nn.functional.silu, radial_MLP=[16, 16],
-            atomic_inter_scale=1.2, atomic_inter_shift=0.1)
+    return MC.mace_model(avg_num_neighbors, dtype, **({**MC.TINY, "max_ell": 2, "correlation": 2} if tiny else {}))
 
 
 def to_cueq(mace_model, device: torch.device):

@@ -366,12 +366,12 @@ class Ctx:
     # --- fused convolution ------------------------------------------------------------------------
     def conv_cell(self, cell: dict) -> None:
         torch, C, a, dev = self.torch, self.C, self.args, self.device
-        from bench_conv import cu_graph, directions
+        from equikernels.bench.conv import cu_graph, direction_calls
         from equikernels.catalog import problem
         from equikernels.ops import ConvGraph, tensor_product_conv
         from equikernels.ops.conv import resolve_dataflow
         P = problem(cell["problem"])
-        src, dst, n = cu_graph(cell["atoms"], a.r_cut, dev) if cell["atoms"] else tiny_graph(dev)
+        src, dst, n = cu_graph(cell["atoms"], dev, r_cut=a.r_cut) if cell["atoms"] else tiny_graph(dev)
         graph = ConvGraph.build(src, dst, n)
         cell.update(edges=int(src.numel()), nodes=n, r_cut=a.r_cut)
         cell["default_config"] = resolve_dataflow("auto", None, self.backend)[0]
@@ -390,7 +390,7 @@ class Ctx:
         def family(on: bool) -> dict:
             """Per direction fn(i) over the two sets; graphs built (dataflow fixed) under ``on``."""
             self.autotune(on)
-            per = [directions(raw, *s) for s in sets]
+            per = [direction_calls(raw, *s) for s in sets]
             return {d: (lambda i, d=d: per[i % 2][d](i)) for d in DIRS}
 
         self.autotune(False)

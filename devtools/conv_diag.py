@@ -12,12 +12,10 @@ import time
 import torch
 import triton
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-from bench_conv import cu_graph  # noqa: E402
-
 sys.path.insert(0, os.path.dirname(__file__))
 from gpu_diag import kernel_stats  # noqa: E402
 
+from equikernels.bench.conv import cu_graph  # noqa: E402
 from equikernels.catalog import problem as catalog_problem  # noqa: E402
 from equikernels.codegen.conv import ConvKernels  # noqa: E402
 from equikernels.ops import ConvGraph, plan_of, spec_of  # noqa: E402
@@ -29,7 +27,7 @@ def main():
     flow = sys.argv[3] if len(sys.argv) > 3 else "deterministic"
     dev = "cuda"
     p = catalog_problem(name)
-    src, dst, n = cu_graph(atoms, 6.0, dev)
+    src, dst, n = cu_graph(atoms, dev, r_cut=6.0)
     graph = ConvGraph.build(src, dst, n)
     e = graph.num_edges
     ks = ConvKernels(plan_of(spec_of(p, "ir_mul")), flow)

@@ -10,20 +10,22 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Tuple
 
+import ase.build
+import numpy as np
 import torch
 
+from .._compat import o3
+from ..models.data import neighbour_list
+from ..ops import ConvGraph, tensor_product_conv
 from . import timing as T
 from .tp import Absent, Spec, all_orders, cue_weight_perm, import_cue, import_oeq, oeq_order
 
 IMPLS = ("equikernels", "cuequivariance", "openequivariance")
-REPEATS = {256: (4, 4, 4), 1008: (6, 6, 7), 10192: (13, 14, 14)}
+REPEATS = {256: (4, 4, 4), 1008: (6, 6, 7), 2916: (9, 9, 9), 10192: (13, 14, 14), 19652: (17, 17, 17)}
 
 
 def cu_graph(atoms: int, device, r_cut: float = 6.0, seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor, int]:
     """(src, dst, nodes) of the Cu fcc graph with ``atoms`` atoms (one of ``REPEATS``), sorted by (dst, src)."""
-    import ase.build
-
-    from ..models.data import neighbour_list
     if atoms not in REPEATS:
         raise ValueError(f"atoms: one of {sorted(REPEATS)}, got {atoms}")
     a = ase.build.bulk("Cu", "fcc", a=3.6, cubic=True).repeat(REPEATS[atoms])
@@ -34,17 +36,20 @@ def cu_graph(atoms: int, device, r_cut: float = 6.0, seed: int = 0) -> Tuple[tor
     return src[order].to(device), dst[order].to(device), len(a)
 
 
-def build(impl: str, spec: Spec, src, dst, n: int, dtype, device) -> Tuple[Callable, Callable, Callable]:
+def build(impl: str, spec: Spec, src, dst, n: int, dtype, device, dataflow: str = "auto",
+          deterministic: bool = True) -> Tuple[Callable, Callable, Callable]:
     """``(fn, raw, w_from_e3nn)``: ``fn(x, y, w)`` takes e3nn layouts (the error check), ``raw`` the
-    implementation's own layouts (timed), ``w_from_e3nn`` maps e3nn-ordered weights to its own."""
+    implementation's own layouts (timed), ``w_from_e3nn`` maps e3nn-ordered weights to its own.
+    ``dataflow``: equikernels' (``auto``, ``atomic``, ``deterministic``, ``unfused``);
+    ``deterministic``: OpenEquivariance's deterministic kernel or its atomic one."""
     P = spec.P
     to_ir = lambda x, y: (spec.conv_in1.to_ir_mul(x), spec.conv_in2.to_ir_mul(y))  # noqa: E731
     if impl == "equikernels":
-        from ..ops import ConvGraph, tensor_product_conv
         graph = ConvGraph.build(src, dst, n)
 
         def raw(x, y, w):
-            return tensor_product_conv(P, x, y, w, None, None, n, graph=graph, layout="ir_mul", validate=False)
+            return tensor_product_conv(P, x, y, w, None, None, n, graph=graph, layout="ir_mul", dataflow=dataflow,
+                                       validate=False)
 
         def fn(x, y, w):
             return spec.conv_out.to_mul_ir(raw(*to_ir(x, y), w))
@@ -68,7 +73,6 @@ def build(impl: str, spec: Spec, src, dst, n: int, dtype, device) -> Tuple[Calla
         if device.type != "cuda":
             raise Absent("openequivariance needs a CUDA device")
         oeq = import_oeq()
-        import numpy as np
         npdt = {torch.float32: np.float32, torch.float64: np.float64}[dtype]
         order = oeq_order(spec)
         perm = torch.cat([torch.arange(spec.w_slices[k][0], spec.w_slices[k][0] + spec.w_slices[k][1])
@@ -76,20 +80,21 @@ def build(impl: str, spec: Spec, src, dst, n: int, dtype, device) -> Tuple[Calla
         prob = oeq.TPProblem(spec.kw["irreps_in1"], spec.kw["irreps_in2"], spec.kw["irreps_out"],
                              [tuple(spec.kw["instructions"][k]) for k in order], shared_weights=False,
                              internal_weights=False, irrep_dtype=npdt, weight_dtype=npdt)
-        conv = oeq.TensorProductConv(prob, deterministic=True)
-        rows, cols = dst.long().contiguous(), src.long().contiguous()  # already sorted by (dst, src)
+        conv = oeq.TensorProductConv(prob, deterministic=deterministic)
+        # int64 indices, out[rows] += f(x[cols]); the deterministic kernel also wants the edges sorted by
+        # (row, col), as cu_graph gives them, and the transpose permutation
+        rows, cols = dst.long().contiguous(), src.long().contiguous()
         tperm = torch.argsort(cols * n + rows)
         w_from = lambda w: conv.reorder_weights_from_e3nn(w.index_select(-1, perm).contiguous(), True)  # noqa: E731
 
         def raw(x, y, w):
-            return conv(x, y, w, rows, cols, tperm)
+            return conv(x, y, w, rows, cols, tperm) if deterministic else conv(x, y, w, rows, cols)
         return (lambda x, y, w: raw(x, y, w_from(w))), raw, w_from
     raise ValueError(f"unknown implementation {impl!r}; expected one of {IMPLS}")
 
 
 def reference(spec: Spec, src, dst, n: int, device, seed: int = 0):
     """Seeded float64 inputs and e3nn's float64 results (gathered product, then ``index_add``)."""
-    from .._compat import o3
     gen = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64).to(device)  # noqa: E731
     e = len(src)
@@ -109,16 +114,15 @@ def errors(fn, dtype, inp, ref) -> Dict[str, float]:
     return {k: T.rel_err(v, ref[k]) for k, v in res.items()}
 
 
-def directions(raw, spec: Spec, e: int, n: int, w_from, dtype, device) -> Dict[str, Callable]:
-    """Timed calls per direction on random inputs in the implementation's own layouts."""
-    gen = torch.Generator(device=device).manual_seed(1)
-    mk = lambda *s: torch.randn(*s, device=device, generator=gen, dtype=dtype)  # noqa: E731
-    x, y, w, g = mk(n, spec.d1), mk(e, spec.d2), w_from(mk(e, spec.nw)), mk(n, spec.d3)
+def direction_calls(raw, x, y, w, g, Rx, Ry, Rw) -> Dict[str, Callable]:
+    """Timed calls per direction of ``raw`` on the given inputs: ``fwd``; ``bwd``, the gradients of
+    (x, y, w) given ``g`` on a retained graph; ``dbwd``, the gradients of ``<gx, Rx> + <gy, Ry> + <gw, Rw>``
+    in (x, y, w, g). Graphs are built here, outside the timing."""
     xg, yg, wg = (t.detach().requires_grad_() for t in (x, y, w))
     out = raw(xg, yg, wg)
     gg = g.detach().requires_grad_()
     gx, gy, gw = torch.autograd.grad(out, (xg, yg, wg), gg, create_graph=True, retain_graph=True)
-    L = (gx * torch.randn_like(gx)).sum() + (gy * torch.randn_like(gy)).sum() + (gw * torch.randn_like(gw)).sum()
+    L = (gx * Rx).sum() + (gy * Ry).sum() + (gw * Rw).sum()
 
     def fwd(i):
         with torch.no_grad():
@@ -126,3 +130,11 @@ def directions(raw, spec: Spec, e: int, n: int, w_from, dtype, device) -> Dict[s
     return {"fwd": fwd,
             "bwd": lambda i: torch.autograd.grad(out, (xg, yg, wg), g, retain_graph=True),
             "dbwd": lambda i: torch.autograd.grad(L, (xg, yg, wg, gg), retain_graph=True)}
+
+
+def directions(raw, spec: Spec, e: int, n: int, w_from, dtype, device) -> Dict[str, Callable]:
+    """``direction_calls`` on seeded random inputs in the implementation's own layouts."""
+    gen = torch.Generator(device=device).manual_seed(1)
+    mk = lambda *s: torch.randn(*s, device=device, generator=gen, dtype=dtype)  # noqa: E731
+    x, y, w, g = mk(n, spec.d1), mk(e, spec.d2), w_from(mk(e, spec.nw)), mk(n, spec.d3)
+    return direction_calls(raw, x, y, w, g, torch.randn_like(x), torch.randn_like(y), torch.randn_like(w))

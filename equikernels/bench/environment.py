@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import importlib.metadata
 import importlib.util
 import platform
 import re
@@ -15,6 +16,7 @@ from typing import Dict, Optional
 import torch
 
 from .. import settings
+from .._version import __version__
 from .timing import GIB, describe_exception, l2_bytes
 
 
@@ -31,8 +33,7 @@ def gpu_kind(device: torch.device) -> str:
 
 def _dist_version(name: str) -> Optional[str]:
     try:
-        from importlib.metadata import version
-        return version(name)
+        return importlib.metadata.version(name)
     except Exception:
         return None
 
@@ -54,8 +55,6 @@ def module_version(name: str) -> Optional[str]:
 
 def source_fingerprint() -> Dict[str, Optional[str]]:
     """equikernels' version and a hash of its installed source, so two runs of different code differ."""
-    from .._version import __version__
-
     pkg = Path(__file__).resolve().parent.parent
     h = hashlib.sha256()
     for p in sorted(pkg.rglob("*.py")):

@@ -10,9 +10,12 @@ from __future__ import annotations
 import copy
 from typing import Callable, Dict, Optional
 
+import ase.build
 import numpy as np
 import torch
 
+from .._compat import o3
+from ..models import atoms_to_data, from_mace, load
 from . import timing as T
 from .tp import Absent
 
@@ -22,7 +25,6 @@ Z_ALL = list(range(1, 90))
 
 
 def cu_atoms(atoms: int, element: int = 29, seed: int = 0):
-    import ase.build
     if atoms not in SYSTEMS:
         raise ValueError(f"atoms: one of {sorted(SYSTEMS)}, got {atoms}")
     a = ase.build.bulk("Cu", "fcc", a=3.6, cubic=True).repeat(SYSTEMS[atoms])
@@ -56,8 +58,6 @@ def mace_model(avg_num_neighbors: float, dtype: torch.dtype = torch.float64, *,
     hp = {**MP0_MEDIUM, **shape}
     import_mace()
     from mace import modules
-
-    from .._compat import o3
     with T.default_dtype(dtype):
         torch.manual_seed(0)
         return modules.ScaleShiftMACE(
@@ -78,7 +78,6 @@ def build(impl: str, ref64, dtype, device) -> torch.nn.Module:
     try:
         m = copy.deepcopy(ref64).to(dtype)
         if impl == "equikernels":
-            from ..models import from_mace
             return from_mace(m).to(device).eval()
         if impl == "mace-e3nn":
             return m.to(device).eval()
@@ -104,7 +103,6 @@ def build(impl: str, ref64, dtype, device) -> torch.nn.Module:
 
 
 def graph(atoms, r_max: float, atomic_numbers, dtype, device) -> Dict[str, torch.Tensor]:
-    from ..models import atoms_to_data
     return atoms_to_data(atoms, r_max, atomic_numbers, device=device, dtype=dtype)
 
 
@@ -122,5 +120,4 @@ def step_call(model, data, stress: bool) -> Callable[[int], object]:
 
 
 def model_file(path: str, dtype, device) -> Optional[torch.nn.Module]:
-    from ..models import load
     return load(path, device=device, dtype=dtype).eval()

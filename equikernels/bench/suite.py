@@ -22,6 +22,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from ..catalog import standard_problems
 from . import conv as CV
 from . import mace as MC
 from . import timing as T
@@ -87,7 +88,6 @@ def _failed(exc: BaseException) -> dict:
 
 
 def run_tp(opts: Options, device, cells: List[dict]) -> None:
-    from ..catalog import standard_problems
     kws = standard_problems()
     rows = opts.tp_rows or (20000 if opts.quick else 50000)
     plan = [("fwd", rows), ("bwd", rows), ("dbwd", rows)] + ([] if opts.quick or opts.tp_rows else [("dbwd", 20000)])
@@ -130,7 +130,6 @@ def _conv_bytes(spec, n: int, e: int, direction: str, itemsize: int) -> int:
 
 
 def run_conv(opts: Options, device, cells: List[dict]) -> None:
-    from ..catalog import standard_problems
     name = "mace-mp-medium-L2"
     spec = TP.Spec.create(name, standard_problems()[name])
     atoms = opts.conv_atoms or (1008 if opts.quick else 10192)

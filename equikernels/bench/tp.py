@@ -11,12 +11,17 @@ first-order and the four second-order gradients mapped back to e3nn's layout and
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 
+from .._compat import o3
+from ..ops import resolve_backend, tensor_product
+from ..problem import TPProblem
 from . import timing as T
 
 IMPLS = ("equikernels", "e3nn", "cuequivariance", "openequivariance")
@@ -45,7 +50,6 @@ class Spec:
 
     @staticmethod
     def create(name: str, kw: dict) -> "Spec":
-        from ..problem import TPProblem
         P = TPProblem.create(**kw)
         modes = {i.mode for i in P.instructions}
         segs = lambda irreps: [(m, 2 * l + 1) for m, l, _ in irreps]  # noqa: E731
@@ -58,6 +62,12 @@ class Spec:
         return Spec(name, kw, P, modes.pop() if len(modes) == 1 else "mixed", P.dim_in1, P.dim_in2, P.dim_out,
                     P.weight_numel, P.shared_weights, T.LayoutConverter(segs(P.irreps_in1)),
                     T.LayoutConverter(segs(P.irreps_in2)), T.LayoutConverter(segs(P.irreps_out)), slices)
+
+    def summary(self) -> dict:
+        return {"description": self.P.describe(), "mode": self.mode, "d1": self.d1, "d2": self.d2,
+                "d3": self.d3, "weight_numel": self.nw, "shared_weights": self.shared,
+                "paths": len(self.P.instructions),
+                "kwargs": {k: (v if k != "instructions" else [list(i) for i in v]) for k, v in self.kw.items()}}
 
 
 def _identity(t):
@@ -82,29 +92,47 @@ def _wshape(spec: Spec, shared_shape=None):
 
 
 def build_equikernels(spec: Spec, dtype, device, layout: str = "ir_mul", backend: str = "auto") -> Built:
-    from ..ops import tensor_product
-
     def fn(x, y, w):
         return tensor_product(spec.P, x, y, w, layout=layout, backend=backend)
-    return Built(fn, layout, _wshape(spec), info={"layout": layout})
+    return Built(fn, layout, _wshape(spec), info={"layout": layout, "backend": resolve_backend(backend, device)})
 
 
 def build_e3nn(spec: Spec, dtype, device) -> Built:
-    from .._compat import o3
     with T.default_dtype(dtype):  # e3nn bakes its CG constants in the default dtype
         m = o3.TensorProduct(**spec.kw).to(device=device, dtype=dtype)
-    return Built(m, "mul_ir", _wshape(spec), keep=m)
+    return Built(m, "mul_ir", _wshape(spec), info={"module": "e3nn.o3.TensorProduct"}, keep=m)
+
+
+_IMPORTED: Dict[str, object] = {}  # library -> its modules, or the exception its import raised
+
+
+def _import_once(name: str, load: Callable[[], object]):
+    """``load()`` once per process: a failed import is reported again without retrying it (a broken
+    OpenEquivariance rebuilds its extension on every attempt)."""
+    if name not in _IMPORTED:
+        try:
+            _IMPORTED[name] = load()
+        except BaseException as exc:  # extensions built at import fail in many ways
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            _IMPORTED[name] = exc
+    got = _IMPORTED[name]
+    if isinstance(got, BaseException):
+        raise Absent(f"{name} not importable ({T.describe_exception(got, 120)})")
+    return got
+
+
+def _load_cue():
+    import cuequivariance as cue
+    import cuequivariance_torch as cuet
+    from cuequivariance import descriptors
+    from cuequivariance.group_theory.experimental.e3nn import O3_e3nn
+    return cue, cuet, descriptors, O3_e3nn
 
 
 def import_cue():
-    try:
-        import cuequivariance as cue
-        import cuequivariance_torch as cuet
-        from cuequivariance import descriptors
-        from cuequivariance.group_theory.experimental.e3nn import O3_e3nn
-    except Exception as exc:  # ImportError or a broken install: reported, never fatal
-        raise Absent(f"cuequivariance_torch not importable ({T.describe_exception(exc, 120)})") from None
-    return cue, cuet, descriptors, O3_e3nn
+    """``(cue, cuet, descriptors, O3_e3nn)``; ``Absent`` when cuEquivariance cannot be imported."""
+    return _import_once("cuequivariance_torch", _load_cue)
 
 
 def cue_weight_perm(spec: Spec, desc) -> torch.Tensor:
@@ -124,6 +152,8 @@ def cue_weight_perm(spec: Spec, desc) -> torch.Tensor:
             raise RuntimeError(f"cuEquivariance path {(a, b, c)}: weight mapping to e3nn unknown")
     perm = []
     for wseg, shape in enumerate(shapes):
+        if wseg not in owner:
+            raise RuntimeError(f"cuEquivariance weight segment {wseg} is used by no path: weight mapping unknown")
         off, size, pshape = spec.w_slices[owner[wseg]]
         if tuple(shape) != tuple(pshape):
             raise RuntimeError(f"cuEquivariance weight segment {wseg} shape {shape} != e3nn path shape {pshape}")
@@ -134,18 +164,25 @@ def cue_weight_perm(spec: Spec, desc) -> torch.Tensor:
     return perm
 
 
-def build_cue(spec: Spec, dtype, device) -> Built:
+def build_cue(spec: Spec, dtype, device, layout: str = "ir_mul", math_dtype=None) -> Built:
     """cuet.ChannelWiseTensorProduct (uvu) or FullyConnectedTensorProduct (uvw) on e3nn's irreps
-    (``O3_e3nn``), ``ir_mul`` layout."""
+    (``O3_e3nn``) in ``layout``; operands in ``dtype``, arithmetic in ``math_dtype`` (default ``dtype``)."""
     cue, cuet, descriptors, O3_e3nn = import_cue()
     if spec.mode not in ("uvu", "uvw"):
         raise Absent(f"no cuEquivariance module for mode {spec.mode!r}")
+    P = spec.P
+    if (P.irrep_normalization, P.path_normalization) != ("component", "element") or \
+            any(i.path_weight != 1.0 for i in P.instructions) or any(v != 1.0 for v in P.in1_var + P.in2_var + P.out_var):
+        raise Absent("cuEquivariance's modules support only component/element normalisation, unit path weights "
+                     "and unit variances")
+    math_dtype = dtype if math_dtype is None else math_dtype
     irr = lambda s: cue.Irreps(O3_e3nn, s)  # noqa: E731
     kw = spec.kw
     i1, i2, io = irr(kw["irreps_in1"]), irr(kw["irreps_in2"]), irr(kw["irreps_out"])
-    ckw = dict(layout=cue.ir_mul, shared_weights=spec.shared, internal_weights=False, device=device, dtype=dtype,
-               math_dtype=dtype)
-    with T.default_dtype(dtype), warnings.catch_warnings():
+    ckw = dict(layout=cue.ir_mul if layout == "ir_mul" else cue.mul_ir, shared_weights=spec.shared,
+               internal_weights=False, device=device, dtype=dtype, math_dtype=math_dtype)
+    # O3_e3nn's Clebsch-Gordan tables come from e3nn in the default dtype
+    with T.default_dtype(math_dtype), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if spec.mode == "uvu":
             m = cuet.ChannelWiseTensorProduct(i1, i2, io, **ckw)
@@ -155,6 +192,8 @@ def build_cue(spec: Spec, dtype, device) -> Built:
             desc = descriptors.fully_connected_tensor_product(i1, i2, io)
     if [(int(mu), int(ir.l), int(ir.p)) for mu, ir in m.irreps_out] != [tuple(t) for t in spec.P.irreps_out]:
         raise RuntimeError(f"cuEquivariance output irreps {m.irreps_out} differ from e3nn's {kw['irreps_out']}")
+    if m.weight_numel != spec.nw:
+        raise RuntimeError(f"cuEquivariance has {m.weight_numel} weights, e3nn {spec.nw}")
     perm = cue_weight_perm(spec, desc).to(device)
     inv = torch.argsort(perm)
     if spec.shared:
@@ -163,20 +202,24 @@ def build_cue(spec: Spec, dtype, device) -> Built:
     else:
         w_from = lambda w: w.index_select(-1, perm)  # noqa: E731
         gw_to = lambda g: g.index_select(-1, inv)  # noqa: E731
-    info = {"method": getattr(m, "method", None)}
-    if "Naive" in type(getattr(m.f, "m", m.f)).__name__:
+    kernel = type(getattr(m.f, "m", m.f)).__name__
+    info = {"module": type(m).__name__, "method": getattr(m, "method", None), "kernel_class": kernel,
+            "layout": layout, "math_dtype": str(math_dtype).replace("torch.", "")}
+    if "Naive" in kernel:
         info["fallback"] = "cuEquivariance runs its pure-PyTorch method (no CUDA kernel)"
-    return Built(m, "ir_mul", _wshape(spec, (1, spec.nw)), w_from, gw_to, info, keep=m)
+    return Built(m, layout, _wshape(spec, (1, spec.nw)), w_from, gw_to, info, keep=m)
+
+
+def _load_oeq():
+    t0 = time.perf_counter()
+    import openequivariance as oeq
+    return oeq, time.perf_counter() - t0
 
 
 def import_oeq():
-    try:
-        import openequivariance as oeq
-    except BaseException as exc:  # its extension is built at import and may fail in many ways
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        raise Absent(f"openequivariance not importable ({T.describe_exception(exc, 120)})") from None
-    return oeq
+    """The ``openequivariance`` module; ``Absent`` when it cannot be imported (its extension is built
+    at the first import)."""
+    return _import_once("openequivariance", _load_oeq)[0]
 
 
 def oeq_order(spec: Spec) -> List[int]:
@@ -192,7 +235,6 @@ def build_oeq(spec: Spec, dtype, device) -> Built:
     if device.type != "cuda":
         raise Absent("openequivariance needs a CUDA device")
     oeq = import_oeq()
-    import numpy as np
     npdt = {torch.float32: np.float32, torch.float64: np.float64}[dtype]
     order = oeq_order(spec)
     instr = [tuple(spec.kw["instructions"][k]) for k in order]
@@ -201,11 +243,14 @@ def build_oeq(spec: Spec, dtype, device) -> Built:
     inv = torch.argsort(perm)
     prob = oeq.TPProblem(spec.kw["irreps_in1"], spec.kw["irreps_in2"], spec.kw["irreps_out"], instr,
                          shared_weights=spec.shared, internal_weights=False, irrep_dtype=npdt, weight_dtype=npdt)
+    t0 = time.perf_counter()
     tp = oeq.TensorProduct(prob)
+    info = {"module": "openequivariance.TensorProduct", "import_s": round(_IMPORTED["openequivariance"][1], 2),
+            "construct_s": round(time.perf_counter() - t0, 3), "instructions_sorted_by_output": spec.mode == "uvu"}
     batch = not spec.shared
     w_from = lambda w: tp.reorder_weights_from_e3nn(w.index_select(-1, perm).contiguous(), batch)  # noqa: E731
     gw_to = lambda g: tp.reorder_weights_to_e3nn(g.contiguous(), batch).index_select(-1, inv)  # noqa: E731
-    return Built(tp, "mul_ir", _wshape(spec), w_from, gw_to, keep=tp)
+    return Built(tp, "mul_ir", _wshape(spec), w_from, gw_to, info, keep=tp)
 
 
 def build(impl: str, spec: Spec, dtype, device) -> Built:
@@ -238,7 +283,6 @@ def all_orders(fn, x, y, w, g, Rx, Ry, Rw, level: int) -> Dict[str, torch.Tensor
 
 def reference(spec: Spec, rows: int, device, level: int = 2, seed: int = 0):
     """Seeded float64 inputs and e3nn's float64 results, in e3nn's layout and weight order."""
-    from .._compat import o3
     gen = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64).to(device)  # noqa: E731
     wshape = (spec.nw,) if spec.shared else (rows, spec.nw)
@@ -264,20 +308,25 @@ def errors(spec: Spec, built: Built, dtype, inp, ref, level: int = 2) -> Dict[st
     return {k: T.rel_err(back[k](v), ref[k]) for k, v in res.items()}
 
 
-def direction_error(errs: Dict[str, float], direction: str) -> Optional[float]:
+def direction_error(errs: Optional[Dict[str, float]], direction: str) -> Optional[float]:
+    """The largest relative error among ``direction``'s results (None without errors)."""
+    if not errs:
+        return None
     keys = {"fwd": ("out",), "bwd": ("gx", "gy", "gw"), "dbwd": ("dx", "dy", "dw", "dg")}[direction]
     vals = [errs[k] for k in keys if k in errs]
     return max(vals) if vals else None
 
 
 # --- timing ---------------------------------------------------------------------------------------------
-def make_call(spec: Spec, built: Built, direction: str, rows: int, dtype, device, max_sets: int = 8):
+def make_call(spec: Spec, built: Built, direction: str, rows: int, dtype, device, max_sets: int = 8,
+              rotate_factor: float = 4.0, seed: int = 0):
     """``(call, n_sets, minimal bytes)``: ``call(i)`` runs ``direction`` once on input set ``i % n_sets``
-    (graphs are built here, outside the timing)."""
+    (graphs are built here, outside the timing); the sets together touch ``rotate_factor`` x L2, at
+    most ``max_sets`` of them."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     nbytes = T.minimal_bytes(direction, rows, spec.d1, spec.d2, spec.d3, spec.nw, spec.shared, itemsize)
-    n_sets = T.rotation_sets(nbytes, device, max_sets=max_sets)
-    torch.manual_seed(rows)
+    n_sets = T.rotation_sets(nbytes, device, factor=rotate_factor, max_sets=max_sets) if max_sets > 1 else 1
+    torch.manual_seed(seed + rows)
     mk = lambda *s: torch.randn(*s, device=device, dtype=dtype)  # noqa: E731
     sets = []
     for _ in range(n_sets):
