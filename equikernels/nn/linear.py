@@ -290,6 +290,12 @@ class Linear(nn.Module):
         ir_mul = self.layout == "ir_mul"
         # one split (its backward is one cat) rather than a narrow per block (each a zero-filled slice backward)
         parts = x.split(self._in_sizes(), dim=1)
+        if len(parts) > 1 and w.requires_grad and torch.is_grad_enabled():
+            # the matmuls of the l > 0 blocks save copies of them for the weight gradient; a saved view
+            # of a scalar block would keep all of ``features`` alive besides, so scalars are copied too
+            dims = {start: d for terms in blocks for start, _, d, _, _ in terms}
+            if any(d > 1 for d in dims.values()):
+                parts = [p.contiguous() if dims.get(k) == 1 else p for k, p in enumerate(parts)]
         outs = []
         for terms in blocks:
             acc = None
