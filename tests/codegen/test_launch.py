@@ -714,8 +714,8 @@ def test_gpu_direct_double_backward_kernel_set(nan_alloc, count_dbwd):
 
 @pytest.mark.gpu
 def test_gpu_half_register_cap_same_numbers(monkeypatch, tmp_path):
-    """mace-large's bf16 backward in its session-11 form (4 rows x 4 warps, per-path channel sums, no
-    prefetch, no L2 prefetch) needs 180 registers (168 with fp32 / fp16 operands): the first launch runs that build,
+    """mace-large's bf16 backward with 4 rows x 4 warps, per-path channel sums, no prefetch and no L2
+    prefetch needs 180 registers (168 with fp32 / fp16 operands): the first launch runs that build,
     later ones a build capped at 168 (launch.register_cap). Same numbers."""
     for k, v in (("PARTIAL_SUM", "0"), ("PREFETCH", "0"), ("L2_PREFETCH", "off"), ("ROWS_BWD", "4"), ("WARPS_BWD", "4"),
                  ("CACHE_DIR", str(tmp_path))):
