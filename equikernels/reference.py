@@ -9,6 +9,7 @@ import contextlib
 import functools
 from typing import Dict, Optional
 
+import opt_einsum  # a dependency of e3nn
 import torch
 
 from .dtypes import math_dtype_of
@@ -127,7 +128,6 @@ _ROWS_FOR_PATHS = 1024  # the row count a contraction order is chosen for (it do
 def _pairwise_steps(eq: str, shapes: tuple):
     """The pairwise einsums of the best contraction order (opt_einsum), computed once per equation
     and shape class; torch.einsum would search it again on every call."""
-    import opt_einsum  # noqa: PLC0415 (a dependency of e3nn)
     _, info = opt_einsum.contract_path(eq, *shapes, shapes=True, optimize="auto")
     return tuple((tuple(inds), step[2]) for step in info.contraction_list for inds in [step[0]])
 

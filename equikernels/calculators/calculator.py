@@ -23,6 +23,7 @@ from ase.calculators.calculator import Calculator, all_changes
 from ase.stress import full_3x3_to_voigt_6_stress
 
 from .. import settings
+from ..models.graphed import GraphedModel
 from ..models.mace import trusted_inputs
 from .checks import MIN_VOLUME, check_finite, check_stress_cell, check_structure
 from .graph import ElementTable, single_graph
@@ -131,7 +132,6 @@ class MACECalculator(Calculator):
 
     def _enable_graphs(self, capture: Optional[bool] = None) -> None:
         """Start the padded fixed-shape evaluation (``capture=False``: eager, any device; tests)."""
-        from ..models.graphed import GraphedModel  # noqa: PLC0415
         self._graphed = GraphedModel(self.model, capture=capture)
         self.cuda_graph = True
 

@@ -14,10 +14,14 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Dict, Optional
 
+import ase
 import numpy as np
+import torch
 from ase import Atoms, units
+from tqdm import tqdm
 
 from .._files import atomic_write
+from .._version import __version__
 
 ENSEMBLES = ("nve", "nvt-langevin", "npt")
 
@@ -158,7 +162,6 @@ class _Progress:
         self.steps_done, self.t_first = 0, None
         self.bar = None
         if enabled:
-            from tqdm import tqdm
             self.bar = tqdm(total=total, unit="step", desc="md", mininterval=0.5)
 
     def __call__(self):
@@ -240,10 +243,6 @@ class _Signals:
 
 
 def versions() -> Dict[str, str]:
-    import ase
-    import torch
-
-    from .._version import __version__
     return {"equikernels": __version__, "torch": torch.__version__, "ase": ase.__version__,
             "numpy": np.__version__, "python": platform.python_version()}
 

@@ -21,7 +21,7 @@ from typing import Dict, Optional, Union
 
 import torch
 
-from .._compat import default_dtype
+from .._compat import default_dtype  # importing _compat also lets torch.load read e3nn objects
 from .._files import atomic_write, remove_stale_temps
 from .blocks import INTERACTIONS
 from .mace import CONFIG_VERSION, MACE, PRECISIONS, ScaleShiftMACE, resolve_precision
@@ -428,7 +428,6 @@ def _load_mace_file(path: str):
     except ImportError:
         raise ImportError(f"{path}: not an equikernels model file; loading a mace-torch .model file "
                           "needs mace-torch (pip install mace-torch)") from None
-    from .._compat import o3  # noqa: F401,PLC0415  (e3nn import that works on torch >= 2.6)
     warnings.warn(f"{path}: loading a pickled model, which runs code stored in the file; load only files you "
                   "trust (equikernels convert writes a copy that loads without running code)",
                   CodeExecutionWarning, stacklevel=3)

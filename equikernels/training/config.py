@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
+import yaml
+
 LR_SCHEDULES = ("cosine", "plateau", "constant")
 E0_MODES = ("foundation", "average")  # or a {symbol or Z: energy} mapping
 LOSSES = ("mse", "huber")
@@ -131,8 +133,6 @@ class TrainConfig:
 
 
 def load_yaml(path: str) -> Dict[str, Any]:
-    import yaml
-
     with open(path) as fh:
         values = yaml.safe_load(fh) or {}
     if not isinstance(values, dict):

@@ -11,6 +11,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
+from torch_geometric.data import Batch, Data
+from vesin import NeighborList
 
 from .config import DataKeys
 
@@ -257,8 +259,6 @@ def usable_cell(cell: np.ndarray, pbc: np.ndarray) -> np.ndarray:
 def neighbour_graph(positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, cutoff: float):
     """[sender, receiver] edges within ``cutoff`` and their integer cell shifts, with mace-torch's
     convention vec = pos[receiver] - pos[sender] + unit_shifts @ cell."""
-    from vesin import NeighborList
-
     i, j, s = NeighborList(cutoff=float(cutoff), full_list=True).compute(
         points=positions, box=cell, periodic=[bool(p) for p in pbc], quantities="ijS")
     # a fixed edge order makes every run (and every resumed run) sum in the same order
@@ -270,8 +270,6 @@ def neighbour_graph(positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, cu
 def config_to_data(config: Config, z_table: Sequence[int], cutoff: float, heads: Sequence[str]):
     """A torch-geometric ``Data`` with the keys mace-torch models read, plus labels and per-graph
     loss weights (0 where a label is missing)."""
-    from torch_geometric.data import Data
-
     index = {int(z): k for k, z in enumerate(z_table)}
     n = config.num_atoms
     one_hot = torch.zeros(n, len(z_table), dtype=torch.float64)
@@ -323,8 +321,6 @@ def build_dataset(configs: Sequence[Config], z_table: Sequence[int], cutoff: flo
 
 def collate(graphs: Sequence, dtype: torch.dtype, device) -> Dict[str, torch.Tensor]:
     """One torch-geometric ``Batch`` as the dict a mace-torch-style model reads."""
-    from torch_geometric.data import Batch
-
     batch = Batch.from_data_list(list(graphs))
     out = {}
     for key, value in batch.to_dict().items():

@@ -15,6 +15,9 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
+from .._compat import o3
+from ..models import builder as model_builder
+
 # hyper-parameters of a small MACE trained from scratch (overridden by TrainConfig.new_model)
 DEFAULT_NEW_MODEL: Dict[str, Any] = dict(
     r_max=5.0, num_bessel=8, num_polynomial_cutoff=5, max_ell=2, num_interactions=2,
@@ -131,7 +134,6 @@ def build_new_model(hparams: Optional[Dict[str, Any]], atomic_numbers: Sequence[
 
 def _build_mace(hp, atomic_numbers, e0s, avg_num_neighbors, scale, shift, heads):
     import mace.modules as mm
-    from equikernels._compat import o3
 
     return mm.ScaleShiftMACE(
         r_max=float(hp["r_max"]), num_bessel=int(hp["num_bessel"]),
@@ -148,9 +150,7 @@ def _build_mace(hp, atomic_numbers, e0s, avg_num_neighbors, scale, shift, heads)
 
 
 def _build_ours(hp, atomic_numbers, e0s, avg_num_neighbors, scale, shift, heads):
-    from equikernels.models import builder
-
-    config = builder.mace_config(
+    config = model_builder.mace_config(
         r_max=float(hp["r_max"]), num_bessel=int(hp["num_bessel"]),
         num_polynomial_cutoff=int(hp["num_polynomial_cutoff"]), max_ell=int(hp["max_ell"]),
         interaction=hp["interaction"], interaction_first=hp["interaction_first"],
@@ -159,7 +159,7 @@ def _build_ours(hp, atomic_numbers, e0s, avg_num_neighbors, scale, shift, heads)
         avg_num_neighbors=float(avg_num_neighbors), correlation=int(hp["correlation"]),
         radial_MLP=list(hp["radial_MLP"]), heads=list(heads))
     # weights drawn from the global RNG, so the run's seed decides them
-    model = builder.random_model(config, seed=int(torch.randint(0, 2**31 - 1, ()).item()))
+    model = model_builder.random_model(config, seed=int(torch.randint(0, 2**31 - 1, ()).item()))
     set_e0s(model, torch.as_tensor(np.asarray(e0s, dtype=np.float64)).expand(len(heads), -1))
     with torch.no_grad():
         model.scale.fill_(float(scale))

@@ -28,6 +28,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm.auto import tqdm
 
 from . import checkpoint as ckpt
 from . import distributed as dist_utils
@@ -200,8 +202,6 @@ class Trainer:
             self._say(f"frozen {len(frozen)} parameter tensors ({', '.join(cfg.freeze)})")
         self.params = [p for p in model.parameters() if p.requires_grad]
         if self.dist.enabled:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.ddp = DDP(model, device_ids=ids)
         else:
@@ -459,8 +459,6 @@ class Trainer:
                       + ", ".join(os.path.basename(p) for p in removed))
 
     def _loop(self) -> None:
-        from tqdm.auto import tqdm
-
         cfg = self.cfg
         self.ddp.train()
         while self.epoch < cfg.epochs and not self.stopped_early and not self._budget_spent():
