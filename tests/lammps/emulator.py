@@ -178,6 +178,9 @@ class Emulation:
             return self._run_processes(pickle.dumps(obj))
         comm = self.comm
         comm.barrier.reset()
+        for r in self.ranks:  # LAMMPS zeroes forces and virial before every force computation
+            r.f[:] = 0.0
+            r.virial[:] = 0.0
         objs = [pickle.loads(pickle.dumps(obj)) if separate_objects else obj for _ in self.ranks]
         errors: List[BaseException] = []
 
