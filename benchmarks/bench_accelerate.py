@@ -5,10 +5,14 @@ Part "sevenn" (needs sevenn, e3nn >= 0.5): SevenNet-0 on CuNi fcc (2,048 atoms),
 own switches) and SevenNet + ``equikernels.accelerate``.
 Part "mace" (needs mace-torch): a MACE-MP-medium-shaped mace-torch model with random weights at
 ~1k and ~10k atoms: mace-torch (e3nn), mace-torch + ``equikernels.accelerate`` (called through
-mace-torch's forward), ``equikernels.models.from_mace`` and mace-torch + cuEquivariance.
+mace-torch's forward), ``equikernels.models.from_mace`` and mace-torch + cuEquivariance
+(``mace.cli.convert_e3nn_cueq``).
 
-Per variant: median of CUDA-event times of the model call, peak memory of one call, and the
-largest force / energy-per-atom / stress difference from the e3nn model. Writes JSON to --out.
+Per variant: median of CUDA-event times of the model call (the variants interleaved), peak
+memory of one call above what was allocated before it, and the largest force / energy-per-atom /
+stress difference from the e3nn model; for mace-torch also float64 parity of accelerate and
+from_mace with the unmodified model. The mace-torch call is the one MACECalculator makes (E+F,
+training=False, a fresh copy of the batch, parameters frozen). Writes JSON to --out.
 
     python benchmarks/bench_accelerate.py --part sevenn --out results.json
     python benchmarks/bench_accelerate.py --part mace --out results_mace.json
@@ -29,53 +33,96 @@ import torch
 GIB = 1024 ** 3
 
 
-def timed(call, device, reps):
-    """(median ms, peak GiB above the start, last output) of ``call()``."""
-    out = call()  # warm-up: kernels built, tuned, cached
-    out = call()
+def _sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            out = call()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            out = call()
-            times.append((time.perf_counter() - t0) * 1e3)
-    peak = (torch.cuda.max_memory_allocated() - base) / GIB if device.type == "cuda" else float("nan")
-    return statistics.median(times), peak, out
+
+
+def peak_gib(call, device):
+    """Peak memory of one call above what was allocated before it (GiB; NaN on CPU)."""
+    if device.type != "cuda":
+        return float("nan")
+    _sync(device)
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = call()
+    _sync(device)
+    del out
+    return (torch.cuda.max_memory_allocated() - base) / GIB
+
+
+def interleaved(calls, device, reps):
+    """Median ms per variant, the variants taking turns within each repetition (the starting one
+    rotates), so clock and thermal drift fall on all of them alike. CUDA events on GPU."""
+    names = list(calls)
+    times = {n: [] for n in names}
+    for r in range(reps):
+        for k in range(len(names)):
+            n = names[(r + k) % len(names)]
+            if device.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                _sync(device)
+                start.record()
+                out = calls[n]()
+                end.record()
+                _sync(device)
+                times[n].append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                out = calls[n]()
+                times[n].append((time.perf_counter() - t0) * 1e3)
+            del out
+    return {n: statistics.median(t) for n, t in times.items()}
 
 
 def _diff(out, ref, n):
-    e, f, s = out
-    e0, f0, s0 = ref
-    return {"dE_per_atom": abs(float(e) - float(e0)) / n, "max_dF": float((f - f0).abs().max()),
-            "max_dS": float((s - s0).abs().max())}
+    row = {"dE_per_atom": abs(float(out[0]) - float(ref[0])) / n, "max_dF": float((out[1] - ref[1]).abs().max())}
+    if len(out) > 2 and out[2] is not None:
+        row["max_dS"] = float((out[2] - ref[2]).abs().max())
+    return row
 
 
-def _row(rows, structure, n, variant, fn, device, reps, ref=None):
-    try:
-        ms, peak, out = timed(fn, device, reps)
-        row = {"structure": structure, "atoms": n, "variant": variant, "ms": ms, "peak_gib": peak}
-        if ref is not None:
-            row.update(_diff(out, ref, n))
+def profile(calls, device, path, reps=3):
+    """Kernel-time table (torch.profiler, sorted by device time) of each variant's calls, written to ``path``."""
+    from torch.profiler import ProfilerActivity, profile as prof  # noqa: PLC0415
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with open(path, "w") as f:
+        for name, call in calls.items():
+            call()
+            _sync(device)
+            with prof(activities=acts) as p:
+                for _ in range(reps):
+                    call()
+                _sync(device)
+            key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+            f.write(f"== {name} ({reps} calls)\n{p.key_averages().table(sort_by=key, row_limit=25)}\n")
+    print(f"profiles written to {path}", flush=True)
+
+
+def measure(rows, structure, n, calls, device, reps, ref_name):
+    """Warm every variant (kernels built, tuned, cached), record its difference from ``ref_name``
+    and its peak memory, then time all of them interleaved. A variant that fails is recorded and left out."""
+    ok, outs = {}, {}
+    for name, call in calls.items():
+        try:
+            call()
+            outs[name] = call()
+            ok[name] = call
+        except Exception as exc:  # noqa: BLE001 (a backend that is not installed or fails: record and go on)
+            rows.append({"structure": structure, "atoms": n, "variant": name, "error": f"{type(exc).__name__}: {exc}"})
+            print(f"{structure} {name}: {type(exc).__name__}: {exc}", flush=True)
+            traceback.print_exc()
+    ref = outs.get(ref_name)
+    diffs = {name: _diff(o, ref, n) for name, o in outs.items() if ref is not None and name != ref_name}
+    del outs
+    peaks = {name: peak_gib(call, device) for name, call in ok.items()}
+    ms = interleaved(ok, device, reps) if ok else {}
+    for name in ok:
+        row = {"structure": structure, "atoms": n, "variant": name, "ms": ms[name], "peak_gib": peaks[name]}
+        row.update(diffs.get(name, {}))
         rows.append(row)
         print(json.dumps(row), flush=True)
-        return out
-    except Exception as exc:  # noqa: BLE001 (a backend that is not installed or fails: record and go on)
-        rows.append({"structure": structure, "atoms": n, "variant": variant, "error": f"{type(exc).__name__}: {exc}"})
-        print(f"{structure} {variant}: {type(exc).__name__}: {exc}", flush=True)
-        traceback.print_exc()
-        torch.cuda.empty_cache() if device.type == "cuda" else None
-        return None
 
 
 # --- SevenNet -----------------------------------------------------------------------------------
@@ -94,7 +141,7 @@ def sevenn_structures(quick):
     return out
 
 
-def run_sevenn(device, reps, quick):
+def run_sevenn(device, reps, quick, profile_dir=None):
     import sevenn.calculator as sc  # noqa: PLC0415
     from sevenn.atom_graph_data import AtomGraphData  # noqa: PLC0415
     from sevenn.train.dataload import unlabeled_atoms_to_graph  # noqa: PLC0415
@@ -112,32 +159,29 @@ def run_sevenn(device, reps, quick):
         return m
     models["SevenNet + equikernels.accelerate"] = accelerated
     rows = []
+    built = {}
+    for variant, make in models.items():
+        try:
+            built[variant] = make().eval()
+        except Exception as exc:  # noqa: BLE001
+            rows.append({"structure": "-", "atoms": 0, "variant": variant, "error": f"{type(exc).__name__}: {exc}"})
+            print(f"{variant}: {exc}", flush=True)
+    cutoff = float(getattr(built["e3nn"], "cutoff", 5.0))
     for structure, atoms in sevenn_structures(quick):
-        probe = models["e3nn"]()
-        cutoff = float(probe.cutoff) if hasattr(probe, "cutoff") else 5.0
-        del probe
         data = AtomGraphData.from_numpy_dict(unlabeled_atoms_to_graph(atoms, cutoff)).to(device)
-        ref = None
-        for variant, make in models.items():
-            try:
-                model = make()
-            except Exception as exc:  # noqa: BLE001
-                rows.append({"structure": structure, "atoms": len(atoms), "variant": variant,
-                             "error": f"{type(exc).__name__}: {exc}"})
-                print(f"{structure} {variant}: {exc}", flush=True)
-                continue
-            model.eval()
 
-            def call(model=model):
+        def caller(model):
+            def call():
                 out = model(data.clone())
                 return (out["inferred_total_energy"].detach().sum(), out["inferred_force"].detach(),
                         out["inferred_stress"].detach())
-            out = _row(rows, structure, len(atoms), variant, call, device, reps, ref)
-            if variant == "e3nn":
-                ref = out
-            del model
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            return call
+        calls = {v: caller(m) for v, m in built.items()}
+        measure(rows, structure, len(atoms), calls, device, reps, "e3nn")
+        if profile_dir and structure == "CuNi fcc":
+            profile({v: c for v, c in calls.items() if v != "e3nn"}, device, f"{profile_dir}/profile_sevenn_cuni.txt")
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -161,71 +205,128 @@ def mace_medium(num_elements=89):
     return m
 
 
-def run_mace(device, reps, quick):
-    import ase.build  # noqa: PLC0415
+def _mace_batch(atoms, device, dtype):
+    """The batch dict MACECalculator builds for ``atoms`` (z table of the 89-element model)."""
     from mace import data as mdata  # noqa: PLC0415
     from mace import tools  # noqa: PLC0415
     from mace.tools import torch_geometric  # noqa: PLC0415
 
+    z_table = tools.AtomicNumberTable(list(range(1, 90)))
+    graph = mdata.AtomicData.from_config(mdata.config_from_atoms(atoms), z_table=z_table, cutoff=6.0)
+    batch = next(iter(torch_geometric.dataloader.DataLoader([graph], batch_size=1))).to(device)
+    return {k: (v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in batch.to_dict().items()}
+
+
+def _mace_caller(model, batch, stress=False):
+    """MACECalculator's model call: a fresh copy of the batch, training=False, forces by autograd."""
+    def call():
+        d = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in batch.items()}
+        out = model(d, compute_stress=stress, training=False, compute_edge_forces=False, compute_atomic_stresses=False)
+        return (out["energy"].detach().sum(), out["forces"].detach(), out["stress"].detach() if stress else None)
+    return call
+
+
+def _cells(quick):
+    import ase.build  # noqa: PLC0415
+
+    for reps_cell in ([(1, 1, 1), (2, 1, 1)] if quick else [(6, 7, 7), (14, 14, 14)]):
+        atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True) * reps_cell
+        atoms.rattle(0.03, seed=1)
+        yield atoms
+
+
+def mace_parity(device, quick):
+    """fp64: max |dE| and |dF| of accelerate (and from_mace) against the unmodified mace-torch model."""
+    import equikernels as ek  # noqa: PLC0415
+    from equikernels.models import from_mace  # noqa: PLC0415
+
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        base = mace_medium().to(device).double().eval().requires_grad_(False)
+        acc = copy.deepcopy(base)
+        ek.accelerate(acc)
+        variants = {"mace-torch + equikernels.accelerate": acc, "equikernels.models.from_mace": from_mace(base)}
+        atoms = next(_cells(quick))
+        batch = _mace_batch(atoms, device, torch.float64)
+        e0, f0, _ = _mace_caller(base, batch)()
+        rows = []
+        for name, model in variants.items():
+            e, f, _ = _mace_caller(model, batch)()
+            rows.append({"structure": f"Cu fcc {len(atoms)} (float64)", "atoms": len(atoms), "variant": name,
+                         "parity_max_dE": abs(float(e) - float(e0)), "parity_max_dF": float((f - f0).abs().max()),
+                         "parity_rel_F": float((f - f0).norm() / f0.norm())})
+            print(json.dumps(rows[-1]), flush=True)
+        return rows
+    finally:
+        torch.set_default_dtype(old)
+
+
+def run_mace(device, reps, quick, profile_dir=None):
     import equikernels as ek  # noqa: PLC0415
     from equikernels.models import from_mace  # noqa: PLC0415
 
     torch.set_default_dtype(torch.float32)
+    rows = mace_parity(device, quick)
+    torch.set_default_dtype(torch.float32)
     base = mace_medium().to(device).eval()
-    z_table = tools.AtomicNumberTable(list(range(1, 90)))
-    sizes = [(1, 1, 1), (2, 1, 1)] if quick else [(7, 7, 7), (14, 14, 14)]
-    rows = []
-    for reps_cell in sizes:
-        atoms = ase.build.bulk("Cu", "fcc", a=3.61, cubic=True) * reps_cell
-        atoms.rattle(0.03, seed=1)
-        graph = mdata.AtomicData.from_config(mdata.config_from_atoms(atoms), z_table=z_table, cutoff=6.0)
-        batch = next(iter(torch_geometric.dataloader.DataLoader([graph], batch_size=1))).to(device).to_dict()
-        structure = f"Cu fcc {len(atoms)}"
-
-        def caller(model):
-            def call():
-                d = {k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in batch.items()}
-                out = model(d, training=False, compute_force=True, compute_stress=True)
-                return out["energy"].detach().sum(), out["forces"].detach(), out["stress"].detach()
-            return call
-        ref = _row(rows, structure, len(atoms), "mace-torch (e3nn)", caller(base), device, reps)
-        acc = copy.deepcopy(base)
-        print(ek.accelerate(acc), flush=True)
-        _row(rows, structure, len(atoms), "mace-torch + equikernels.accelerate", caller(acc), device, reps, ref)
-        del acc
-        _row(rows, structure, len(atoms), "equikernels.models.from_mace", caller(from_mace(base)), device, reps, ref)
-        try:
-            from mace.cli.convert_e3nn_cueq import run as to_cueq  # noqa: PLC0415
-            cueq = to_cueq(copy.deepcopy(base).cpu(), device=str(device)).to(device).eval()
-            _row(rows, structure, len(atoms), "mace-torch + cuEquivariance", caller(cueq), device, reps, ref)
-        except Exception as exc:  # noqa: BLE001
-            rows.append({"structure": structure, "atoms": len(atoms), "variant": "mace-torch + cuEquivariance",
-                         "error": f"{type(exc).__name__}: {exc}"})
+    acc = copy.deepcopy(base)
+    print(ek.accelerate(acc), flush=True)
+    models = {"mace-torch (e3nn)": base, "mace-torch + equikernels.accelerate": acc,
+              "equikernels.models.from_mace": from_mace(base)}
+    try:
+        from mace.cli.convert_e3nn_cueq import run as to_cueq  # noqa: PLC0415
+        models["mace-torch + cuEquivariance"] = to_cueq(copy.deepcopy(base).cpu(), device=device.type).to(device).eval()
+    except Exception as exc:  # noqa: BLE001
+        rows.append({"structure": "-", "atoms": 0, "variant": "mace-torch + cuEquivariance",
+                     "error": f"{type(exc).__name__}: {exc}"})
+    torch.set_default_dtype(torch.float32)
+    for m in models.values():  # as MACECalculator does
+        m.requires_grad_(False)
+    for atoms in _cells(quick):
+        batch = _mace_batch(atoms, device, torch.float32)
+        calls = {name: _mace_caller(m, batch) for name, m in models.items()}
+        measure(rows, f"Cu fcc {len(atoms)}", len(atoms), calls, device, reps, "mace-torch (e3nn)")
+        if profile_dir and len(atoms) > 5000:
+            profile({v: c for v, c in calls.items() if "e3nn" not in v}, device, f"{profile_dir}/profile_mace_{len(atoms)}.txt")
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return rows
 
 
 def table(rows):
-    lines = [f"{'structure':<16} {'variant':<38} {'ms':>9} {'peak GiB':>9} {'max dF':>9} {'dE/atom':>9}"]
+    lines = [f"{'structure':<24} {'variant':<38} {'ms':>9} {'peak GiB':>9} {'max dF':>9} {'dE/atom':>9}"]
     for r in rows:
         if "error" in r:
-            lines.append(f"{r['structure']:<16} {r['variant']:<38} error: {r['error'][:60]}")
-            continue
-        lines.append(f"{r['structure']:<16} {r['variant']:<38} {r['ms']:9.2f} {r['peak_gib']:9.2f} "
-                     f"{r.get('max_dF', float('nan')):9.1e} {r.get('dE_per_atom', float('nan')):9.1e}")
+            lines.append(f"{r['structure']:<24} {r['variant']:<38} error: {r['error'][:60]}")
+        elif "parity_max_dF" in r:
+            lines.append(f"{r['structure']:<24} {r['variant']:<38} parity: max|dE| {r['parity_max_dE']:.1e} eV, "
+                         f"max|dF| {r['parity_max_dF']:.1e} eV/A, rel F {r['parity_rel_F']:.1e}")
+        else:
+            lines.append(f"{r['structure']:<24} {r['variant']:<38} {r['ms']:9.2f} {r['peak_gib']:9.2f} "
+                         f"{r.get('max_dF', float('nan')):9.1e} {r.get('dE_per_atom', float('nan')):9.1e}")
+    speed = {}
+    for r in rows:
+        if "ms" in r:
+            speed.setdefault(r["structure"], {})[r["variant"]] = r["ms"]
+    for structure, ms in speed.items():
+        mine = {v: t for v, t in ms.items() if "accelerate" in v}
+        others = {v: t for v, t in ms.items() if "accelerate" not in v}
+        for v, t in mine.items():
+            lines.append(f"{structure:<24} {v}: " + ", ".join(f"{o / t:.2f}x vs {name}" for name, o in others.items()))
     return "\n".join(lines)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", choices=("sevenn", "mace"), required=True)
-    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--quick", action="store_true", help="tiny cells (CPU smoke run)")
     ap.add_argument("--out", default=None, help="JSON file for the rows")
+    ap.add_argument("--profile-dir", default=None, help="write kernel-time tables (torch.profiler) of one size here")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    rows = (run_sevenn if args.part == "sevenn" else run_mace)(device, args.reps, args.quick)
+    rows = (run_sevenn if args.part == "sevenn" else run_mace)(device, args.reps, args.quick, args.profile_dir)
     meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__}
     if args.out:
         with open(args.out, "w") as f:

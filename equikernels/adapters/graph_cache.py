@@ -16,6 +16,17 @@ def _key(t: torch.Tensor) -> tuple:
             t.dtype, t.device)
 
 
+def _check_ranges(src: torch.Tensor, dst: torch.Tensor, n: int) -> None:
+    """Node indices of both edge ends in [0, n): one host synchronisation for the four bounds."""
+    ints = (torch.int32, torch.int64)
+    if src.dim() != 1 or dst.shape != src.shape or not src.numel() or src.dtype not in ints or dst.dtype not in ints:
+        return  # types and shapes are checked by ConvGraph.build; no edges, nothing to check
+    lo_s, hi_s, lo_d, hi_d = torch.stack([t.long() for t in (src.min(), src.max(), dst.min(), dst.max())]).tolist()
+    for name, lo, hi in (("src", lo_s, hi_s), ("dst", lo_d, hi_d)):
+        if lo < 0 or hi >= n:
+            raise IndexError(f"{name}: node indices must lie in [0, {n}) (num_nodes), got values in [{lo}, {hi}]")
+
+
 class GraphCache:
     """Remembers the last graph built: layers that gather and scatter with the same index tensors
     (the same storage, view and version) in one forward share its sorted orders and offsets.
@@ -35,7 +46,8 @@ class GraphCache:
         entry = self._entry
         if entry is not None and entry[0] == key:
             return entry[2]
-        graph = ConvGraph.build(src, dst, num_nodes)
+        _check_ranges(src, dst, int(num_nodes))
+        graph = ConvGraph.build(src, dst, num_nodes, validate=False)
         self._entry = (key, (src, dst), graph)
         return graph
 

@@ -8,8 +8,8 @@ call with the fused convolution. The blocks' own code, normalisation included, r
 
 ``SymmetricContraction``: its ``forward(x [N, channels, d], node_attrs [N, elements])`` runs the
 path table of ``equikernels.models.symmetric_contraction`` built from the module's own U buffers,
-with per-node weights ``node_attrs @ W`` (exactly mace-torch's ``ekc,be`` contraction, one-hot or
-not) from the module's own parameters.
+with per-node weights ``node_attrs @ W`` (exactly mace-torch's ``ekc,be`` contraction) from the
+module's own parameters: selected by element for one-hot attributes, multiplied otherwise.
 
 Element-indexed skip products (``skip_tp``: a fully connected product of node features with the
 one-hot node attributes): with exactly one-hot attributes each node's result is its features times
@@ -99,11 +99,37 @@ def _op(sc) -> TableOp:
     return cached[1]
 
 
+def _weight_table(sc) -> torch.Tensor:
+    """[elements, K * channels]: every contraction's weights side by side; kept between calls while
+    no weight requires a gradient and none has changed."""
+    params = [w for c in sc.contractions for w in _weights(c)]
+    if any(p.requires_grad for p in params) or torch.compiler.is_compiling():
+        return torch.cat([w.reshape(w.shape[0], -1) for w in params], dim=1)
+    key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+    cached = sc.__dict__.get("_ek_table")
+    if cached is None or cached[0] != key:
+        cached = sc.__dict__["_ek_table"] = (key, torch.cat([w.reshape(w.shape[0], -1) for w in params], dim=1))
+    return cached[1]
+
+
+def _one_hot(y, elements: int):
+    """The shared element grouping of node attributes ``y`` if they are exactly one-hot (eager, no
+    gradient), else None."""
+    if (not isinstance(y, torch.Tensor) or y.dim() != 2 or y.shape[1] != elements or y.requires_grad
+            or torch.compiler.is_compiling() or isinstance(y, torch._subclasses.FakeTensor)):
+        return None
+    return shared_element_groups(y)
+
+
 def _contraction_overrides(cls: type) -> dict:
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         n, channels = x.shape[0], x.shape[1]
-        table = torch.cat([w.reshape(w.shape[0], -1) for c in self.contractions for w in _weights(c)], dim=1)
-        w = y.to(table.dtype) @ table  # [N, elements] @ [elements, K * channels]: mace's W[z] summed over y
+        table = _weight_table(self)
+        groups = _one_hot(y, table.shape[0])
+        if groups is not None:  # one-hot: W[z] of each node's element, selected
+            w = table.index_select(0, groups.element)
+        else:  # [N, elements] @ [elements, K * channels]: mace's W[z] summed over y
+            w = y.to(table.dtype) @ table
         out = _op(self)({"x": x.transpose(1, 2).reshape(n, -1), "w": w})  # ir_mul in and out
         blocks, off = [], 0
         for _, ir in self.irreps_out:  # back to mace's [N, channels * (2l + 1)] per output irrep
@@ -164,11 +190,9 @@ def _skip_linear(tp: TensorProduct) -> ElementLinear:
 
 def _skip_overrides(cls: type) -> dict:
     def forward(self, x, y, weight=None):
-        if (weight is None and isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and x.dim() == 2
-                and y.dim() == 2 and y.shape == (x.shape[0], _elements(self)) and not y.requires_grad
-                and x.dtype == self.weight.dtype and not torch.compiler.is_compiling()
-                and not isinstance(y, torch._subclasses.FakeTensor)):
-            groups = shared_element_groups(y)
+        if (weight is None and isinstance(x, torch.Tensor) and x.dim() == 2 and x.dtype == self.weight.dtype
+                and isinstance(y, torch.Tensor) and y.shape[:1] == x.shape[:1]):
+            groups = _one_hot(y, _elements(self))
             if groups is not None:
                 return _skip_linear(self)(x, groups)
         return cls.forward(self, x, y, weight)

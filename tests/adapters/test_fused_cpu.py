@@ -52,3 +52,13 @@ def test_other_backends_use_the_shared_graph(backend, monkeypatch):
     out = fused.message_passing(tp, x, y, w, src, dst, n)
     assert calls
     torch.testing.assert_close(out, _expected(tp, x, y, w, src, dst, n), rtol=1e-10, atol=1e-10)
+
+
+def test_shared_graph_rejects_out_of_range_nodes():
+    from equikernels.adapters import shared_graph  # noqa: PLC0415
+
+    src, dst = torch.tensor([0, 1, 2]), torch.tensor([1, 2, 3], dtype=torch.int32)
+    with pytest.raises(IndexError, match=r"dst: node indices must lie in \[0, 3\)"):
+        shared_graph(src, dst, 3)
+    g = shared_graph(src, dst, 4)
+    assert g.num_nodes == 4 and torch.equal(g.dst, dst.long())

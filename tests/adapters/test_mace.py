@@ -172,3 +172,29 @@ def test_mace_skip_product_runs_per_element(monkeypatch, single_thread):
     y = one_hot.clone().requires_grad_()
     gy = torch.autograd.grad(skip(x, y).sum(), y)[0]
     assert rel(gy, torch.autograd.grad(ref(x, y).sum(), y)[0]) < TOL
+
+
+def test_mace_contraction_weights_by_element(single_thread):
+    """The accelerated symmetric contraction equals mace-torch's for one-hot attributes (weights
+    selected per element) and for mixed ones (weights summed over the attributes); with frozen
+    weights the kept weight table follows an in-place change of a weight."""
+    torch.set_default_dtype(torch.float64)
+    model = _model(seed=5)
+    plain = copy.deepcopy(model)
+    ek.accelerate(model)
+    sc, ref = model.products[1].symmetric_contractions, plain.products[1].symmetric_contractions
+    torch.manual_seed(1)
+    x = torch.randn(5, sc.contractions[0].num_features, sum(ir.dim for _, ir in ref.irreps_in))
+    one_hot = torch.nn.functional.one_hot(torch.tensor([1, 0, 2, 1, 1]), len(ZS)).double()
+    mixed = one_hot.clone()
+    mixed[2] = torch.tensor([0.5, 0.25, 0.25])
+    for y in (one_hot, mixed):
+        assert rel(sc(x, y), ref(x, y)) < TOL
+    for m in (model, plain):
+        m.requires_grad_(False)
+    assert rel(sc(x, one_hot), ref(x, one_hot)) < TOL
+    assert sc.__dict__.get("_ek_table") is not None  # frozen: the table is kept, not concatenated per call
+    with torch.no_grad():
+        for c in (sc, ref):
+            c.contractions[0].weights_max.mul_(-2.0)
+    assert rel(sc(x, one_hot), ref(x, one_hot)) < TOL
