@@ -9,7 +9,7 @@ correlation 3, 2 RealAgnosticResidual interactions, r_max 6, 10 Bessel, p = 5, r
 Systems: periodic, rattled Cu fcc (a = 3.6 A, cubic cell repeated 6x6x7 = 1,008 atoms and
 13x14x14 = 10,192 atoms) and a 1,008-atom cell with mixed elements. Steps: energy + forces
 (``compute_stress=False``) and energy + forces + stress; each step is one model call on the same
-graph, as in MD. Timing: CUDA events around every call, warm-up, median (benchmarks/common.py);
+graph, as in MD. Timing: CUDA events around every call, warm-up, median (``equikernels.bench.timing``);
 peak memory = ``torch.cuda.max_memory_allocated`` over the timed calls. Correctness: energy and
 forces of every implementation against mace-torch (e3nn) on each system. Implementations that are
 missing or fail are reported with their error; nothing is skipped silently.
