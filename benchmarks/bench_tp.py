@@ -12,7 +12,8 @@ Methodology (docs/performance.md, benchmarks/README.md):
            ``L = <gx, Rx> + <gy, Ry> + <gw, Rw>`` built from first-order grads taken with
            ``create_graph=True`` (forward and first backward not timed);
 * timing: CUDA events around every call, warm-up, median of n (n for ~250 ms of work), inputs
-  rotated over several sets when a set is small compared with L2 (``equikernels.bench.tp.make_call``, ``equikernels.bench.timing``);
+  rotated over several sets when a set is small compared with L2 (``equikernels.bench.tp.make_call``
+  and ``equikernels.bench.timing``);
 * correctness: every implementation against e3nn built in float64 (under
   ``torch.set_default_dtype(torch.float64)``) on fresh random inputs at a small row count:
   relative error ``||a - ref|| / ||ref||`` of the output, the three grads and the four
