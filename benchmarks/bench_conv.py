@@ -7,9 +7,10 @@
 - ``oeq_atomic`` / ``oeq_det``: OpenEquivariance ``TensorProductConv`` (e3nn layout).
 
 Graph: periodic, rattled (0.05 Å) Cu fcc (a = 3.6 Å), all pairs within r_cut, edges sorted by
-(dst, src) for every implementation (``equikernels.bench.conv``, which ``equikernels bench`` uses). Directions as OpenEquivariance defines them: fwd; bwd = grad of (x, y, w)
-given g (forward excluded); dbwd = grad of <gx,Rx>+<gy,Ry>+<gw,Rw> in (x, y, w, g) (forward
-and first backward excluded). Errors: each implementation against e3nn in float64 on a small graph
+(dst, src) for every implementation (``equikernels.bench.conv``, which ``equikernels bench`` uses).
+Directions as OpenEquivariance defines them: fwd; bwd = grad of (x, y, w) given g (forward
+excluded); dbwd = grad of <gx,Rx>+<gy,Ry>+<gw,Rw> in (x, y, w, g) (forward and first backward
+excluded). Errors: each implementation against e3nn in float64 on a small graph
 (fwd, 3 grads, 4 second-order grads; max relative error).
 
     python benchmarks/bench_conv.py --atoms 10192 2916 --out results.json
@@ -110,8 +111,8 @@ def main(argv=None):
                     cell = {"atoms": atoms, "edges": e, "impl": impl, "dir": d, "error": str(exc)[:300]}
                 res["cells"].append(cell)
                 peak = "" if cell.get("peak_gib") is None else f"  peak {cell['peak_gib']:.1f} GiB"
-                print(f"[{atoms}] {impl:10s} {d:5s} " + (f"{cell['ms']:8.3f} ms{peak}" if "ms" in cell else cell["error"]),
-                      flush=True)
+                timing = f"{cell['ms']:8.3f} ms{peak}" if "ms" in cell else cell["error"]
+                print(f"[{atoms}] {impl:10s} {d:5s} {timing}", flush=True)
             del fns
             C.free_memory(device)
     if args.out:

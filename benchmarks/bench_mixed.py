@@ -111,7 +111,8 @@ def main() -> None:
                     built = build(impl, spec, dtype, device, args)
                     rec["info"] = built.info
                     rec["err"] = max_err(TP.errors(spec, built, dtype, inp, ref, 1))
-                    rec["kerr"] = max_err(TP.errors(spec, built, dtype, inp, rounded_reference(spec, inp, dtype, device), 1))
+                    rounded = rounded_reference(spec, inp, dtype, device)
+                    rec["kerr"] = max_err(TP.errors(spec, built, dtype, inp, rounded, 1))
                 except TP.Absent as exc:
                     rec["status"] = "absent: " + str(exc)
                     built = None

@@ -9,8 +9,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DIARY = re.compile(r"session[ -]?[0-9]|\blent\b|issue #?[0-9]", re.I)
 # notes, design documents and dated result folders that are not part of the repository (the
 # patterns are split so that this file does not match them)
-MISSING_FILES = re.compile("(DESIGN|ANCHORS|METHOD|HOPPER|KINDS|NOTES)" + r"\.md|" + "DESIGN" + r" ?§|" + "§" + r"[0-9]|"
-                           + "/work" + r"/|benchmarks/results/\w+_20\d\d")
+MISSING_FILES = re.compile("(DESIGN|ANCHORS|METHOD|HOPPER|KINDS|NOTES)" + r"\.md|" + "DESIGN" + r" ?§|"
+                           + "§" + r"[0-9]|" + "/work" + r"/|benchmarks/results/\w+_20\d\d")
 TOPS = ("equikernels", "tests", "docs", "examples", "benchmarks", "devtools")
 DATA = ("benchmarks/results", "benchmarks/baselines", "examples/data")  # measured records, not prose
 
