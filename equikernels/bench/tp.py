@@ -171,7 +171,8 @@ def build_cue(spec: Spec, dtype, device, layout: str = "ir_mul", math_dtype=None
     if spec.mode not in ("uvu", "uvw"):
         raise Absent(f"no cuEquivariance module for mode {spec.mode!r}")
     P = spec.P
-    unit = all(i.path_weight == 1.0 for i in P.instructions) and all(v == 1.0 for v in P.in1_var + P.in2_var + P.out_var)
+    unit = all(i.path_weight == 1.0 for i in P.instructions) and \
+        all(v == 1.0 for v in P.in1_var + P.in2_var + P.out_var)
     if (P.irrep_normalization, P.path_normalization) != ("component", "element") or not unit:
         raise Absent("cuEquivariance's modules support only component/element normalisation, unit path weights "
                      "and unit variances")
