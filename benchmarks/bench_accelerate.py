@@ -178,6 +178,7 @@ def run_sevenn(device, reps, quick, profile_dir=None):
             return call
         calls = {v: caller(m) for v, m in built.items()}
         measure(rows, structure, len(atoms), calls, device, reps, "e3nn")
+        checkpoint(rows)
         if profile_dir and structure == "CuNi fcc":
             profile({v: c for v, c in calls.items() if v != "e3nn"}, device, f"{profile_dir}/profile_sevenn_cuni.txt")
         if device.type == "cuda":
@@ -235,15 +236,16 @@ def _cells(quick):
         yield atoms
 
 
-def mace_parity(device, quick):
-    """fp64: max |dE| and |dF| of accelerate (and from_mace) against the unmodified mace-torch model."""
+def mace_parity(base, device, quick):
+    """fp64: max |dE| and |dF| of accelerate (and from_mace) against the unmodified mace-torch model
+    ``base`` (its weights, in float64)."""
     import equikernels as ek  # noqa: PLC0415
     from equikernels.models import from_mace  # noqa: PLC0415
 
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        base = mace_medium().to(device).double().eval().requires_grad_(False)
+        base = copy.deepcopy(base).double().eval().requires_grad_(False)
         acc = copy.deepcopy(base)
         ek.accelerate(acc)
         variants = {"mace-torch + equikernels.accelerate": acc, "equikernels.models.from_mace": from_mace(base)}
@@ -267,8 +269,7 @@ def run_mace(device, reps, quick, profile_dir=None):
     from equikernels.models import from_mace  # noqa: PLC0415
 
     torch.set_default_dtype(torch.float32)
-    rows = mace_parity(device, quick)
-    torch.set_default_dtype(torch.float32)
+    rows = []
     base = mace_medium().to(device).eval()
     acc = copy.deepcopy(base)
     print(ek.accelerate(acc), flush=True)
@@ -289,9 +290,22 @@ def run_mace(device, reps, quick, profile_dir=None):
         measure(rows, f"Cu fcc {len(atoms)}", len(atoms), calls, device, reps, "mace-torch (e3nn)")
         if profile_dir and len(atoms) > 5000:
             profile({v: c for v, c in calls.items() if "e3nn" not in v}, device, f"{profile_dir}/profile_mace_{len(atoms)}.txt")
+        checkpoint(rows)
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    del models
+    rows += mace_parity(base, device, quick)
     return rows
+
+
+_OUT = {}
+
+
+def checkpoint(rows):
+    """Rows so far to --out (a run cut short still leaves its finished structures)."""
+    if _OUT.get("path"):
+        with open(_OUT["path"], "w") as f:
+            json.dump({"meta": _OUT["meta"], "rows": rows}, f, indent=1)
 
 
 def table(rows):
@@ -326,11 +340,15 @@ def main():
     ap.add_argument("--profile-dir", default=None, help="write kernel-time tables (torch.profiler) of one size here")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    rows = (run_sevenn if args.part == "sevenn" else run_mace)(device, args.reps, args.quick, args.profile_dir)
     meta = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__}
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    for mod in ("triton", "e3nn", "mace", "sevenn", "cuequivariance_torch", "openequivariance", "equikernels"):
+        try:
+            meta[mod] = getattr(__import__(mod), "__version__", "?")
+        except Exception:  # noqa: BLE001 (absent: not part of this run)
+            pass
+    _OUT.update(path=args.out, meta=meta)
+    rows = (run_sevenn if args.part == "sevenn" else run_mace)(device, args.reps, args.quick, args.profile_dir)
+    checkpoint(rows)
     print(meta)
     print(table(rows))
 

@@ -24,10 +24,12 @@ import inspect
 import torch
 from torch import nn
 
+from ..models.cpu_contraction import MonomialContraction
 from ..models.element_linear import ElementLinear
 from ..models.symmetric_contraction import contraction_op, contraction_table
 from ..ops.table_chain import TableOp
 from ..nn.tensor_product import TensorProduct
+from ..ops.tp import resolve_backend
 from ..problem import TPProblem, irreps_str
 from .classes import accelerated_class, original_class, register_overrides
 from .fused import fusable_tp, message_passing
@@ -121,6 +123,18 @@ def _one_hot(y, elements: int):
     return shared_element_groups(y)
 
 
+def _mono(sc) -> MonomialContraction:
+    """The CPU evaluation of ``sc``, rebuilt with its path table (U buffers changed)."""
+    op = _op(sc)
+    cached = sc.__dict__.get("_ek_mono")
+    if cached is None or cached[0] is not op:
+        us = [[c.U_tensors(nu) for nu in range(1, c.correlation + 1)] for c in sc.contractions]
+        mono = MonomialContraction(sc.contractions[0].num_features, [ir.l for _, ir in sc.irreps_in],
+                                   [ir.l for _, ir in sc.irreps_out], us)
+        cached = sc.__dict__["_ek_mono"] = (op, mono)
+    return cached[1]
+
+
 def _contraction_overrides(cls: type) -> dict:
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         n, channels = x.shape[0], x.shape[1]
@@ -130,7 +144,13 @@ def _contraction_overrides(cls: type) -> dict:
             w = table.index_select(0, groups.element)
         else:  # [N, elements] @ [elements, K * channels]: mace's W[z] summed over y
             w = y.to(table.dtype) @ table
-        out = _op(self)({"x": x.transpose(1, 2).reshape(n, -1), "w": w})  # ir_mul in and out
+        xt = x.transpose(1, 2).reshape(n, -1)  # ir_mul in and out
+        if resolve_backend(None, x.device) == "cpu":  # no kernels: the monomial-basis evaluation
+            sizes = [sum(p.shape[1] for p in _weights(c)) * channels for c in self.contractions]
+            ws = [part.view(n, -1, channels).transpose(0, 1) for part in w.split(sizes, dim=1)]
+            out = _mono(self)(xt, ws, "ir_mul")
+        else:
+            out = _op(self)({"x": xt, "w": w})
         blocks, off = [], 0
         for _, ir in self.irreps_out:  # back to mace's [N, channels * (2l + 1)] per output irrep
             d = ir.dim

@@ -175,9 +175,10 @@ def test_mace_skip_product_runs_per_element(monkeypatch, single_thread):
 
 
 def test_mace_contraction_weights_by_element(single_thread):
-    """The accelerated symmetric contraction equals mace-torch's for one-hot attributes (weights
-    selected per element) and for mixed ones (weights summed over the attributes); with frozen
-    weights the kept weight table follows an in-place change of a weight."""
+    """The accelerated symmetric contraction (the CPU backend's evaluation) equals mace-torch's to
+    second order for one-hot attributes (weights selected per element) and for mixed ones (weights
+    summed over the attributes); with frozen weights the kept weight table follows an in-place
+    change of a weight."""
     torch.set_default_dtype(torch.float64)
     model = _model(seed=5)
     plain = copy.deepcopy(model)
@@ -190,6 +191,16 @@ def test_mace_contraction_weights_by_element(single_thread):
     mixed[2] = torch.tensor([0.5, 0.25, 0.25])
     for y in (one_hot, mixed):
         assert rel(sc(x, y), ref(x, y)) < TOL
+
+    def second_order(c, y):  # d/d(x, W) of a loss on d(out)/dx: the force-training derivative
+        xs = x.clone().requires_grad_()
+        w = c.contractions[0].weights_max
+        gx = torch.autograd.grad(c(xs, y).pow(2).sum(), xs, create_graph=True)[0]
+        return torch.autograd.grad(gx.pow(2).sum(), [xs, w])
+
+    for y in (one_hot, mixed):
+        for a, b in zip(second_order(sc, y), second_order(ref, y)):
+            assert rel(a, b) < TOL
     for m in (model, plain):
         m.requires_grad_(False)
     assert rel(sc(x, one_hot), ref(x, one_hot)) < TOL
