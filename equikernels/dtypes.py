@@ -7,6 +7,9 @@ from typing import Iterable, Optional
 import torch
 
 HALF = (torch.float16, torch.bfloat16)
+# operands may be stored in any of these: half and float32 mixed freely, float64 only with float64
+STORAGE_DTYPES = HALF + (torch.float32, torch.float64)
+MATH_DTYPES = (torch.float32, torch.float64)  # what products are computed and accumulated in
 
 
 def math_dtype_of(tensors: Iterable[Optional[torch.Tensor]], math_dtype: Optional[torch.dtype] = None) -> torch.dtype:

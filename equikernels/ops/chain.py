@@ -93,6 +93,8 @@ class Chain:
 
     def __init__(self, method: Method):
         self.method = m = method
+        if not m.name.isidentifier():
+            raise ValueError(f"method.name: expected an identifier for the custom ops' names, got {m.name!r}")
         self._n = len(m.extra) + len(m.static)  # arguments between the operands and the scalars
         sig = "".join(f"Tensor {n}, " for n in m.extra) + "".join(f"str {n}, " for n in m.static)
         ns = f"equikernels::{m.name}"

@@ -11,12 +11,12 @@ import torch
 from torch import Tensor
 
 from .. import settings
-from ..dtypes import acc_dtype
+from ..dtypes import STORAGE_DTYPES, acc_dtype
 from ..problem import TPProblem
 from .graph import ConvGraph, _check_range
 from .conv_fused import conv_bwd, conv_dbwd, conv_fwd, fused_conv  # noqa: F401 (registers the custom ops)
 from .chain import autocast_dtype
-from .tp import LAYOUTS, STORAGE_DTYPES, _check_same, check_dtypes, resolve_backend, tensor_product
+from .tp import LAYOUTS, _check_same, check_dtypes, resolve_backend, tensor_product
 
 DATAFLOWS = ("auto", "atomic", "deterministic", "unfused")
 

@@ -18,12 +18,10 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-from ..dtypes import HALF, math_dtype_of
+from ..dtypes import HALF, STORAGE_DTYPES, math_dtype_of
 from ..ir import Factor, Operand, Path, Table, grad_table
 from ..reference import evaluate
 from .tp import resolve_backend
-
-STORAGE = HALF + (torch.float32, torch.float64)
 
 
 class TableOp:
@@ -68,7 +66,7 @@ class TableOp:
         rows = ref.shape[0]
         if out_dtype is None:
             out_dtype = named[self.out_like].dtype if self.out_like in named else ref.dtype
-        bad = [f"{k}: {v.dtype}" for k, v in named.items() if v.dtype not in STORAGE]
+        bad = [f"{k}: {v.dtype}" for k, v in named.items() if v.dtype not in STORAGE_DTYPES]
         if bad:
             raise TypeError(f"{self.label}: operands must be float16, bfloat16, float32 or float64, "
                             f"got {', '.join(bad)}")

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from .. import reference, settings
+from ..dtypes import MATH_DTYPES, STORAGE_DTYPES
 from . import cpu_e3nn, cpu_tp, native, trilinear
 from .chain import NEED_W, NEED_X, NEED_Y, Chain, Method, have_of
 from .chain import autocast_dtype, is_eager  # noqa: F401 (public names for equikernels.experimental)
@@ -24,11 +25,8 @@ from ..problem import TPProblem, problem_from_spec
 
 BACKENDS = ("auto", "triton", "reference", "cpu")  # cpu: e3nn's module (ops.cpu_e3nn) or dense contractions (ops.cpu_tp)
 LAYOUTS = reference.LAYOUTS
-# Precision policy (docs in tensor_product): operands in any of STORAGE_DTYPES; float16, bfloat16
-# and float32 operands may be mixed (each is read in its own dtype, nothing is copied), float64
-# only with float64. Math in MATH_DTYPES (default float32, float64 when the operands are float64).
-STORAGE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-MATH_DTYPES = (torch.float32, torch.float64)
+# Precision policy (docs in tensor_product, dtypes in equikernels.dtypes): each operand is read in
+# its own dtype, nothing is copied; math in float32, float64 when the operands are float64.
 
 
 class Plan:
