@@ -1,26 +1,28 @@
-"""What the generated kernels of one batched tensor product do, as data: ``KernelPlan``.
+"""Print the planner's plan of one batched tensor product direction (no GPU needed).
 
-``plan_for(problem, direction, dtype)`` asks the generator's own decision functions
-(``codegen.tp.default_config``, ``weights_dominate`` and the other problem classes, the
-``TPKernels`` methods behind every launch, ``codegen.launch.cap_dtypes``) and the kernels they
-build, so the plan is a read-out of what a launch on a CUDA device would do with the settings in
-force; it decides nothing itself. It shows the heuristic launch shapes: with autotuning on, a
-tuned shape from the tuning cache replaces rows / warps at launch time. Needs Triton (not a GPU).
+``plan_for(problem, direction, dtype)`` returns the ``codegen.plan_types.DirectionPlan`` that the
+launcher (``codegen.tp.TPKernels``) runs on a CUDA device with the settings in force: the
+kernels in launch order, each with its generator choices, launch shape and buffer handling.
+With autotuning on, a tuned launch shape from the tuning cache replaces the default at launch time
+(a variant of the same plan). ``text(plan, dtype)`` formats it.
 
     python -m equikernels.plan mace-large --direction dbwd --dtype float32
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional
 
 import torch
 
 from . import settings
 from .catalog import problem as standard_problem
 from .catalog import standard_problems
+from .codegen.launch import cap_dtypes
+from .codegen.plan_types import UVW_ROWS, DirectionPlan
+from .codegen.planner import Planner
+from .dtypes import acc_dtype, math_dtype_of
 from .ir import grad_table, tp_table
 from .problem import TPProblem
 
@@ -30,74 +32,48 @@ LAYOUTS = ("mul_ir", "ir_mul")
 _NAMES = "xywg"  # need bits 1, 2, 4, 8
 
 
-@dataclasses.dataclass(frozen=True)
-class KernelLaunch:
-    """One kernel the direction launches, in order."""
-    name: str
-    generator: str             # "emit" (path tables) or "uvw_rows" (per-row uvw weights)
-    computes: Tuple[str, ...]  # outputs written
-    reads: Tuple[str, ...]     # operands read
-    parts: int                 # kernels it is split into (at most max_paths forward paths each)
-    rows: int                  # rows per program (at least the kernel's min_rows)
-    warps: int
-    zero_filled: Tuple[str, ...]   # outputs the launcher zero-fills (written partly or added into)
-    row_partials: Tuple[str, ...]  # outputs written as per-program partials, summed after the launch
-    float32_accumulators: bool     # outputs added into more than once are float32 for half results
-    register_cap: bool             # capped at compile time when the build sits just above an occupancy step
-    source: str                    # path of the generated source
+def _letters(bits: int) -> str:
+    return "".join(n for i, n in enumerate(_NAMES) if bits >> i & 1)
 
 
-@dataclasses.dataclass(frozen=True)
-class KernelPlan:
-    """Every decision the generator and launcher take for one (problem, direction, dtype, layout)."""
-    problem: str
-    direction: str
-    dtype: str
-    math_dtype: str
-    layout: str
-    need: str       # gradients asked for (bwd: of x, y, w; dbwd: of x, y, w, g)
-    have: str       # cotangents present (dbwd: a, b, c of x, y, w)
-    classes: Dict[str, bool]  # the problem classes the heuristics test
-    visit: str                # path order: by output segment or by first-input segment
-    lazy_sum_budget: Optional[int]  # padded elements per row of deferred channel sums (None: always defer)
-    partial_sums: bool
-    prefetch: int             # loads issued this many loads early (0: none)
-    l2_prefetch: Optional[int]  # half-precision operands asked into L2 this many loads ahead (0: all at once)
-    in1_outer: bool           # gx/dx inner sums shared with the weight gradient
-    max_paths: int
-    dbwd_one_kernel: Optional[bool]
-    dbwd_part_paths: Optional[int]
-    autotune: bool            # on: rows / warps come from the tuning cache at launch time
-    kernels: Tuple[KernelLaunch, ...]
+def _onoff(v) -> str:
+    return "on" if v else "off"
 
-    def text(self) -> str:
-        lines = [f"{self.direction} of {self.problem}",
-                 f"  dtype {self.dtype} (math {self.math_dtype}), layout {self.layout}"
-                 + (f", need {self.need}" if self.need else "") + (f", have {self.have}" if self.have else ""),
-                 "  classes: " + ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in self.classes.items()),
-                 f"  visit by {self.visit}; lazy sums budget {self.lazy_sum_budget}; partial sums "
-                 f"{'on' if self.partial_sums else 'off'}; in1-outer {'on' if self.in1_outer else 'off'}",
-                 f"  prefetch {self.prefetch}; L2 prefetch {'off' if self.l2_prefetch is None else self.l2_prefetch}; "
-                 f"max paths per kernel {self.max_paths}"]
-        if self.direction == "dbwd":
-            lines.append(f"  double backward: one kernel {self.dbwd_one_kernel}, paths per part {self.dbwd_part_paths}")
-        lines.append(f"  autotune {'on: rows / warps below are the defaults it starts from' if self.autotune else 'off'}")
-        lines.append(f"  {len(self.kernels)} kernel(s):")
-        for i, k in enumerate(self.kernels, 1):
-            lines.append(f"  {i}. {k.name} [{k.generator}{f', {k.parts} parts' if k.parts > 1 else ''}]")
-            lines.append(f"     computes {', '.join(k.computes)} from {', '.join(k.reads)}; "
-                         f"{k.rows} rows x {k.warps} warps per program")
-            extra = []
-            if k.zero_filled:
-                extra.append("zero-filled " + ", ".join(k.zero_filled))
-            if k.row_partials:
-                extra.append("row partials " + ", ".join(k.row_partials))
-            if k.float32_accumulators:
-                extra.append("float32 accumulation")
-            extra.append("register cap considered" if k.register_cap else "no register cap")
-            lines.append("     " + "; ".join(extra))
-            lines.append(f"     source {k.source}")
-        return "\n".join(lines)
+
+def text(plan: DirectionPlan, dtype: torch.dtype, problem: str = "") -> str:
+    """The plan as lines of text; ``dtype``: the operands' (float32 accumulation of half results)."""
+    cfg = plan.launch
+    lines = [f"{plan.direction} of {problem}" if problem else plan.direction,
+             f"  dtype {str(dtype).replace('torch.', '')} (math {str(plan.math).replace('torch.', '')})"
+             + (f", need {_letters(plan.need)}" if plan.need else "") + (f", have {plan.have}" if plan.have else ""),
+             "  " + ", ".join(f"{k}={v}" for k, v in plan.notes),
+             f"  launch shape {cfg.rows} rows x {cfg.num_warps} warps, {cfg.num_stages} stage(s), tf32 "
+             f"{_onoff(cfg.tf32)} ({'heuristic default' if plan.default else 'given'}); autotune "
+             f"{'on: a tuned shape replaces it at launch time' if settings.get().autotune else 'off'}",
+             f"  {len(plan.steps)} kernel(s):"]
+    for i, st in enumerate(plan.steps, 1):
+        c, lc = st.choice, st.launch
+        parts = len(st.members)
+        lines.append(f"  {i}. {st.name} [{c.generator}{f', {parts} parts' if parts > 1 else ''}]")
+        lines.append(f"     computes {', '.join(st.outputs)} from {', '.join(st.inputs)}; "
+                     f"{lc.rows} rows x {lc.num_warps} warps per program")
+        if c.generator == UVW_ROWS:
+            lines.append(f"     uvw chunks {c.uvw}")
+        else:
+            lines.append(f"     visit by {'first-input' if c.in1_major else 'output'} segment; lazy sums budget "
+                         f"{c.lazy_budget}; partial sums {_onoff(c.partial)}; in1-outer {_onoff(c.in1_outer)}; "
+                         f"prefetch {c.prefetch}; L2 prefetch {'off' if c.l2 is None else c.l2}; "
+                         f"paths per kernel {c.part_paths}")
+        extra = []
+        if st.zero_filled:
+            extra.append("zero-filled " + ", ".join(st.zero_filled))
+        if st.row_partials:
+            extra.append("row partials " + ", ".join(st.row_partials))
+        if st.acc_outputs and acc_dtype(dtype) != dtype:
+            extra.append("float32 accumulation " + ", ".join(sorted(st.acc_outputs)))
+        extra.append("register cap considered" if dtype in cap_dtypes(c.cap_fp32) else "no register cap")
+        lines.append("     " + "; ".join(extra))
+    return "\n".join(lines)
 
 
 class _Tables:
@@ -114,7 +90,7 @@ def _bits(names: str) -> int:
 
 
 def plan_for(problem: TPProblem, direction: str = "fwd", dtype: torch.dtype = torch.float32,
-             layout: str = "mul_ir", need: Optional[str] = None, have: Optional[str] = None) -> KernelPlan:
+             layout: str = "mul_ir", need: Optional[str] = None, have: Optional[str] = None) -> DirectionPlan:
     """The plan of ``direction`` (fwd / bwd / dbwd) for operands of ``dtype`` on a CUDA device.
     ``need``: gradients asked for (default every one: "xyw", dbwd "xywg"; without weights no "w");
     ``have``: the cotangents of the double backward (default "abc", without weights "ab")."""
@@ -135,55 +111,9 @@ def plan_for(problem: TPProblem, direction: str = "fwd", dtype: torch.dtype = to
             raise ValueError(f"need: expected letters of {allowed!r}, got {need!r}")
         if any(h not in "abc" for h in have):
             raise ValueError(f"have: expected letters of 'abc', got {have!r}")
-    with settings.override(triton_interpret=False):  # the plan of a CUDA launch, wherever it is printed
-        return _read_out(problem, direction, dtype, layout, need, have)
-
-
-def _read_out(problem: TPProblem, direction: str, dtype: torch.dtype, layout: str, need: str, have: str) -> KernelPlan:
-    from .codegen import tp as ct  # Triton is imported with the generator
-    from .codegen.launch import cap_dtypes
-    from .dtypes import acc_dtype, math_dtype_of
-
-    ks = ct.TPKernels(_Tables(problem, layout))
     math = math_dtype_of([torch.empty(0, dtype=dtype)])
-    cfg = ks._cfg(direction, math)
-    bits = _bits(need)
-    if direction == "fwd":
-        parts = (0,)
-    elif direction == "bwd":
-        parts = ks.bwd_parts(bits, cfg)
-    else:
-        parts = ks.dbwd_parts(bits)
-    kernels: List[KernelLaunch] = []
-    for part in parts:
-        if direction != "fwd" and not part:
-            continue
-        k = ks.kernel(direction, part, have)
-        if k is None:
-            continue
-        pcfg = ks._uvw_cfg(direction, part, bits, cfg, math) if direction != "fwd" and ks._uvw_rows() else cfg
-        rows = max(pcfg.rows, k.meta.min_rows)
-        members = getattr(k, "parts", [k])
-        kernels.append(KernelLaunch(
-            name=k.meta.name, generator="uvw_rows" if direction != "fwd" and ks._uvw_rows() else "emit",
-            computes=k.meta.outputs, reads=k.meta.inputs, parts=len(members), rows=rows, warps=pcfg.num_warps,
-            zero_filled=k.meta.zero_init, row_partials=k.meta.reduce_rows,
-            float32_accumulators=bool(k.acc_outputs) and acc_dtype(dtype) != dtype,
-            register_cap=dtype in cap_dtypes(members[0].launcher.cap_fp32), source=members[0].source_path))
-    s = settings.get()
-    return KernelPlan(
-        problem=problem.describe(), direction=direction, dtype=str(dtype).replace("torch.", ""),
-        math_dtype=str(math).replace("torch.", ""), layout=layout, need=need, have=have,
-        classes={"weights_dominate": ct.weights_dominate(problem), "channelwise_rows": ct.channelwise_rows(problem),
-                 "narrow_channelwise": ct.narrow_channelwise(problem),
-                 "wide_channelwise": ct.wide_channelwise(problem), "per_row_uvw": ks._uvw_rows()},
-        visit="first-input segment" if ks._in1_major() else "output segment",
-        lazy_sum_budget=ks._lazy_budget(direction), partial_sums=ks._partial_sums(direction),
-        prefetch=ks._prefetch(direction), l2_prefetch=ks._l2(direction), in1_outer=ks._in1_outer(direction),
-        max_paths=ct.max_paths(),
-        dbwd_one_kernel=ks._dbwd_one() if direction == "dbwd" else None,
-        dbwd_part_paths=ks._dbwd_part_paths() if direction == "dbwd" else None,
-        autotune=s.autotune, kernels=tuple(kernels))
+    with settings.override(triton_interpret=False):  # the plan of a CUDA launch, wherever it is printed
+        return Planner(_Tables(problem, layout)).plan(direction, _bits(need), have, math)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -203,7 +133,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                         args.need, args.have)
     except ValueError as exc:
         ap.error(str(exc))
-    print(f"{args.problem}: " + plan.text())
+    described = f"{standard_problem(args.problem).describe()} [{args.layout}]"
+    print(f"{args.problem}: " + text(plan, DTYPES[args.dtype], described))
     return 0
 
 

@@ -276,7 +276,7 @@ def describe(kw: dict) -> str:
 
 def wide_channelwise_problem() -> TPProblem:
     """The smallest MACE-shaped product (uvu, per-row weights, 128 channels per block): the one
-    codegen.tp.wide_channelwise selects for partial sums, early loads and the L2 prefetch."""
+    codegen.planner.wide_channelwise selects for partial sums, early loads and the L2 prefetch."""
     i1, i2, io = "128x0e+128x1o", "0e+1o", "128x0e+128x1o+128x1e"
     ins = [(a, b, c, "uvu", True) for a, (_, r1) in enumerate(o3.Irreps(i1)) for b, (_, r2) in enumerate(o3.Irreps(i2))
            for c, (_, r) in enumerate(o3.Irreps(io)) if r in r1 * r2]

@@ -1,5 +1,6 @@
-"""The printable kernel plan: the kernels it lists are the kernels a launch runs, in order, with
-its launch shape, for each direction and for the three problem families the heuristics tell apart."""
+"""The printable kernel plan is the planner's: the kernels it lists are the kernels a launch runs, in
+order, with its launch shape, for each direction and for the three problem families the heuristics
+tell apart; a few standard problems' plans are pinned."""
 import pytest
 import torch
 
@@ -44,15 +45,15 @@ def test_plan_lists_the_launched_kernels(name, direction, monkeypatch, tmp_path)
         else:
             a, b, c = torch.randn_like(x), torch.randn_like(y), torch.randn_like(w)
             seen = _launched(monkeypatch, lambda: ks.double_backward(x, y, w, g, a, b, c, 15))
-    assert [(k.name, k.rows, k.warps) for k in plan.kernels] == seen
-    assert plan.direction == direction and plan.kernels and all(k.parts == 1 for k in plan.kernels)
+    assert [(k.name, k.launch.rows, k.launch.num_warps) for k in plan.steps] == seen
+    assert plan.direction == direction and plan.steps and all(len(k.members) == 1 for k in plan.steps)
 
 
 def test_plan_follows_settings_and_checks_arguments(tmp_path):
     p = TPProblem.create(**PROBLEMS["channel-wise"])
     with settings.override(cache_dir=str(tmp_path), rows_fwd=2, warps_fwd=1, max_paths=1):
         plan = plan_for(p, "fwd", torch.float32)
-    assert {(k.rows, k.warps) for k in plan.kernels} == {(2, 1)} and plan.kernels[0].parts > 1
+    assert {(k.launch.rows, k.launch.num_warps) for k in plan.steps} == {(2, 1)} and len(plan.steps[0].members) > 1
     with pytest.raises(ValueError, match="direction: expected one of"):
         plan_for(p, "sideways")
     with pytest.raises(ValueError, match="need: expected letters of 'xyw'"):
@@ -66,3 +67,25 @@ def test_command_prints_a_standard_problem(capsys, tmp_path):
     assert out.startswith("nequip-water: bwd of ") and "kernel(s):" in out and "rows x" in out
     with pytest.raises(SystemExit):
         main(["no-such-problem"])
+
+
+def test_standard_plans_pinned(tmp_path):
+    """The decisions behind the measured defaults, one per problem class (docs/performance.md)."""
+    from equikernels.catalog import problem
+    with settings.override(cache_dir=str(tmp_path), autotune=False):
+        bwd = plan_for(problem("mace-large"), "bwd", torch.bfloat16)
+        (st,) = bwd.steps  # one-warp programs, partial sums, early loads, L2 prefetch, fp32 register cap
+        assert (st.launch.rows, st.launch.num_warps) == (1, 1)
+        c = st.choice
+        assert (c.partial, c.cap_fp32, c.prefetch, c.l2, c.in1_major, c.lazy_budget) == (True, True, 4, 16, True, 1024)
+        dbwd = plan_for(problem("mace-large"), "dbwd")
+        assert [s.part for s in dbwd.steps] == [8, 7] and all(s.choice.in1_outer for s in dbwd.steps)
+        lips = plan_for(problem("nequip-lips"), "dbwd", layout="ir_mul")
+        (st,) = lips.steps  # one kernel split by first-input segment, 6 paths per part, adding into dy
+        assert len(st.members) == 5 and st.choice.part_paths == 6 and st.zero_filled == ("dy",)
+        assert st.choice.prefetch == 16 and st.launch.rows == 8
+        dd = plan_for(problem("diffdock-L2"), "dbwd", torch.float64)
+        assert [(s.part, s.choice.generator, s.launch.rows, s.launch.num_warps) for s in dd.steps] == [
+            (11, "uvw_rows", 2, 4), (4, "uvw_rows", 1, 2)]
+        tetris = plan_for(problem("tetris-poly-1"), "bwd")
+        assert [(s.part, s.row_partials, s.launch.rows) for s in tetris.steps] == [(7, ("gw",), 8)]

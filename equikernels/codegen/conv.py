@@ -19,30 +19,19 @@ import torch
 import triton
 
 from .. import settings
+from ..dtypes import acc_dtype
 from ..ir import double_backward_tables
 from .cache import load_module
 from .emit import Group, Rowing, generate
 from .segment import segment_sum
-from .tp import _DT, LaunchConfig, _alloc, _num_sms, acc_dtype, in1_outer, math_of
+from .plan_types import KernelChoice, LaunchConfig
+from .planner import conv_config, conv_hoist, conv_in1_outer, conv_knob, conv_prefetch
+from .tp import _DT, _alloc, _num_sms, math_of
 
 # which graph side each operand / output lives on (everything else is per edge)
 SRC_SIDE = ("x", "a", "gx", "dx")
 DST_SIDE = ("out", "g", "dg")
 EDGE_OUTPUTS = ("gy", "gw", "dy", "dw")
-
-
-def conv_config(mode: str, dtype: torch.dtype) -> LaunchConfig:
-    """Edges per program step. Edge-parallel kernels: 4 (fp32) / 2 (fp64) with warps along the edge
-    axis, as the batched TP. Node-parallel kernels: one edge per step and one warp per node, so the
-    channel reductions and the carried sums stay inside a warp (H100, MACE-MP medium layer 2,
-    795k edges, forward / backward / double backward: 1.73 / 6.94 / 18.6 ms with 1 edge x 1 warp,
-    2.21 / 7.56 / 19.7 with 2 x 2, 2.87 / 8.18 / 20.8 with 4 x 4).
-    EQUIKERNELS_CONV_ROWS and EQUIKERNELS_CONV_WARPS override."""
-    default = 1 if mode == "nodes" else (4 if dtype == torch.float32 else 2)
-    s = settings.get()
-    rows = s.conv_rows or default
-    warps = s.conv_warps or min(4, rows)
-    return LaunchConfig(rows=rows, num_warps=warps, tf32=s.tf32)
 
 
 def _rowing(mode: str, operands, owner: Optional[str] = None, sections: str = "segment", hoist: bool = True,
@@ -67,8 +56,8 @@ class _ConvKernel:
     def __init__(self, name: str, groups, layout: str, row_operands, rowing: Rowing, describe: str, in1: bool,
                  owner: Optional[str], in1_outer: bool = False):
         self.owner = owner
-        body, self.meta = generate(name, groups, layout, row_operands, in1_major=in1, rowing=rowing,
-                                   in1_outer=in1_outer)
+        choice = KernelChoice(row_operands=frozenset(row_operands), in1_major=in1, in1_outer=in1_outer)
+        body, self.meta = generate(name, groups, layout, choice, rowing)
         self.rowing = rowing
         header = f"# {describe}\nimport triton\nimport triton.language as tl\n\n\n"
         digest = hashlib.sha256((header + body).encode()).hexdigest()[:12]
@@ -147,32 +136,9 @@ class ConvKernels:
         tables = double_backward_tables(p.table, have, "".join(names))
         return [Group(tables[n], "d" + n, reduce_rows=red(n)) for n in names if n in tables]
 
-    @staticmethod
-    def _knob(name: str, kind: str, default: str = "") -> str:
-        """Setting ``name`` of direction ``kind`` (fwd / bwd / dbwd) for the node-parallel kernels:
-        EQUIKERNELS_CONV_<NAME>_<KIND>, else EQUIKERNELS_CONV_<NAME>, else ``default``."""
-        v = settings.get().per_kind(f"conv_{name.lower()}", kind)
-        return default if v is None else str(int(v)) if isinstance(v, bool) else str(v)
-
-    @classmethod
-    def _prefetch(cls, kind: str, math: torch.dtype = torch.float32) -> str:
-        """Edge-loop pipelining (emit.Rowing.prefetch) of the node-parallel kernels: '', 'idx' or
-        'all'. The one-warp gradient kernels are latency bound in float32 at 247-255 registers, so
-        they issue the next edge's loads early ('all'); float64 needs twice the registers and the
-        early loads spill (docs/performance.md has the measurements), so it and the forward keep ''.
-        EQUIKERNELS_CONV_PREFETCH[_<KIND>] overrides."""
-        v = cls._knob("PREFETCH", kind, "" if kind == "fwd" or math == torch.float64 else "all")
-        if v not in ("", "idx", "all"):
-            raise ValueError(f"EQUIKERNELS_CONV_PREFETCH: expected '', 'idx' or 'all', got {v!r}")
-        return v
-
-    @classmethod
-    def _hoist(cls, kind: str, math: torch.dtype) -> bool:
-        """Whether a node-parallel kernel holds its owned node's rows (g) in registers across the
-        edge loop instead of re-reading them per edge from cache: not in the double backward,
-        which holds twice the operands, nor in float64. EQUIKERNELS_CONV_HOIST[_<KIND>] overrides."""
-        spill = kind == "dbwd" or (kind == "bwd" and math == torch.float64)
-        return cls._knob("HOIST", kind, "0" if spill else "1") == "1"
+    _knob = staticmethod(conv_knob)
+    _prefetch = staticmethod(conv_prefetch)
+    _hoist = staticmethod(conv_hoist)
 
     class _Capped:
         """A JIT function launched with a register cap (ptxas -maxrregcount): more resident warps
@@ -221,9 +187,7 @@ class ConvKernels:
             shared_w = ["w"] if "w" in names and self.problem.shared_weights else []
             rest = [n for n in names if n in ("x", "y", "w") and n not in shared_w]
             if rest:
-                # one edge loop per x segment (fewer live tiles, no spills): H200, MACE-MP medium
-                # L2, 795k edges, kernel only: backward 5.55 -> 5.15 ms, double backward 11.76 ->
-                # 10.91 ms against one loop;
+                # one edge loop per x segment: fewer live tiles, no spills;
                 # EQUIKERNELS_CONV_GRAD_LOOPS=one restores the single loop
                 loops = "one" if settings.get().conv_grad_loops == "one" else "in1all"
                 plans.append((tag(rest), rest, "nodes", "dst", loops))
@@ -243,11 +207,10 @@ class ConvKernels:
             if not groups:
                 continue
             # the double backward's gradient kernel holds twice the operands: its owned-node rows
-            # (g) are re-read per edge from cache instead of held in registers (H200, MACE-MP
-            # medium L2, 795k edges: 8.3 vs 11.9 ms; the backward prefers holding them, 5.1 vs 5.6)
+            # (g) are re-read per edge from cache instead of held in registers
             nodes = mode == "nodes"
             hoist = self._hoist(kind, math) if nodes else kind != "dbwd"
-            share = self._knob("IN1OUTER", kind, "1" if in1_outer(self.problem, kind) else "0") == "1"
+            share = conv_in1_outer(self.problem, kind, math, nodes)
             k = self._kernel(tg, groups, mode, owner, sections or "segment", hoist=hoist,
                              in1_outer=share, prefetch=self._prefetch(kind, math) if nodes else "",
                              maxnreg=int(self._knob("MAXNREG", kind, "0")) if nodes else 0,
@@ -263,7 +226,7 @@ class ConvKernels:
                     if dt != t.dtype:
                         wide[g.out_ptr] = t.dtype
                     outs[g.out_ptr] = _alloc(t.shape, t, g.out_ptr in k.meta.zero_init or scatter, dt)
-            res.update(self._launch(k, tensors, outs, like, graph, cfg, math))
+            res.update(self._launch(kind, k, tensors, outs, like, graph, cfg, math))
             for n, dt in wide.items():
                 res[n] = res[n].to(dt)
             if per_edge_x and xo + "e" in res:
@@ -271,8 +234,8 @@ class ConvKernels:
                                       ).to(like[xo].dtype)
         return res
 
-    def _launch(self, k: _ConvKernel, tensors, outs, like, graph, cfg, math):
-        cfg = cfg or conv_config(k.rowing.mode, math)
+    def _launch(self, kind: str, k: _ConvKernel, tensors, outs, like, graph, cfg, math):
+        cfg = cfg or conv_config(kind, k.rowing.mode, math)
         rows_needed = max(cfg.rows, k.meta.min_rows)
         if rows_needed != cfg.rows:
             cfg = LaunchConfig(rows_needed, cfg.num_warps, cfg.num_stages, cfg.tf32)

@@ -19,6 +19,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from .. import settings
 from ..ir import Factor, Path, Table
+from .plan_types import KernelChoice
 
 
 # Scatter atomics need no ordering: their sums are read only after the kernel ends. Triton's default
@@ -122,13 +123,11 @@ class _Writer:
 
 
 class KernelBuilder:
-    def __init__(self, name: str, groups: Sequence[Group], layout: str, row_operands: Set[str],
-                 split: bool = True, dot: bool = True, in1_major: bool = False,
-                 rowing: Optional["Rowing"] = None, lazy: bool = True, in1_outer: bool = False,
-                 partial: bool = False, prefetch: int = 0, l2: Optional[int] = None):
+    def __init__(self, name: str, groups: Sequence[Group], layout: str, choice: KernelChoice,
+                 rowing: Optional["Rowing"] = None, lazy: bool = True):
         self.name, self.groups, self.layout = name, list(groups), layout
         self.rowing = rowing or Rowing()
-        self.row_operands = set(row_operands)  # operands with a row dimension (others are shared)
+        self.row_operands = set(choice.row_operands)  # operands with a row dimension (others are shared)
         self.pre = _Writer()    # before the row loop (constants, aranges, loop-carried accumulators)
         self.body = _Writer()   # inside the row loop
         self.post = _Writer()   # after the loop
@@ -143,9 +142,9 @@ class KernelBuilder:
         self.loads: Dict[tuple, str] = {}
         self.tiles: Dict[tuple, List[str]] = {}
         self.store_info: Dict[tuple, Optional[tuple]] = {}
-        self.split = split
-        self.dot = dot
-        self.in1_major = in1_major
+        self.split = choice.split
+        self.dot = choice.dot
+        self.in1_major = choice.in1_major
         self.min_rows = 1
         self.norows: Set[str] = set()  # row-free loop accumulators (tl.dot weight gradients)
         self.accpre = self.pre          # where loop-carried accumulators are initialised
@@ -157,10 +156,10 @@ class KernelBuilder:
         self.lazy: Dict[str, tuple] = {}  # accumulator -> padded sizes of its not yet summed axes
         self.lazy_sums = lazy
         self.lazy_live = self.lazy_peak = 0  # padded elements per row of live un-reduced accumulators
-        self.partial_sums = partial
-        self.prefetch = prefetch
-        self.l2 = l2
-        self.in1_outer = in1_outer
+        self.partial_sums = choice.partial
+        self.prefetch = choice.prefetch
+        self.l2 = choice.l2
+        self.in1_outer = choice.in1_outer
         self.inputs: List[str] = []
         self.operand_dims: Dict[str, int] = {}
         for g in self.groups:
@@ -1062,27 +1061,14 @@ def l2_prefetched(src: List[str], ahead: int = 0) -> List[str]:
     return _row_loops(src, rewrite)
 
 
-def generate(name: str, groups: Sequence[Group], layout: str, row_operands: Set[str],
-             split: bool = True, dot: bool = True, in1_major: bool = False,
-             rowing: Optional[Rowing] = None, lazy_budget: Optional[int] = None,
-             in1_outer: bool = False, partial: bool = False, prefetch: int = 0,
-             l2: Optional[int] = None) -> Tuple[str, KernelMeta]:
-    """Kernel source and metadata. ``in1_outer``: share the gx/dx inner sums with the weight
-    gradient (H200: mace-large double backward 2.87 -> 2.54 ms; the batched backward got slower,
-    168 -> 182 registers and 0.81 -> 0.95 ms, so callers enable it for double backwards only).
-    ``lazy_budget``: most padded elements per row that un-reduced
-    channel accumulators (KernelBuilder._add) may hold at once; above it the kernel is generated
-    with a reduction per path instead (those accumulators cost registers: the MACE-shaped batched
-    backward, 16 y components x 128 channels, went from 168 to 255 registers and 15 % slower with
-    them, while double backwards and the node-parallel convolution got faster; H200, 2026-11-23).
-    ``partial``: un-reduced channel accumulators hold per-thread partial sums
-    (KernelBuilder._partial), a quarter of the registers. ``prefetch``: row-block loops issue each
-    load that many loads early (_prefetched). ``l2``: half-precision row operands asked into L2 that
-    many loads ahead (l2_prefetched; 0: at the top of the row loop, None: not)."""
-    kw = dict(in1_outer=in1_outer, partial=partial, prefetch=prefetch, l2=l2)
-    b = KernelBuilder(name, groups, layout, row_operands, split, dot, in1_major, rowing, **kw)
+def generate(name: str, groups: Sequence[Group], layout: str, choice: KernelChoice,
+             rowing: Optional[Rowing] = None) -> Tuple[str, KernelMeta]:
+    """Kernel source and metadata of ``groups`` built as ``choice`` says (plan_types.KernelChoice).
+    Where the un-reduced channel accumulators (KernelBuilder._add) would exceed
+    ``choice.lazy_budget`` padded elements per row, the kernel is generated with a reduction per
+    path instead (those accumulators cost registers)."""
+    b = KernelBuilder(name, groups, layout, choice, rowing)
     res = b.build()
-    if lazy_budget is not None and b.lazy_peak > lazy_budget:
-        res = KernelBuilder(name, groups, layout, row_operands, split, dot, in1_major, rowing, lazy=False,
-                            **kw).build()
+    if choice.lazy_budget is not None and b.lazy_peak > choice.lazy_budget:
+        res = KernelBuilder(name, groups, layout, choice, rowing, lazy=False).build()
     return res

@@ -216,6 +216,19 @@ class Pinned:
                 return
         fl((grid0,), tensors, ints, self.consts, self.num_warps, self.num_stages)
 
+    def compiled_for(self, ints: Sequence):
+        """(CUfunction, packed metadata, CompiledKernel) this launcher ran on the current device with
+        int arguments of the classes of ``ints``, or None (not launched so, or not on the fast path)."""
+        if _device is None:
+            return None
+        hit = self.hits.get((_device(), _RT.debug, _CT.instrumentation_mode, tuple([int_class(v) for v in ints])))
+        return None if hit is None or len(hit) < 4 else hit[1:]
+
+
+def bound_device():
+    """The current device as Triton's launches see it; None before the first fast launch."""
+    return None if _device is None else _device()
+
 
 def _bind_driver() -> None:
     """Bind the device / stream queries Triton's run uses (needs the active driver, i.e. CUDA)."""

@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .. import settings
 from ..ir import Table
 from .emit import KernelMeta, Unsupported, _Writer
+from .plan_types import KernelChoice, UvwOptions
 
 # operand -> which argument of the forward product it stands for
 ROLE = {"x": "x", "a": "x", "gx": "x", "dx": "x", "y": "y", "b": "y", "gy": "y", "dy": "y",
@@ -70,8 +70,9 @@ def upaths(table: Table) -> Optional[List[UPath]]:
 
 
 def eligible(problem, table: Table) -> bool:
-    """Per-row weights, every path uvw (DiffDock-L2); EQUIKERNELS_UVW_ROWS=0 turns it off."""
-    if not settings.get().uvw_rows or problem.shared_weights:
+    """Whether this generator expresses the product: per-row uvw weights, every path uvw
+    (DiffDock-L2). Whether it is used is the planner's decision."""
+    if problem.shared_weights:
         return False
     return bool(table.paths) and all(i.mode == "uvw" and i.has_weight for i in problem.instructions) \
         and upaths(table) is not None
@@ -102,17 +103,7 @@ def pieces(n: int, block: int, exact: bool) -> List[Tuple[int, int, int]]:
     return out
 
 
-@dataclass(frozen=True)
-class Options:
-    ub: int = 16        # u (rows of a weight block) per chunk
-    wb: int = 16        # w (contiguous) per chunk
-    exact: bool = False  # split remainders into powers of two instead of padding them
-    lazy_h: bool = False  # keep H_k un-reduced over the chunks of w (one reduction per u chunk)
-
-    @staticmethod
-    def from_env() -> "Options":
-        s = settings.get()
-        return Options(s.uvw_ub, s.uvw_wb, s.uvw_exact, s.uvw_lazy_h)
+Options = UvwOptions  # the chunking options (plan_types): the planner chooses them
 
 
 class Builder:
@@ -436,11 +427,11 @@ def dbwd_terms(need: str, have: str) -> Dict[str, List[tuple]]:
     return {k: v for k, v in t.items() if v}
 
 
-def generate(name: str, table: Table, layout: str, kind: str, need: str, have: str = "",
-             opts: Optional[Options] = None) -> Optional[Tuple[str, KernelMeta]]:
-    """Kernel for ``kind`` "bwd" (need: subset of "xyw") or "dbwd" (need: subset of "xywg"), or None
-    when no output has a term."""
-    opts = opts or Options.from_env()
+def generate(name: str, table: Table, layout: str, kind: str, need: str, have: str,
+             choice: KernelChoice) -> Optional[Tuple[str, KernelMeta]]:
+    """Kernel for ``kind`` "bwd" (need: subset of "xyw") or "dbwd" (need: subset of "xywg") with
+    the chunking of ``choice.uvw``, or None when no output has a term."""
+    opts = choice.uvw or UvwOptions()
     if kind == "bwd":
         terms = bwd_terms("x" in need, "y" in need, "w" in need)
         names = {"gx": "gx", "gy": "gy", "gw": "gw"}

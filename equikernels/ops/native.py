@@ -4,8 +4,8 @@ Under create_graph (force training) the backward of a tensor product is itself r
 node's backward is the fused double backward. As a Python node (``ops.tp._Bwd``) that costs the GIL
 on the autograd engine's device thread plus Triton's Python launch: on an H200 ~40 us more host
 time per call than OpenEquivariance's C++ node, which decided nequip-water's host-bound cell.
-The C++ node launches the kernels ``ops.tp``'s direct double backward would, from recipes this module
-hands it, and calls back into Python for anything else.
+The C++ node launches the kernels of the launcher's pinned double-backward recipes
+(``codegen.recipe.DbwdRecipe``), which this module hands it, and calls back into Python for anything else.
 
 The extension is compiled once per machine (g++ against the installed torch, ~30 s), cached under
 ``codegen.cache.cache_dir()/native`` by a hash of its source, torch and Python; no ninja needed.
@@ -148,10 +148,12 @@ def kernel_kinds(fn, compiled) -> Optional[str]:
 
 
 def register(entry, have: int, need: int, plan, rows_n: int) -> None:
-    """Hands the C++ node ``plan`` (an ops.tp._DbwdDirect that just ran for (have, need) on ``rows_n``
-    rows), with every kernel Triton has compiled for this row count's int classes."""
+    """Hands the C++ node ``plan`` (a codegen.recipe.DbwdRecipe that just ran for (have, need) on
+    ``rows_n`` rows: its ``launches`` and ``res``, the recipe's stable interface), with every kernel
+    Triton has compiled for this row count's int classes."""
     from ..codegen import launch  # noqa: PLC0415
-    if not launch.ENABLED or launch._device is None:  # Triton's own path: no compiled kernels kept
+    dev = launch.bound_device()
+    if not launch.ENABLED or dev is None:  # Triton's own path: no compiled kernels kept
         return
     ext = _ext
     res = [r if r >= 0 else -1 for r in plan.res]
@@ -160,17 +162,15 @@ def register(entry, have: int, need: int, plan, rows_n: int) -> None:
         ext.add_plan(entry, have, need, [(rows, list(args), [(int(i), bool(z)) for i, z in allocs])
                                          for _, rows, args, allocs in plan.launches], res)
         _SENT.add(sent)
-    dev = launch._device()
     for k, (pinned, rows, _, _) in enumerate(plan.launches):
         nblk = (rows_n + rows - 1) // rows
-        classes = (launch.int_class(rows_n), launch.int_class(nblk))
-        key = classes[0] | (classes[1] << 4) | (dev << 8)  # as tp_node.cpp's run_native
+        key = launch.int_class(rows_n) | (launch.int_class(nblk) << 4) | (dev << 8)  # as tp_node.cpp's run_native
         if ext.has_variant(entry, have, need, k, key):
             continue
-        hit = pinned.hits.get((dev, launch._RT.debug, launch._CT.instrumentation_mode, classes))
-        if hit is None or len(hit) < 4:
+        hit = pinned.compiled_for((rows_n, nblk))
+        if hit is None:
             continue
-        _, function, meta, compiled = hit
+        function, meta, compiled = hit
         kinds = kernel_kinds(pinned.launcher.fn, compiled)
         if kinds is None:
             continue

@@ -241,16 +241,13 @@ tp_fwd, tp_bwd, tp_dbwd = TP.fwd_op, TP.bwd_op, TP.dbwd_op
 
 
 # --- eager backward without per-call planning ----------------------------------------------------
-# TPKernels.backward works out the kernel, launch shape, buffers and split on every call: ~35 us of
-# host time on the H200 machine, most of what makes a small product's backward host-bound
-# (nequip-water). For channel-wise products with per-row weights whose backward is one
-# kernel writing every element once (no autotuning, no poisoning), that answer depends only on
-# (problem, need, dtypes): _BwdDirect keeps it, and a call allocates and launches (a launch.Pinned:
-# the dtypes are part of the recipe's key). Same kernel, configuration and arguments as
-# Kernel.launch passes (pointers in meta.inputs + meta.outputs order, N, NBLK, ROWS, DT, PREC), so
-# results are bit-identical (tests/codegen/test_launch.py compares the two paths). Only the eager
-# no-grad backward of tp_fwd takes it (and of tp_bwd: _dbwd_direct below); EQUIKERNELS_FAST_BWD=0
-# turns both off.
+# TPKernels.backward asks for its plan, kernels and buffers on every call: host time that makes a
+# small product's backward host-bound (nequip-water). For the products the launcher pins recipes for
+# (codegen.recipe: one plain backward kernel; no autotuning, no poisoning) the answer depends only
+# on (problem, need, dtypes): the recipe is kept per key and a call allocates and launches, with the
+# same kernel, launch shape and pointer order as TPKernels, so results are bit-identical
+# (tests/codegen/test_launch.py compares the two paths). Only the eager no-grad backward of tp_fwd
+# takes it (and of tp_bwd: _dbwd_direct below); EQUIKERNELS_FAST_BWD=0 turns both off.
 FAST_BWD = settings.get().fast_bwd
 
 
@@ -261,70 +258,13 @@ def _env_tuning_or_poison() -> bool:
     return s.autotune or s.poison
 
 
-class _BwdDirect:
-    """The resolved backward of one (problem, need, operand dtypes, math_dtype)."""
-    __slots__ = ("launch", "rows", "args", "order")
-
-    def __init__(self, launch, rows: int, args: tuple, order: tuple):
-        self.launch, self.rows = launch, rows
-        self.args = args    # kernel pointer parameters: index into (x, y, w, g, *outputs)
-        self.order = order  # operand index (x 0, y 1, w 2) of each gradient computed, in that order
-
-
 _BWD_DIRECT: dict = {}
 
 
-def _direct_problem(problem) -> bool:
-    """Channel-wise products with per-row weights (MACE / NequIP, the host-bound ones) take the direct
-    paths: shared weights are reduced over rows, uvw products may split the weight gradient off or
-    take uvw_rows' kernels."""
-    from ..codegen import tp as ct  # noqa: PLC0415 - Triton is optional
-    return ct.channelwise_rows(problem) and not ct.weights_dominate(problem)
-
-
-def _plain_kernel(k) -> bool:
-    """One kernel writing each element of its outputs once (not split into parts that add into
-    zero-filled outputs, no row partials, no wide accumulation buffers)."""
-    from ..codegen import tp as ct  # noqa: PLC0415
-    return isinstance(k, ct.Kernel) and not (k.meta.zero_init or k.meta.reduce_rows or k.acc_outputs)
-
-
-def _set_parts(k) -> Optional[list]:
-    """The kernels of a _KernelSet (a product split over kernels launched in sequence; outputs two
-    parts write are zero-filled and added into) without row partials (its meta's reduce_rows is
-    every part's), else None."""
-    from ..codegen import tp as ct  # noqa: PLC0415
-    return k.parts if isinstance(k, ct._KernelSet) and not k.meta.reduce_rows else None
-
-
-def _pinned_launch(kernels, kind: str, k, math: torch.dtype, min_rows: int = 0):
-    """(launch.Pinned, rows) with the configuration, rows and constexprs Kernel.launch would use
-    (``_cfg``: what ``_tuned`` returns without autotuning; ``min_rows``: a _KernelSet's, which _run
-    applies to every part)."""
-    from ..codegen import tp as ct  # noqa: PLC0415
-    from ..codegen.launch import Pinned  # noqa: PLC0415
-    cfg = kernels._cfg(kind, math)
-    rows = max(cfg.rows, k.meta.min_rows, min_rows)  # as _run raises it
-    dt = ct._DT[math]
-    prec = "tf32" if cfg.tf32 and dt == ct.tl.float32 else "ieee"
-    return Pinned(k.launcher, (rows, dt, prec), cfg.num_warps, cfg.num_stages), rows
-
-
-def _bwd_direct_plan(spec: str, need: int, x, y, w, g, math_dtype) -> Optional[_BwdDirect]:
-    """What TPKernels.backward would launch (None: a case it handles differently, so it runs)."""
-    from ..codegen import tp as ct  # noqa: PLC0415 - Triton is optional
-    plan = plan_of(spec)
-    if not _direct_problem(plan.problem) or not plan.generated("bwd", need):
-        return None
-    k = plan.kernels.kernel("bwd", need)
-    names = tuple("g" + n for bit, n in ((NEED_X, "x"), (NEED_Y, "y"), (NEED_W, "w")) if need & bit)
-    if not _plain_kernel(k) or set(k.meta.outputs) != set(names):
-        return None
-    launch, rows = _pinned_launch(plan.kernels, "bwd", k, ct.math_of(x, y, w, g, math_dtype=math_dtype))
-    slot = {n: i for i, n in enumerate(("x", "y", "w", "g") + names)}
-    args = tuple(slot[a] for a in k.meta.inputs + k.meta.outputs)
-    order = tuple("xyw".index(nm[1]) for nm in names)
-    return _BwdDirect(launch, rows, args, order)
+def _bwd_direct_plan(spec: str, need: int, x, y, w, g, math_dtype):
+    """The pinned recipe (codegen.recipe.BwdRecipe) of this backward, or None (the full path runs)."""
+    from ..dtypes import math_dtype_of  # noqa: PLC0415 - once per recipe
+    return plan_of(spec).kernels.recipe("bwd", need, "", math_dtype_of((x, y, w, g), math_dtype))
 
 
 def _bwd_direct(x: Tensor, y: Tensor, w: Tensor, g: Tensor, spec: str, need: int,
@@ -356,68 +296,18 @@ def _bwd_direct(x: Tensor, y: Tensor, w: Tensor, g: Tensor, spec: str, need: int
 _empty_like = torch.empty_like  # the direct backward's allocator (tests swap in a NaN fill)
 
 
-# The double backward the same way (nequip-water's double backward is host-bound too):
-# TPKernels.double_backward works out the parts, kernels, configuration and buffers per call. For
-# the same class of products (channel-wise, per-row weights; every part one plain kernel writing each
-# element of its outputs once, or a _KernelSet whose kernels add into zero-filled outputs, as
-# nequip-lips' split by first-input segment) _DbwdDirect keeps that per (problem, have, need, dtypes,
-# math_dtype) and a call allocates, launches each kernel in double_backward's order and zero-fills the
-# outputs no kernel writes, as double_backward does. dbwd_parts (EQUIKERNELS_DBWD_ONE) is read when a
-# recipe is made, not per call.
-class _DbwdDirect:
-    """The resolved double backward of one (problem, have, need, operand dtypes, math_dtype)."""
-    __slots__ = ("launches", "res", "written")
-
-    def __init__(self, launches: tuple, res: tuple):
-        # per kernel, in launch order: (launch.Pinned, rows, pointer parameters as indexes into
-        # (x, y, w, g, a, b, c, *outputs), (operand index (x 0 .. g 3), zero-filled) of each output
-        # allocated before it)
-        self.launches = launches
-        self.res = res  # per x, y, w, g: index of its output in that list, -1 zeros, -2 placeholder
-        self.written = min(res) >= 0  # every result comes from a kernel (the usual case)
-
-
+# The double backward the same way (host-bound too for small products): a codegen.recipe.DbwdRecipe
+# per (problem, have, need, dtypes, math_dtype) launches each kernel of the plan in order and
+# zero-fills the outputs no kernel writes, as TPKernels.double_backward does. The plan (e.g.
+# EQUIKERNELS_DBWD_ONE) is read when a recipe is made, not per call.
 _DBWD_DIRECT: dict = {}
 
 
-def _dbwd_direct_plan(spec: str, have: str, need: int, x, y, w, g, a, b, c, math_dtype) -> Optional[_DbwdDirect]:
-    """What TPKernels.double_backward would launch (None: a case it handles differently)."""
-    from ..codegen import tp as ct  # noqa: PLC0415 - Triton is optional
-    plan = plan_of(spec)
-    if not _direct_problem(plan.problem):
-        return None
-    kernels = plan.kernels
-    parts = tuple(part for part in kernels.dbwd_parts(need) if part)
-    if not all(plan.generated("dbwd", part, have) for part in parts):
-        return None
-    math = ct.math_of(x, y, w, g, a, b, c, math_dtype=math_dtype)
-    slot = {n: i for i, n in enumerate("xywgabc") if i < 4 or n in have}  # x, y, w, g, cotangents present
-    written: dict = {}  # "dx" ... -> index in (x, y, w, g, a, b, c, *outputs)
-    launches = []
-    for part in parts:
-        k = kernels.kernel("dbwd", part, have)
-        if k is None:  # nothing to compute (dg without cotangents): zeros below
-            continue
-        meta = k.meta
-        mine = {"d" + n for bit, n in zip((1, 2, 4, 8), "xywg") if part & bit}
-        sub = [k] if _plain_kernel(k) else _set_parts(k)
-        if (sub is None or not set(meta.outputs) <= mine or any(o in written for o in meta.outputs)
-                or not set(meta.inputs) <= set(slot)):
-            return None
-        # outputs the parts add into: _run keeps half-precision ones in a float32 buffer (declined here)
-        dt = {"dx": x.dtype, "dy": y.dtype, "dw": w.dtype, "dg": g.dtype}
-        if any(ct.acc_dtype(dt[o]) != dt[o] for o in k.acc_outputs):
-            return None
-        new = tuple(o for o in ("dx", "dy", "dw", "dg") if o in meta.outputs)  # _run's allocation order
-        for o in new:
-            written[o] = 7 + len(written)
-        allocs = tuple(("xywg".index(o[1]), o in meta.zero_init) for o in new)
-        for q in sub:
-            args = tuple(slot[i] for i in q.meta.inputs) + tuple(written[o] for o in q.meta.outputs)
-            launches.append(_pinned_launch(kernels, "dbwd", q, math, meta.min_rows) + (args, allocs))
-            allocs = ()
-    res = tuple(written.get("d" + n, -1) if need & bit else -2 for bit, n in zip((1, 2, 4, 8), "xywg"))
-    return _DbwdDirect(tuple(launches), res)
+def _dbwd_direct_plan(spec: str, have: str, need: int, x, y, w, g, a, b, c, math_dtype):
+    """The pinned recipe (codegen.recipe.DbwdRecipe) of this double backward, or None."""
+    from ..dtypes import math_dtype_of  # noqa: PLC0415 - once per recipe
+    math = math_dtype_of((x, y, w, g, a, b, c), math_dtype)
+    return plan_of(spec).kernels.recipe("dbwd", need, have, math, (x.dtype, y.dtype, w.dtype, g.dtype))
 
 
 def _dbwd_key(x, y, w, g, a, b, c, spec, have, need, math_dtype) -> tuple:

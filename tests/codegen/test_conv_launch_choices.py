@@ -1,9 +1,13 @@
 """Launch choices of the node-parallel convolution kernels that depend on the dtype: float64 gradient
-kernels neither prefetch the next edge nor hold the node's rows (they would spill registers)."""
+kernels neither prefetch the next edge nor hold the node's rows (they would spill registers), and
+take their warps per direction."""
 import torch
 
 from equikernels import settings
+from equikernels.catalog import fully_connected_problem, uvu_problem
 from equikernels.codegen.conv import ConvKernels
+from equikernels.codegen.planner import conv_config, conv_in1_outer
+from equikernels.problem import TPProblem
 
 
 def test_float32_gradients_prefetch_and_hoist():
@@ -31,3 +35,17 @@ def test_setting_overrides_the_dtype_rule(monkeypatch):
     finally:
         monkeypatch.undo()
         settings.reload()
+
+
+def test_float64_node_kernels_warps_and_shared_sums_per_direction():
+    kinds = ("fwd", "bwd", "dbwd")
+    assert [conv_config(k, "nodes", torch.float64).num_warps for k in kinds] == [4, 1, 2]
+    assert {(conv_config(k, "nodes", torch.float32).rows, conv_config(k, "nodes", torch.float32).num_warps)
+            for k in kinds} == {(1, 1)}
+    assert {conv_config(k, "edges", torch.float64).num_warps for k in kinds} == {2}
+    uvu = TPProblem.create(**uvu_problem("4x0e+4x1o", "0e+1o", "4x0e+4x1o"))
+    uvw = TPProblem.create(**fully_connected_problem("2x0e", "0e", "2x0e", shared=False))
+    assert conv_in1_outer(uvu, "bwd", torch.float64, True) and not conv_in1_outer(uvu, "bwd", torch.float32, True)
+    assert not conv_in1_outer(uvu, "bwd", torch.float64, False) and not conv_in1_outer(uvw, "bwd", torch.float64, True)
+    with settings.override(conv_warps=3):
+        assert conv_config("fwd", "nodes", torch.float64).num_warps == 3

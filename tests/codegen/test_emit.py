@@ -13,6 +13,7 @@ from problems import wide_channelwise_problem
 
 from equikernels.codegen import emit
 from equikernels.codegen.emit import Group, generate, l2_prefetched
+from equikernels.codegen.plan_types import KernelChoice
 from equikernels.ops import plan_of, spec_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -21,8 +22,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _backward_source(ahead):
     plan = plan_of(spec_of(wide_channelwise_problem(), "ir_mul"))
     groups = [Group(plan.grad_tables[n], "g" + n) for n in "xyw"]
-    return generate("k", groups, "ir_mul", {"x", "y", "w", "g"}, in1_major=True, partial=True, prefetch=4,
-                    l2=ahead)[0]
+    choice = KernelChoice(row_operands=frozenset("xywg"), in1_major=True, partial=True, prefetch=4, l2=ahead)
+    return generate("k", groups, "ir_mul", choice)[0]
 
 
 _LOAD = re.compile(r"tl\.load\((\w+)_ptr \+ \1_r1 \+ (\d+)(?: \+ (\d+) \* i(\d+)_\d+)?")

@@ -648,7 +648,7 @@ def test_dbwd_impl_generates_only_launched_parts():
     p = TPProblem.create("2x0e+2x1o", "1x0e+1x1o", "2x0e+2x1o", [(0, 0, 0, "uvw", True), (1, 1, 0, "uvw", True)],
                          shared_weights=False, internal_weights=False)
     kernels = plan_of(spec_of(p, "ir_mul")).kernels
-    assert kernels._uvw_rows()
+    assert kernels.planner.uvw_rows()
     parts = kernels.dbwd_parts(15)
     assert parts != (8, 7)
     x, y, w, g, a, b, c = _operands(p, 3, _dev())  # the triton backend: CUDA tensors on a GPU machine

@@ -202,7 +202,7 @@ def _one_or_two_kernels(p, one, layout, i1, i2, io, ins, own_outputs):
     from equikernels.codegen.tp import _KernelSet
     from equikernels.ops.tp import plan_of, spec_of
     kernels = plan_of(spec_of(p, layout)).kernels
-    assert kernels._in1_major() == own_outputs and len(p.instructions) == (14 if own_outputs else 30)
+    assert kernels.planner.in1_major() == own_outputs and len(p.instructions) == (14 if own_outputs else 30)
     assert kernels.dbwd_parts(15) == ((8, 7) if one == "0" else (15,))
     k = kernels.kernel("dbwd", 15, "abc")
     assert isinstance(k, _KernelSet) == (one == "split")
@@ -313,7 +313,7 @@ def test_wide_channelwise_backward_variants(partial, prefetch, monkeypatch, tmp_
     sums and loads issued early (emit.KernelBuilder._partial, emit._prefetched), alone and together,
     against the reference in fp64 and fp32 (outputs NaN-poisoned, 7 rows: with more than one row per
     program the last one runs past the end)."""
-    from equikernels.codegen.tp import wide_channelwise
+    from equikernels.codegen.planner import wide_channelwise
     from equikernels.ops import plan_of, spec_of
     from problems import wide_channelwise_problem
     monkeypatch.setenv("EQUIKERNELS_CACHE_DIR", str(tmp_path))
@@ -341,7 +341,7 @@ def test_channelwise_prefetch_defaults(monkeypatch, tmp_path):
     program in the double backward: the last program runs past the end): forward and gradients in fp64
     and fp32, second-order gradients in fp64."""
     from equikernels.catalog import uvu_problem
-    from equikernels.codegen.tp import DBWD_PREFETCH, NARROW_PREFETCH
+    from equikernels.codegen.planner import DBWD_PREFETCH, NARROW_PREFETCH
     from equikernels.ops import plan_of, spec_of
     monkeypatch.setenv("EQUIKERNELS_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("EQUIKERNELS_POISON", "1")
@@ -352,11 +352,11 @@ def test_channelwise_prefetch_defaults(monkeypatch, tmp_path):
     plan_of.cache_clear()
     try:
         kernels = plan_of(spec_of(p, "ir_mul")).kernels
-        assert DBWD_PREFETCH > 0 and kernels._prefetch("dbwd") == DBWD_PREFETCH
+        assert DBWD_PREFETCH > 0 and kernels.planner.prefetch("dbwd") == DBWD_PREFETCH
         src = open(kernels.kernel("dbwd", 15, "abc").source_path).read()
         assert "__raw = tl.load(" in src
         for kind, need in (("fwd", 0), ("bwd", 7)):
-            assert NARROW_PREFETCH > 0 and kernels._prefetch(kind) == NARROW_PREFETCH
+            assert NARROW_PREFETCH > 0 and kernels.planner.prefetch(kind) == NARROW_PREFETCH
             assert "__raw = tl.load(" in open(kernels.kernel(kind, need).source_path).read()
         for dtype in (torch.float64, torch.float32):
             check_against_reference(p, rows=13, dtype=dtype, layout="ir_mul")
@@ -366,6 +366,6 @@ def test_channelwise_prefetch_defaults(monkeypatch, tmp_path):
         for name, a, b in zip("xyw", ours, ref):
             assert _rel(a, b) <= 1e-10, f"d/d{name}: {_rel(a, b):.2e}"
         large = plan_of(spec_of(catalog_problem("mace-large"), "ir_mul")).kernels
-        assert not large._dbwd_one() and large._prefetch("dbwd") == 0
+        assert not large.planner.dbwd_one() and large.planner.prefetch("dbwd") == 0
     finally:
         plan_of.cache_clear()

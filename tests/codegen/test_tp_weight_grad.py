@@ -32,7 +32,7 @@ def test_weight_gradient_kernel_split(split, monkeypatch, tmp_path):
     plan_of.cache_clear()
     try:
         ks = plan_of(spec_of(p, "ir_mul")).kernels
-        assert ks._weights_dominate() == (split == "1")
+        assert ks.planner.split_weight_grad() == (split == "1")
         check_against_reference(p, rows=5, dtype=torch.float64, layout="ir_mul")
         x, y, w = (t.requires_grad_() for t in _inputs(p, 3, torch.float64, "cpu"))
         ours = _double_backward(lambda a, b, c: tensor_product(p, a, b, c, layout="ir_mul", backend="triton"),

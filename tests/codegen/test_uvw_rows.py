@@ -8,7 +8,7 @@ import torch
 
 from equikernels._compat import o3
 from equikernels.codegen import uvw_rows
-from equikernels.codegen.tp import NEED_W
+from equikernels.codegen.planner import NEED_W
 from equikernels.ops import plan_of, spec_of, tensor_product
 from equikernels.problem import TPProblem
 
@@ -45,11 +45,11 @@ def test_diffdock_uses_uvw_rows(fresh):
     from equikernels.catalog import problem
     p = problem("diffdock-L2")
     ks = plan_of(spec_of(p, "ir_mul")).kernels
-    assert ks._uvw_rows()
+    assert ks.planner.uvw_rows()
     assert "per-row uvw" in open(ks.kernel("bwd", 3).source_path).read()
     fresh.setenv("EQUIKERNELS_UVW_ROWS", "0")
     plan_of.cache_clear()
-    assert not plan_of(spec_of(p, "ir_mul")).kernels._uvw_rows()
+    assert not plan_of(spec_of(p, "ir_mul")).kernels.planner.uvw_rows()
 
 
 @pytest.mark.parametrize("layout", ["ir_mul", "mul_ir"])

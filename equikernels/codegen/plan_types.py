@@ -1,0 +1,113 @@
+"""The kernel plan as data: what the planner decides and the generator and launcher act on.
+
+``KernelChoice``: everything one generated kernel is built with beyond its path tables.
+``KernelStep``: one kernel of a direction, with its launch shape and buffer handling.
+``DirectionPlan``: the ordered kernels of one (problem, layout, direction, need, have, math dtype).
+No Triton and no torch device needed: a plan can be made and printed anywhere.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import FrozenSet, Optional, Tuple
+
+import torch
+
+EMIT, UVW_ROWS = "emit", "uvw_rows"  # generators: path tables (emit.py), per-row uvw (uvw_rows.py)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    rows: int = 4          # rows per program
+    num_warps: int = 4
+    num_stages: int = 1
+    tf32: bool = False     # tl.dot channel mixing in tf32 (opt-in; default ieee fp32 for e3nn parity)
+
+
+@dataclass(frozen=True)
+class UvwOptions:
+    """Chunking of the per-row uvw generator (uvw_rows.py)."""
+    ub: int = 16        # u (rows of a weight block) per chunk
+    wb: int = 16        # w (contiguous) per chunk
+    exact: bool = False  # split remainders into powers of two instead of padding them
+    lazy_h: bool = False  # keep H_k un-reduced over the chunks of w (one reduction per u chunk)
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """How one kernel is generated. ``row_operands``: operands with a row dimension (the others are
+    shared across rows). ``in1_major``: visit paths by first-input segment (else by output segment).
+    ``lazy_budget``: most padded elements per row of un-reduced channel sums (None: no limit).
+    ``in1_outer``: share gx/dx inner sums with the weight gradient. ``partial``: per-thread partial
+    channel sums. ``prefetch``: loads issued this many loads early (0: none). ``l2``: half-precision
+    row operands asked into L2 this many loads ahead (0: at the top of the row, None: not).
+    ``cap_fp32``: float32 builds get the register cap too (launch.register_cap). ``part_paths``:
+    forward paths per kernel before the product is split into parts. ``split``/``dot``: the
+    emitter's per-path split of wide blocks and tl.dot channel mixing. ``generator``: EMIT or
+    UVW_ROWS (then ``uvw`` holds its chunking)."""
+    row_operands: FrozenSet[str] = frozenset()
+    in1_major: bool = False
+    lazy_budget: Optional[int] = None
+    in1_outer: bool = False
+    partial: bool = False
+    prefetch: int = 0
+    l2: Optional[int] = None
+    cap_fp32: bool = False
+    part_paths: int = 1 << 30
+    split: bool = True
+    dot: bool = True
+    generator: str = EMIT
+    uvw: Optional[UvwOptions] = None
+
+
+@dataclass(frozen=True)
+class Member:
+    """One generated kernel of a step (a step split by paths has several): name, the comment line
+    its source starts with, and the generated body."""
+    name: str
+    describe: str
+    body: str = field(repr=False)
+    inputs: Tuple[str, ...] = ()      # pointer arguments read, in order
+    outputs: Tuple[str, ...] = ()     # pointer arguments written, in order
+    zero_init: Tuple[str, ...] = ()   # outputs it does not fully cover
+    reduce_rows: Tuple[str, ...] = ()  # outputs written as per-program partials
+    min_rows: int = 1
+    acc_outputs: FrozenSet[str] = frozenset()  # outputs it adds into
+
+
+@dataclass(frozen=True)
+class KernelStep:
+    """One kernel (or one kernel split into ``members`` launched in sequence) of a direction.
+    ``part``: the need bits it computes. ``launch``: its launch shape (rows already at least
+    ``min_rows``). ``zero_filled``: outputs zero-filled before the launch (written partly or added
+    into by several members). ``row_partials``: outputs written as per-program partials and summed
+    after the launch. ``acc_outputs``: outputs added into more than once (kept in float32 for
+    half-precision results)."""
+    key: tuple              # (direction, part, have): the launcher's kernel cache key
+    name: str
+    part: int
+    choice: KernelChoice
+    launch: LaunchConfig
+    inputs: Tuple[str, ...]
+    outputs: Tuple[str, ...]
+    zero_filled: Tuple[str, ...]
+    row_partials: Tuple[str, ...]
+    acc_outputs: FrozenSet[str]
+    min_rows: int
+    members: Tuple[Member, ...] = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class DirectionPlan:
+    """The kernels one direction launches, in order. ``launch``: the direction's launch shape the
+    steps derive theirs from (the heuristic default, or a tuned / given one); ``need`` bits over
+    (x, y, w) for bwd and (x, y, w, g) for dbwd, ``have`` the cotangents present; ``math``: the
+    kernels' math dtype. ``default``: whether ``launch`` is the heuristic default."""
+    direction: str
+    need: int
+    have: str
+    math: torch.dtype
+    launch: LaunchConfig
+    default: bool
+    steps: Tuple[KernelStep, ...]
+    # why-not notes: the decisions that are not visible in the steps (printed by equikernels.plan)
+    notes: Tuple[Tuple[str, object], ...] = ()
