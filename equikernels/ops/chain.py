@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from . import trilinear
+from .trilinear import have_of  # noqa: F401 (re-exported: the methods name their cotangents with it)
 
 NEED_X, NEED_Y, NEED_W, NEED_G = 1, 2, 4, 8
 _PLAIN = (Tensor, torch.nn.Parameter)
@@ -80,11 +81,6 @@ class Method:
     direct_bwd = None
     direct_dbwd = None
     record_bwd = None
-
-
-def have_of(a, b, c) -> str:
-    """The cotangents present, as ``dbwd``'s ``have``."""
-    return ("a" if a is not None else "") + ("b" if b is not None else "") + ("c" if c is not None else "")
 
 
 class Chain:

@@ -14,6 +14,11 @@ from __future__ import annotations
 import torch
 
 
+def have_of(a, b, c) -> str:
+    """The cotangents present (None: absent), as a fused double backward's ``have``."""
+    return ("a" if a is not None else "") + ("b" if b is not None else "") + ("c" if c is not None else "")
+
+
 def _acc(old, new):
     return new if old is None else old + new
 
@@ -31,7 +36,7 @@ def double_backward(chain, call, math, x, y, w, g, a, b, c, nx, ny, nw, ng):
         need = nx + 2 * ny + 4 * nw + 8 * ng
         if a is None and b is None and c is None:  # no cotangent reaches any result
             return tuple(torch.zeros_like(t) if f else None for f, t in zip((nx, ny, nw, ng), (x, y, w, g)))
-        have = ("a" if a is not None else "") + ("b" if b is not None else "") + ("c" if c is not None else "")
+        have = have_of(a, b, c)
         m = chain.method
         if chain.eager(x, y, w, g, a, b, c):
             res = m.direct_dbwd(call, x, y, w, g, a, b, c, have, need, math) if m.direct_dbwd is not None else None
