@@ -4,7 +4,6 @@ built or fails on its first launch falls back to the reference with one warning.
 import pytest
 import torch
 
-from equikernels._compat import default_dtype
 from equikernels.models.builder import coupled_u_matrices
 from equikernels.models.symmetric_contraction import contraction_table
 from equikernels.ops.table_chain import TableOp
