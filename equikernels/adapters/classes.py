@@ -52,11 +52,10 @@ def original_class(module) -> type:
 def __getattr__(name: str):
     """Unpickling: rebuild the subclass named by ``_name``."""
     parts = name.split("|")
+    if len(parts) == 3 and parts[0] not in _OVERRIDES:  # adapters register when their modules are imported
+        importlib.import_module(f"{__package__}.registry")._load()
     if len(parts) != 3 or parts[0] not in _OVERRIDES:
-        if len(parts) == 3:  # the adapter registers itself when its module is imported
-            importlib.import_module(f"{__package__}.{parts[0]}")
-        if len(parts) != 3 or parts[0] not in _OVERRIDES:
-            raise AttributeError(name)
+        raise AttributeError(name)
     obj = importlib.import_module(parts[1].replace("/", "."))
     for attr in parts[2].split("/"):
         obj = getattr(obj, attr)

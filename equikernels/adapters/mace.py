@@ -11,11 +11,8 @@ path table of ``equikernels.models.symmetric_contraction`` built from the module
 with per-node weights ``node_attrs @ W`` (exactly mace-torch's ``ekc,be`` contraction) from the
 module's own parameters: selected by element for one-hot attributes, multiplied otherwise.
 
-Element-indexed skip products (``skip_tp``: a fully connected product of node features with the
-one-hot node attributes): with exactly one-hot attributes each node's result is its features times
-its element's weight block, so the product runs as ``ElementLinear`` on the same weight (nodes
-grouped by element once per forward, shared by every block). Attributes that are not exactly
-one-hot, or that require a gradient, and explicit weights take the original product.
+Element-indexed skip products (``skip_tp``, node features times one-hot node attributes): as
+``ElementLinear`` on the same weight (``element_indexed``).
 """
 from __future__ import annotations
 
@@ -25,18 +22,15 @@ import torch
 from torch import nn
 
 from ..models.cpu_contraction import MonomialContraction
-from ..models.element_linear import ElementLinear
 from ..models.symmetric_contraction import contraction_op, contraction_table
 from ..ops.table_chain import TableOp
-from ..nn.tensor_product import TensorProduct
 from ..ops.tp import resolve_backend
-from ..problem import TPProblem, irreps_str
 from .classes import accelerated_class, original_class, register_overrides
 from .fused import fusable_tp, message_passing
-from .graph_cache import shared_element_groups
+from .element_indexed import element_linear_apply, one_hot_groups
 from .registry import Adapter, NotFused, register
 
-CONV, CONTRACTION, SKIP = "mace", "mace_contraction", "mace_skip"
+CONV, CONTRACTION = "mace", "mace_contraction"
 
 
 # --- interaction blocks -------------------------------------------------------------------------
@@ -114,15 +108,6 @@ def _weight_table(sc) -> torch.Tensor:
     return cached[1]
 
 
-def _one_hot(y, elements: int):
-    """The shared element grouping of node attributes ``y`` if they are exactly one-hot (eager, no
-    gradient), else None."""
-    if (not isinstance(y, torch.Tensor) or y.dim() != 2 or y.shape[1] != elements or y.requires_grad
-            or torch.compiler.is_compiling() or isinstance(y, torch._subclasses.FakeTensor)):
-        return None
-    return shared_element_groups(y)
-
-
 def _mono(sc) -> MonomialContraction:
     """The CPU evaluation of ``sc``, rebuilt with its path table (U buffers changed)."""
     op = _op(sc)
@@ -139,7 +124,7 @@ def _contraction_overrides(cls: type) -> dict:
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         n, channels = x.shape[0], x.shape[1]
         table = _weight_table(self)
-        groups = _one_hot(y, table.shape[0])
+        groups = one_hot_groups(y, table.shape[0])
         if groups is not None:  # one-hot: W[z] of each node's element, selected
             w = table.index_select(0, groups.element)
         else:  # [N, elements] @ [elements, K * channels]: mace's W[z] summed over y
@@ -191,64 +176,8 @@ register(Adapter(CONTRACTION, _contraction_matches, _contraction_apply))
 
 
 # --- element-indexed skip product ----------------------------------------------------------------
-def _elements(tp: TensorProduct) -> int:
-    """The element count of ``tp``'s second input if it is ``E x 0e`` (one block of scalars), else 0."""
-    irreps = tp.problem.irreps_in2
-    return irreps[0][0] if len(irreps) == 1 and irreps[0][1:] == (0, 1) else 0
-
-
-def _skip_linear(tp: TensorProduct) -> ElementLinear:
-    """The ElementLinear computing ``tp`` on one-hot attributes, on ``tp``'s own weight Parameter."""
-    lin = tp.__dict__.get("_ek_lin")
-    if lin is None or lin.weight is not tp.weight:
-        p = tp.problem
-        lin = ElementLinear(irreps_str(p.irreps_in1), _elements(tp), irreps_str(p.irreps_out), tp.layout)
-        lin.weight = tp.weight  # shared, not registered on tp: state_dict keys stay the original's
-        tp.__dict__["_ek_lin"] = lin
-    return lin
-
-
-def _skip_overrides(cls: type) -> dict:
-    def forward(self, x, y, weight=None):
-        if (weight is None and isinstance(x, torch.Tensor) and x.dim() == 2 and x.dtype == self.weight.dtype
-                and isinstance(y, torch.Tensor) and y.shape[:1] == x.shape[:1]):
-            groups = _one_hot(y, _elements(self))
-            if groups is not None:
-                return _skip_linear(self)(x, groups)
-        return cls.forward(self, x, y, weight)
-
-    forward.__signature__ = inspect.signature(cls.forward)
-    forward.__doc__ = ("As the original product; on exactly one-hot ``y`` (no gradient) and the internal weight, "
-                       "computed per element as ElementLinear.")
-    return {"forward": forward}
-
-
-register_overrides(SKIP, _skip_overrides)
-
-
 def _skip_matches(block: nn.Module) -> bool:
     return _is_mace(block, "InteractionBlock")
 
 
-def _skip_apply(tp: nn.Module) -> str:
-    if getattr(type(tp), "_ek_adapter", None) == SKIP:
-        return ""
-    if not isinstance(tp, TensorProduct):
-        raise NotFused(f"skip_tp is a {type(tp).__name__}, not an equikernels TensorProduct")
-    ne = _elements(tp)
-    if not ne:
-        raise NotFused(f"its second input {tp.irreps_in2} is not one block of element scalars (E x 0e)")
-    p = tp.problem
-    if not isinstance(getattr(tp, "weight", None), nn.Parameter) or tp.weight.numel() != p.weight_numel:
-        raise NotFused("it has no internal shared weight")
-    lin = ElementLinear(irreps_str(p.irreps_in1), ne, irreps_str(p.irreps_out), tp.layout)
-    links = [(i, 0, o, "uvw", True) for i, o, _, _ in lin.paths]
-    want = TPProblem.create(irreps_str(p.irreps_in1), f"{ne}x0e", irreps_str(p.irreps_out), links)
-    have = [(i.i_in1, i.i_in2, i.i_out, i.mode, i.has_weight) for i in p.instructions]
-    if have != links or any(abs(a - b) > 1e-12 * abs(b) for a, b in zip(p.path_coefficients, want.path_coefficients)):
-        raise NotFused("it is not the fully connected element-indexed product (instructions or normalisation differ)")
-    tp.__class__ = accelerated_class(SKIP, type(tp))
-    return f"element-indexed skip product ({ne} elements) as ElementLinear: one matmul per element and block"
-
-
-register(Adapter(SKIP, _skip_matches, _skip_apply, child="skip_tp"))
+register(Adapter("mace_skip", _skip_matches, element_linear_apply, child="skip_tp"))

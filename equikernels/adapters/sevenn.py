@@ -5,6 +5,9 @@ Its forward computes per-edge weights, ``message = convolution(x[edge_src], filt
 and writes the result back into the data dict. The override does the same with the gather,
 product and scatter as one fused convolution. Applied only where the installed sevenn's forward
 is the one mirrored here (its source is checked) and the layer is not in LAMMPS parallel mode.
+
+``SelfConnectionIntro`` (the self connection of node features with one-hot node attributes): its
+``fc_tensor_product`` runs as ``ElementLinear`` on the same weight (``element_indexed``).
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import inspect
 from torch import nn
 
 from .classes import accelerated_class, original_class, register_overrides
+from .element_indexed import element_linear_apply
 from .fused import fusable_tp, message_passing
 from .registry import Adapter, NotFused, register
 
@@ -64,3 +68,11 @@ def _apply(conv: nn.Module) -> str:
 
 
 register(Adapter(ADAPTER, _matches, _apply))
+
+
+def _self_connection_matches(module: nn.Module) -> bool:
+    cls = original_class(module)
+    return cls.__module__.startswith("sevenn.") and cls.__name__ == "SelfConnectionIntro"
+
+
+register(Adapter("sevenn_self_connection", _self_connection_matches, element_linear_apply, child="fc_tensor_product"))

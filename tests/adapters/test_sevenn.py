@@ -34,3 +34,35 @@ def test_sevenn0_fused_matches(backend, monkeypatch, single_thread):
     assert abs(res["fast"][0] - res["plain"][0]) / len(atoms) <= 5e-6
     assert np.abs(res["fast"][1] - res["plain"][1]).max() <= 1e-5
     assert np.abs(res["fast"][2] - res["plain"][2]).max() <= 1e-5 * max(1.0, np.abs(res["plain"][2]).max())
+
+
+def test_sevenn_self_connection_runs_per_element(monkeypatch, single_thread):
+    """SevenNet's SelfConnectionIntro (node features x one-hot attributes) runs as ElementLinear on its
+    own weight, equal to the original product to second order in the features and weight."""
+    import copy  # noqa: PLC0415
+
+    import sevenn._keys as KEY  # noqa: PLC0415
+    from sevenn.nn.self_connection import SelfConnectionIntro  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    layer = SelfConnectionIntro("4x0e+2x1e+1x2e", "3x0e", "5x0e+2x1e", lazy_layer_instantiate=False).double()
+    plain = copy.deepcopy(layer)
+    report = ek.accelerate(layer)
+    assert report.fused_names == ["fc_tensor_product"], str(report)
+    x = torch.randn(6, 4 + 6 + 5, dtype=torch.float64)
+    attrs = torch.nn.functional.one_hot(torch.tensor([0, 2, 2, 1, 0, 2]), 3).double()
+
+    def second_order(module):
+        xs = x.clone().requires_grad_()
+        out = module({KEY.NODE_FEATURE: xs, KEY.NODE_ATTR: attrs})[KEY.SELF_CONNECTION_TEMP]
+        w = module.fc_tensor_product.weight
+        gx, gw = torch.autograd.grad(out.pow(2).sum(), [xs, w], create_graph=True)
+        return [out.detach(), *torch.autograd.grad(gx.pow(2).sum() + gw.pow(3).sum(), [xs, w])]
+
+    base = type(layer.fc_tensor_product).__mro__[1]
+    original = base.forward
+    monkeypatch.setattr(base, "forward", lambda *a, **k: (_ for _ in ()).throw(AssertionError("original product called")))
+    fast = second_order(layer)
+    monkeypatch.setattr(base, "forward", original)
+    for a, b in zip(fast, second_order(plain)):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
