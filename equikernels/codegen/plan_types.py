@@ -109,5 +109,5 @@ class DirectionPlan:
     launch: LaunchConfig
     default: bool
     steps: Tuple[KernelStep, ...]
-    # why-not notes: the decisions that are not visible in the steps (printed by equikernels.plan)
+    # (name, value) of the problem classes and switches the steps were decided from (printed by equikernels.plan)
     notes: Tuple[Tuple[str, object], ...] = ()
