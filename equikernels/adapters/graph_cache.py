@@ -118,3 +118,12 @@ def shared_element_groups(attrs: torch.Tensor) -> Optional[ElementGroups]:
     if cache is None:
         cache = _SHARED.elements = ElementCache()
     return cache.get(attrs)
+
+
+def clear_shared() -> None:
+    """Forget this thread's shared graph and element grouping (their memory is freed once no model
+    output or autograd graph still uses them)."""
+    for name in ("cache", "elements"):
+        cache = getattr(_SHARED, name, None)
+        if cache is not None:
+            cache.clear()

@@ -62,3 +62,14 @@ def test_shared_graph_rejects_out_of_range_nodes():
         shared_graph(src, dst, 3)
     g = shared_graph(src, dst, 4)
     assert g.num_nodes == 4 and torch.equal(g.dst, dst.long())
+
+
+def test_clear_shared_forgets_the_graph():
+    from equikernels.adapters import shared_graph  # noqa: PLC0415
+    from equikernels.adapters.graph_cache import clear_shared  # noqa: PLC0415
+
+    src, dst = torch.tensor([0, 1]), torch.tensor([1, 0])
+    g = shared_graph(src, dst, 2)
+    assert shared_graph(src, dst, 2) is g
+    clear_shared()
+    assert shared_graph(src, dst, 2) is not g
