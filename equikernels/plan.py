@@ -6,6 +6,7 @@ kernels in launch order, each with its generator choices, launch shape and buffe
 With autotuning on, a tuned launch shape from the tuning cache replaces the default at launch time
 (a variant of the same plan). ``text(plan, dtype)`` formats it.
 
+    equikernels plan mace-large --direction dbwd --dtype float32
     python -m equikernels.plan mace-large --direction dbwd --dtype float32
 """
 from __future__ import annotations
@@ -116,25 +117,41 @@ def plan_for(problem: TPProblem, direction: str = "fwd", dtype: torch.dtype = to
         return Planner(_Tables(problem, layout)).plan(direction, _bits(need), have, math)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The plan's options, shared by ``python -m equikernels.plan`` and ``equikernels plan``."""
+    names = ", ".join(standard_problems())
+    parser.add_argument("problem", nargs="?", default=None, help=f"a standard problem: {names}")
+    parser.add_argument("--direction", default="fwd", choices=DIRECTIONS)
+    parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
+    parser.add_argument("--layout", default=None, choices=LAYOUTS, help="operand layout (default mul_ir)")
+    parser.add_argument("--need", default=None, help="gradients asked for (letters of xyw, dbwd xywg; default all)")
+    parser.add_argument("--have", default=None, help="double backward cotangents present (letters of abc; default all)")
+
+
+def plan_text(problem: TPProblem, args: argparse.Namespace, layout: Optional[str] = None) -> str:
+    """``text`` of ``problem``'s plan with the options in ``args``; ``layout`` overrides a missing --layout."""
+    layout = args.layout or layout or "mul_ir"
+    plan = plan_for(problem, args.direction, DTYPES[args.dtype], layout, args.need, args.have)
+    return text(plan, DTYPES[args.dtype], f"{problem.describe()} [{layout}]")
+
+
+def run(args: argparse.Namespace) -> str:
+    """The plan of the standard problem ``args.problem``; ``ValueError`` for an unknown name or option."""
     names = list(standard_problems())
-    ap = argparse.ArgumentParser(prog="python -m equikernels.plan", description=__doc__.split("\n")[0])
-    ap.add_argument("problem", help=f"a standard problem: {', '.join(names)}")
-    ap.add_argument("--direction", default="fwd", choices=DIRECTIONS)
-    ap.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
-    ap.add_argument("--layout", default="mul_ir", choices=LAYOUTS)
-    ap.add_argument("--need", default=None, help="gradients asked for (letters of xyw, dbwd xywg; default all)")
-    ap.add_argument("--have", default=None, help="double backward cotangents present (letters of abc; default all)")
-    args = ap.parse_args(argv)
     if args.problem not in names:
-        ap.error(f"problem: expected one of {', '.join(names)}, got {args.problem!r}")
+        raise ValueError(f"problem: expected one of {', '.join(names)}, got {args.problem!r}")
+    return f"{args.problem}: " + plan_text(standard_problem(args.problem), args)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m equikernels.plan", description=__doc__.split("\n")[0])
+    add_arguments(ap)
+    args = ap.parse_args(argv)
     try:
-        plan = plan_for(standard_problem(args.problem), args.direction, DTYPES[args.dtype], args.layout,
-                        args.need, args.have)
+        out = run(args)
     except ValueError as exc:
         ap.error(str(exc))
-    described = f"{standard_problem(args.problem).describe()} [{args.layout}]"
-    print(f"{args.problem}: " + text(plan, DTYPES[args.dtype], described))
+    print(out)
     return 0
 
 

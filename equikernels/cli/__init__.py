@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "equikernels.cli.tune",         # tune
     "equikernels.cli.export_lammps",  # export-lammps
     "equikernels.cli.bench",        # bench
+    "equikernels.cli.plan",         # plan
 )
 
 # exceptions that describe bad input rather than a bug; their message is the whole story

@@ -1,0 +1,69 @@
+"""``equikernels plan``: print the kernel plan of a standard problem's or a model's tensor products (no GPU needed).
+
+The plan is what the launcher runs on a CUDA device with the settings in force: the kernels in
+launch order, with their generator choices, launch shape and buffer handling. With ``--model``,
+every distinct tensor product of the model is listed with the modules that use it. A product run
+inside the fused graph convolution (a MACE interaction block) is planned as the batched product
+of the same problem; the convolution's gather and scatter are not part of the printed plan."""
+from __future__ import annotations
+
+import argparse
+from typing import Dict, List, Tuple
+
+from .. import plan as _plan
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plan", help="print the kernel plan of a standard problem or of a model's products",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _plan.add_arguments(p)
+    p.add_argument("--model", default=None, metavar="FILE",
+                   help="a model file (ours or mace-torch) instead of a problem: plans each of its distinct "
+                        "products, in each module's own layout unless --layout is given")
+    p.set_defaults(func=run)
+
+
+def _fused(module) -> bool:
+    from ..models.blocks import InteractionBlock
+    from ..nn.conv import TensorProductConv
+    return isinstance(module, (InteractionBlock, TensorProductConv))
+
+
+def model_products(model) -> Dict[Tuple[object, str], List[Tuple[str, object]]]:
+    """(problem, layout) -> [(module name, module)] for the modules of ``model`` holding a ``TPProblem``."""
+    from ..problem import TPProblem
+    found: Dict[Tuple[object, str], List[Tuple[str, object]]] = {}
+    for name, module in model.named_modules():
+        problem = getattr(module, "problem", None)
+        if isinstance(problem, TPProblem):
+            found.setdefault((problem, getattr(module, "layout", "mul_ir")), []).append((name or "(model)", module))
+    return found
+
+
+def model_text(path: str, args: argparse.Namespace) -> str:
+    from ..models import load
+    products = model_products(load(path, device="cpu"))
+    if not products:
+        return f"{path}: no tensor product modules"
+    lines = [f"{path}: {len(products)} distinct tensor product(s)"]
+    for i, ((problem, layout), users) in enumerate(products.items(), 1):
+        lines.append(f"[{i}] used by " + ", ".join(f"{n} ({type(m).__name__})" for n, m in users))
+        fused = sorted({type(m).__name__ for _, m in users if _fused(m)})
+        if fused:
+            lines.append(f"    runs inside the fused graph convolution ({', '.join(fused)}); "
+                         "the plan below is the batched product's")
+        lines.extend("    " + ln for ln in _plan.plan_text(problem, args, layout).splitlines())
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    from ..catalog import standard_problems
+    if args.model and args.problem:
+        raise ValueError(f"give a problem name or --model, not both (got {args.problem!r} and --model {args.model})")
+    if args.model:
+        print(model_text(args.model, args))
+    elif args.problem is None:
+        raise ValueError(f"give a standard problem ({', '.join(standard_problems())}) or --model FILE")
+    else:
+        print(_plan.run(args))
+    return 0

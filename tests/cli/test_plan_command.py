@@ -1,0 +1,60 @@
+"""`equikernels plan` prints the planner's plan of a standard problem or of each distinct tensor
+product of a model file, and bad input ends in one line naming the argument or file."""
+import pytest
+import torch
+
+from equikernels import settings
+from equikernels.catalog import problem
+from equikernels.cli import main
+from equikernels.default_model import default_model_path
+from equikernels.models import load
+from equikernels.plan import plan_for
+from equikernels.problem import TPProblem
+
+
+def test_prints_a_standard_problem_plan(capsys, tmp_path):
+    with settings.override(cache_dir=str(tmp_path), autotune=False):
+        assert main(["plan", "mace-large", "--direction", "dbwd"]) == 0
+        plan = plan_for(problem("mace-large"), "dbwd", torch.float32)
+    out = capsys.readouterr().out
+    assert out.startswith("mace-large: dbwd of " + problem("mace-large").describe())
+    assert f"{len(plan.steps)} kernel(s):" in out
+    listed = [ln.split()[1] for ln in out.splitlines() if ln.split()[0] in {f"{i}." for i in range(1, 10)}]
+    assert listed == [s.name for s in plan.steps]
+
+
+def test_model_lists_its_products(capsys, tmp_path):
+    path = default_model_path()
+    users = {}
+    for name, m in load(path, device="cpu").named_modules():
+        if isinstance(getattr(m, "problem", None), TPProblem):
+            users.setdefault((m.problem, m.layout), []).append(name)
+    with settings.override(cache_dir=str(tmp_path), autotune=False):
+        assert main(["plan", "--model", path, "--direction", "bwd", "--dtype", "float64"]) == 0
+        plans = {key: plan_for(key[0], "bwd", torch.float64, key[1]) for key in users}
+    out = capsys.readouterr().out
+    assert users and f"{len(users)} distinct tensor product(s)" in out.splitlines()[0]
+    assert out.count("runs inside the fused graph convolution (InteractionBlock)") == len(users)
+    for (p, layout), names in users.items():
+        assert f"bwd of {p.describe()} [{layout}]" in out
+        assert all(f"{n} (InteractionBlock)" in out for n in names)
+        assert all(s.name in out for s in plans[(p, layout)].steps)
+
+
+def _one_line_error(capsys, *needles):
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert "Traceback" not in err and len(lines) == 1, err
+    assert all(n in lines[0] for n in needles), lines[0]
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["no-such-problem"], ["problem: expected one of", "mace-large", "'no-such-problem'"]),
+    (["--model", "/no/such/file.model"], ["/no/such/file.model"]),
+    ([], ["--model FILE", "nequip-water"]),
+    (["mace-large", "--model", "x.model"], ["not both"]),
+    (["mace-large", "--direction", "bwd", "--need", "g"], ["need: expected letters"]),
+])
+def test_bad_input_is_one_line(argv, needles, capsys):
+    assert main(["plan", *argv]) == 2
+    _one_line_error(capsys, *needles)
