@@ -1,13 +1,16 @@
-"""Print the planner's plan of one batched tensor product direction (no GPU needed).
+"""Print the planner's plan of one batched tensor product or fused convolution direction (no GPU needed).
 
 ``plan_for(problem, direction, dtype)`` returns the ``codegen.plan_types.DirectionPlan`` that the
 launcher (``codegen.tp.TPKernels``) runs on a CUDA device with the settings in force: the
 kernels in launch order, each with its generator choices, launch shape and buffer handling.
 With autotuning on, a tuned launch shape from the tuning cache replaces the default at launch time
-(a variant of the same plan). ``text(plan, dtype)`` formats it.
+(a variant of the same plan). ``text(plan, dtype)`` formats it. ``conv_plan_for`` /
+``conv_text`` do the same for the fused graph convolution's ``codegen.plan_types.ConvPlan`` (run by
+``codegen.conv.ConvKernels``) of one dataflow.
 
     equikernels plan mace-large --direction dbwd --dtype float32
     python -m equikernels.plan mace-large --direction dbwd --dtype float32
+    python -m equikernels.plan mace-large --conv --dataflow deterministic --direction bwd
 """
 from __future__ import annotations
 
@@ -20,8 +23,9 @@ import torch
 from . import settings
 from .catalog import problem as standard_problem
 from .catalog import standard_problems
+from .codegen.conv_planner import FLOWS, ConvPlanner
 from .codegen.launch import cap_dtypes
-from .codegen.plan_types import UVW_ROWS, DirectionPlan
+from .codegen.plan_types import UVW_ROWS, ConvPlan, DirectionPlan
 from .codegen.planner import Planner
 from .dtypes import acc_dtype, math_dtype_of
 from .ir import grad_table, tp_table
@@ -90,11 +94,9 @@ def _bits(names: str) -> int:
     return sum(1 << _NAMES.index(n) for n in names)
 
 
-def plan_for(problem: TPProblem, direction: str = "fwd", dtype: torch.dtype = torch.float32,
-             layout: str = "mul_ir", need: Optional[str] = None, have: Optional[str] = None) -> DirectionPlan:
-    """The plan of ``direction`` (fwd / bwd / dbwd) for operands of ``dtype`` on a CUDA device.
-    ``need``: gradients asked for (default every one: "xyw", dbwd "xywg"; without weights no "w");
-    ``have``: the cotangents of the double backward (default "abc", without weights "ab")."""
+def _need_have(problem: TPProblem, direction: str, dtype: torch.dtype, layout: str, need: Optional[str],
+               have: Optional[str]) -> tuple:
+    """(need, have) with their defaults, after checking every option."""
     if direction not in DIRECTIONS:
         raise ValueError(f"direction: expected one of {DIRECTIONS}, got {direction!r}")
     if dtype not in DTYPES.values():
@@ -103,18 +105,79 @@ def plan_for(problem: TPProblem, direction: str = "fwd", dtype: torch.dtype = to
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
     weighted = problem.weight_numel > 0
     if direction == "fwd":
-        need, have = "", ""
-    else:
-        need = need if need is not None else ("xyw" if weighted else "xy") + ("g" if direction == "dbwd" else "")
-        have = "" if direction == "bwd" else have if have is not None else ("abc" if weighted else "ab")
-        allowed = "xyw" if direction == "bwd" else "xywg"
-        if not need or any(n not in allowed for n in need):
-            raise ValueError(f"need: expected letters of {allowed!r}, got {need!r}")
-        if any(h not in "abc" for h in have):
-            raise ValueError(f"have: expected letters of 'abc', got {have!r}")
+        return "", ""
+    need = need if need is not None else ("xyw" if weighted else "xy") + ("g" if direction == "dbwd" else "")
+    have = "" if direction == "bwd" else have if have is not None else ("abc" if weighted else "ab")
+    allowed = "xyw" if direction == "bwd" else "xywg"
+    if not need or any(n not in allowed for n in need):
+        raise ValueError(f"need: expected letters of {allowed!r}, got {need!r}")
+    if any(h not in "abc" for h in have):
+        raise ValueError(f"have: expected letters of 'abc', got {have!r}")
+    return need, have
+
+
+def plan_for(problem: TPProblem, direction: str = "fwd", dtype: torch.dtype = torch.float32,
+             layout: str = "mul_ir", need: Optional[str] = None, have: Optional[str] = None) -> DirectionPlan:
+    """The plan of ``direction`` (fwd / bwd / dbwd) for operands of ``dtype`` on a CUDA device.
+    ``need``: gradients asked for (default every one: "xyw", dbwd "xywg"; without weights no "w");
+    ``have``: the cotangents of the double backward (default "abc", without weights "ab")."""
+    need, have = _need_have(problem, direction, dtype, layout, need, have)
     math = math_dtype_of([torch.empty(0, dtype=dtype)])
     with settings.override(triton_interpret=False):  # the plan of a CUDA launch, wherever it is printed
         return Planner(_Tables(problem, layout)).plan(direction, _bits(need), have, math)
+
+
+def conv_plan_for(problem: TPProblem, dataflow: str = "atomic", direction: str = "fwd",
+                  dtype: torch.dtype = torch.float32, layout: str = "mul_ir", need: Optional[str] = None,
+                  have: Optional[str] = None) -> ConvPlan:
+    """The fused convolution's plan of ``direction`` for ``dataflow`` ("atomic" or "deterministic")
+    and operands of ``dtype`` on a CUDA device; ``need`` / ``have`` as ``plan_for``. Raises
+    ``codegen.emit.Unsupported`` where the generator cannot express a kernel (the convolution then
+    runs the PyTorch reference)."""
+    if dataflow not in FLOWS:
+        raise ValueError(f"dataflow: expected one of {FLOWS}, got {dataflow!r}")
+    need, have = _need_have(problem, direction, dtype, layout, need, have)
+    math = math_dtype_of([torch.empty(0, dtype=dtype)])
+    with settings.override(triton_interpret=False):
+        return ConvPlanner(_Tables(problem, layout)).plan(dataflow, direction, _bits(need), have, math)
+
+
+def conv_text(plan: ConvPlan, dtype: torch.dtype, problem: str = "") -> str:
+    """The convolution plan as lines of text; ``dtype``: the operands'."""
+    arr = ("node-parallel, source-side gradients added atomically" if plan.flow == "atomic" else
+           "node-parallel, source-side gradients summed per node in edge order") if plan.arrangement == "nodes" \
+        else "edge-parallel, node outputs added atomically"
+    lines = [f"convolution {plan.direction}" + (f" of {problem}" if problem else "") + f", {plan.flow} dataflow",
+             f"  dtype {str(dtype).replace('torch.', '')} (math {str(plan.math).replace('torch.', '')})"
+             + (f", need {_letters(plan.need)}" if plan.need else "") + (f", have {plan.have}" if plan.have else ""),
+             "  " + ", ".join(f"{k}={v}" for k, v in plan.notes + (("arrangement", plan.arrangement),)) + f" ({arr})",
+             "  launch shape " + ("per kernel: the heuristic default of its mode" if plan.launch is None
+                                  else f"given: {plan.launch.rows} rows x {plan.launch.num_warps} warps"),
+             f"  {len(plan.steps)} kernel(s):"]
+    for i, st in enumerate(plan.steps, 1):
+        lc, c = st.launch, st.choice
+        where = f"owns {st.owner} nodes, edge loops {st.sections}" if st.mode == "nodes" else "rows are edges"
+        lines.append(f"  {i}. {st.name} [{st.mode}: {where}]")
+        lines.append(f"     computes {', '.join(st.outputs)} from {', '.join(st.inputs)}; {lc.rows} edge(s) x "
+                     f"{lc.num_warps} warps per program step, {lc.num_stages} stage(s), tf32 {_onoff(lc.tf32)}; "
+                     f"register cap {st.maxnreg or 'none'}")
+        lines.append(f"     visit by {'first-input' if c.in1_major else 'output'} segment; in1-outer "
+                     f"{_onoff(c.in1_outer)}; hoist {_onoff(st.hoist)}; prefetch {st.prefetch or 'off'}; "
+                     f"atomics {', '.join(st.scatter) or 'none'}")
+        extra = []
+        if st.zero_filled:
+            extra.append("zero-filled " + ", ".join(st.zero_filled))
+        if st.row_partials:
+            extra.append(f"row partials {', '.join(st.row_partials)} (at most {st.programs_per_sm} programs "
+                         "per multiprocessor)")
+        if st.per_edge:
+            extra.append(f"{st.per_edge} written per edge, summed per source node")
+        acc = [n for n in sorted(st.acc_outputs) if acc_dtype(dtype) != dtype]
+        if acc:
+            extra.append("float32 accumulation " + ", ".join(acc))
+        if extra:
+            lines.append("     " + "; ".join(extra))
+    return "\n".join(lines)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -126,13 +189,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layout", default=None, choices=LAYOUTS, help="operand layout (default mul_ir)")
     parser.add_argument("--need", default=None, help="gradients asked for (letters of xyw, dbwd xywg; default all)")
     parser.add_argument("--have", default=None, help="double backward cotangents present (letters of abc; default all)")
+    parser.add_argument("--conv", action="store_true",
+                        help="the fused graph convolution's plan instead of the batched product's")
+    parser.add_argument("--dataflow", default=None, choices=FLOWS,
+                        help="the convolution's dataflow (implies --conv; default atomic)")
 
 
-def plan_text(problem: TPProblem, args: argparse.Namespace, layout: Optional[str] = None) -> str:
-    """``text`` of ``problem``'s plan with the options in ``args``; ``layout`` overrides a missing --layout."""
+def plan_text(problem: TPProblem, args: argparse.Namespace, layout: Optional[str] = None,
+              dataflow: Optional[str] = None) -> str:
+    """``text`` of ``problem``'s plan with the options in ``args``; ``layout`` overrides a missing
+    --layout; the convolution's plan (``conv_text``) with --conv, --dataflow or ``dataflow`` (used
+    where --dataflow is not given)."""
     layout = args.layout or layout or "mul_ir"
+    what = f"{problem.describe()} [{layout}]"
+    flow = getattr(args, "dataflow", None) or dataflow or ("atomic" if getattr(args, "conv", False) else None)
+    if flow is not None:
+        plan = conv_plan_for(problem, flow, args.direction, DTYPES[args.dtype], layout, args.need, args.have)
+        return conv_text(plan, DTYPES[args.dtype], what)
     plan = plan_for(problem, args.direction, DTYPES[args.dtype], layout, args.need, args.have)
-    return text(plan, DTYPES[args.dtype], f"{problem.describe()} [{layout}]")
+    return text(plan, DTYPES[args.dtype], what)
 
 
 def run(args: argparse.Namespace) -> str:

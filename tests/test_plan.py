@@ -89,3 +89,14 @@ def test_standard_plans_pinned(tmp_path):
             (11, "uvw_rows", 2, 4), (4, "uvw_rows", 1, 2)]
         tetris = plan_for(problem("tetris-poly-1"), "bwd")
         assert [(s.part, s.row_partials, s.launch.rows) for s in tetris.steps] == [(7, ("gw",), 8)]
+
+
+def test_command_prints_a_convolution_plan(capsys, tmp_path):
+    from equikernels.plan import conv_plan_for
+    with settings.override(cache_dir=str(tmp_path)):
+        assert main(["nequip-water", "--dataflow", "deterministic", "--direction", "bwd"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("nequip-water: convolution bwd of ") and "deterministic dataflow" in out
+    assert "gx written per edge, summed per source node" in out
+    with pytest.raises(ValueError, match="dataflow: expected one of"):
+        conv_plan_for(TPProblem.create(**PROBLEMS["channel-wise"]), "unfused")

@@ -2,9 +2,10 @@
 
 The plan is what the launcher runs on a CUDA device with the settings in force: the kernels in
 launch order, with their generator choices, launch shape and buffer handling. With ``--model``,
-every distinct tensor product of the model is listed with the modules that use it. A product run
-inside the fused graph convolution (a MACE interaction block) is planned as the batched product
-of the same problem; the convolution's gather and scatter are not part of the printed plan."""
+every distinct tensor product of the model is listed with the modules that use it; a product run
+inside the fused graph convolution (a MACE interaction block, TensorProductConv) is printed as the
+convolution's plan, in the module's dataflow unless --dataflow is given. ``--conv`` /
+``--dataflow`` print a standard problem's convolution plan."""
 from __future__ import annotations
 
 import argparse
@@ -29,6 +30,15 @@ def _fused(module) -> bool:
     return isinstance(module, (InteractionBlock, TensorProductConv))
 
 
+def _dataflow(module, args) -> str:
+    """The dataflow a fused module runs: --dataflow, else its own ``dataflow`` resolved as a CUDA
+    call here would resolve it (the autotuner may still pick the other fused one)."""
+    from ..ops.conv import resolve_dataflow
+    if args.dataflow:
+        return args.dataflow
+    return resolve_dataflow(getattr(module, "dataflow", "auto"), getattr(module, "deterministic", None), "triton")[0]
+
+
 def model_products(model) -> Dict[Tuple[object, str], List[Tuple[str, object]]]:
     """(problem, layout) -> [(module name, module)] for the modules of ``model`` holding a ``TPProblem``."""
     from ..problem import TPProblem
@@ -40,6 +50,10 @@ def model_products(model) -> Dict[Tuple[object, str], List[Tuple[str, object]]]:
     return found
 
 
+def _batched(args: argparse.Namespace) -> argparse.Namespace:
+    return argparse.Namespace(**dict(vars(args), conv=False, dataflow=None))
+
+
 def model_text(path: str, args: argparse.Namespace) -> str:
     from ..models import load
     products = model_products(load(path, device="cpu"))
@@ -48,11 +62,21 @@ def model_text(path: str, args: argparse.Namespace) -> str:
     lines = [f"{path}: {len(products)} distinct tensor product(s)"]
     for i, ((problem, layout), users) in enumerate(products.items(), 1):
         lines.append(f"[{i}] used by " + ", ".join(f"{n} ({type(m).__name__})" for n, m in users))
-        fused = sorted({type(m).__name__ for _, m in users if _fused(m)})
-        if fused:
-            lines.append(f"    runs inside the fused graph convolution ({', '.join(fused)}); "
-                         "the plan below is the batched product's")
-        lines.extend("    " + ln for ln in _plan.plan_text(problem, args, layout).splitlines())
+        fused = [m for _, m in users if _fused(m)]
+        flows = sorted({_dataflow(m, args) for m in fused})
+        if len(fused) < len(users) and fused:
+            lines.append("    used as a batched product too:")
+            lines.extend("    " + ln for ln in _plan.plan_text(problem, _batched(args), layout).splitlines())
+        if not fused:
+            lines.extend("    " + ln for ln in _plan.plan_text(problem, args, layout).splitlines())
+        for flow in flows:
+            names = ", ".join(sorted({type(m).__name__ for m in fused if _dataflow(m, args) == flow}))
+            if flow == "unfused":  # gathered batched product + index_add
+                lines.append(f"    runs as the unfused convolution ({names}): the batched product's plan")
+                lines.extend("    " + ln for ln in _plan.plan_text(problem, _batched(args), layout).splitlines())
+            else:
+                lines.append(f"    runs inside the fused graph convolution ({names})")
+                lines.extend("    " + ln for ln in _plan.plan_text(problem, args, layout, flow).splitlines())
     return "\n".join(lines)
 
 

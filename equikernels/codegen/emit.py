@@ -17,7 +17,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from .. import settings
 from ..ir import Factor, Path, Table
 from .plan_types import KernelChoice
 
@@ -299,9 +298,7 @@ class KernelBuilder:
     def _hoisted(self, operand: str) -> bool:
         """An operand of the node a node-parallel program owns: loaded once per node, before the
         edge loop (e.g. g[dst] in the backward over a destination's edges)."""
-        env = settings.get().conv_hoist  # diagnostics: force on / off
-        hoist = self.rowing.hoist if env is None else env
-        return hoist and self.rowing.mode == "nodes" and self.rowing.rowvar.get(operand) == "noderow"
+        return self.rowing.hoist and self.rowing.mode == "nodes" and self.rowing.rowvar.get(operand) == "noderow"
 
     def _load_hoisted(self, f: Factor, const: int, terms, sizes, block, nd: int) -> str:
         name = self.body.tmp(f"{f.operand}_n")

@@ -111,3 +111,60 @@ class DirectionPlan:
     steps: Tuple[KernelStep, ...]
     # (name, value) of the problem classes and switches the steps were decided from (printed by equikernels.plan)
     notes: Tuple[Tuple[str, object], ...] = ()
+
+
+# --- the fused graph convolution (codegen/conv_planner.py, codegen/conv.py) ------------------------
+@dataclass(frozen=True)
+class ConvKernelStep:
+    """One kernel of a convolution direction. ``names``: what it computes (x, y, w, g gradients, or
+    out). ``mode``: "nodes" (each program owns a node of ``owner``'s side and walks its edges) or
+    "edges" (rows are edges, node outputs added with atomics). ``sections``: the node kernel's edge
+    loops (emit.Rowing). ``hoist``: the owned node's rows held across the edge loop. ``prefetch``:
+    edge-loop pipelining ('', 'idx', 'all'). ``scatter``: outputs added with atomics. ``maxnreg``:
+    register cap (0: none). ``launch``: rows already at least ``min_rows``. ``outputs``: pointer
+    arguments written, in allocation order. ``zero_filled``: outputs zero-filled before the launch.
+    ``acc_outputs``: outputs added into (float32 buffers for half-precision results, rounded once).
+    ``row_partials``: outputs written as per-program partials (``programs_per_sm`` programs per
+    multiprocessor at most) and summed after the launch. ``per_edge``: the source-side gradient
+    (gx / dx) written per edge as ``per_edge + "e"`` and summed per source node in sorted order."""
+    key: tuple               # the launcher's kernel cache key
+    name: str
+    describe: str            # the comment line the kernel's source starts with
+    names: Tuple[str, ...]
+    mode: str
+    owner: Optional[str]
+    sections: str
+    hoist: bool
+    prefetch: str
+    scatter: Tuple[str, ...]
+    choice: KernelChoice
+    launch: LaunchConfig
+    maxnreg: int
+    inputs: Tuple[str, ...]
+    outputs: Tuple[str, ...]
+    index_args: Tuple[str, ...]  # graph index arguments after the outputs (emit.Rowing.args)
+    zero_filled: Tuple[str, ...]
+    acc_outputs: FrozenSet[str]
+    row_partials: Tuple[str, ...]
+    programs_per_sm: int
+    per_edge: Optional[str]
+    min_rows: int
+    body: str = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class ConvPlan:
+    """The kernels one convolution direction launches, in order, for one dataflow ("atomic" or
+    "deterministic"); ``need``/``have``/``math`` as ``DirectionPlan``. ``launch``: the given launch
+    shape, or None for the heuristic default of each kernel's mode. ``arrangement``: "nodes"
+    (node-parallel kernels; atomic: gx / dx added into their rows) or "edges" (edge-parallel,
+    every node output added with atomics)."""
+    flow: str
+    direction: str
+    need: int
+    have: str
+    math: torch.dtype
+    launch: Optional[LaunchConfig]
+    arrangement: str
+    steps: Tuple[ConvKernelStep, ...]
+    notes: Tuple[Tuple[str, object], ...] = ()

@@ -5,7 +5,8 @@
 and the settings in force: kernel split, per-kernel generator choices, launch shapes and buffer
 handling. The generator (emit.py, uvw_rows.py) builds what a ``KernelChoice`` says and the
 launcher (tp.TPKernels, the pinned recipes of recipe.py) runs a plan's steps. Plans are cached per
-planner; the measurements behind the defaults are in docs/performance.md.
+planner; the measurements behind the defaults are in docs/performance.md. The fused graph
+convolution's decisions are conv_planner.py's, built on the same problem classes.
 """
 from __future__ import annotations
 
@@ -450,53 +451,3 @@ class Planner:
             notes += (("dbwd_one_kernel", self.dbwd_one()), ("dbwd_part_paths", self.dbwd_part_paths()))
         return DirectionPlan(direction, need, have, math, cfg, default, tuple(steps), notes)
 
-
-# --- the graph convolution's kernels (conv.py) -----------------------------------------------------
-def conv_knob(name: str, kind: str, default: str = "") -> str:
-    """Setting ``name`` of direction ``kind`` for the node-parallel convolution kernels:
-    EQUIKERNELS_CONV_<NAME>_<KIND>, else EQUIKERNELS_CONV_<NAME>, else ``default``."""
-    v = settings.get().per_kind(f"conv_{name.lower()}", kind)
-    return default if v is None else str(int(v)) if isinstance(v, bool) else str(v)
-
-
-# float64 node-parallel kernels: warps per program (one edge per step); float32 keeps one warp,
-# whose reductions and carried sums stay inside the warp
-CONV_WARPS_F64 = {"fwd": 4, "bwd": 1, "dbwd": 2}
-
-
-def conv_config(kind: str, mode: str, dtype: torch.dtype) -> LaunchConfig:
-    """Edges per program step of a convolution kernel of direction ``kind``. Edge-parallel: 4 (fp32)
-    / 2 (fp64) with warps along the edge axis, as the batched product. Node-parallel: one edge per
-    step, one warp per node (float64: CONV_WARPS_F64). EQUIKERNELS_CONV_ROWS / _WARPS override."""
-    nodes = mode == "nodes"
-    default = 1 if nodes else (4 if dtype == torch.float32 else 2)
-    s = settings.get()
-    rows = s.conv_rows or default
-    warps = CONV_WARPS_F64[kind] if nodes and dtype == torch.float64 and not s.conv_rows else min(4, rows)
-    return LaunchConfig(rows=rows, num_warps=s.conv_warps or warps, tf32=s.tf32)
-
-
-def conv_prefetch(kind: str, math: torch.dtype = torch.float32) -> str:
-    """Edge-loop pipelining (emit.Rowing.prefetch) of the node-parallel kernels: '', 'idx' or 'all'.
-    The one-warp float32 gradient kernels are latency bound: they issue the next edge's loads early
-    ('all'); float64 would spill, it and the forward keep ''. EQUIKERNELS_CONV_PREFETCH[_<KIND>]."""
-    v = conv_knob("PREFETCH", kind, "" if kind == "fwd" or math == torch.float64 else "all")
-    if v not in ("", "idx", "all"):
-        raise ValueError(f"EQUIKERNELS_CONV_PREFETCH: expected '', 'idx' or 'all', got {v!r}")
-    return v
-
-
-def conv_hoist(kind: str, math: torch.dtype) -> bool:
-    """Whether a node-parallel kernel holds its owned node's rows (g) in registers across the edge
-    loop instead of re-reading them per edge: not in the double backward, which holds twice the
-    operands, nor in a float64 backward. EQUIKERNELS_CONV_HOIST[_<KIND>] overrides."""
-    spill = kind == "dbwd" or (kind == "bwd" and math == torch.float64)
-    return conv_knob("HOIST", kind, "0" if spill else "1") == "1"
-
-
-def conv_in1_outer(problem, kind: str, math: torch.dtype, nodes: bool) -> bool:
-    """Shared gx/dx inner sums (in1_outer), and in the float64 node-parallel backward of channel-wise
-    products too (fewer registers there). EQUIKERNELS_CONV_IN1OUTER[_<KIND>] overrides."""
-    on = in1_outer(problem, kind) or (nodes and kind == "bwd" and math == torch.float64
-                                      and all(i.mode == "uvu" for i in problem.instructions))
-    return conv_knob("IN1OUTER", kind, "1" if on else "0") == "1"

@@ -8,7 +8,7 @@ from equikernels.catalog import problem
 from equikernels.cli import main
 from equikernels.default_model import default_model_path
 from equikernels.models import load
-from equikernels.plan import plan_for
+from equikernels.plan import conv_plan_for, plan_for
 from equikernels.problem import TPProblem
 
 
@@ -24,6 +24,7 @@ def test_prints_a_standard_problem_plan(capsys, tmp_path):
 
 
 def test_model_lists_its_products(capsys, tmp_path):
+    """An interaction block's product runs inside the fused convolution: its convolution plan is printed."""
     path = default_model_path()
     users = {}
     for name, m in load(path, device="cpu").named_modules():
@@ -31,14 +32,28 @@ def test_model_lists_its_products(capsys, tmp_path):
             users.setdefault((m.problem, m.layout), []).append(name)
     with settings.override(cache_dir=str(tmp_path), autotune=False):
         assert main(["plan", "--model", path, "--direction", "bwd", "--dtype", "float64"]) == 0
-        plans = {key: plan_for(key[0], "bwd", torch.float64, key[1]) for key in users}
+        plans = {key: conv_plan_for(key[0], "atomic", "bwd", torch.float64, key[1]) for key in users}
     out = capsys.readouterr().out
     assert users and f"{len(users)} distinct tensor product(s)" in out.splitlines()[0]
     assert out.count("runs inside the fused graph convolution (InteractionBlock)") == len(users)
     for (p, layout), names in users.items():
-        assert f"bwd of {p.describe()} [{layout}]" in out
+        assert f"convolution bwd of {p.describe()} [{layout}], atomic dataflow" in out
         assert all(f"{n} (InteractionBlock)" in out for n in names)
         assert all(s.name in out for s in plans[(p, layout)].steps)
+    assert "tp_bwd" not in out  # no batched-product kernel listed
+
+
+@pytest.mark.parametrize("argv, flow", [(["--conv"], "atomic"), (["--dataflow", "deterministic"], "deterministic")])
+def test_prints_a_standard_problem_conv_plan(argv, flow, capsys, tmp_path):
+    with settings.override(cache_dir=str(tmp_path), autotune=False):
+        assert main(["plan", "nequip-water", "--direction", "dbwd", "--dtype", "float64", *argv]) == 0
+        plan = conv_plan_for(problem("nequip-water"), flow, "dbwd", torch.float64)
+    out = capsys.readouterr().out
+    assert out.startswith(f"nequip-water: convolution dbwd of {problem('nequip-water').describe()} [mul_ir], "
+                          f"{flow} dataflow")
+    listed = [ln.split()[1] for ln in out.splitlines() if ln.split()[0] in {f"{i}." for i in range(1, 10)}]
+    assert listed == [s.name for s in plan.steps] and len(listed) == 2
+    assert out.count("1 edge(s) x 2 warps per program step") == 2
 
 
 def _one_line_error(capsys, *needles):

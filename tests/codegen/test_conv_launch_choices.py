@@ -5,24 +5,23 @@ import torch
 
 from equikernels import settings
 from equikernels.catalog import fully_connected_problem, uvu_problem
-from equikernels.codegen.conv import ConvKernels
-from equikernels.codegen.planner import conv_config, conv_in1_outer
+from equikernels.codegen.conv_planner import conv_config, conv_hoist, conv_in1_outer, conv_prefetch
 from equikernels.problem import TPProblem
 
 
 def test_float32_gradients_prefetch_and_hoist():
-    assert ConvKernels._prefetch("bwd", torch.float32) == "all"
-    assert ConvKernels._prefetch("dbwd", torch.float32) == "all"
-    assert ConvKernels._prefetch("fwd", torch.float32) == ""
-    assert ConvKernels._hoist("bwd", torch.float32)
-    assert not ConvKernels._hoist("dbwd", torch.float32)
+    assert conv_prefetch("bwd", torch.float32) == "all"
+    assert conv_prefetch("dbwd", torch.float32) == "all"
+    assert conv_prefetch("fwd", torch.float32) == ""
+    assert conv_hoist("bwd", torch.float32)
+    assert not conv_hoist("dbwd", torch.float32)
 
 
 def test_float64_gradients_do_not_prefetch_or_hoist():
     for kind in ("fwd", "bwd", "dbwd"):
-        assert ConvKernels._prefetch(kind, torch.float64) == ""
-    assert not ConvKernels._hoist("bwd", torch.float64)
-    assert not ConvKernels._hoist("dbwd", torch.float64)
+        assert conv_prefetch(kind, torch.float64) == ""
+    assert not conv_hoist("bwd", torch.float64)
+    assert not conv_hoist("dbwd", torch.float64)
 
 
 def test_setting_overrides_the_dtype_rule(monkeypatch):
@@ -30,8 +29,8 @@ def test_setting_overrides_the_dtype_rule(monkeypatch):
     monkeypatch.setenv("EQUIKERNELS_CONV_HOIST", "1")
     settings.reload()
     try:
-        assert ConvKernels._prefetch("bwd", torch.float64) == "idx"
-        assert ConvKernels._hoist("bwd", torch.float64)
+        assert conv_prefetch("bwd", torch.float64) == "idx"
+        assert conv_hoist("bwd", torch.float64)
     finally:
         monkeypatch.undo()
         settings.reload()

@@ -1,0 +1,123 @@
+"""The convolution's plan is what its launcher runs: each direction's kernels, in order, with the
+plan's launch shape and register cap; the decisions of one channel-wise problem are pinned in
+float32 and float64 for both dataflows."""
+import pytest
+import torch
+
+from conv_checks import awkward_graph, channelwise
+from equikernels import ConvGraph, settings
+from equikernels.codegen import conv as cc
+from equikernels.codegen.conv_planner import ConvPlanner
+from equikernels.codegen.plan_types import ConvPlan
+from equikernels.ops import plan_of, spec_of
+from equikernels.problem import TPProblem
+
+XYW, XYWG = 0b111, 0b1111
+
+
+def _tables():
+    return plan_of(spec_of(TPProblem.create(**channelwise()), "ir_mul"))
+
+
+def _decisions(plan: ConvPlan):
+    return [(s.names, s.mode, s.owner, s.sections, s.launch.rows, s.launch.num_warps, s.maxnreg, s.hoist,
+             s.prefetch, s.choice.in1_outer, s.scatter, s.zero_filled, s.per_edge) for s in plan.steps]
+
+
+# (direction, need, have, math) -> decisions of the deterministic dataflow (node-parallel kernels owning
+# destinations; gx / dx per edge, summed per source). float64: 4 warps forward, 1 backward with shared
+# inner sums, 2 double backward, nothing prefetched or held across the edge loop in the gradients
+PINNED = {
+    ("fwd", 0, "", torch.float32): [(("out",), "nodes", "dst", "in1", 1, 1, 0, True, "", False, (), (), None)],
+    ("fwd", 0, "", torch.float64): [(("out",), "nodes", "dst", "in1", 1, 4, 0, True, "", False, (), (), None)],
+    ("bwd", XYW, "", torch.float32): [(("x", "y", "w"), "nodes", "dst", "in1all", 1, 1, 0, True, "all", False,
+                                       (), (), "gx")],
+    ("bwd", XYW, "", torch.float64): [(("x", "y", "w"), "nodes", "dst", "in1all", 1, 1, 0, False, "", True,
+                                       (), (), "gx")],
+    ("dbwd", XYWG, "abc", torch.float32): [
+        (("g",), "nodes", "dst", "in1", 1, 1, 0, False, "all", True, (), (), None),
+        (("x", "y", "w"), "nodes", "dst", "in1all", 1, 1, 0, False, "all", True, (), (), "dx")],
+    ("dbwd", XYWG, "abc", torch.float64): [
+        (("g",), "nodes", "dst", "in1", 1, 2, 0, False, "", True, (), (), None),
+        (("x", "y", "w"), "nodes", "dst", "in1all", 1, 2, 0, False, "", True, (), (), "dx")],
+}
+
+
+@pytest.mark.parametrize("key", list(PINNED), ids=lambda k: f"{k[0]}-{str(k[3])[6:]}")
+def test_decisions_pinned(key):
+    direction, need, have, math = key
+    planner = ConvPlanner(_tables())
+    with settings.override(triton_interpret=False):
+        det = planner.plan("deterministic", direction, need, have, math)
+        atomic = planner.plan("atomic", direction, need, have, math)
+    assert _decisions(det) == PINNED[key]
+    assert det.arrangement == atomic.arrangement == "nodes"
+    # atomic: the same kernels, but gx / dx added into zero-filled rows instead of written per edge
+    for d, a in zip(det.steps, atomic.steps):
+        xo = d.per_edge
+        assert a.per_edge is None and a.scatter == ((xo,) if xo else ())
+        assert a.zero_filled == ((xo,) if xo else ()) and a.acc_outputs == frozenset(a.scatter)
+        assert (a.launch, a.hoist, a.prefetch, a.choice) == (d.launch, d.hoist, d.prefetch, d.choice)
+    assert planner.plan("deterministic", direction, need, have, math) is planner.plan(
+        "deterministic", direction, need, have, math)
+
+
+def test_settings_reach_the_plan():
+    planner = ConvPlanner(_tables())
+    with settings.override(conv_maxnreg_bwd=96, conv_grad_loops="one", conv_atomic="edges"):
+        det = planner.plan("deterministic", "bwd", XYW, "", torch.float32)
+        atomic = planner.plan("atomic", "bwd", XYW, "", torch.float32)
+    assert [(s.sections, s.maxnreg) for s in det.steps] == [("one", 96)]
+    assert atomic.arrangement == "edges" and [(s.mode, s.launch.rows, s.launch.num_warps, s.scatter, s.maxnreg)
+                                              for s in atomic.steps] == [("edges", 4, 4, ("gx",), 0)]
+    with pytest.raises(ValueError, match="flow: expected 'atomic' or 'deterministic'"):
+        planner.plan("sideways", "fwd")
+
+
+def _launched(monkeypatch):
+    seen = []
+    real = cc._ConvKernel.launch
+
+    def spy(self, tensors, outputs, graph, cfg, dtype, programs=None):
+        fn = self.fn
+
+        class _Fn:
+            def __getitem__(_, grid):
+                launch = fn[grid]
+
+                def call(*args, **kw):
+                    seen.append((self.step.name, kw["ROWS"], kw["num_warps"], getattr(fn, "maxnreg", 0)))
+                    return launch(*args, **kw)
+                return call
+        self.fn = _Fn()
+        try:
+            return real(self, tensors, outputs, graph, cfg, dtype, programs)
+        finally:
+            self.fn = fn
+    monkeypatch.setattr(cc._ConvKernel, "launch", spy)
+    return seen
+
+
+@pytest.mark.parametrize("math", [torch.float32, torch.float64])
+def test_launches_follow_the_plan(monkeypatch, math):
+    """The launcher runs the plan's kernels in order with the plan's rows, warps and register cap
+    (the interpreter runs the kernels; a capped float32 backward included)."""
+    tables = _tables()
+    p = tables.problem
+    src, dst = awkward_graph(4, 6)
+    graph = ConvGraph.build(src, dst, 4)
+    g = torch.Generator().manual_seed(0)
+    mk = lambda *s: torch.randn(*s, generator=g, dtype=math)  # noqa: E731
+    x, y, w, gr = mk(4, p.dim_in1), mk(6, p.dim_in2), mk(6, p.weight_numel), mk(4, p.dim_out)
+    ks = cc.ConvKernels(tables, "deterministic")
+    seen = _launched(monkeypatch)
+    with settings.override(conv_maxnreg_bwd=96):
+        ks.forward(x, y, w, graph)
+        ks.backward(x, y, w, gr, graph, "xyw")
+        ks.double_backward(x, y, w, gr, x, y, w, graph, "xywg")
+        plans = [ks.planner.plan("deterministic", d, n, h, math) for d, n, h in
+                 (("fwd", 0, ""), ("bwd", XYW, ""), ("dbwd", XYWG, "abc"))]
+    want = [(s.name, s.launch.rows, s.launch.num_warps, s.maxnreg) for pl in plans for s in pl.steps]
+    assert seen == want
+    assert [m for *_, m in want] == [0, 96, 0, 0]
+    assert [wp for _, _, wp, _ in want] == ([1, 1, 1, 1] if math == torch.float32 else [4, 1, 2, 2])
