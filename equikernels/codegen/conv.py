@@ -104,7 +104,7 @@ class ConvKernels:
         self.planner = planner_of(plan)
         self._cache: Dict[tuple, _ConvKernel] = {}
 
-    def plan_of(self, kind: str, names=(), have: str = "", math: torch.dtype = torch.float32,
+    def conv_plan(self, kind: str, names=(), have: str = "", math: torch.dtype = torch.float32,
                 cfg: Optional[LaunchConfig] = None) -> ConvPlan:
         """The plan this launcher runs for direction ``kind`` computing ``names``."""
         need = 0 if kind == "fwd" else _bits(kind, names)
@@ -122,7 +122,7 @@ class ConvKernels:
         Buffers the plan adds into (atomics, per-edge gx/dx before their segment sum, row partials)
         are float32 for half-precision results, rounded once at the end."""
         math = math_of(*tensors.values(), math_dtype=math)
-        plan = self.plan_of(kind, names, have, math, cfg)
+        plan = self.conv_plan(kind, names, have, math, cfg)
         res = {}
         for st in plan.steps:
             k = self._kernel(st)

@@ -24,7 +24,6 @@ FLOWS = ("atomic", "deterministic")
 # which graph side each operand / output lives on (everything else is per edge)
 SRC_SIDE = ("x", "a", "gx", "dx")
 DST_SIDE = ("out", "g", "dg")
-EDGE_OUTPUTS = ("gy", "gw", "dy", "dw")
 # float64 node-parallel kernels: warps per program (one edge per step); float32 keeps one warp,
 # whose reductions and carried sums stay inside the warp
 CONV_WARPS_F64 = {"fwd": 4, "bwd": 1, "dbwd": 2}
