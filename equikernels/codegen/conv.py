@@ -105,7 +105,7 @@ class ConvKernels:
         self._cache: Dict[tuple, _ConvKernel] = {}
 
     def conv_plan(self, kind: str, names=(), have: str = "", math: torch.dtype = torch.float32,
-                cfg: Optional[LaunchConfig] = None) -> ConvPlan:
+                  cfg: Optional[LaunchConfig] = None) -> ConvPlan:
         """The plan this launcher runs for direction ``kind`` computing ``names``."""
         need = 0 if kind == "fwd" else _bits(kind, names)
         return self.planner.plan(self.flow, kind, need, have, math, cfg)
