@@ -82,6 +82,7 @@ def rowing(mode: str, operands, owner: Optional[str] = None, sections: str = "se
     addressed by the owned node, the others through src[e] / dst[e]; node outputs of edge-parallel
     kernels (and with ``scatter_src`` the source-side gradients) are added with atomics."""
     rowvar, index = {}, {}
+    operands = sorted(operands)  # a fixed order: the generated source (and its cache key) must not vary per process
     for name in operands:
         side = "src" if name in SRC_SIDE else "dst" if name in DST_SIDE else None
         if side is None:

@@ -121,3 +121,40 @@ def test_launches_follow_the_plan(monkeypatch, math):
     assert seen == want
     assert [m for *_, m in want] == [0, 96, 0, 0]
     assert [wp for _, _, wp, _ in want] == ([1, 1, 1, 1] if math == torch.float32 else [4, 1, 2, 2])
+
+
+_SOURCES = """
+import hashlib, sys
+sys.path.insert(0, {tests!r})
+from equikernels import settings
+from equikernels.codegen.conv_planner import ConvPlanner
+from equikernels.ops import plan_of, spec_of
+from equikernels.problem import TPProblem
+from conv_checks import channelwise
+kw = channelwise()
+kw["shared_weights"] = True  # the weight gradient sums over edges: an edge-parallel kernel
+planner = ConvPlanner(plan_of(spec_of(TPProblem.create(**kw), "ir_mul")))
+with settings.override(triton_interpret=False, conv_atomic="edges"):
+    steps = [s for d, n, h in (("fwd", 0, ""), ("bwd", 7, ""), ("dbwd", 15, "abc"))
+             for s in planner.plan("atomic", d, n, h).steps]
+print(sorted({{s.mode for s in steps}}), hashlib.sha256(repr([s.body for s in steps]).encode()).hexdigest())
+"""
+
+
+def test_generated_source_does_not_depend_on_the_hash_seed():
+    """Kernel sources are cache keys: a source that changed with Python's string hashing would
+    recompile in every process (edge-parallel kernels listed their index loads in set order)."""
+    import os
+    import subprocess
+    import sys
+
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    outs = []
+    for seed in ("1", "2", "3"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        res = subprocess.run([sys.executable, "-c", _SOURCES.format(tests=tests)], env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-2000:]
+        outs.append(res.stdout.strip().splitlines()[-1])
+    assert "edges" in outs[0]
+    assert outs[0] == outs[1] == outs[2], outs
