@@ -19,12 +19,13 @@ from typing import Dict, Optional
 import torch
 import triton
 
-from ..dtypes import acc_dtype
+from ..dtypes import acc_dtype, math_dtype_of
 from .cache import load_module
 from .conv_planner import ConvPlanner, FLOWS
 from .plan_types import ConvKernelStep, ConvPlan, LaunchConfig
 from .segment import segment_sum
-from .tp import _DT, _alloc, _num_sms, math_of
+from .recipe import KERNEL_DT
+from .tp import _alloc, num_sms
 
 
 class _Capped:
@@ -69,7 +70,7 @@ class _ConvKernel:
         args = [tensors[k] for k in st.inputs] + [outputs[k] for k in st.outputs]
         args += [idx[k] for k in st.index_args]
         prec = "tf32" if cfg.tf32 and dtype != torch.float64 else "ieee"
-        self.fn[grid](*args, n, triton.cdiv(n, cfg.rows), ROWS=cfg.rows, DT=_DT[dtype], PREC=prec,
+        self.fn[grid](*args, n, triton.cdiv(n, cfg.rows), ROWS=cfg.rows, DT=KERNEL_DT[dtype], PREC=prec,
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
@@ -118,10 +119,10 @@ class ConvKernels:
 
     def _run(self, kind: str, names, tensors, like, graph, cfg, have: str = "", math=None) -> Dict[str, torch.Tensor]:
         """Launch the kernels computing outputs ``names`` (x, y, w, g / out) of one direction.
-        Outputs take the dtype of ``like``; math is ``math`` (default: math_of the operands).
+        Outputs take the dtype of ``like``; math is ``math`` (default: dtypes.math_dtype_of the operands).
         Buffers the plan adds into (atomics, per-edge gx/dx before their segment sum, row partials)
         are float32 for half-precision results, rounded once at the end."""
-        math = math_of(*tensors.values(), math_dtype=math)
+        math = math_dtype_of(tensors.values(), math)
         plan = self.conv_plan(kind, names, have, math, cfg)
         res = {}
         for st in plan.steps:
@@ -155,7 +156,7 @@ class ConvKernels:
         programs = None
         if st.row_partials:
             programs = min(triton.cdiv(max(graph.num_edges, 1), cfg.rows),
-                           st.programs_per_sm * _num_sms(tensors["y"].device))
+                           st.programs_per_sm * num_sms(tensors["y"].device))
             for n in st.row_partials:
                 outs[n] = _alloc((programs, like[n].shape[-1]), like[n], True, acc_dtype(like[n].dtype))
         if graph.num_edges == 0 and st.mode == "edges":

@@ -20,12 +20,10 @@ from ..dtypes import acc_dtype, math_dtype_of
 from .emit import KernelMeta, generate
 from .launch import FastLaunch
 from .plan_types import KernelChoice, KernelStep, LaunchConfig
-from .planner import NEED_W, NEED_X, NEED_Y, Planner, candidates, channelwise_rows, weights_dominate
+from .planner import NEED_W, NEED_X, NEED_Y, Planner, channelwise_rows, weights_dominate
 from .planner import default_config  # noqa: F401 (public: the heuristic launch shape)
 from . import recipe as _recipe
-from .recipe import KERNEL_DT, constexprs
-
-_DT = KERNEL_DT
+from .recipe import KERNEL_DT, constexprs  # noqa: F401 (KERNEL_DT: public for equikernels.experimental)
 
 
 def _poison() -> bool:
@@ -45,21 +43,12 @@ def _alloc(shape, like: torch.Tensor, zero: bool, dtype: Optional[torch.dtype] =
     return torch.empty(shape, dtype=dtype, device=like.device)
 
 
-def math_of(*tensors, math_dtype: Optional[torch.dtype] = None) -> torch.dtype:
-    """The kernels' math dtype, the reference's rule: ``math_dtype`` if given, else float64 when any
-    operand is float64 and float32 otherwise (float32, float16, bfloat16 operands)."""
-    return math_dtype_of(tensors, math_dtype)
-
-
 @functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (4 off CUDA), for partial-sum program counts."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4
-
-
-# public names for the opt-in kernels in equikernels.experimental
-num_sms = _num_sms
 
 
 class Kernel:
@@ -198,16 +187,12 @@ class TPKernels:
             cfg = self._tuned_cfgs[memo] = LaunchConfig(**best)
         return cfg
 
-    @staticmethod
-    def _candidates(default: LaunchConfig, dtype) -> list:
-        return candidates(default, dtype)
-
     # Dtypes: operands may be float16 / bfloat16 / float32 (mixed) or float64; every kernel computes
-    # in ``math`` (math_of: float32 unless float64 is involved), the forward writes ``out_dtype``
+    # in ``math`` (dtypes.math_dtype_of: float32 unless float64 is involved), the forward writes ``out_dtype``
     # (default x's), every gradient is written in the dtype of the operand it is the gradient of.
     def forward(self, x, y, w, cfg: Optional[LaunchConfig] = None, out_dtype: Optional[torch.dtype] = None,
                 math: Optional[torch.dtype] = None):
-        math = math_of(x, y, w, math_dtype=math)
+        math = math_dtype_of((x, y, w), math)
         ins = {"x": x, "y": y, "w": w}
         outs = {"out": ((x.shape[0], self.problem.dim_out), out_dtype or x.dtype)}
         if cfg is None:
@@ -216,7 +201,7 @@ class TPKernels:
         return self._run(step, ins, outs, math)["out"]
 
     def backward(self, x, y, w, g, need: int, cfg: Optional[LaunchConfig] = None, math: Optional[torch.dtype] = None):
-        math = math_of(x, y, w, g, math_dtype=math)
+        math = math_dtype_of((x, y, w, g), math)
         if cfg is None:
             cfg = self._tuned("bwd", f"bwd{need}", x, math, lambda c: self.backward(x, y, w, g, need, c, math))
         outs = {"g" + n: (t.shape, t.dtype) for bit, n, t in ((NEED_X, "x", x), (NEED_Y, "y", y), (NEED_W, "w", w))
@@ -231,7 +216,7 @@ class TPKernels:
     def double_backward(self, x, y, w, g, a, b, c, need: int, cfg: Optional[LaunchConfig] = None,
                         math: Optional[torch.dtype] = None):
         """(dx, dy, dw, dg) of the trilinear identity; a, b, c may be None."""
-        math = math_of(x, y, w, g, a, b, c, math_dtype=math)
+        math = math_dtype_of((x, y, w, g, a, b, c), math)
         have = "".join(k for k, t in zip("abc", (a, b, c)) if t is not None)
         if cfg is None:
             cfg = self._tuned("dbwd", f"dbwd{need}{have}", x, math,
@@ -279,7 +264,7 @@ class TPKernels:
             return {name: t.to(wide.get(name, t.dtype)) for name, t in res.items()}
         programs = None
         if partial:
-            programs = min(triton.cdiv(n, cfg.rows), 4 * _num_sms(x.device))
+            programs = min(triton.cdiv(n, cfg.rows), 4 * num_sms(x.device))
             for name, (shape, dtype) in partial.items():
                 res[name] = _alloc((programs, shape[-1]), x, name in step.zero_filled, acc_dtype(dtype), poison)
         k.launch(tensors, res, n, cfg, math, programs)

@@ -22,7 +22,7 @@ from ..dtypes import acc_dtype
 from ..ir import double_backward_tables
 from .chain import Chain, Method, autocast_dtype, is_eager
 from .graph import ConvGraph
-from .tp import _check_same, check_dtypes, plan_of, spec_of
+from .tp import _check_same, _has_unweighted, check_dtypes, plan_of, spec_of
 
 NAMES = "xyw"
 FLOWS = ("atomic", "deterministic")
@@ -162,7 +162,7 @@ class _Convolution(Method):
 
     @staticmethod
     def unweighted(c: _Conv) -> bool:
-        return any(not i.has_weight for i in c.plan.problem.instructions)
+        return _has_unweighted(c.spec)
 
     @staticmethod
     def fwd(c, x, y, w, math, out_dtype):

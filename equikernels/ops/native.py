@@ -1,8 +1,8 @@
 """The C++ autograd node of the eager backward (``csrc/tp_node.cpp``): build, load, recipes.
 
 Under create_graph (force training) the backward of a tensor product is itself recorded, and its
-node's backward is the fused double backward. As a Python node (``ops.tp._Bwd``) that costs the GIL
-on the autograd engine's device thread plus Triton's Python launch: on an H200 ~40 us more host
+node's backward is the fused double backward. As a Python node (``ops.chain``'s eager backward
+Function) that costs the GIL on the autograd engine's device thread plus Triton's Python launch: ~40 us more host
 time per call than OpenEquivariance's C++ node, which decided nequip-water's host-bound cell.
 The C++ node launches the kernels of the launcher's pinned double-backward recipes
 (``codegen.recipe.DbwdRecipe``), which this module hands it, and calls back into Python for anything else.

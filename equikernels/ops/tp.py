@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .. import reference, settings
-from ..dtypes import MATH_DTYPES, STORAGE_DTYPES
+from ..dtypes import MATH_DTYPES, STORAGE_DTYPES, math_dtype_of
 from . import cpu_e3nn, cpu_tp, native, trilinear
 from .chain import NEED_W, NEED_X, NEED_Y, Chain, Method, have_of
 from .chain import autocast_dtype, is_eager  # noqa: F401 (public names for equikernels.experimental)
@@ -136,9 +136,6 @@ def _bwd_impl(x: Tensor, y: Tensor, w: Tensor, g: Tensor, spec: str, backend: st
 def _has_unweighted(spec: str) -> bool:
     """Whether the product mixes in instructions without weights (their paths do not depend on w)."""
     return any(not ins.has_weight for ins in plan_of(spec).problem.instructions)
-
-
-_have = have_of
 
 
 def _double_backward(x, y, w, g, a, b, c, spec, be, m, nx, ny, nw, ng):
@@ -263,7 +260,6 @@ _BWD_DIRECT: dict = {}
 
 def _bwd_direct_plan(spec: str, need: int, x, y, w, g, math_dtype):
     """The pinned recipe (codegen.recipe.BwdRecipe) of this backward, or None (the full path runs)."""
-    from ..dtypes import math_dtype_of  # noqa: PLC0415 - once per recipe
     return plan_of(spec).kernels.recipe("bwd", need, "", math_dtype_of((x, y, w, g), math_dtype))
 
 
@@ -305,7 +301,6 @@ _DBWD_DIRECT: dict = {}
 
 def _dbwd_direct_plan(spec: str, have: str, need: int, x, y, w, g, a, b, c, math_dtype):
     """The pinned recipe (codegen.recipe.DbwdRecipe) of this double backward, or None."""
-    from ..dtypes import math_dtype_of  # noqa: PLC0415 - once per recipe
     math = math_dtype_of((x, y, w, g, a, b, c), math_dtype)
     return plan_of(spec).kernels.recipe("dbwd", need, have, math, (x.dtype, y.dtype, w.dtype, g.dtype))
 
@@ -360,7 +355,7 @@ def _native_fallback(key):
         res = _double_backward(x, y, w, g, a, b, c, spec, be, m, need & 1, need >> 1 & 1, need >> 2 & 1,
                                need >> 3 & 1)
         if not torch.is_grad_enabled() and FAST_BWD and x.is_cuda:
-            d = _DBWD_DIRECT.get(_dbwd_key(x, y, w, g, a, b, c, spec, _have(a, b, c), need, m))
+            d = _DBWD_DIRECT.get(_dbwd_key(x, y, w, g, a, b, c, spec, have_of(a, b, c), need, m))
             if d:
                 hb = (a is not None) | (b is not None) << 1 | (c is not None) << 2
                 native.register(_NATIVE_ENTRIES[key], hb, need, d, x.shape[0])
@@ -369,7 +364,7 @@ def _native_fallback(key):
 
 
 def _bwd_native(x, y, w, g, spec, backend, need, math_dtype):
-    """bwd under create_graph with a C++ node recording it (same results as _Bwd.apply)."""
+    """bwd under create_graph with a C++ node recording it (same results as the chain's eager backward)."""
     key = (spec, backend, need, x.dtype, y.dtype, w.dtype, g.dtype, math_dtype)
     entry = _NATIVE_ENTRIES.get(key)
     if entry is None:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from equikernels import tune
+from equikernels.codegen.planner import candidates
 from equikernels.codegen.tp import LaunchConfig, TPKernels
 from equikernels.tune.cache import TuneCache
 
@@ -93,7 +94,7 @@ def test_disabled_uses_default_without_timing(monkeypatch):
 def test_candidates_are_pruned():
     for default, dtype in ((LaunchConfig(4, 4), torch.float32), (LaunchConfig(8, 4), torch.float32),
                            (LaunchConfig(2, 2), torch.float64), (LaunchConfig(1, 4), torch.float32)):
-        cands = TPKernels._candidates(default, dtype)
+        cands = candidates(default, dtype)
         assert default.rows in [c.rows for c in cands]
         assert all(1 <= c.rows <= (8 if dtype == torch.float32 else 4) for c in cands)
         assert all(c.num_warps <= max(c.rows, 4) for c in cands)
