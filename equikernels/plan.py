@@ -23,7 +23,7 @@ import torch
 from . import settings
 from .catalog import problem as standard_problem
 from .catalog import standard_problems
-from .codegen.conv_planner import FLOWS, ConvPlanner
+from .codegen.conv_planner import FLOWS, ConvPlanner, kernel_layout
 from .codegen.launch import cap_dtypes
 from .codegen.plan_types import UVW_ROWS, ConvPlan, DirectionPlan
 from .codegen.planner import Planner
@@ -139,7 +139,8 @@ def conv_plan_for(problem: TPProblem, dataflow: str = "atomic", direction: str =
     need, have = _need_have(problem, direction, dtype, layout, need, have)
     math = math_dtype_of([torch.empty(0, dtype=dtype)])
     with settings.override(triton_interpret=False):
-        return ConvPlanner(_Tables(problem, layout)).plan(dataflow, direction, _bits(need), have, math)
+        run = kernel_layout(problem, layout)  # mul_ir channel-wise: ir_mul kernels on permuted node rows
+        return ConvPlanner(_Tables(problem, run)).plan(dataflow, direction, _bits(need), have, math)
 
 
 def conv_text(plan: ConvPlan, dtype: torch.dtype, problem: str = "") -> str:
@@ -205,6 +206,9 @@ def plan_text(problem: TPProblem, args: argparse.Namespace, layout: Optional[str
     flow = getattr(args, "dataflow", None) or dataflow or ("atomic" if getattr(args, "conv", False) else None)
     if flow is not None:
         plan = conv_plan_for(problem, flow, args.direction, DTYPES[args.dtype], layout, args.need, args.have)
+        run = kernel_layout(problem, layout)
+        if run != layout:
+            what += f", kernels in {run} (x and out permuted)"
         return conv_text(plan, DTYPES[args.dtype], what)
     plan = plan_for(problem, args.direction, DTYPES[args.dtype], layout, args.need, args.have)
     return text(plan, DTYPES[args.dtype], what)

@@ -267,6 +267,9 @@ class Settings:
     conv_in1outer_fwd: Optional[bool] = _var(None, _FLAG, "Shared inner sums; forward only")
     conv_in1outer_bwd: Optional[bool] = _var(None, _FLAG, "Shared inner sums; backward only")
     conv_in1outer_dbwd: Optional[bool] = _var(None, _FLAG, "Shared inner sums; double backward only")
+    conv_layout: str = _var("auto", _Choice("auto", "asked"),
+                            "Layout of the convolution kernels for mul_ir channel-wise products: auto (ir_mul, "
+                            "node tensors permuted around them) or asked (the layout the call asks for)")
     conv_maxnreg: Optional[int] = _var(None, _Int(0), "Register cap of node-parallel kernels (0: none)")
     conv_maxnreg_fwd: Optional[int] = _var(None, _Int(0), "Register cap; forward only")
     conv_maxnreg_bwd: Optional[int] = _var(None, _Int(0), "Register cap; backward only")

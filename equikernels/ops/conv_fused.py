@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from .. import reference
+from ..codegen.conv_planner import kernel_layout
 from ..dtypes import acc_dtype
 from ..ir import double_backward_tables
 from .chain import Chain, Method, autocast_dtype, is_eager
@@ -190,6 +191,30 @@ def cbwd(c: _Conv, x, y, w, g, names: str):
     return CONV.bwd(c, x, y, w, g, sum(1 << NAMES.index(n) for n in names), c.math)
 
 
+_PERMS: Dict[tuple, Tensor] = {}
+
+
+def _ir_mul(t: Tensor, irreps, inverse: bool) -> Tensor:
+    """``t`` [rows, dim] in mul_ir -> ir_mul (``inverse``: ir_mul -> mul_ir), one index_select."""
+    key = (irreps, inverse, t.device)
+    perm = _PERMS.get(key) if is_eager(t) else None
+    if perm is None:
+        idx, off = [], 0
+        for m, l, _ in irreps:
+            d = 2 * l + 1
+            idx += [off + u * d + i for i in range(d) for u in range(m)]
+            off += m * d
+        if inverse:
+            inv = [0] * off
+            for k, j in enumerate(idx):
+                inv[j] = k
+            idx = inv
+        perm = torch.tensor(idx, dtype=torch.long, device=t.device)
+        if is_eager(t):
+            _PERMS[key] = perm
+    return t.index_select(1, perm)
+
+
 # --- entry point ------------------------------------------------------------------------------------
 def fused_conv(problem, x: Tensor, y: Tensor, weight: Optional[Tensor], graph, layout: str, backend: str,
                flow: str, math_dtype: Optional[torch.dtype] = None, output_dtype: Optional[torch.dtype] = None
@@ -199,6 +224,11 @@ def fused_conv(problem, x: Tensor, y: Tensor, weight: Optional[Tensor], graph, l
     x's); gradients in their operand's dtype."""
     if flow not in FLOWS:
         raise ValueError(f"flow: expected one of {FLOWS}, got {flow!r}")
+    run = kernel_layout(problem, layout) if backend == "triton" else layout
+    if run != layout:  # mul_ir asked, ir_mul kernels: x and out permuted (node rows)
+        out = fused_conv(problem, _ir_mul(x, problem.irreps_in1, False), y, weight, graph, run, backend, flow,
+                         math_dtype, output_dtype)
+        return _ir_mul(out, problem.irreps_out, True)
     spec = spec_of(problem, layout)
     w = weight.contiguous() if problem.weight_numel else x.new_empty(0)
     check_dtypes(math_dtype, output_dtype)

@@ -158,3 +158,18 @@ def test_generated_source_does_not_depend_on_the_hash_seed():
         outs.append(res.stdout.strip().splitlines()[-1])
     assert "edges" in outs[0]
     assert outs[0] == outs[1] == outs[2], outs
+
+
+def test_kernel_layout_of_mul_ir_channelwise_products():
+    from equikernels.codegen.conv_planner import kernel_layout
+    uvu = TPProblem.create(**channelwise())
+    assert kernel_layout(uvu, "mul_ir") == "ir_mul"
+    assert kernel_layout(uvu, "ir_mul") == "ir_mul"
+    with settings.override(conv_layout="asked"):
+        assert kernel_layout(uvu, "mul_ir") == "mul_ir"
+    # y read differently in the two layouts, a fully connected path, or nothing to permute: as asked
+    assert kernel_layout(TPProblem.create(**channelwise(i2="2x0e+2x1o")), "mul_ir") == "mul_ir"
+    uvw = TPProblem.create("2x0e+2x1o", "0e+1o", "2x1o", [(0, 1, 0, "uvw", True), (1, 0, 0, "uvw", True)])
+    assert kernel_layout(uvw, "mul_ir") == "mul_ir"
+    scalars = TPProblem.create(**channelwise(i1="3x0e", i2="0e", filt="0e"))
+    assert kernel_layout(scalars, "mul_ir") == "mul_ir"

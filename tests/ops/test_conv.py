@@ -29,6 +29,19 @@ def test_channelwise_per_edge_weights(flow, layout, dtype, second):
     check_conv(channelwise(), flow, dtype, layout, second_order=second)
 
 
+@pytest.mark.parametrize("conv_layout", ["auto", "asked"])
+def test_mul_ir_in_either_kernel_layout(conv_layout, monkeypatch):
+    """mul_ir channel-wise products run ir_mul kernels on permuted node rows (auto) or mul_ir
+    kernels (asked); both to second order against the oracle."""
+    from equikernels.ops import conv_fused
+    seen = []
+    spec_of = conv_fused.spec_of
+    monkeypatch.setattr(conv_fused, "spec_of", lambda p, layout: seen.append(layout) or spec_of(p, layout))
+    with equikernels.settings.override(conv_layout=conv_layout):
+        check_conv(channelwise(), "atomic", torch.float64, "mul_ir")
+    assert set(seen) == {"ir_mul" if conv_layout == "auto" else "mul_ir"}
+
+
 @pytest.mark.parametrize("flow", ["atomic", "deterministic"])
 def test_ir_mul_double_backward(flow):
     check_conv(channelwise("2x0e+2x1o", "0e+1o", "0e+1o+1e"), flow, torch.float64, "ir_mul")
