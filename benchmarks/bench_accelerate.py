@@ -145,6 +145,17 @@ def sevenn_structures(quick):
     return out
 
 
+def asked_layout(call):
+    """``call`` with the convolution kernels in the layout the model asks for (mul_ir): the
+    accelerate path without the ir_mul kernel choice, as an in-process comparison."""
+    from equikernels import settings  # noqa: PLC0415
+
+    def run():
+        with settings.override(conv_layout="asked"):
+            return call()
+    return run
+
+
 def run_sevenn(device, reps, quick, profile_dir=None):
     import sevenn.calculator as sc  # noqa: PLC0415
     from sevenn.atom_graph_data import AtomGraphData  # noqa: PLC0415
@@ -181,6 +192,8 @@ def run_sevenn(device, reps, quick, profile_dir=None):
                         out["inferred_stress"].detach())
             return call
         calls = {v: caller(m) for v, m in built.items()}
+        if "SevenNet + equikernels.accelerate" in built:
+            calls["accelerate, mul_ir kernels"] = asked_layout(calls["SevenNet + equikernels.accelerate"])
         measure(rows, structure, len(atoms), calls, device, reps, "e3nn")
         checkpoint(rows)
         if profile_dir and structure == "CuNi fcc":
@@ -291,6 +304,7 @@ def run_mace(device, reps, quick, profile_dir=None):
     for atoms in _cells(quick):
         batch = _mace_batch(atoms, device, torch.float32)
         calls = {name: _mace_caller(m, batch) for name, m in models.items()}
+        calls["accelerate, mul_ir kernels"] = asked_layout(calls["mace-torch + equikernels.accelerate"])
         measure(rows, f"Cu fcc {len(atoms)}", len(atoms), calls, device, reps, "mace-torch (e3nn)")
         if profile_dir and len(atoms) > 5000:
             profile({v: c for v, c in calls.items() if "e3nn" not in v}, device, f"{profile_dir}/profile_mace_{len(atoms)}.txt")
