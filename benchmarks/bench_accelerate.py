@@ -306,7 +306,7 @@ def run_mace(device, reps, quick, profile_dir=None):
         calls = {name: _mace_caller(m, batch) for name, m in models.items()}
         calls["accelerate, mul_ir kernels"] = asked_layout(calls["mace-torch + equikernels.accelerate"])
         measure(rows, f"Cu fcc {len(atoms)}", len(atoms), calls, device, reps, "mace-torch (e3nn)")
-        if profile_dir and len(atoms) > 5000:
+        if profile_dir:
             profile({v: c for v, c in calls.items() if "e3nn" not in v}, device, f"{profile_dir}/profile_mace_{len(atoms)}.txt")
         checkpoint(rows)
         if device.type == "cuda":

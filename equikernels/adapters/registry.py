@@ -29,7 +29,7 @@ class Adapter:
 
 
 ADAPTERS: List[Adapter] = []
-_FAMILIES = ("mace", "sevenn", "e3nn_graph")  # the generic detector last: family adapters take precedence
+_FAMILIES = ("mace", "sevenn", "e3nn_mlp", "e3nn_graph")  # the generic detector last: family adapters take precedence
 _loaded = False
 
 

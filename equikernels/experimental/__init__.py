@@ -21,7 +21,7 @@ from .radial_fusion import message
 
 
 def _radial_mlp(mlp, x: torch.Tensor, weights: List[torch.Tensor]) -> Optional[torch.Tensor]:
-    return radial_mlp(x, weights, 1.0 if mlp.act._is_id else mlp.act.cst, backend=mlp.backend)
+    return radial_mlp(x, weights, 1.0, backend=mlp.backend)  # the activation constant is in the weights
 
 
 def enable() -> None:

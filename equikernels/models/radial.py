@@ -225,16 +225,29 @@ class RadialMLP(nn.Module):
             layer.weight = nn.Parameter(torch.randn(h_in, h_out))
             self.layers.append(layer)
 
+    def _cst(self) -> float:
+        """The activation's second-moment constant (1 without one or where e3nn skips it)."""
+        return 1.0 if self.act is None or self.act._is_id else float(self.act.cst)
+
+    def _scale(self, ws: List[torch.Tensor]) -> List[torch.Tensor]:
+        # the activation constant multiplies the next (small) weight, not the [edges, hidden] activations
+        c = self._cst()
+        return [w * ((c if i else 1.0) / self.hs[i] ** 0.5) for i, w in enumerate(ws)]
+
     def _scaled(self) -> List[torch.Tensor]:
-        """W / sqrt(fan_in) per layer; kept between calls while the weights are frozen and unchanged."""
+        """W / sqrt(fan_in) per layer, the previous layer's activation constant folded in; kept
+        between calls while the weights are frozen and unchanged."""
         ws = [layer.weight for layer in self.layers]
         if any(w.requires_grad for w in ws) or torch.compiler.is_compiling():
-            return [w / self.hs[i] ** 0.5 for i, w in enumerate(ws)]
+            return self._scale(ws)
         key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in ws)
         cached = self.__dict__.get("_scaled_cache")
         if cached is None or cached[0] != key:
-            cached = self.__dict__["_scaled_cache"] = (key, [w / self.hs[i] ** 0.5 for i, w in enumerate(ws)])
+            cached = self.__dict__["_scaled_cache"] = (key, self._scale(ws))
         return cached[1]
+
+    def _gate(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.act is None else self.act.f(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         last = len(self.layers) - 1
@@ -254,20 +267,21 @@ class RadialMLP(nn.Module):
                 hooks.check_mlp_unrequested()
         for i, w in enumerate(ws):
             x = x @ w
-            if i < last and self.act is not None:
-                x = self.act(x)
+            if i < last:
+                x = self._gate(x)
         return x
 
     def split_last(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(hidden, W) with ``forward(x) == hidden @ W``: the activation after the last hidden layer
-        and the last layer's scaled weight [H, out] (for the fused last-layer convolution)."""
+        """(hidden, W) with ``forward(x) == hidden @ W``: the bare activation after the last hidden
+        layer and the last layer's scaled weight [H, out], its constant folded in (for the fused
+        last-layer convolution)."""
         ws = self._scaled()
         if len(ws) < 2:
             raise ValueError("split_last: the MLP needs at least one hidden layer")
         if x.dtype != ws[0].dtype:
             ws = _half_weights(self, ws, x)
         z = self._chain(x, ws[:-1], len(ws) - 2)
-        return (self.act(z) if self.act is not None else z), ws[-1]
+        return self._gate(z), ws[-1]
 
 
 def _half_weights(mlp: "RadialMLP", ws: List[torch.Tensor], x: torch.Tensor) -> List[torch.Tensor]:

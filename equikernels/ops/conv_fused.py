@@ -191,28 +191,46 @@ def cbwd(c: _Conv, x, y, w, g, names: str):
     return CONV.bwd(c, x, y, w, g, sum(1 << NAMES.index(n) for n in names), c.math)
 
 
-_PERMS: Dict[tuple, Tensor] = {}
+_PERMS: Dict[tuple, Tuple[Tensor, Tensor]] = {}
+
+
+class _Permute(torch.autograd.Function):
+    """Columns of ``t`` [rows, dim] permuted; the gradient is the inverse permutation (a gather,
+    not index_select's scatter-add), differentiable again."""
+
+    @staticmethod
+    def forward(ctx, t: Tensor, perm: Tensor, inverse: Tensor) -> Tensor:
+        ctx.save_for_backward(perm, inverse)
+        return t.index_select(1, perm)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        perm, inverse = ctx.saved_tensors
+        return _Permute.apply(g, inverse, perm), None, None
 
 
 def _ir_mul(t: Tensor, irreps, inverse: bool) -> Tensor:
-    """``t`` [rows, dim] in mul_ir -> ir_mul (``inverse``: ir_mul -> mul_ir), one index_select."""
-    key = (irreps, inverse, t.device)
-    perm = _PERMS.get(key) if is_eager(t) else None
-    if perm is None:
+    """``t`` [rows, dim] in mul_ir -> ir_mul (``inverse``: ir_mul -> mul_ir)."""
+    key = (irreps, t.device)
+    perms = _PERMS.get(key) if is_eager(t) else None
+    if perms is None:
         idx, off = [], 0
         for m, l, _ in irreps:
             d = 2 * l + 1
             idx += [off + u * d + i for i in range(d) for u in range(m)]
             off += m * d
-        if inverse:
-            inv = [0] * off
-            for k, j in enumerate(idx):
-                inv[j] = k
-            idx = inv
-        perm = torch.tensor(idx, dtype=torch.long, device=t.device)
+        inv = [0] * off
+        for k, j in enumerate(idx):
+            inv[j] = k
+        perms = (torch.tensor(idx, dtype=torch.long, device=t.device),
+                 torch.tensor(inv, dtype=torch.long, device=t.device))
         if is_eager(t):
-            _PERMS[key] = perm
-    return t.index_select(1, perm)
+            _PERMS[key] = perms
+    perm, inv = perms
+    if inverse:
+        perm, inv = inv, perm
+    # traced: plain index_select (the compiled backward of a custom Function is not differentiated again)
+    return _Permute.apply(t, perm, inv) if is_eager(t) else t.index_select(1, perm)
 
 
 # --- entry point ------------------------------------------------------------------------------------

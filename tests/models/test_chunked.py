@@ -99,9 +99,7 @@ def test_chunked_equals_unchunked_fp64(name, count_chunked, device):
     assert count_chunked["convs"] == 2 and count_chunked["chunks"] > 40
     for key in ("energy", "node_energy", "forces", "stress", "edge_forces"):
         assert _rel(out[key], ref[key]) < 1e-12, key
-    assert ref["forces"].abs().max() > 1e-3
-    if device.type == "cpu":  # same summation order in the forward (on a GPU, matmuls of other sizes may round
-        assert torch.equal(out["energy"], ref["energy"])  # differently)
+    assert ref["forces"].abs().max() > 1e-3  # (not bitwise: a matmul's rounding depends on its row count)
 
 
 def test_force_loss_gradient_create_graph(count_chunked, device):

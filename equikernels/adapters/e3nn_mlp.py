@@ -1,0 +1,107 @@
+"""e3nn's ``FullyConnectedNet`` (the radial MLP of MACE, SevenNet and NequIP-style models) with its
+constants folded into the weights.
+
+e3nn scales each activation to unit second moment (``f(x) * cst``) and multiplies by
+``sqrt(var_out)`` after it: two elementwise passes over the [edges, hidden] activations per hidden
+layer, forward and backward. Both factors are constants in front of the next matmul, so they are
+multiplied into the next layer's (small) weight instead: per layer ``x @ (W * scale)`` then the
+bare activation. Same parameters and ``state_dict``; the scaled weights are kept between calls
+while no weight requires a gradient and none has changed.
+"""
+from __future__ import annotations
+
+from typing import List, Tuple
+
+import torch
+from torch import nn
+
+from .._compat import e3nn  # noqa: F401  (safe e3nn import first)
+from .classes import accelerated_class, register_overrides
+from .registry import Adapter, NotFused, register
+
+try:
+    from e3nn.nn._fc import _Layer as _E3nnLayer
+except ImportError:  # another e3nn layout: the attribute check alone decides
+    _E3nnLayer = None
+
+MLP = "e3nn_mlp"
+
+
+def _layers(net: nn.Module) -> List[nn.Module]:
+    return [getattr(net, f"layer{i}") for i in range(len(net.hs) - 1)]
+
+
+def _factors(net: nn.Module) -> Tuple[List[float], list, float]:
+    """(weight scale per layer, activation per layer or None, factor after the last layer)."""
+    scales, gates, carried = [], [], 1.0
+    for layer in _layers(net):
+        act = layer.act
+        if act is None:
+            scales.append(carried / (layer.h_in * layer.var_in / layer.var_out) ** 0.5)
+            gates.append(None)
+            carried = 1.0
+        else:
+            scales.append(carried / (layer.h_in * layer.var_in) ** 0.5)
+            if hasattr(act, "f") and hasattr(act, "cst"):  # e3nn normalize2mom: f(x) * cst unless ~identity
+                gates.append(act.f)
+                cst = 1.0 if getattr(act, "_is_id", False) else float(act.cst)
+            else:
+                gates.append(act)
+                cst = 1.0
+            carried = cst * layer.var_out ** 0.5
+    return scales, gates, carried
+
+
+def _weights(net: nn.Module) -> List[torch.Tensor]:
+    scales = net.__dict__["_ek_mlp"][0]
+    ws = [layer.weight for layer in _layers(net)]
+    if any(w.requires_grad for w in ws) or torch.compiler.is_compiling():
+        return [w * s for w, s in zip(ws, scales)]
+    key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in ws)
+    cached = net.__dict__.get("_ek_mlp_w")
+    if cached is None or cached[0] != key:
+        cached = net.__dict__["_ek_mlp_w"] = (key, [w * s for w, s in zip(ws, scales)])
+    return cached[1]
+
+
+def _overrides(cls: type) -> dict:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if "_ek_mlp" not in self.__dict__:  # after unpickling
+            self.__dict__["_ek_mlp"] = _factors(self)
+        _, gates, tail = self.__dict__["_ek_mlp"]
+        for w, gate in zip(_weights(self), gates):
+            x = x @ w
+            if gate is not None:
+                x = gate(x)
+        return x if tail == 1.0 else x * tail
+
+    forward.__doc__ = "e3nn's FullyConnectedNet forward, its constants folded into the weights."
+    return {"forward": forward}
+
+
+register_overrides(MLP, _overrides)
+
+
+def _matches(module: nn.Module) -> bool:
+    return any(c.__name__ == "FullyConnectedNet" and c.__module__.startswith("e3nn.nn")
+               for c in type(module).__mro__)
+
+
+def _apply(net: nn.Module) -> str:
+    if getattr(type(net), "_ek_adapter", None) == MLP:
+        return ""
+    try:
+        layers = _layers(net)
+        for layer in layers:
+            _ = (layer.weight, layer.h_in, layer.var_in, layer.var_out, layer.act)
+    except AttributeError as exc:
+        raise NotFused(f"not e3nn's layer structure ({exc})") from None
+    if _E3nnLayer is not None and any(type(layer).forward is not _E3nnLayer.forward for layer in layers):
+        raise NotFused("a layer's forward is not e3nn's")
+    net.__dict__["_ek_mlp"] = _factors(net)
+    net.__class__ = accelerated_class(MLP, type(net))
+    hidden = sum(1 for g in net.__dict__["_ek_mlp"][1] if g is not None)
+    return f"radial MLP {net.hs}: activation constants of {hidden} layer(s) folded into the weights"
+
+
+register(Adapter(MLP, _matches, _apply))
