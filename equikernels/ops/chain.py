@@ -1,4 +1,5 @@
-"""One autograd chain for the trilinear operations (the batched product, the fused convolution).
+"""One autograd chain for the operations of the package: the trilinear ones (the batched product,
+the fused convolution) and path tables (the symmetric contraction).
 
 An operation T(x, y, w) that is linear in each of x, y and w provides a ``Method``: its forward,
 its backward for the operands in ``need`` and its fused double backward. ``Chain`` turns that into
@@ -14,12 +15,19 @@ its backward for the operands in ``need`` and its fused double backward. ``Chain
   orders;
 - the output dtype under autocast (the operands are never cast).
 
+A path table (``ops.table_chain.TableOp``: n operands, not trilinear) goes through the same two
+paths: the custom op ``equikernels::table`` (fake, autograd) when traced, the ``autograd.Function``
+``_TableFn`` when eager. Its derivatives are the ops of its gradient tables, evaluated through this
+chain again, so every order works and only the operands are saved.
+
 Gradients come back in the dtype of their operand; half-precision sums are accumulated in float32
 by the methods (``dtypes.acc_dtype``).
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+import itertools
+import weakref
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -273,3 +281,75 @@ class _Bwd(torch.autograd.Function):
         x, y, w, g = ctx.saved_tensors
         return ctx.chain.bwd_grads(ctx.call, ctx.math, x, y, w, g, ctx.need, ga, gb, gc,
                                    ctx.needs_input_grad) + (None, None, None, None)
+
+
+# --- path tables ----------------------------------------------------------------------------------
+_TABLES: "weakref.WeakValueDictionary[str, object]" = weakref.WeakValueDictionary()  # custom-op key -> TableOp
+_TABLE_IDS = itertools.count()
+
+
+def register_table(op) -> str:
+    """The key that names ``op`` (a ``TableOp``) in traced graphs; called when the op is made, outside
+    any trace (a registration inside one would be deferred past the graph's fake run)."""
+    key = f"{op.label}#{next(_TABLE_IDS)}"
+    _TABLES[key] = op
+    return key
+
+
+def table_apply(op, out_dtype: torch.dtype, tensors: Sequence[Tensor]) -> Tensor:
+    """``op`` (a ``TableOp``) on ``tensors`` (its operands in ``op.names`` order), differentiable to
+    any order: the eager Function, or the custom op when traced."""
+    if is_eager(*tensors):
+        return _TableFn.apply(op, out_dtype, *tensors)
+    return _table_op(op.key, list(tensors), out_dtype)
+
+
+def table_grads(op, tensors: Sequence[Tensor], g: Tensor, needs: Sequence[bool]) -> List[Optional[Tensor]]:
+    """Gradients of ``op``'s output with cotangent ``g`` with respect to the operands flagged in
+    ``needs``, each in its operand's dtype (None where not needed)."""
+    named = dict(zip(op.names, tensors))
+    grads: List[Optional[Tensor]] = []
+    for name, needed in zip(op.names, needs):
+        if not needed:
+            grads.append(None)
+            continue
+        gop = op.grad(name)
+        grads.append(gop({**named, f"g{op.level}": g.contiguous()}, named[name].dtype) if gop.table.paths
+                     else torch.zeros_like(named[name]))
+    return grads
+
+
+@torch.library.custom_op("equikernels::table", mutates_args=())
+def _table_op(key: str, operands: List[Tensor], out_dtype: torch.dtype) -> Tensor:
+    op = _TABLES[key]
+    return op.evaluate(dict(zip(op.names, operands)), out_dtype)
+
+
+@_table_op.register_fake
+def _table_fake(key: str, operands: List[Tensor], out_dtype: torch.dtype) -> Tensor:
+    op = _TABLES[key]
+    return operands[0].new_empty((operands[0].shape[0], op.table.operand(op.table.output).dim), dtype=out_dtype)
+
+
+def _table_setup(ctx, inputs, output):
+    ctx.key = inputs[0]
+    ctx.save_for_backward(*inputs[1])
+
+
+def _table_backward(ctx, g):
+    return None, table_grads(_TABLES[ctx.key], ctx.saved_tensors, g, ctx.needs_input_grad[1]), None
+
+
+_table_op.register_autograd(_table_backward, setup_context=_table_setup)
+
+
+class _TableFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, op, out_dtype: torch.dtype, *tensors):
+        ctx.op = op
+        ctx.save_for_backward(*tensors)
+        return op.evaluate(dict(zip(op.names, tensors)), out_dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return (None, None, *table_grads(ctx.op, ctx.saved_tensors, g, ctx.needs_input_grad[2:]))

@@ -1,10 +1,11 @@
-"""Autograd chain of an n-ary path table (``ir.Table``) whose derivatives are its gradient tables.
+"""An n-ary path table (``ir.Table``) as a differentiable op whose derivatives are its gradient tables.
 
-The backward of a table's op evaluates the gradient tables (``ir.grad_table``) through ops of the
-same kind, so every order of derivative works while only the inputs are saved: the per-path
-intermediates stay transient, which keeps force (and force-training) memory at the size of the
-inputs. Used where the operation is not trilinear (the symmetric contraction is a polynomial in
-its features), so the trilinear chain (``ops.chain``) does not apply.
+The op runs through the autograd chain (``ops.chain.table_apply``: an eager Function, a custom op
+with a fake when traced); its backward evaluates the gradient tables (``ir.grad_table``) through
+ops of the same kind, so every order of derivative works while only the inputs are saved: the
+per-path intermediates stay transient, which keeps force (and force-training) memory at the size
+of the inputs. Used where the operation is not trilinear (the symmetric contraction is a
+polynomial in its features).
 
 An op evaluates through its method's implementation for the math dtype (``build(table, layout,
 math_dtype, name)`` -> ``impl(named, rows, out_dtype)``, e.g. generated kernels) on the triton
@@ -21,6 +22,7 @@ import torch
 from ..dtypes import HALF, STORAGE_DTYPES, math_dtype_of
 from ..ir import Factor, Operand, Path, Table, grad_table
 from ..reference import evaluate
+from .chain import register_table, table_apply
 from .tp import resolve_backend
 
 
@@ -39,6 +41,7 @@ class TableOp:
         used = {f.operand for p in table.paths for f in p.factors + ((p.weight,) if p.weight else ())}
         self.names = tuple(o.name for o in table.operands if o.name in used)  # d/dx still reads x
         self._grads: Dict[str, "TableOp"] = {}
+        self.key = register_table(self)  # its name in traced graphs
 
     def grad(self, wrt: str) -> "TableOp":
         if wrt not in self._grads:
@@ -57,7 +60,7 @@ class TableOp:
         linear in its ``wrt`` does not read it: the caller passes that operand's dtype)."""
         if out_dtype is None:
             out_dtype = (tensors[self.out_like] if self.out_like in tensors else tensors[self.names[0]]).dtype
-        return _TableFn.apply(self, out_dtype, *(tensors[n] for n in self.names))
+        return table_apply(self, out_dtype, [tensors[n] for n in self.names])
 
     def evaluate(self, named: Dict[str, torch.Tensor], out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """Plain (non-recording) evaluation: the method's implementation on the triton backend, else
@@ -100,25 +103,3 @@ class TableOp:
                               f"({type(exc).__name__}: {exc}); using the reference", RuntimeWarning)
                 self._kernels[math] = None
         return self._kernels[math]
-
-
-class _TableFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, op: TableOp, out_dtype: torch.dtype, *tensors):
-        ctx.op = op
-        ctx.save_for_backward(*tensors)
-        return op.evaluate(dict(zip(op.names, tensors)), out_dtype)
-
-    @staticmethod
-    def backward(ctx, g):
-        op, tensors = ctx.op, ctx.saved_tensors
-        named = dict(zip(op.names, tensors))
-        grads = []
-        for name, needed in zip(op.names, ctx.needs_input_grad[2:]):
-            if needed:  # each gradient in its operand's dtype
-                gop = op.grad(name)
-                grads.append(gop({**named, f"g{op.level}": g.contiguous()}, named[name].dtype) if gop.table.paths
-                             else torch.zeros_like(named[name]))
-            else:
-                grads.append(None)
-        return (None, None, *grads)

@@ -83,3 +83,34 @@ def test_bad_dtypes_name_the_operation(table):
         op.evaluate({"x": t["x"], "w": t["w"].half()})
     with pytest.raises(TypeError, match="toy table: operands must be"):
         op.evaluate({"x": t["x"].int(), "w": t["w"]})
+
+
+def test_compiled_forces_and_their_training_gradient(table):
+    """Traced (torch.compile, fullgraph, aot_autograd): the table runs as the custom op
+    equikernels::table and its x-gradient (forces) as the gradient table's op inside the graph; the
+    training gradient of |gx|^2 then differentiates those ops again. Both equal the eager chain's."""
+    op = TableOp(table, "ir_mul", backend="reference")
+    t = _inputs(table, rows=3)
+
+    def energy_forces(x, w):
+        energy = op({"x": x, "w": w}).pow(2).sum()
+        (gx,) = torch.autograd.grad(energy, x, create_graph=True)
+        return energy, gx
+
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes)
+        return torch._dynamo.backends.common.aot_autograd(fw_compiler=lambda g, _: g)(gm, example_inputs)
+
+    torch._dynamo.reset()
+    results = []
+    with torch._dynamo.config.patch(trace_autograd_ops=True):
+        compiled = torch.compile(energy_forces, fullgraph=True, backend=backend)
+        for f in (compiled, energy_forces):
+            x, w = (t[n].detach().clone().requires_grad_() for n in ("x", "w"))
+            energy, gx = f(x, w)
+            results.append([energy, gx, *torch.autograd.grad(gx.pow(2).sum(), [x, w])])
+    assert any("equikernels.table" in s for s in seen), seen
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
