@@ -198,8 +198,10 @@ def test_accelerate_nequip_style_model():
     assert not any(type(m).__module__.startswith("e3nn.o3") for m in model.modules()
                    if isinstance(m, (o3.TensorProduct, o3.Linear, o3.SphericalHarmonics)))
     kept = dict((n, why) for n, _, why in report.left_alone)
-    assert {"layers.0.radial", "layers.0.gate", "norm_act"} <= set(kept)
-    assert "replaced" in kept["layers.0.gate"] and "no equikernels equivalent" in kept["layers.0.radial"]
+    assert {"layers.0.gate", "norm_act"} <= set(kept) and "layers.0.radial" not in kept
+    assert "replaced" in kept["layers.0.gate"]
+    fused = dict((n, what) for n, _, what in report.fused)  # the radial MLPs: constants folded into weights
+    assert "folded into the weights" in fused["layers.0.radial"] and "layers.1.radial" in fused
     text = str(report)
     assert "replaced 12 module(s)" in text and "layers.1.tp: TensorProduct -> equikernels.TensorProduct" in text
 
