@@ -10,6 +10,7 @@ plan's steps. Plans are cached per planner and follow the settings in force.
 """
 from __future__ import annotations
 
+import functools
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -84,13 +85,19 @@ def kernel_layout(problem, layout: str) -> str:
     """The layout the fused kernels of a ``layout`` convolution run in. Channel-wise (uvu) products
     asked for in mul_ir run in ir_mul, the node tensors x and out permuted around the kernels (node
     rows, not edge rows): there the kernels read and write each channel's components as one
-    contiguous run (MACE-MP-medium backward 8.55 -> 4.30 ms at 795k edges). Only when y and the
-    weights read the same in both layouts; EQUIKERNELS_CONV_LAYOUT=asked keeps the asked layout."""
-    if (layout != "mul_ir" or settings.get().conv_layout == "asked"
-            or not problem.instructions or any(i.mode != "uvu" for i in problem.instructions)
-            or _layouts_differ(problem.irreps_in2)):
+    contiguous run (docs/performance.md). Only when y and the weights read the same in both
+    layouts; EQUIKERNELS_CONV_LAYOUT=asked keeps the asked layout."""
+    if layout != "mul_ir" or settings.get().conv_layout == "asked":
         return layout
-    return "ir_mul" if _layouts_differ(problem.irreps_in1) or _layouts_differ(problem.irreps_out) else layout
+    return _channelwise_layout(problem)
+
+
+@functools.lru_cache(maxsize=256)
+def _channelwise_layout(problem) -> str:
+    if (not problem.instructions or any(i.mode != "uvu" for i in problem.instructions)
+            or _layouts_differ(problem.irreps_in2)):
+        return "mul_ir"
+    return "ir_mul" if _layouts_differ(problem.irreps_in1) or _layouts_differ(problem.irreps_out) else "mul_ir"
 
 
 def rowing(mode: str, operands, owner: Optional[str] = None, sections: str = "segment", hoist: bool = True,
