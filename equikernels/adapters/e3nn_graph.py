@@ -19,6 +19,8 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 from torch import fx, nn
 
+from .._compat import e3nn  # noqa: F401  (safe e3nn import first)
+from e3nn import math as e3nn_math  # noqa: E402
 from ..nn.tensor_product import TensorProduct
 from .classes import accelerated_class, original_class, register_overrides
 from .fused import fusable_tp, message_passing
@@ -50,6 +52,12 @@ try:  # the common third-party scatter
         register_scatter(getattr(torch_scatter, _f), _torch_scatter_style)
 except Exception:  # noqa: BLE001 (absent or broken: nothing to register)
     pass
+
+
+# e3nn functions kept as single calls in a traced layer: some versions assign into tensors inside
+# them (0.4.4's soft_one_hot_linspace), which fx cannot trace
+_E3NN_LEAVES = tuple(getattr(e3nn_math, n) for n in ("soft_one_hot_linspace", "soft_unit_step")
+                     if callable(getattr(e3nn_math, n, None)))
 
 
 class _Tracer(fx.Tracer):
@@ -149,7 +157,7 @@ def rewrite(layer: nn.Module) -> Tuple[Callable, int, str]:
         return None, 0, "forward has optional (None-default) arguments"
     current, layer.__class__ = layer.__class__, cls  # trace the layer's own forward, not the fused one
     try:
-        graph = _Tracer(autowrap_functions=tuple(SCATTERS)).trace(layer)
+        graph = _Tracer(autowrap_functions=tuple(SCATTERS) + _E3NN_LEAVES).trace(layer)
     except Exception as exc:  # noqa: BLE001 (data-dependent control flow and the like: leave the layer alone)
         return None, 0, f"forward is not traceable by torch.fx ({type(exc).__name__}: {str(exc).splitlines()[0]})"
     finally:
