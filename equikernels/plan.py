@@ -25,7 +25,7 @@ from .catalog import problem as standard_problem
 from .catalog import standard_problems
 from .codegen.conv_planner import FLOWS, ConvPlanner, kernel_layout
 from .codegen.launch import cap_dtypes
-from .codegen.plan_types import UVW_ROWS, ConvPlan, DirectionPlan
+from .codegen.plan_types import UVW_ROWS, ConvPlan, DirectionPlan, need_bits, need_letters
 from .codegen.planner import Planner
 from .dtypes import acc_dtype, math_dtype_of
 from .ir import grad_table, tp_table
@@ -34,11 +34,6 @@ from .problem import TPProblem
 DIRECTIONS = ("fwd", "bwd", "dbwd")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 LAYOUTS = ("mul_ir", "ir_mul")
-_NAMES = "xywg"  # need bits 1, 2, 4, 8
-
-
-def _letters(bits: int) -> str:
-    return "".join(n for i, n in enumerate(_NAMES) if bits >> i & 1)
 
 
 def _onoff(v) -> str:
@@ -50,7 +45,7 @@ def text(plan: DirectionPlan, dtype: torch.dtype, problem: str = "") -> str:
     cfg = plan.launch
     lines = [f"{plan.direction} of {problem}" if problem else plan.direction,
              f"  dtype {str(dtype).replace('torch.', '')} (math {str(plan.math).replace('torch.', '')})"
-             + (f", need {_letters(plan.need)}" if plan.need else "") + (f", have {plan.have}" if plan.have else ""),
+             + (f", need {need_letters(plan.need)}" if plan.need else "") + (f", have {plan.have}" if plan.have else ""),
              "  " + ", ".join(f"{k}={v}" for k, v in plan.notes),
              f"  launch shape {cfg.rows} rows x {cfg.num_warps} warps, {cfg.num_stages} stage(s), tf32 "
              f"{_onoff(cfg.tf32)} ({'heuristic default' if plan.default else 'given'}); autotune "
@@ -90,10 +85,6 @@ class _Tables:
         self.grad_tables = {n: grad_table(self.table, n) for n in ("x", "y", "w")}
 
 
-def _bits(names: str) -> int:
-    return sum(1 << _NAMES.index(n) for n in names)
-
-
 def _need_have(problem: TPProblem, direction: str, dtype: torch.dtype, layout: str, need: Optional[str],
                have: Optional[str]) -> tuple:
     """(need, have) with their defaults, after checking every option."""
@@ -124,7 +115,7 @@ def plan_for(problem: TPProblem, direction: str = "fwd", dtype: torch.dtype = to
     need, have = _need_have(problem, direction, dtype, layout, need, have)
     math = math_dtype_of([torch.empty(0, dtype=dtype)])
     with settings.override(triton_interpret=False):  # the plan of a CUDA launch, wherever it is printed
-        return Planner(_Tables(problem, layout)).plan(direction, _bits(need), have, math)
+        return Planner(_Tables(problem, layout)).plan(direction, need_bits(need), have, math)
 
 
 def conv_plan_for(problem: TPProblem, dataflow: str = "atomic", direction: str = "fwd",
@@ -140,7 +131,7 @@ def conv_plan_for(problem: TPProblem, dataflow: str = "atomic", direction: str =
     math = math_dtype_of([torch.empty(0, dtype=dtype)])
     with settings.override(triton_interpret=False):
         run = kernel_layout(problem, layout)  # mul_ir channel-wise: ir_mul kernels on permuted node rows
-        return ConvPlanner(_Tables(problem, run)).plan(dataflow, direction, _bits(need), have, math)
+        return ConvPlanner(_Tables(problem, run)).plan(dataflow, direction, need_bits(need), have, math)
 
 
 def conv_text(plan: ConvPlan, dtype: torch.dtype, problem: str = "") -> str:
@@ -150,7 +141,7 @@ def conv_text(plan: ConvPlan, dtype: torch.dtype, problem: str = "") -> str:
         else "edge-parallel, node outputs added atomically"
     lines = [f"convolution {plan.direction}" + (f" of {problem}" if problem else "") + f", {plan.flow} dataflow",
              f"  dtype {str(dtype).replace('torch.', '')} (math {str(plan.math).replace('torch.', '')})"
-             + (f", need {_letters(plan.need)}" if plan.need else "") + (f", have {plan.have}" if plan.have else ""),
+             + (f", need {need_letters(plan.need)}" if plan.need else "") + (f", have {plan.have}" if plan.have else ""),
              "  " + ", ".join(f"{k}={v}" for k, v in plan.notes + (("arrangement", plan.arrangement),)) + f" ({arr})",
              "  launch shape " + ("per kernel: the heuristic default of its mode" if plan.launch is None
                                   else f"given: {plan.launch.rows} rows x {plan.launch.num_warps} warps"),

@@ -11,7 +11,7 @@ import json
 import math
 import operator
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from ._compat import o3
 
@@ -67,6 +67,17 @@ def irreps_str(irreps: Sequence[Irrep]) -> str:
 
 def irreps_dim(irreps: Sequence[Irrep]) -> int:
     return sum(m * (2 * l + 1) for m, l, _ in irreps)
+
+
+def ir_mul_index(irreps: Sequence[Irrep]) -> List[int]:
+    """``idx`` with ``t_ir_mul = t_mul_ir[..., idx]`` for irreps as (mul, l, p): each block of ``mul``
+    copies of a ``2l+1``-dimensional irrep goes from [mul, 2l+1] to [2l+1, mul]."""
+    idx, off = [], 0
+    for m, l, _ in irreps:
+        d = 2 * l + 1
+        idx += [off + u * d + i for i in range(d) for u in range(m)]
+        off += m * d
+    return idx
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import triton
 from ..dtypes import acc_dtype, math_dtype_of
 from .cache import load_module
 from .conv_planner import ConvPlanner, FLOWS
-from .plan_types import ConvKernelStep, ConvPlan, LaunchConfig
+from .plan_types import NEED_LETTERS, ConvKernelStep, ConvPlan, LaunchConfig, need_bits
 from .segment import segment_sum
 from .recipe import KERNEL_DT
 from .tp import _alloc, num_sms
@@ -74,15 +74,11 @@ class _ConvKernel:
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
-_NAMES = {"bwd": "xyw", "dbwd": "xywg"}
-
-
 def _bits(kind: str, names) -> int:
-    letters = _NAMES[kind]
-    bad = [n for n in names if n not in letters]
-    if bad:
+    letters = NEED_LETTERS if kind == "dbwd" else NEED_LETTERS[:3]
+    if any(n not in letters for n in names):
         raise ValueError(f"names: expected letters of {letters!r}, got {''.join(names)!r}")
-    return sum(1 << letters.index(n) for n in set(names))
+    return need_bits(names)
 
 
 def planner_of(tables) -> ConvPlanner:

@@ -18,7 +18,7 @@ import torch
 from .. import settings
 from ..ir import double_backward_tables
 from .emit import Group, Rowing, generate
-from .plan_types import ConvKernelStep, ConvPlan, KernelChoice, LaunchConfig
+from .plan_types import ConvKernelStep, ConvPlan, KernelChoice, LaunchConfig, need_letters
 from .planner import DIRECTIONS, in1_outer
 
 FLOWS = ("atomic", "deterministic")
@@ -122,10 +122,6 @@ def rowing(mode: str, operands, owner: Optional[str] = None, sections: str = "se
     r = Rowing(mode, sections, rowvar, index, scatter, hoist)
     r.prefetch = prefetch
     return r
-
-
-def _letters(bits: int, names: str) -> list:
-    return [n for i, n in enumerate(names) if bits >> i & 1]
 
 
 class _Kernel:
@@ -246,7 +242,7 @@ class ConvPlanner:
         return plan
 
     def _plan(self, flow: str, kind: str, need: int, have: str, math, launch) -> ConvPlan:
-        names = ["out"] if kind == "fwd" else _letters(need, "xyw" if kind == "bwd" else "xywg")
+        names = ["out"] if kind == "fwd" else list(need_letters(need if kind == "dbwd" else need & 7))
         arrangement = self.arrangement(flow, kind)
         nodes_atomic = flow == "atomic" and arrangement == "nodes"
         steps = []

@@ -13,6 +13,17 @@ from typing import FrozenSet, Optional, Tuple
 import torch
 
 EMIT, UVW_ROWS = "emit", "uvw_rows"  # generators: path tables (emit.py), per-row uvw (uvw_rows.py)
+NEED_LETTERS = "xywg"  # a plan's need bits 1, 2, 4, 8: the gradients of x, y, w and (double backward) g
+
+
+def need_letters(bits: int) -> str:
+    """The letters (of NEED_LETTERS) of need ``bits``."""
+    return "".join(n for i, n in enumerate(NEED_LETTERS) if bits >> i & 1)
+
+
+def need_bits(letters) -> int:
+    """The need bits of ``letters`` (of NEED_LETTERS)."""
+    return sum(1 << NEED_LETTERS.index(n) for n in set(letters))
 
 
 @dataclass(frozen=True)

@@ -11,19 +11,15 @@ from torch import nn
 from .._compat import o3
 from e3nn.o3._spherical_harmonics import _spherical_harmonics  # noqa: E402 (after the safe e3nn import)
 from e3nn.util.jit import compile_mode  # noqa: E402
-from ..problem import TensorProductError, TensorProductTypeError, parse_irreps
+from ..problem import TensorProductError, TensorProductTypeError, ir_mul_index, parse_irreps
 
 __all__ = ["SphericalHarmonics", "ir_mul_permutation"]
 
 
 def ir_mul_permutation(irreps) -> Optional[torch.Tensor]:
     """Index ``perm`` with ``x_ir_mul = x_mul_ir[..., perm]``; None when both layouts coincide."""
-    perm, off = [], 0
-    for mul, ir in o3.Irreps(irreps):
-        d = ir.dim
-        perm += [off + u * d + i for i in range(d) for u in range(mul)]
-        off += mul * d
-    return None if perm == list(range(off)) else torch.tensor(perm, dtype=torch.long)
+    perm = ir_mul_index(parse_irreps(irreps, "irreps"))
+    return None if perm == list(range(len(perm))) else torch.tensor(perm, dtype=torch.long)
 
 
 MAX_L = 12  # the highest degree e3nn implements

@@ -19,8 +19,10 @@ from torch import Tensor
 
 from .. import reference
 from ..codegen.conv_planner import kernel_layout
+from ..codegen.plan_types import need_letters
 from ..dtypes import acc_dtype
 from ..ir import double_backward_tables
+from ..problem import ir_mul_index
 from .chain import Chain, Method, autocast_dtype, is_eager
 from .graph import ConvGraph
 from .tp import _check_same, _has_unweighted, check_dtypes, plan_of, spec_of
@@ -70,10 +72,6 @@ def _fallback(conv: _Conv, what: str, exc: Exception) -> None:
         done.add(key)
         warnings.warn(f"equikernels: no generated convolution kernel for {what} of {conv.plan.problem.describe()} "
                       f"({exc}); using the PyTorch reference")
-
-
-def _names(need: int, letters: str) -> str:
-    return "".join(n for i, n in enumerate(letters) if need >> i & 1)
 
 
 # --- implementations (not differentiable) -------------------------------------------------------
@@ -171,12 +169,12 @@ class _Convolution(Method):
 
     @staticmethod
     def bwd(c, x, y, w, g, need, math):
-        r = _bwd_impl(c, x, y, w, g, _names(need, NAMES), math)
+        r = _bwd_impl(c, x, y, w, g, need_letters(need & 7), math)
         return tuple(r.get("g" + n, t.new_empty(0)) for n, t in zip(NAMES, (x, y, w)))
 
     @staticmethod
     def dbwd(c, x, y, w, g, a, b, cc, have, need, math):
-        names = _names(need, "xywg")
+        names = need_letters(need)
         r = _dbwd_impl(c, x, y, w, g, a, b, cc, have, names, math)
         return tuple((r["d" + n] if "d" + n in r else torch.zeros_like(t)) if n in names else t.new_empty(0)
                      for n, t in zip("xywg", (x, y, w, g)))
@@ -214,16 +212,8 @@ def _ir_mul(t: Tensor, irreps, inverse: bool) -> Tensor:
     key = (irreps, t.device)
     perms = _PERMS.get(key) if is_eager(t) else None
     if perms is None:
-        idx, off = [], 0
-        for m, l, _ in irreps:
-            d = 2 * l + 1
-            idx += [off + u * d + i for i in range(d) for u in range(m)]
-            off += m * d
-        inv = [0] * off
-        for k, j in enumerate(idx):
-            inv[j] = k
-        perms = (torch.tensor(idx, dtype=torch.long, device=t.device),
-                 torch.tensor(inv, dtype=torch.long, device=t.device))
+        idx = torch.tensor(ir_mul_index(irreps), dtype=torch.long, device=t.device)
+        perms = (idx, torch.argsort(idx))
         if is_eager(t):
             _PERMS[key] = perms
     perm, inv = perms
