@@ -197,6 +197,37 @@ def rename(table: Table, mapping: Dict[str, str]) -> Table:
     return Table(ops, r(table.output), paths)
 
 
+def channel_label(table: Table, mul: int) -> Optional[str]:
+    """The one label of size ``mul`` that every path of ``table`` has (the channel of a channel-wise
+    product), or None when some path has none or several."""
+    names = set()
+    for p in table.paths:
+        labels = [l for l, n in p.labels if n == mul]
+        if len(labels) != 1:
+            return None
+        names.add(labels[0])
+    return names.pop() if len(names) == 1 else None
+
+
+def channel_slice(table: Table, label: str, lo: int, hi: int) -> Table:
+    """``table`` restricted to channels [lo, hi) of ``label``: every factor reading the label starts
+    ``lo`` channels further, the label has ``hi - lo`` values. Operand layouts are unchanged, so
+    the slices of a table write disjoint parts of every output that carries the label and partial
+    sums of every output that does not."""
+    def shift(f):
+        st = {} if f is None else dict(f.strides)
+        return f if label not in st else Factor(f.operand, f.segment, f.base + st[label] * lo, f.strides)
+
+    paths = []
+    for p in table.paths:
+        size = p.label_sizes.get(label)
+        if size is None or not 0 <= lo < hi <= size:
+            raise ValueError(f"channel_slice: channels [{lo}, {hi}) of {label!r} outside a path's {size}")
+        labels = tuple((l, hi - lo if l == label else n) for l, n in p.labels)
+        paths.append(Path(tuple(shift(f) for f in p.factors), shift(p.weight), shift(p.output), labels, p.entries))
+    return Table(table.operands, table.output, tuple(paths))
+
+
 def substitute(table: Table, old: str, new: str) -> Table:
     """Directional derivative of ``table`` along operand ``old``, the direction named ``new``: the
     paths that read ``old``, with ``new`` in its place. Paths without ``old`` (e.g. unweighted

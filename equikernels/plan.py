@@ -157,6 +157,9 @@ def conv_text(plan: ConvPlan, dtype: torch.dtype, problem: str = "") -> str:
                      f"{_onoff(c.in1_outer)}; hoist {_onoff(st.hoist)}; prefetch {st.prefetch or 'off'}; "
                      f"atomics {', '.join(st.scatter) or 'none'}")
         extra = []
+        if st.channels != (0, 0):
+            extra.append(f"channels {st.channels[0]}:{st.channels[1]}"
+                         + (f", into the buffers of the part before ({', '.join(st.continues)})" if st.continues else ""))
         if st.zero_filled:
             extra.append("zero-filled " + ", ".join(st.zero_filled))
         if st.row_partials:

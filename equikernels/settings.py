@@ -270,6 +270,11 @@ class Settings:
     conv_layout: str = _var("auto", _Choice("auto", "asked"),
                             "Layout of the convolution kernels for mul_ir channel-wise products: auto (ir_mul, "
                             "node tensors permuted around them) or asked (the layout the call asks for)")
+    conv_channel_parts: Optional[int] = _var(None, _Int(1), "Channel parts of node-parallel gradient kernels of "
+                                             "channel-wise products (default: float64 backward 64 channels a part)")
+    conv_channel_parts_fwd: Optional[int] = _var(None, _Int(1), "Channel parts; forward only")
+    conv_channel_parts_bwd: Optional[int] = _var(None, _Int(1), "Channel parts; backward only")
+    conv_channel_parts_dbwd: Optional[int] = _var(None, _Int(1), "Channel parts; double backward only")
     conv_maxnreg: Optional[int] = _var(None, _Int(0), "Register cap of node-parallel kernels (0: none)")
     conv_maxnreg_fwd: Optional[int] = _var(None, _Int(0), "Register cap; forward only")
     conv_maxnreg_bwd: Optional[int] = _var(None, _Int(0), "Register cap; backward only")

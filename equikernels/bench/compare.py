@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 DEFAULT_MARGIN = 0.10
 DEFAULT_SLACK_MS = 0.05
@@ -52,6 +52,7 @@ class Comparison:
     findings: List[Finding] = field(default_factory=list)
     faster: List[Tuple[str, str, float]] = field(default_factory=list)  # (cell, impl, ratio) beyond the margin
     new_cells: List[str] = field(default_factory=list)
+    out_of_scope: int = 0  # baseline cells of groups / problems this run did not measure
 
     @property
     def ok(self) -> bool:
@@ -67,6 +68,8 @@ class Comparison:
                          "(refresh the baseline deliberately if this is the new normal)")
         if self.new_cells:
             lines.append(f"  {len(self.new_cells)} cells not in the baseline (not compared)")
+        if self.out_of_scope:
+            lines.append(f"  {self.out_of_scope} baseline cells outside this run's groups and problems (not compared)")
         lines.append("OK: no regression" if self.ok else f"FAIL: {len(self.findings)} regression(s)")
         return "\n".join(lines)
 
@@ -92,12 +95,52 @@ def _index(cells: Iterable[dict]) -> Dict[Tuple[str, str], dict]:
     return {(c["id"], c["impl"]): c for c in cells}
 
 
+def in_scope(cell: dict, scope: Optional[dict]) -> bool:
+    """Whether a run of ``scope`` (its ``"groups"`` and batched-product ``"problems"``; None: every
+    cell) measures ``cell``."""
+    if not scope:
+        return True
+    group = cell.get("group") or cell["id"].split("/")[0]
+    if group not in scope.get("groups", ()):
+        return False
+    return group != "tp" or cell["id"].split("/")[1] in scope.get("problems", ())
+
+
+def merge(runs: Sequence[dict]) -> dict:
+    """One run of several runs of one GPU kind (e.g. a suite measured group by group): the cells of
+    all, a later run's cell replacing an earlier one of the same id and implementation; the scopes
+    united; ``env`` of the first, ``merged`` listing each run's date, versions and wall time."""
+    if not runs:
+        raise ValueError("merge: expected at least one run")
+    kinds = {r["gpu_kind"] for r in runs}
+    if len(kinds) != 1:
+        raise GPUKindMismatch(f"merge: runs of different GPU kinds {sorted(kinds)} cannot be one baseline")
+    cells: Dict[Tuple[str, str], dict] = {}
+    groups: List[str] = []
+    problems: List[str] = []
+    for r in runs:
+        cells.update(_index(r["cells"]))
+        scope = r.get("scope") or {"groups": sorted({c.get("group", c["id"].split("/")[0]) for c in r["cells"]}),
+                                   "problems": sorted({c["id"].split("/")[1] for c in r["cells"]
+                                                       if c["id"].startswith("tp/")})}
+        groups += [g for g in scope.get("groups", ()) if g not in groups]
+        problems += [p for p in scope.get("problems", ()) if p not in problems]
+    first = runs[0]
+    return {"schema": SCHEMA, "gpu_kind": first["gpu_kind"], "quick": any(r.get("quick") for r in runs),
+            "env": first.get("env", {}), "copy": first.get("copy", {}), "cells": list(cells.values()),
+            "scope": {"groups": groups, "problems": problems},
+            "merged": [{"date_utc": r.get("env", {}).get("date_utc"), "equikernels": r.get("env", {}).get("equikernels"),
+                        "wall_s": r.get("wall_s"), "groups": (r.get("scope") or {}).get("groups")} for r in runs],
+            "wall_s": round(sum(float(r.get("wall_s") or 0) for r in runs), 1)}
+
+
 def compare(baseline: dict, current: dict, *, margin: float = DEFAULT_MARGIN, slack_ms: float = DEFAULT_SLACK_MS,
             impls: Optional[Iterable[str]] = ("equikernels",)) -> Comparison:
     """Compare ``current`` with ``baseline`` (both as written by ``equikernels bench``).
 
-    ``impls``: which implementations are guarded (default: equikernels only; None: all). Raises
-    ``GPUKindMismatch`` when the runs come from different GPU kinds."""
+    ``impls``: which implementations are guarded (default: equikernels only; None: all). Baseline
+    cells outside ``current``'s scope (groups and problems it was asked to run) are not compared.
+    Raises ``GPUKindMismatch`` when the runs come from different GPU kinds."""
     if margin < 0 or slack_ms < 0:
         raise ValueError(f"margin and slack_ms must be >= 0, got {margin} and {slack_ms}")
     kb, kc = baseline.get("gpu_kind"), current.get("gpu_kind")
@@ -112,6 +155,9 @@ def compare(baseline: dict, current: dict, *, margin: float = DEFAULT_MARGIN, sl
         if guarded is not None and impl not in guarded:
             continue
         b, c = base.get(key), cur.get(key)
+        if c is None and b is not None and not in_scope(b, current.get("scope")):
+            res.out_of_scope += 1
+            continue
         if c is not None and c.get("status") == "ok" and c.get("err") is not None and c.get("tol") is not None \
                 and not c["err"] <= c["tol"]:
             res.findings.append(Finding(cid, impl, "inaccurate", None, c.get("ms"),

@@ -265,7 +265,8 @@ def run_suite(opts: Options, device: torch.device) -> dict:
     """Run the suite on ``device`` and return the result document (what ``--out`` receives as JSON)."""
     opts.started = time.perf_counter()
     data = {"schema": SCHEMA, "gpu_kind": gpu_kind(device), "quick": opts.quick, "env": env_info(device),
-            "copy": T.copy_bandwidth(device), "cells": []}
+            "copy": T.copy_bandwidth(device), "cells": [],
+            "scope": {"groups": list(opts.groups) + (["model"] if opts.model else []), "problems": list(opts.problems)}}
     opts.log(f"{data['env'].get('gpu')}: device-to-device copy {data['copy']['gbps_median']:.0f} GB/s")
     runners = {"tp": run_tp, "conv": run_conv, "mace": run_mace}
     for g in opts.groups:

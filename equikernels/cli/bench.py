@@ -8,8 +8,10 @@ two plots to ``--out``.
 
 ``--check BASELINE.json`` compares the run with a stored run of the same GPU kind and exits with
 status 1 when a cell is slower than ``baseline x (1 + margin) + slack`` (default margin 10 %, slack
-0.05 ms; see ``equikernels.bench.compare``). ``--results RUN.json --check BASELINE.json`` compares
-two stored runs without measuring (no GPU needed).
+0.05 ms; see ``equikernels.bench.compare``); a run of some groups or problems is compared on those
+only. ``--results RUN.json --check BASELINE.json`` compares two stored runs without measuring (no
+GPU needed). ``--merge RUN.json ...`` joins runs of one GPU kind (the suite measured group by group)
+into one result in ``--out``, e.g. a new baseline.
 """
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ def register(sub) -> None:
                    help="compare with a stored run of the same GPU kind; exit 1 on a regression")
     p.add_argument("--results", metavar="RUN.json", default=None,
                    help="with --check: compare this stored run instead of measuring")
+    p.add_argument("--merge", metavar="RUN.json", nargs="+", default=None,
+                   help="join stored runs of one GPU kind into one result in --out (no GPU needed)")
     p.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
                    help=f"relative noise margin of --check (default {DEFAULT_MARGIN})")
     p.add_argument("--slack-ms", type=float, default=DEFAULT_SLACK_MS,
@@ -62,8 +66,26 @@ def _check(args, current: dict) -> int:
     return 0 if res.ok else 1
 
 
+def _write(data: dict, out: Path) -> list:
+    from ..bench.report import markdown, plots
+    out.mkdir(parents=True, exist_ok=True)
+    stem = data["gpu_kind"]
+    (out / f"{stem}.json").write_text(json.dumps(data, indent=1, default=str))
+    md = markdown(data)
+    (out / f"{stem}.md").write_text(md)
+    print("\n" + md)
+    return [out / f"{stem}.json", out / f"{stem}.md"] + plots(data, out, stem)
+
+
 def run(args) -> int:
-    from ..bench.compare import GPUKindMismatch, load_run
+    from ..bench.compare import GPUKindMismatch, load_run, merge
+    if args.merge:
+        if args.results:
+            raise ValueError("--merge: not with --results (merge the runs, then --results MERGED --check BASE)")
+        data = merge([load_run(p) for p in args.merge])
+        written = _write(data, Path(args.out))
+        print(f"merged {len(args.merge)} runs ({len(data['cells'])} cells); wrote " + ", ".join(map(str, written)))
+        return _check(args, data) if args.check else 0
     if args.results:
         if not args.check:
             raise ValueError("--results: only with --check BASELINE.json (it compares two stored runs)")
@@ -75,7 +97,6 @@ def run(args) -> int:
                            "--results RUN.json --check BASELINE.json)")
     from ..bench import suite
     from ..bench.environment import gpu_kind
-    from ..bench.report import markdown, plots
     from ..catalog import standard_problems
 
     names = list(standard_problems())
@@ -98,14 +119,7 @@ def run(args) -> int:
                          groups=_list(args.groups, ("conv", "mace", "tp"), "--groups"),
                          time_budget_s=args.time_budget_s, log=lambda s: print(s, flush=True))
     data = suite.run_suite(opts, device)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = data["gpu_kind"]
-    (out / f"{stem}.json").write_text(json.dumps(data, indent=1, default=str))
-    md = markdown(data)
-    (out / f"{stem}.md").write_text(md)
-    written = [out / f"{stem}.json", out / f"{stem}.md"] + plots(data, out, stem)
-    print("\n" + md)
+    written = _write(data, Path(args.out))
     print("wrote " + ", ".join(str(p) for p in written), f"({data['wall_s']} s)")
     return _check(args, data) if args.check else 0
 

@@ -120,16 +120,20 @@ class ConvKernels:
         are float32 for half-precision results, rounded once at the end."""
         math = math_dtype_of(tensors.values(), math)
         plan = self.conv_plan(kind, names, have, math, cfg)
-        res = {}
+        res, wide, per_edge = {}, {}, []
         for st in plan.steps:
             k = self._kernel(st)
-            if st.per_edge:
+            if st.per_edge and st.per_edge + "e" not in like:
                 pe = like[st.per_edge]
                 like = dict(like, **{st.per_edge + "e": pe.new_empty(graph.num_edges, pe.shape[1],
                                                                       dtype=acc_dtype(pe.dtype))})
-            outs, wide = {}, {}
+                per_edge.append(st.per_edge)
+            outs = {}
             for n in st.outputs:
                 t = like[n]
+                if n in st.continues:  # a later channel part: the first part's buffer
+                    outs[n] = res[n]
+                    continue
                 if n in st.row_partials:
                     outs[n] = None
                     continue
@@ -138,10 +142,10 @@ class ConvKernels:
                     wide[n] = t.dtype
                 outs[n] = _alloc(t.shape, t, n in st.zero_filled, dt)
             res.update(self._launch(st, k, tensors, outs, like, graph, math))
-            for n, dt in wide.items():
-                res[n] = res[n].to(dt)
-            if st.per_edge and st.per_edge + "e" in res:
-                xo = st.per_edge
+        for n, dt in wide.items():
+            res[n] = res[n].to(dt)
+        for xo in per_edge:
+            if xo + "e" in res:
                 res[xo] = segment_sum(res.pop(xo + "e"), graph.perm_src, graph.ptr_src, graph.num_nodes
                                       ).to(like[xo].dtype)
         return res

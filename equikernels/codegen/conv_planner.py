@@ -10,13 +10,14 @@ plan's steps. Plans are cached per planner and follow the settings in force.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Dict, Optional, Tuple
 
 import torch
 
 from .. import settings
-from ..ir import double_backward_tables
+from ..ir import channel_label, channel_slice, double_backward_tables
 from .emit import Group, Rowing, generate
 from .plan_types import ConvKernelStep, ConvPlan, KernelChoice, LaunchConfig, need_letters
 from .planner import DIRECTIONS, in1_outer
@@ -75,6 +76,33 @@ def conv_in1_outer(problem, kind: str, math: torch.dtype, nodes: bool) -> bool:
     on = in1_outer(problem, kind) or (nodes and kind == "bwd" and math == torch.float64
                                       and all(i.mode == "uvu" for i in problem.instructions))
     return conv_knob("IN1OUTER", kind, "1" if on else "0") == "1"
+
+
+def conv_channel_parts(problem, kind: str, math: torch.dtype) -> int:
+    """Channel parts of a node-parallel gradient kernel: the kernel of a channel-wise product whose
+    inputs and outputs all have M channels runs as that many kernels, each over M / parts channels
+    (fewer live registers: a float64 backward of 128 channels with vector inputs spills, two of 64
+    do not). Default: 64 channels a part in the float64 backward when the first input has more than
+    scalars (a scalar first input does not spill and runs slower split), one part elsewhere.
+    EQUIKERNELS_CONV_CHANNEL_PARTS[_<KIND>] overrides where it divides M."""
+    m = _channel_mul(problem)
+    if m is None:
+        return 1
+    v = settings.get().per_kind("conv_channel_parts", kind)
+    if v is None:
+        vectors = any(l > 0 for _, l, _ in problem.irreps_in1)
+        v = m // 64 if kind == "bwd" and math == torch.float64 and vectors else 1
+    return v if v >= 1 and m % v == 0 else 1
+
+
+@functools.lru_cache(maxsize=256)
+def _channel_mul(problem) -> Optional[int]:
+    """M when every instruction is channel-wise and every first-input and output segment has M
+    channels, else None."""
+    muls = {m for m, _, _ in problem.irreps_in1} | {m for m, _, _ in problem.irreps_out}
+    if not problem.instructions or any(i.mode != "uvu" for i in problem.instructions) or len(muls) != 1:
+        return None
+    return muls.pop()
 
 
 def _layouts_differ(irreps) -> bool:
@@ -248,40 +276,82 @@ class ConvPlanner:
         steps = []
         for ns, mode, owner, sections in self._split(flow, kind, names):
             nodes = mode == "nodes"
-            tag = f"{kind}{have}_{''.join(ns)}"
             carry = [n for n in ns if n in ("out", "g")] if nodes else []
             per_edge = ("gx" if kind == "bwd" else "dx") if nodes and "x" in ns and not nodes_atomic else None
             groups = self._groups(kind, [n for n in ns if n != "out"], have, carry, per_edge)
             if not groups:
                 continue
-            # the double backward's gradient kernel holds twice the operands: its owned-node rows
-            # (g) are re-read per edge from cache instead of held in registers
-            hoist = conv_hoist(kind, math) if nodes else kind != "dbwd"
-            share = conv_in1_outer(self.problem, kind, math, nodes)
-            prefetch = conv_prefetch(kind, math) if nodes else ""
-            maxnreg = int(conv_knob("MAXNREG", kind, "0")) if nodes else 0
-            scatter_src = nodes_atomic and nodes
-            kkey = (tag, mode, owner, sections, hoist, share, prefetch, maxnreg, scatter_src)
-            ops = set()
-            for g in groups:
-                ops.add(g.out_ptr)
-                ops.update(o.name for o in g.table.operands if o.name != g.table.output)
-            rw = rowing(mode, ops, owner, sections, hoist, scatter_src, prefetch)
-            choice = KernelChoice(row_operands=self.row_operands(), in1_major=self.in1_major(), in1_outer=share)
-            k = self._kernel(kkey, tag, groups, rw, choice)
-            partials = tuple(g.out_ptr for g in groups if g.reduce_rows and mode == "edges")
-            added = tuple(g.out_ptr for g in groups if g.out_ptr not in partials
-                          and (g.out_ptr in k.rowing.scatter or g.accumulate))
-            zero = tuple(g.out_ptr for g in groups if g.out_ptr not in partials
-                         and (g.out_ptr in k.meta.zero_init or g.out_ptr in added))
-            cfg = launch or conv_config(kind, mode, math)
-            if cfg.rows < k.meta.min_rows:
-                cfg = LaunchConfig(k.meta.min_rows, cfg.num_warps, cfg.num_stages, cfg.tf32)
-            steps.append(ConvKernelStep(
-                kkey, k.name, k.describe, tuple(ns), mode, owner, sections, hoist, prefetch, k.rowing.scatter,
-                choice, cfg, maxnreg, tuple(k.meta.inputs), tuple(k.meta.outputs), k.rowing.args,
-                zero, frozenset(added), partials, PARTIAL_PROGRAMS_PER_SM if partials else 0, per_edge,
-                k.meta.min_rows, k.body))
+            parts = conv_channel_parts(self.problem, kind, math) if nodes and not carry else 1
+            sliced = self._channel_parts(groups, parts)
+            if sliced is None:
+                steps.append(self._step(flow, kind, have, math, launch, ns, mode, owner, sections, groups, per_edge))
+                continue
+            full = self._step(flow, kind, have, math, launch, ns, mode, owner, sections, groups, per_edge)
+            part_steps = [self._step(flow, kind, have, math, launch, ns, mode, owner, sections, part, per_edge,
+                                     (lo, hi)) for lo, hi, part in sliced]
+            added = frozenset().union(*(st.acc_outputs for st in part_steps))
+            first = part_steps[0]
+            # the first part allocates, zero-filled where the parts together leave elements out
+            steps.append(dataclasses.replace(first, acc_outputs=added, zero_filled=tuple(
+                o for o in first.outputs if o in full.zero_filled or o in first.scatter)))
+            steps += [dataclasses.replace(st, zero_filled=(), acc_outputs=added, continues=tuple(st.outputs))
+                      for st in part_steps[1:]]
         notes: Tuple[Tuple[str, object], ...] = (("in1_major", self.in1_major()),
                                                  ("shared_weights", self.problem.shared_weights))
         return ConvPlan(flow, kind, need, have, math, launch, arrangement, tuple(steps), notes)
+
+    def _channel_parts(self, groups, parts: int):
+        """[(lo, hi, groups over channels [lo, hi))] of ``parts`` channel parts; the later parts add
+        into outputs without channels. None for one part or tables without one channel label."""
+        m = _channel_mul(self.problem)
+        if parts <= 1 or m is None:
+            return None
+        labels = {channel_label(g.table, m) for g in groups}
+        if None in labels or len(labels) != 1:
+            return None
+        label = labels.pop()
+        res = []
+        for k in range(parts):
+            lo, hi = k * m // parts, (k + 1) * m // parts
+            part = []
+            for g in groups:
+                chan = any(label in dict(p.output.strides) for p in g.table.paths)
+                part.append(Group(channel_slice(g.table, label, lo, hi), g.out_ptr, g.reduce_rows,
+                                  g.accumulate or (k > 0 and not chan)))
+            res.append((lo, hi, part))
+        return res
+
+    def _step(self, flow, kind, have, math, launch, ns, mode, owner, sections, groups, per_edge,
+              channels: Tuple[int, int] = (0, 0)) -> ConvKernelStep:
+        """The plan step of one kernel computing ``groups`` (channel slice ``channels``)."""
+        nodes = mode == "nodes"
+        nodes_atomic = flow == "atomic" and self.arrangement(flow, kind) == "nodes"
+        tag = f"{kind}{have}_{''.join(ns)}" + (f"_c{channels[0]}_{channels[1]}" if channels != (0, 0) else "")
+        # the double backward's gradient kernel holds twice the operands: its owned-node rows
+        # (g) are re-read per edge from cache instead of held in registers
+        hoist = conv_hoist(kind, math) if nodes else kind != "dbwd"
+        share = conv_in1_outer(self.problem, kind, math, nodes)
+        prefetch = conv_prefetch(kind, math) if nodes else ""
+        maxnreg = int(conv_knob("MAXNREG", kind, "0")) if nodes else 0
+        scatter_src = nodes_atomic and nodes
+        kkey = (tag, mode, owner, sections, hoist, share, prefetch, maxnreg, scatter_src)
+        ops = set()
+        for g in groups:
+            ops.add(g.out_ptr)
+            ops.update(o.name for o in g.table.operands if o.name != g.table.output)
+        rw = rowing(mode, ops, owner, sections, hoist, scatter_src, prefetch)
+        choice = KernelChoice(row_operands=self.row_operands(), in1_major=self.in1_major(), in1_outer=share)
+        k = self._kernel(kkey, tag, groups, rw, choice)
+        partials = tuple(g.out_ptr for g in groups if g.reduce_rows and mode == "edges")
+        added = tuple(g.out_ptr for g in groups if g.out_ptr not in partials
+                      and (g.out_ptr in k.rowing.scatter or g.accumulate))
+        zero = tuple(g.out_ptr for g in groups if g.out_ptr not in partials
+                     and (g.out_ptr in k.meta.zero_init or g.out_ptr in added))
+        cfg = launch or conv_config(kind, mode, math)
+        if cfg.rows < k.meta.min_rows:
+            cfg = LaunchConfig(k.meta.min_rows, cfg.num_warps, cfg.num_stages, cfg.tf32)
+        return ConvKernelStep(
+            kkey, k.name, k.describe, tuple(ns), mode, owner, sections, hoist, prefetch, k.rowing.scatter,
+            choice, cfg, maxnreg, tuple(k.meta.inputs), tuple(k.meta.outputs), k.rowing.args,
+            zero, frozenset(added), partials, PARTIAL_PROGRAMS_PER_SM if partials else 0, per_edge,
+            k.meta.min_rows, k.body, channels)

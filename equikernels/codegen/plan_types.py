@@ -137,7 +137,9 @@ class ConvKernelStep:
     ``acc_outputs``: outputs added into (float32 buffers for half-precision results, rounded once).
     ``row_partials``: outputs written as per-program partials (``programs_per_sm`` programs per
     multiprocessor at most) and summed after the launch. ``per_edge``: the source-side gradient
-    (gx / dx) written per edge as ``per_edge + "e"`` and summed per source node in sorted order."""
+    (gx / dx) written per edge as ``per_edge + "e"`` and summed per source node in sorted order.
+    ``channels``: the channel slice a channel part computes (parts run one after the other; the later
+    ones write into the buffers of the first, ``continues``, and add into outputs without channels)."""
     key: tuple               # the launcher's kernel cache key
     name: str
     describe: str            # the comment line the kernel's source starts with
@@ -161,6 +163,8 @@ class ConvKernelStep:
     per_edge: Optional[str]
     min_rows: int
     body: str = field(repr=False, compare=False)
+    channels: Tuple[int, int] = (0, 0)  # channel slice [lo, hi) of a channel part; (0, 0): every channel
+    continues: Tuple[str, ...] = ()     # outputs an earlier step (channel part) allocated; written into
 
 
 @dataclass(frozen=True)

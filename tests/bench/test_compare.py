@@ -104,3 +104,46 @@ def test_cli_help_and_no_cuda(capsys, monkeypatch):
     assert main(["bench", "--quick"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs a CUDA GPU" in err[0]
+
+
+def _only(run, *groups, problems=("mace-large",)):
+    out = copy.deepcopy(run)
+    out["cells"] = [c for c in out["cells"] if c["group"] in groups
+                    and (c["group"] != "tp" or c["id"].split("/")[1] in problems)]
+    out["scope"] = {"groups": list(groups), "problems": list(problems)}
+    return out
+
+
+def test_a_run_of_some_groups_is_compared_on_those():
+    base = _run(**BASE)
+    res = compare(base, _only(base, "conv"))
+    assert res.ok and res.compared == 1 and res.out_of_scope == 2
+    assert "outside this run's groups" in res.summary()
+    # a cell of a group the run measured is still missed when absent
+    cur = _only(base, "conv", "tp")
+    cur["cells"] = [c for c in cur["cells"] if c["group"] != "tp" or c["impl"] != "equikernels"]
+    assert [f.kind for f in compare(base, cur).findings] == ["missing"]
+    # a problem the run was not asked for is out of scope
+    assert compare(base, _only(base, "tp", problems=("nequip-water",))).findings == []
+    # runs without a scope (older files) are compared on every cell
+    old = _only(base, "conv")
+    del old["scope"]
+    assert sorted(f.kind for f in compare(base, old).findings) == ["missing", "missing"]
+
+
+def test_merged_runs_make_one_baseline(tmp_path, capsys):
+    base = _run(**BASE)
+    parts = [_only(base, "conv", "mace"), _only(base, "tp")]
+    parts[1]["gpu_kind"] = base["gpu_kind"]
+    paths = [_write(tmp_path, f"part{i}.json", p) for i, p in enumerate(parts)]
+    out = tmp_path / "merged"
+    assert main(["bench", "--merge", *paths, "--out", str(out), "--check", _write(tmp_path, "base.json", base)]) == 0
+    assert "OK: no regression" in capsys.readouterr().out
+    merged = load_run(out / f"{base['gpu_kind']}.json")
+    key = lambda c: (c["id"], c["impl"])  # noqa: E731
+    assert sorted(map(key, merged["cells"])) == sorted(map(key, base["cells"]))
+    assert merged["scope"]["groups"] == ["conv", "mace", "tp"] and len(merged["merged"]) == 2
+    other = _write(tmp_path, "h200.json", _run(kind="nvidia-h200", **BASE))
+    assert main(["bench", "--merge", paths[0], other, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "different GPU kinds" in err[0]

@@ -8,6 +8,7 @@ from conv_checks import awkward_graph, channelwise
 from equikernels import ConvGraph, settings
 from equikernels.codegen import conv as cc
 from equikernels.codegen.conv_planner import ConvPlanner
+from equikernels.catalog import problem as catalog_problem
 from equikernels.codegen.plan_types import ConvPlan
 from equikernels.ops import plan_of, spec_of
 from equikernels.problem import TPProblem
@@ -173,3 +174,30 @@ def test_kernel_layout_of_mul_ir_channelwise_products():
     assert kernel_layout(uvw, "mul_ir") == "mul_ir"
     scalars = TPProblem.create(**channelwise(i1="3x0e", i2="0e", filt="0e"))
     assert kernel_layout(scalars, "mul_ir") == "mul_ir"
+
+
+def test_float64_backward_runs_in_channel_parts():
+    """A channel-wise float64 backward of 128 channels runs as two kernels of 64 channels: the first
+    allocates (zero-filling only what is added into), the second writes into its buffers and adds
+    into gy; float32 and the forward keep one kernel."""
+    from equikernels.plan import conv_plan_for
+    p = catalog_problem("mace-mp-medium-L2")
+    plan = conv_plan_for(p, "atomic", "bwd", torch.float64, "ir_mul")
+    assert [st.channels for st in plan.steps] == [(0, 64), (64, 128)]
+    first, second = plan.steps
+    assert first.zero_filled == ("gx",) and first.continues == ()
+    assert second.zero_filled == () and set(second.continues) == {"gx", "gy", "gw"}
+    assert "i64_" in second.body and "i128_" not in second.body
+    det = conv_plan_for(p, "deterministic", "bwd", torch.float64, "ir_mul")
+    assert [st.channels for st in det.steps] == [(0, 64), (64, 128)] and det.steps[0].zero_filled == ()
+    for dtype, direction in ((torch.float32, "bwd"), (torch.float64, "fwd"), (torch.float64, "dbwd")):
+        assert all(st.channels == (0, 0) for st in conv_plan_for(p, "atomic", direction, dtype, "ir_mul").steps)
+    scalars_in = TPProblem.create(**channelwise("128x0e", "0e+1o+2e+3o", "0e+1o+2e+3o"))
+    assert len(conv_plan_for(scalars_in, "atomic", "bwd", torch.float64, "ir_mul").steps) == 1
+    with settings.override(conv_channel_parts_bwd=1):
+        assert [st.channels for st in conv_plan_for(p, "atomic", "bwd", torch.float64, "ir_mul").steps] == [(0, 0)]
+    with settings.override(conv_channel_parts=3):  # does not divide 128: one part
+        assert len(conv_plan_for(p, "atomic", "bwd", torch.float64, "ir_mul").steps) == 1
+    mixed = TPProblem.create(**channelwise("4x0e+2x1o", "0e+1o", "0e+1o"))
+    with settings.override(conv_channel_parts=2):  # first-input segments of different widths: one part
+        assert len(conv_plan_for(mixed, "atomic", "bwd", torch.float64, "ir_mul").steps) == 1

@@ -43,6 +43,28 @@ def test_mul_ir_in_either_kernel_layout(conv_layout, monkeypatch):
 
 
 @pytest.mark.parametrize("flow", ["atomic", "deterministic"])
+@pytest.mark.parametrize("parts,dtype", [(2, torch.float64), (4, torch.float32)])
+def test_gradient_kernels_in_channel_parts(flow, parts, dtype, monkeypatch):
+    """Gradient kernels split into channel parts (each a slice of every path's channels, the later
+    parts writing into the first one's buffers and adding into gy / dy) match the oracle to second
+    order, outputs poisoned."""
+    from equikernels.codegen import conv as cc
+    from equikernels.dtypes import math_dtype_of
+    seen = []
+    run = cc.ConvKernels._run
+
+    def spy(self, kind, names, tensors, like, graph, cfg, have="", math=None):
+        plan = self.conv_plan(kind, names, have, math_dtype_of(tensors.values(), math), cfg)
+        seen.extend(st.channels for st in plan.steps)
+        return run(self, kind, names, tensors, like, graph, cfg, have, math)
+    monkeypatch.setattr(cc.ConvKernels, "_run", spy)
+    with equikernels.settings.override(conv_channel_parts=parts):
+        check_conv(channelwise("4x0e+4x1o", "0e+1o+2e", "0e+1o+1e+2e"), flow, dtype, "ir_mul",
+                   second_order=dtype == torch.float64)
+    assert (0, 4 // parts) in seen and (4 - 4 // parts, 4) in seen
+
+
+@pytest.mark.parametrize("flow", ["atomic", "deterministic"])
 def test_ir_mul_double_backward(flow):
     check_conv(channelwise("2x0e+2x1o", "0e+1o", "0e+1o+1e"), flow, torch.float64, "ir_mul")
 
