@@ -83,9 +83,15 @@ def _weights(contraction) -> list:
             for nu in range(1, corr + 1)]
 
 
+def _u_tensors(c, nu: int) -> torch.Tensor:
+    """mace-torch's ``U_tensors(nu)`` without building a dict of every buffer per call (host time)."""
+    u = c._buffers.get(f"U_matrix_{nu}")
+    return u if u is not None else c.U_tensors(nu)
+
+
 def _op(sc) -> TableOp:
     """The path table of ``sc``, rebuilt when its U buffers change (load_state_dict, .to())."""
-    us = [[c.U_tensors(nu) for nu in range(1, c.correlation + 1)] for c in sc.contractions]
+    us = [[_u_tensors(c, nu) for nu in range(1, c.correlation + 1)] for c in sc.contractions]
     key = tuple((u.data_ptr(), u._version, u.dtype, u.device) for per in us for u in per)
     cached = sc.__dict__.get("_ek_op")
     if cached is None or cached[0] != key:
@@ -113,7 +119,7 @@ def _mono(sc) -> MonomialContraction:
     op = _op(sc)
     cached = sc.__dict__.get("_ek_mono")
     if cached is None or cached[0] is not op:
-        us = [[c.U_tensors(nu) for nu in range(1, c.correlation + 1)] for c in sc.contractions]
+        us = [[_u_tensors(c, nu) for nu in range(1, c.correlation + 1)] for c in sc.contractions]
         mono = MonomialContraction(sc.contractions[0].num_features, [ir.l for _, ir in sc.irreps_in],
                                    [ir.l for _, ir in sc.irreps_out], us)
         cached = sc.__dict__["_ek_mono"] = (op, mono)
