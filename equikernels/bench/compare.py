@@ -129,8 +129,9 @@ def merge(runs: Sequence[dict]) -> dict:
     return {"schema": SCHEMA, "gpu_kind": first["gpu_kind"], "quick": any(r.get("quick") for r in runs),
             "env": first.get("env", {}), "copy": first.get("copy", {}), "cells": list(cells.values()),
             "scope": {"groups": groups, "problems": problems},
-            "merged": [{"date_utc": r.get("env", {}).get("date_utc"), "equikernels": r.get("env", {}).get("equikernels"),
-                        "wall_s": r.get("wall_s"), "groups": (r.get("scope") or {}).get("groups")} for r in runs],
+            "merged": [{"date_utc": r.get("env", {}).get("date_utc"),
+                        "equikernels": r.get("env", {}).get("equikernels"), "wall_s": r.get("wall_s"),
+                        "groups": (r.get("scope") or {}).get("groups")} for r in runs],
             "wall_s": round(sum(float(r.get("wall_s") or 0) for r in runs), 1)}
 
 

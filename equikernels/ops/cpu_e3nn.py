@@ -1,8 +1,9 @@
 """The batched tensor product on CPU through e3nn's own ``o3.TensorProduct``.
 
 On CPU e3nn multiplies the inputs out and applies each instruction's CG block as one large matmul,
-with autograd (any order) for the gradients; for most channel-wise (MACE / NequIP) products that is
-faster than the dense per-instruction contractions of ``ops.cpu_tp``. For a problem e3nn can
+with autograd (any order) for the gradients; for fully connected products with shared weights that
+is faster than the dense per-instruction contractions of ``ops.cpu_tp``. Channel-wise products take
+``ops.cpu_grouped`` before this module. For a problem e3nn can
 express, one module per (problem, dtype) is built (``internal_weights=False``, the same irreps,
 instructions, variances, normalisations and ``shared_weights``, so the flat weight layout is the
 same) and called with our operands; the ``ir_mul`` layout is permuted to ``mul_ir`` and back.

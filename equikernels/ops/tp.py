@@ -17,13 +17,13 @@ from torch import Tensor
 
 from .. import reference, settings
 from ..dtypes import MATH_DTYPES, STORAGE_DTYPES, math_dtype_of
-from . import cpu_e3nn, cpu_tp, native, trilinear
+from . import cpu_e3nn, cpu_grouped, cpu_tp, native, trilinear
 from .chain import NEED_W, NEED_X, NEED_Y, Chain, Method, have_of
 from .chain import autocast_dtype, is_eager  # noqa: F401 (public names for equikernels.experimental)
 from ..ir import Table, double_backward_tables, grad_table, tp_table
 from ..problem import TPProblem, problem_from_spec
 
-BACKENDS = ("auto", "triton", "reference", "cpu")  # cpu: e3nn's module (ops.cpu_e3nn) or dense contractions (ops.cpu_tp)
+BACKENDS = ("auto", "triton", "reference", "cpu")  # cpu: ops.cpu_grouped, e3nn's module (ops.cpu_e3nn) or ops.cpu_tp
 LAYOUTS = reference.LAYOUTS
 # Precision policy (docs in tensor_product, dtypes in equikernels.dtypes): each operand is read in
 # its own dtype, nothing is copied; math in float32, float64 when the operands are float64.
@@ -208,10 +208,13 @@ class _Product(Method):
 
     @staticmethod
     def eager_fwd(call, x, y, w, math, out_dtype):
-        """On the cpu backend e3nn's module, with its own autograd, where it applies."""
+        """On the cpu backend the grouped channel-wise product or e3nn's module, with autograd, where
+        either applies."""
         if call[1] != "cpu":
             return None
         plan = plan_of(call[0])
+        if cpu_grouped.applicable(plan.problem, x, y, w, math, out_dtype):
+            return cpu_grouped.forward(plan.problem, plan.layout, x, y, w)
         if cpu_e3nn.applicable(plan.problem, x, y, w, math, out_dtype):
             return cpu_e3nn.forward(plan.problem, plan.layout, x, y, w)
         return None

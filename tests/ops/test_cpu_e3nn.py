@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from equikernels.catalog import problem as catalog_problem
-from equikernels.ops import cpu_e3nn, cpu_tp, tensor_product
+from equikernels.ops import cpu_e3nn, cpu_grouped, cpu_tp, tensor_product
 from equikernels.problem import TPProblem
 from problems import BASE_MODES, ek_forward_backward, problem_of, random_inputs, random_problem, rel_err
 
@@ -16,6 +16,7 @@ def e3nn_taken(monkeypatch):
     calls = []
     real = cpu_e3nn.forward
     monkeypatch.setattr(cpu_e3nn, "use_e3nn", cpu_e3nn.expressible)
+    monkeypatch.setattr(cpu_grouped, "applicable", lambda *a: False)
     monkeypatch.setattr(cpu_e3nn, "forward", lambda *a: calls.append(1) or real(*a))
     return calls
 
@@ -63,16 +64,20 @@ def test_gradgradcheck(e3nn_taken):
     assert e3nn_taken
 
 
-def test_auto_on_cpu_runs_e3nn_for_a_channelwise_product(monkeypatch):
-    p = catalog_problem("nequip-water")
+def test_auto_on_cpu_runs_grouped_channelwise_and_e3nn_otherwise(monkeypatch):
+    """Channel-wise products take the grouped path, a shared-weight fully connected one e3nn's module."""
     calls = []
-    real = cpu_e3nn.forward
-    monkeypatch.setattr(cpu_e3nn, "forward", lambda *a: calls.append(1) or real(*a))
+    for mod in (cpu_grouped, cpu_e3nn):
+        real = mod.forward
+        monkeypatch.setattr(mod, "forward", lambda *a, m=mod, f=real: calls.append(m) or f(*a))
     monkeypatch.setattr(cpu_tp, "forward", lambda *a: pytest.fail("dense path taken"))
-    x, y, w = random_inputs(p, (3,), dtype=torch.float32)
-    out = tensor_product(p, x.float(), y.float(), w.float())
-    assert calls and out.dtype == torch.float32
-    assert rel_err(out, tensor_product(p, x, y, w, backend="reference")) < 1e-5
+    for name, path in (("nequip-water", cpu_grouped), ("tetris-poly-1", cpu_e3nn)):
+        p = catalog_problem(name)
+        x, y, w = random_inputs(p, (3,), dtype=torch.float32)
+        calls.clear()
+        out = tensor_product(p, x.float(), y.float(), w.float())
+        assert calls == [path] and out.dtype == torch.float32
+        assert rel_err(out, tensor_product(p, x, y, w, backend="reference")) < 1e-5
 
 
 def test_rule():

@@ -1,0 +1,91 @@
+"""The grouped CPU channel-wise product (``ops.cpu_grouped``) against the path-table reference in
+float64: forward, gradients and second-order gradients, both layouts, shared and per-row weights,
+output segments written by several paths, non-contiguous weight blocks; which problems it takes."""
+import pytest
+import torch
+
+from conv_checks import channelwise
+from equikernels.catalog import problem as catalog_problem
+from equikernels.ops import cpu_grouped, tensor_product
+from equikernels.problem import TPProblem
+from problems import ek_forward_backward, random_inputs, rel_err
+
+
+@pytest.fixture
+def grouped_taken(monkeypatch):
+    """Counts the calls of the grouped path."""
+    calls = []
+    real = cpu_grouped.forward
+    monkeypatch.setattr(cpu_grouped, "forward", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+# in1, in2, out filter: shared output segments (nequip-like), scalars only, vectors, l up to 3
+PROBLEMS = [("3x0e+2x1o", "0e+1o+2e", "0e+1o+1e+2e"), ("4x0e", "0e+1o", "0e+1o"),
+            ("2x0o+2x0e+2x1o+2x1e", "0e+1o", "0e+0o+1o+1e"), ("3x1o+3x2e", "0e+1o+2e+3o", "0e+1o+2e+3o")]
+
+
+@pytest.mark.parametrize("layout", ["mul_ir", "ir_mul"])
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("irreps", PROBLEMS)
+def test_matches_reference(irreps, shared, layout, grouped_taken):
+    p = TPProblem.create(**channelwise(*irreps, shared=shared))
+    x, y, w = random_inputs(p, (6,), seed=len(irreps[0]))
+    g = torch.randn(6, p.dim_out, dtype=torch.float64)
+    got = ek_forward_backward(p, x, y, w, g, layout=layout, backend="cpu")
+    assert grouped_taken
+    ref = ek_forward_backward(p, x, y, w, g, layout=layout, backend="reference")
+    for a, b in zip(got, ref):
+        assert rel_err(a, b) < 1e-12, irreps
+
+
+@pytest.mark.parametrize("shared_out", [False, True])
+def test_weight_blocks_out_of_segment_order(shared_out, grouped_taken):
+    """Instructions of one first-input segment that are not adjacent (their weight columns are
+    gathered), and output segments that two or three paths write (summed)."""
+    out = "2x0e+2x1o+2x2e" if shared_out else "2x0e+2x1o+2x1o+2x0e"
+    ins = ([(0, 0, 0, "uvu", True), (1, 0, 1, "uvu", True), (0, 1, 1, "uvu", True), (1, 1, 0, "uvu", True),
+            (1, 1, 2, "uvu", True), (0, 2, 2, "uvu", True), (1, 2, 1, "uvu", True)] if shared_out else
+           [(0, 0, 0, "uvu", True), (1, 0, 1, "uvu", True), (0, 1, 2, "uvu", True), (1, 1, 3, "uvu", True)])
+    p = TPProblem.create("2x0e+2x1o", "0e+1o+2e" if shared_out else "0e+1o", out, ins, shared_weights=False)
+    assert any(g.w_first is None for g in cpu_grouped.grouped_plan(p, "mul_ir").groups)
+    x, y, w = random_inputs(p, (4,), seed=3)
+    g = torch.randn(4, p.dim_out, dtype=torch.float64)
+    for a, b in zip(ek_forward_backward(p, x, y, w, g, backend="cpu"),
+                    ek_forward_backward(p, x, y, w, g, backend="reference")):
+        assert rel_err(a, b) < 1e-12
+    assert grouped_taken
+
+
+@pytest.mark.parametrize("layout", ["mul_ir", "ir_mul"])
+def test_second_order_and_gradgradcheck(layout, grouped_taken):
+    p = TPProblem.create(**channelwise("2x0e+2x1o", "0e+1o", "0e+1o+1e"))
+    x, y, w = random_inputs(p, (3,), seed=5)
+    res = {}
+    for be in ("cpu", "reference"):
+        ts = [t.clone().requires_grad_() for t in (x, y, w)]
+        out = tensor_product(p, *ts, layout=layout, backend=be)
+        gr = torch.autograd.grad((out * torch.sin(out)).sum(), ts, create_graph=True)
+        res[be] = [out, *gr, *torch.autograd.grad(sum((t ** 2).sum() for t in gr), ts)]
+    for a, b in zip(res["cpu"], res["reference"]):
+        assert rel_err(a, b) < 1e-12
+    ts = [t.clone().requires_grad_() for t in (x, y, w)]
+    f = lambda a, b, c: tensor_product(p, a, b, c, layout=layout, backend="cpu")  # noqa: E731
+    assert torch.autograd.gradcheck(f, ts) and torch.autograd.gradgradcheck(f, ts)
+    assert grouped_taken
+
+
+def test_which_problems_and_calls():
+    for name in ("mace-large", "mace-mp-medium-L2", "nequip-lips", "nequip-water"):
+        assert cpu_grouped.eligible(catalog_problem(name)), name
+    for name in ("diffdock-L2", "tetris-poly-1"):  # fully connected
+        assert not cpu_grouped.eligible(catalog_problem(name)), name
+    # two-channel second input, an unweighted path: not channel-wise products of this shape
+    assert not cpu_grouped.eligible(TPProblem.create(**channelwise(i2="2x0e+2x1o")))
+    assert not cpu_grouped.eligible(TPProblem.create("2x0e", "0e", "2x0e", [(0, 0, 0, "uvu", False)]))
+    p = catalog_problem("nequip-water")
+    x, y, w = random_inputs(p, (2,), seed=0)
+    assert cpu_grouped.applicable(p, x, y, w, None, None)
+    assert not cpu_grouped.applicable(p, x.float(), y, w, None, None)  # mixed dtypes
+    assert not cpu_grouped.applicable(p, x, y, w, torch.float32, None)
+    assert not cpu_grouped.applicable(p, x[:0], y[:0], w[:0], None, None)
