@@ -105,10 +105,45 @@ def tensor_product_conv(problem: TPProblem, x: Tensor, y: Tensor, weight: Option
     if tunable:
         flow = _tuned_dataflow(problem, x, y, weight, graph, layout, be, flow, math_dtype, out_dtype)
     if flow == "unfused":
+        chunk = _cpu_chunk(problem, x, graph, be, out_dtype)
+        if chunk:
+            return _chunked(problem, x, y, weight, graph, n_out, layout, be, math_dtype, out_dtype, chunk)
         msgs = tensor_product(problem, x.index_select(0, graph.src), y, weight, layout=layout, backend=be,
                               math_dtype=math_dtype, output_dtype=acc_dtype(out_dtype))  # sum, then round
         return _segment_sum(msgs, graph, n_out).to(out_dtype)
     return fused_conv(problem, x, y, weight, graph, layout, be, flow, math_dtype, out_dtype)
+
+
+# Per-edge temporaries of one chunk of the CPU convolution stay well below glibc's largest mmap
+# threshold (32 MiB): freed blocks are reused from the heap instead of being mapped and page-faulted
+# anew (MACE E+F, 108 Cu atoms, 1 thread, fp64: 4.69 s all edges at once, 2.06 / 1.40 / 1.78 s in
+# chunks of 16 / 8 / 4 MiB; fp32: 1.55 s, 0.81 s at 16 MiB, 0.68 s at 4 MiB)
+CPU_CHUNK_BYTES = 8 << 20
+
+
+def _cpu_chunk(problem: TPProblem, x: Tensor, graph: ConvGraph, backend: str, out_dtype) -> int:
+    """Edges per chunk of the eager CPU convolution, or 0 to run all edges at once."""
+    if backend != "cpu" or torch.compiler.is_compiling():
+        return 0
+    widest = max(problem.dim_in1, problem.dim_out, 0 if problem.shared_weights else problem.weight_numel)
+    itemsize = max(x.element_size(), torch.empty(0, dtype=acc_dtype(out_dtype)).element_size())
+    chunk = max(1, CPU_CHUNK_BYTES // (widest * itemsize))
+    return chunk if graph.num_edges > chunk else 0
+
+
+def _chunked(problem: TPProblem, x: Tensor, y: Tensor, weight: Optional[Tensor], graph: ConvGraph, n_out: int,
+             layout: str, backend: str, math_dtype, out_dtype, chunk: int) -> Tensor:
+    """The unfused convolution ``chunk`` edges at a time, each chunk's messages added into the node
+    rows (same sums, differentiable to any order)."""
+    per_edge_w = weight is not None and problem.weight_numel and not problem.shared_weights
+    out = x.new_zeros(n_out, problem.dim_out, dtype=acc_dtype(out_dtype))
+    for s in range(0, graph.num_edges, chunk):
+        n = min(chunk, graph.num_edges - s)
+        msgs = tensor_product(problem, x.index_select(0, graph.src.narrow(0, s, n)), y.narrow(0, s, n),
+                              weight.narrow(0, s, n) if per_edge_w else weight, layout=layout, backend=backend,
+                              math_dtype=math_dtype, output_dtype=acc_dtype(out_dtype))
+        out = out.index_add_(0, graph.dst.narrow(0, s, n), msgs)
+    return out.to(out_dtype)
 
 
 @torch.compiler.assume_constant_result

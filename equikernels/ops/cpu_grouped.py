@@ -107,7 +107,6 @@ class GroupedPlan:
             # [z, d1, mul] in either layout (a strided view in mul_ir)
             xt = xs.view(z, g.d1, g.mul) if self.layout == "ir_mul" else xs.view(z, g.mul, g.d1).transpose(1, 2)
             at = (y @ c).view(z, g.k, g.d1)
-            ut = at * xt if g.d1 == 1 else torch.bmm(at, xt)  # [z, K, mul]
             paths = len(g.dos)
             if self.shared:
                 wp = (w.narrow(0, g.w_first, paths * g.mul) if g.w_first is not None
@@ -115,7 +114,10 @@ class GroupedPlan:
             else:
                 wp = (w.narrow(1, g.w_first, paths * g.mul) if g.w_first is not None
                       else w.index_select(1, g.w_cols)).view(z, paths, g.mul)
-            v = ut * wp.index_select(1, g.path_of_k)
+            if g.d1 == 1:  # scalar segment: weights times x first ([z, paths, mul]), one full-size product
+                v = at * (xt * wp).index_select(1, g.path_of_k)
+            else:
+                v = torch.bmm(at, xt) * wp.index_select(1, g.path_of_k)  # [z, K, mul]
             # one split (its backward is one cat), not a slice per path (a zero-filled gradient each)
             for part, seg in zip(v.split(g.dos, dim=1), g.out_segs):
                 parts.setdefault(seg, []).append(part)

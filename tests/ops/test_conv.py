@@ -221,3 +221,27 @@ def test_standard_problems_gpu(name, flow):
     g = torch.randn_like(ref)
     for a, b in zip(torch.autograd.grad(out, (x, y, w), g.float()), torch.autograd.grad(ref, (xr, yr, wr), g)):
         assert rel_err(a, b) < 1e-5
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_cpu_convolution_in_edge_chunks(shared, monkeypatch):
+    """On the CPU backend the unfused convolution runs a few edges at a time (small temporaries): the
+    same sums as all edges at once, to second order."""
+    from equikernels.ops import conv as conv_mod
+    monkeypatch.setattr(conv_mod, "CPU_CHUNK_BYTES", 1)  # one edge per chunk
+    chunks = []
+    real = conv_mod.tensor_product
+    monkeypatch.setattr(conv_mod, "tensor_product",
+                        lambda p, x, *a, **k: chunks.append(x.shape[0]) or real(p, x, *a, **k))
+    p = TPProblem.create(**channelwise(shared=shared))
+    src, dst = awkward_graph(7, 15, 0)
+    x, y, w = _inputs(p, 7, 15, torch.float64, 0)
+    res = {}
+    for be in ("cpu", "reference"):
+        ts = [t.clone().requires_grad_() for t in (x, y, w)]
+        out = tensor_product_conv(p, *ts, src, dst, 7, backend=be)
+        gr = torch.autograd.grad((out * torch.sin(out)).sum(), ts, create_graph=True)
+        res[be] = [out, *gr, *torch.autograd.grad(sum((t ** 2).sum() for t in gr), ts)]
+    assert chunks[:15] == [1] * 15  # the cpu call: one product per edge
+    for a, b in zip(res["cpu"], res["reference"]):
+        assert rel_err(a, b) < 1e-12
