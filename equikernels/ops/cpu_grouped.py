@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ..problem import TPProblem
-from .cpu_tp import _Instr
+from .cpu_tp import Instruction
 
 DTYPES = (torch.float32, torch.float64)
 
@@ -50,7 +50,7 @@ def _eligible(problem: TPProblem) -> bool:
 class _Group:
     """The paths of one first-input segment: its geometry, stacked CG blocks and index tensors."""
 
-    def __init__(self, seg: Tuple[int, int, int], instrs: List[_Instr], dim_in2: int):
+    def __init__(self, seg: Tuple[int, int, int], instrs: List[Instruction], dim_in2: int):
         self.offset, self.mul, self.d1 = seg
         dos = [it.segs["out"][2] for it in instrs]
         self.dos, self.k = dos, sum(dos)
@@ -79,10 +79,10 @@ class GroupedPlan:
         self.layout, self.shared = layout, problem.shared_weights
         instrs, off = [], 0
         for ins, coef in zip(problem.instructions, problem.path_coefficients):
-            it = _Instr(problem, ins, coef, off)
+            it = Instruction(problem, ins, coef, off)
             off += it.w_numel
             instrs.append(it)
-        by_seg: Dict[tuple, List[_Instr]] = {}
+        by_seg: Dict[tuple, List[Instruction]] = {}
         for it in instrs:
             by_seg.setdefault(it.segs["x"], []).append(it)
         dim_in2 = sum(m * (2 * l + 1) for m, l, _ in problem.irreps_in2)

@@ -113,7 +113,7 @@ def _steps(eq: str, shapes: tuple):
     return tuple((tuple(sorted(step[0], reverse=True)), step[2]) for step in info.contraction_list)
 
 
-class _Instr:
+class Instruction:
     """Static data of one instruction: segment geometry, subscripts, constants (float64 master copies)."""
 
     def __init__(self, p: TPProblem, ins, coef: float, w_off: int):
@@ -187,7 +187,7 @@ class CpuPlan:
         self.problem, self.layout = problem, layout
         instrs, off = [], 0
         for ins, coef in zip(problem.instructions, problem.path_coefficients):
-            it = _Instr(problem, ins, coef, off)
+            it = Instruction(problem, ins, coef, off)
             off += it.w_numel
             instrs.append(it)
         self.instrs = [it for it in instrs if not it.empty]
@@ -202,7 +202,7 @@ class CpuPlan:
         return c
 
     # --- operand views ------------------------------------------------------------------------------
-    def _ops(self, it: _Instr, const: Dict[str, Tensor], t: Dict[str, Tensor], names) -> List[Tensor]:
+    def _ops(self, it: Instruction, const: Dict[str, Tensor], t: Dict[str, Tensor], names) -> List[Tensor]:
         out = []
         for n in names:
             if n in const:
@@ -259,11 +259,11 @@ class CpuPlan:
         return res
 
 
-def _out_shape(it: _Instr, z: int) -> Tuple[int, int, int]:
+def _out_shape(it: Instruction, z: int) -> Tuple[int, int, int]:
     return (z, it.segs["out"][1], it.segs["out"][2])
 
 
-def _out_view(it: _Instr, t: Tensor, layout: str) -> Tensor:
+def _out_view(it: Instruction, t: Tensor, layout: str) -> Tensor:
     return _seg_view(t, it.segs["out"], layout)
 
 
