@@ -1,4 +1,5 @@
-"""The batched tensor product on CPU for channel-wise products, grouped by first-input segment.
+"""The batched tensor product on CPU for products with a one-channel second input, grouped by
+first-input segment.
 
 For a product whose instructions are all weighted ``uvu`` paths with a single-channel second input
 (MACE's and NequIP's convolutions), every path reading first-input segment s is
@@ -6,9 +7,9 @@ For a product whose instructions are all weighted ``uvu`` paths with a single-ch
 ``A_p[z, i, k] = sum_j C_p[i, j, k] y[z, j]``. All paths of a segment therefore share one matrix
 product ``y @ C_s`` (their CG blocks side by side), one batched product with the segment's rows and
 one weight multiply; the outputs are the parts of that result, summed where several paths write one
-output segment. A few large operations per first-input segment instead of several per instruction:
-faster than e3nn's module on every standard channel-wise problem (docs/performance.md). Autograd
-differentiates it to any order.
+output segment. Fully connected (uvw) paths multiply their part by the path's [mul_in, mul_out]
+weight matrix instead. A few large operations per first-input segment instead of several per
+instruction (benchmarks/results/cpu/cpu_speed.md). Autograd differentiates it to any order.
 """
 from __future__ import annotations
 
@@ -25,11 +26,15 @@ DTYPES = (torch.float32, torch.float64)
 
 
 def eligible(problem: TPProblem) -> bool:
-    """Every instruction a weighted uvu path with a one-channel second input, nothing empty."""
+    """Every instruction a weighted path with a one-channel second input, nothing empty: channel-wise
+    (uvu), or fully connected (uvw) with shared weights (one [mul_in, mul_out] matrix for all rows; per
+    row, the dense contractions of ops.cpu_tp batch better: DiffDock-L2 fwd+bwd, 500 rows, float64,
+    1 thread, 124 ms here against 46 there)."""
     ins = problem.instructions
     return bool(ins) and all(
-        i.mode == "uvu" and i.has_weight and problem.irreps_in2[i.i_in2][0] == 1
-        and problem.irreps_in1[i.i_in1][0] > 0 and c != 0.0
+        (i.mode == "uvu" or (i.mode == "uvw" and problem.shared_weights)) and i.has_weight
+        and problem.irreps_in2[i.i_in2][0] == 1
+        and problem.irreps_in1[i.i_in1][0] > 0 and problem.irreps_out[i.i_out][0] > 0 and c != 0.0
         for i, c in zip(ins, problem.path_coefficients))
 
 
@@ -67,6 +72,9 @@ class _Group:
         self.w_first = offs[0] if all(b == a + self.mul for a, b in zip(offs, offs[1:])) else None
         self.w_cols = torch.cat([torch.arange(o, o + self.mul) for o in offs])
         self.out_segs = [it.segs["out"] for it in instrs]
+        # fully connected paths: (weight offset, output channels) per path, None for channel-wise ones
+        self.full = [(it.w_off, it.segs["out"][1]) if it.mode == "uvw" else None for it in instrs]
+        self.channelwise = all(f is None for f in self.full)
 
 
 class GroupedPlan:
@@ -107,6 +115,9 @@ class GroupedPlan:
             # [z, d1, mul] in either layout (a strided view in mul_ir)
             xt = xs.view(z, g.d1, g.mul) if self.layout == "ir_mul" else xs.view(z, g.mul, g.d1).transpose(1, 2)
             at = (y @ c).view(z, g.k, g.d1)
+            if not g.channelwise:
+                self._mixed(g, at, xt, w, z, parts)
+                continue
             paths = len(g.dos)
             if self.shared:
                 wp = (w.narrow(0, g.w_first, paths * g.mul) if g.w_first is not None
@@ -130,6 +141,25 @@ class GroupedPlan:
             v = ps[0] if len(ps) == 1 else torch.stack(ps).sum(0) if len(ps) > 2 else ps[0] + ps[1]  # [z, do, mul]
             outs.append(v.reshape(z, -1) if self.layout == "ir_mul" else v.transpose(1, 2).reshape(z, -1))
         return torch.cat(outs, 1) if len(outs) > 1 else outs[0]
+
+
+    def _mixed(self, g: _Group, at: Tensor, xt: Tensor, w: Tensor, z: int, parts: Dict[tuple, List[Tensor]]):
+        """A segment with fully connected paths: per path, [z, do, mul_in] times its [mul_in, mul_out]
+        weight matrix (one per row, or shared); channel-wise paths times their weight row."""
+        b = at * xt if g.d1 == 1 else torch.bmm(at, xt)  # [z, K, mul_in]
+        for n, (part, seg) in enumerate(zip(b.split(g.dos, dim=1), g.out_segs)):
+            full = g.full[n]
+            if full is None:
+                off, cols = g.w_cols[n * g.mul], g.mul
+                wr = w.narrow(0, int(off), cols).view(1, 1, cols) if self.shared else \
+                    w.narrow(1, int(off), cols).view(z, 1, cols)
+                v = part * wr
+            else:
+                off, mo = full
+                wm = w.narrow(0, off, g.mul * mo).view(g.mul, mo) if self.shared else \
+                    w.narrow(1, off, g.mul * mo).view(z, g.mul, mo)
+                v = torch.matmul(part, wm)  # [z, do, mul_out]
+            parts.setdefault(seg, []).append(v)
 
 
 @functools.lru_cache(maxsize=None)

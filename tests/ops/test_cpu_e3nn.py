@@ -64,15 +64,18 @@ def test_gradgradcheck(e3nn_taken):
     assert e3nn_taken
 
 
-def test_auto_on_cpu_runs_grouped_channelwise_and_e3nn_otherwise(monkeypatch):
-    """Channel-wise products take the grouped path, a shared-weight fully connected one e3nn's module."""
+def test_auto_on_cpu_runs_grouped_where_it_applies_and_e3nn_otherwise(monkeypatch):
+    """Products with a one-channel second input take the grouped path, a shared-weight fully connected
+    one with a two-channel second input e3nn's module."""
     calls = []
     for mod in (cpu_grouped, cpu_e3nn):
         real = mod.forward
         monkeypatch.setattr(mod, "forward", lambda *a, m=mod, f=real: calls.append(m) or f(*a))
     monkeypatch.setattr(cpu_tp, "forward", lambda *a: pytest.fail("dense path taken"))
-    for name, path in (("nequip-water", cpu_grouped), ("tetris-poly-1", cpu_e3nn)):
-        p = catalog_problem(name)
+    wide = TPProblem.create("2x0e+2x1o", "2x0e+2x1o", "3x0e+2x1o",
+                            [(0, 0, 0, "uvw", True), (1, 1, 0, "uvw", True), (0, 1, 1, "uvw", True)])
+    for p, path in ((catalog_problem("nequip-water"), cpu_grouped), (catalog_problem("tetris-poly-1"), cpu_grouped),
+                    (wide, cpu_e3nn)):
         x, y, w = random_inputs(p, (3,), dtype=torch.float32)
         calls.clear()
         out = tensor_product(p, x.float(), y.float(), w.float())

@@ -1,6 +1,7 @@
-"""The grouped CPU channel-wise product (``ops.cpu_grouped``) against the path-table reference in
-float64: forward, gradients and second-order gradients, both layouts, shared and per-row weights,
-output segments written by several paths, non-contiguous weight blocks; which problems it takes."""
+"""The grouped CPU product (``ops.cpu_grouped``) against the path-table reference in float64: forward,
+gradients and second-order gradients, both layouts, shared and per-row weights, output segments
+written by several paths, non-contiguous weight blocks, fully connected paths with shared weights
+(alone and beside channel-wise ones); which problems it takes."""
 import pytest
 import torch
 
@@ -78,8 +79,8 @@ def test_second_order_and_gradgradcheck(layout, grouped_taken):
 def test_which_problems_and_calls():
     for name in ("mace-large", "mace-mp-medium-L2", "nequip-lips", "nequip-water"):
         assert cpu_grouped.eligible(catalog_problem(name)), name
-    for name in ("diffdock-L2", "tetris-poly-1"):  # fully connected
-        assert not cpu_grouped.eligible(catalog_problem(name)), name
+    assert cpu_grouped.eligible(catalog_problem("tetris-poly-1"))  # fully connected, shared weights
+    assert not cpu_grouped.eligible(catalog_problem("diffdock-L2"))  # fully connected, per-row weights
     # two-channel second input, an unweighted path: not channel-wise products of this shape
     assert not cpu_grouped.eligible(TPProblem.create(**channelwise(i2="2x0e+2x1o")))
     assert not cpu_grouped.eligible(TPProblem.create("2x0e", "0e", "2x0e", [(0, 0, 0, "uvu", False)]))
@@ -89,3 +90,26 @@ def test_which_problems_and_calls():
     assert not cpu_grouped.applicable(p, x.float(), y, w, None, None)  # mixed dtypes
     assert not cpu_grouped.applicable(p, x, y, w, torch.float32, None)
     assert not cpu_grouped.applicable(p, x[:0], y[:0], w[:0], None, None)
+
+
+@pytest.mark.parametrize("layout", ["mul_ir", "ir_mul"])
+@pytest.mark.parametrize("mixed", [False, True])
+def test_fully_connected_shared_weights(mixed, layout, grouped_taken):
+    """uvw paths with shared weights (tetris-like: one-channel inputs, wide outputs), with uvu paths
+    beside them in one first-input segment, to second order."""
+    ins = [(0, 0, 0, "uvw", True), (1, 1, 0, "uvw", True), (0, 1, 1, "uvw", True), (1, 0, 1, "uvw", True)]
+    if mixed:
+        ins += [(0, 1, 2, "uvu", True), (1, 1, 3, "uvu", True)]
+    p = TPProblem.create("2x0e+2x1o", "0e+1o", "3x0e+4x1o" + ("+2x1o+2x0e" if mixed else ""), ins,
+                         shared_weights=True)
+    assert cpu_grouped.eligible(p) and not all(g.channelwise for g in cpu_grouped.grouped_plan(p, layout).groups)
+    x, y, w = random_inputs(p, (4,), seed=7)
+    res = {}
+    for be in ("cpu", "reference"):
+        ts = [t.clone().requires_grad_() for t in (x, y, w)]
+        out = tensor_product(p, *ts, layout=layout, backend=be)
+        gr = torch.autograd.grad((out * torch.sin(out)).sum(), ts, create_graph=True)
+        res[be] = [out, *gr, *torch.autograd.grad(sum((t ** 2).sum() for t in gr), ts)]
+    for a, b in zip(res["cpu"], res["reference"]):
+        assert rel_err(a, b) < 1e-12
+    assert grouped_taken
