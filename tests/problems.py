@@ -232,6 +232,15 @@ def e3nn_forward_backward(tp, x, y, w, g):
     return [out.detach()] + grads
 
 
+def second_order(fn, *inputs):
+    """[out, first gradients, second gradients] of ``fn(*inputs)`` (fresh leaves): the gradients of
+    sum(out * sin(out)), then of the sum of their squares."""
+    ts = [t.detach().clone().requires_grad_() for t in inputs]
+    out = fn(*ts)
+    gr = torch.autograd.grad((out * torch.sin(out)).sum(), ts, create_graph=True)
+    return [out, *gr, *torch.autograd.grad(sum((t ** 2).sum() for t in gr), ts)]
+
+
 def ek_forward_backward(problem, x, y, w, g, layout="mul_ir", backend=None):
     """(out, grad_x, grad_y, grad_w) of equikernels.ops.tensor_product."""
     from equikernels.ops import tensor_product

@@ -126,7 +126,7 @@ def _cpu_chunk(problem: TPProblem, x: Tensor, graph: ConvGraph, backend: str, ou
     if backend != "cpu" or torch.compiler.is_compiling():
         return 0
     widest = max(problem.dim_in1, problem.dim_out, 0 if problem.shared_weights else problem.weight_numel)
-    itemsize = max(x.element_size(), torch.empty(0, dtype=acc_dtype(out_dtype)).element_size())
+    itemsize = max(x.element_size(), acc_dtype(out_dtype).itemsize)
     chunk = max(1, CPU_CHUNK_BYTES // (widest * itemsize))
     return chunk if graph.num_edges > chunk else 0
 

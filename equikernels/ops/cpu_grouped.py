@@ -68,7 +68,7 @@ class _Group:
             k0 += do
         self.c64 = c.reshape(dim_in2, self.k * self.d1)
         self.path_of_k = torch.cat([torch.full((do,), n, dtype=torch.long) for n, do in enumerate(dos)])
-        offs = [it.w_off for it in instrs]
+        self.w_offs = offs = [it.w_off for it in instrs]
         self.w_first = offs[0] if all(b == a + self.mul for a, b in zip(offs, offs[1:])) else None
         self.w_cols = torch.cat([torch.arange(o, o + self.mul) for o in offs])
         self.out_segs = [it.segs["out"] for it in instrs]
@@ -150,10 +150,9 @@ class GroupedPlan:
         for n, (part, seg) in enumerate(zip(b.split(g.dos, dim=1), g.out_segs)):
             full = g.full[n]
             if full is None:
-                off, cols = g.w_cols[n * g.mul], g.mul
-                wr = w.narrow(0, int(off), cols).view(1, 1, cols) if self.shared else \
-                    w.narrow(1, int(off), cols).view(z, 1, cols)
-                v = part * wr
+                off = g.w_offs[n]
+                v = part * (w.narrow(0, off, g.mul).view(1, 1, g.mul) if self.shared else
+                            w.narrow(1, off, g.mul).view(z, 1, g.mul))
             else:
                 off, mo = full
                 wm = w.narrow(0, off, g.mul * mo).view(g.mul, mo) if self.shared else \

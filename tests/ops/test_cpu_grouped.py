@@ -9,7 +9,7 @@ from conv_checks import channelwise
 from equikernels.catalog import problem as catalog_problem
 from equikernels.ops import cpu_grouped, tensor_product
 from equikernels.problem import TPProblem
-from problems import ek_forward_backward, random_inputs, rel_err
+from problems import ek_forward_backward, random_inputs, rel_err, second_order
 
 
 @pytest.fixture
@@ -62,13 +62,9 @@ def test_weight_blocks_out_of_segment_order(shared_out, grouped_taken):
 def test_second_order_and_gradgradcheck(layout, grouped_taken):
     p = TPProblem.create(**channelwise("2x0e+2x1o", "0e+1o", "0e+1o+1e"))
     x, y, w = random_inputs(p, (3,), seed=5)
-    res = {}
-    for be in ("cpu", "reference"):
-        ts = [t.clone().requires_grad_() for t in (x, y, w)]
-        out = tensor_product(p, *ts, layout=layout, backend=be)
-        gr = torch.autograd.grad((out * torch.sin(out)).sum(), ts, create_graph=True)
-        res[be] = [out, *gr, *torch.autograd.grad(sum((t ** 2).sum() for t in gr), ts)]
-    for a, b in zip(res["cpu"], res["reference"]):
+    got, ref = (second_order(lambda a, b, c: tensor_product(p, a, b, c, layout=layout, backend=be), x, y, w)
+                for be in ("cpu", "reference"))
+    for a, b in zip(got, ref):
         assert rel_err(a, b) < 1e-12
     ts = [t.clone().requires_grad_() for t in (x, y, w)]
     f = lambda a, b, c: tensor_product(p, a, b, c, layout=layout, backend="cpu")  # noqa: E731
@@ -104,12 +100,8 @@ def test_fully_connected_shared_weights(mixed, layout, grouped_taken):
                          shared_weights=True)
     assert cpu_grouped.eligible(p) and not all(g.channelwise for g in cpu_grouped.grouped_plan(p, layout).groups)
     x, y, w = random_inputs(p, (4,), seed=7)
-    res = {}
-    for be in ("cpu", "reference"):
-        ts = [t.clone().requires_grad_() for t in (x, y, w)]
-        out = tensor_product(p, *ts, layout=layout, backend=be)
-        gr = torch.autograd.grad((out * torch.sin(out)).sum(), ts, create_graph=True)
-        res[be] = [out, *gr, *torch.autograd.grad(sum((t ** 2).sum() for t in gr), ts)]
-    for a, b in zip(res["cpu"], res["reference"]):
+    got, ref = (second_order(lambda a, b, c: tensor_product(p, a, b, c, layout=layout, backend=be), x, y, w)
+                for be in ("cpu", "reference"))
+    for a, b in zip(got, ref):
         assert rel_err(a, b) < 1e-12
     assert grouped_taken
