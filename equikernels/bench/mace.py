@@ -73,7 +73,15 @@ def mace_model(avg_num_neighbors: float, dtype: torch.dtype = torch.float64, *,
 
 
 def build(impl: str, ref64, dtype, device) -> torch.nn.Module:
-    """``impl`` made from the float64 mace-torch model ``ref64`` (not modified), in ``dtype``."""
+    """``impl`` made from the float64 mace-torch model ``ref64`` (not modified), in ``dtype``, in
+    eval mode with its parameters frozen, as the ASE calculators (ours and mace-torch's) run it."""
+    model = _build(impl, ref64, dtype, device)
+    for param in model.parameters():
+        param.requires_grad_(False)
+    return model
+
+
+def _build(impl: str, ref64, dtype, device) -> torch.nn.Module:
     old = torch.get_default_dtype()
     try:
         m = copy.deepcopy(ref64).to(dtype)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..ir import cg_entries
+from ..nn.blocks import rows_by_component
 from ..problem import TPProblem, parse_irreps
 
 
@@ -129,17 +130,17 @@ class ElementLinear(nn.Module):
             for i_in, m1, _, off, mo in terms:
                 wv = w.narrow(0, off, m1 * ne * mo).view(m1, ne, mo)
                 xb = xparts[i_in]
-                if d > 1:  # [N, d, m1]: matmul over the channel axis, components as a batch axis
-                    xb = xb.view(n, d, m1) if ir_mul else xb.view(n, m1, d).transpose(1, 2)
-                parts = [torch.matmul(xb[a:b], wv[:, z, :]) for z, a, b in groups.runs]
+                if d > 1:  # [N*d, m1]: one matrix product over the channel axis per element run
+                    xb = rows_by_component(xb, n, d, m1, ir_mul)
+                parts = [torch.mm(xb[a * d:b * d], wv[:, z, :]) for z, a, b in groups.runs]
                 y = parts[0] if single else torch.cat(parts, 0)
                 acc = y if acc is None else acc + y
             if acc is None:
                 flat.append(xs.new_zeros(n, mul * d))
             elif d == 1:
                 flat.append(acc)
-            else:
-                flat.append(acc.reshape(n, d * mul) if ir_mul else acc.transpose(1, 2).reshape(n, mul * d))
+            else:  # acc [N*d, mul]
+                flat.append(acc.view(n, d * mul) if ir_mul else acc.view(n, d, mul).transpose(1, 2).reshape(n, mul * d))
         out = torch.cat(flat, 1) if len(flat) > 1 else flat[0]
         return out if single else out.index_select(0, groups.inverse)
 

@@ -19,6 +19,7 @@ from ..problem import (MissingWeightError, TensorProductError, TensorProductInde
                        parse_irreps)
 from ..reference import autocast_on
 from ._script import linear_script_data, script_linear
+from .blocks import rows_by_component
 
 __all__ = ["Linear"]
 
@@ -304,10 +305,10 @@ class Linear(nn.Module):
                 xs = parts[start]
                 if d == 1:
                     y = torch.mm(xs, ws)
-                elif ir_mul:  # [N, d, mi] @ [mi, mo] -> [N, d, mo], flattened component-major
-                    y = torch.matmul(xs.view(n, d, mi), ws).view(n, d * mo)
-                else:  # [N, mi, d] -> [N, d, mi] @ W -> [N, d, mo] -> [N, mo, d]
-                    y = torch.matmul(xs.view(n, mi, d).transpose(1, 2), ws).transpose(1, 2).reshape(n, mo * d)
+                elif ir_mul:  # [N*d, mi] @ [mi, mo]: one copy of the strided block, then one matrix product
+                    y = torch.mm(rows_by_component(xs, n, d, mi, True), ws).view(n, d * mo)
+                else:  # [N, mi, d] -> [N*d, mi] @ W -> [N, d, mo] -> [N, mo, d]
+                    y = torch.mm(rows_by_component(xs, n, d, mi, False), ws).view(n, d, mo).transpose(1, 2).reshape(n, mo * d)
                 acc = y if acc is None else acc + y
             outs.append(acc)
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
