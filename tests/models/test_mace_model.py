@@ -215,24 +215,36 @@ def test_symmetric_contraction_matches_dense_polynomial(layout):
     assert torch.autograd.grad(g.sum(), sc.weights[1][2])[0].abs().sum() > 0
 
 
+@pytest.mark.parametrize("frozen", [False, True])
 @pytest.mark.parametrize("layout", ["mul_ir", "ir_mul"])
-def test_element_linear_matches_one_hot_tensor_product(layout):
+def test_element_linear_matches_one_hot_tensor_product(layout, frozen):
     import equikernels
     from equikernels.models.element_linear import ElementGroups, ElementLinear
     from equikernels.nn.spherical_harmonics import ir_mul_permutation
 
-    irr_in, irr_out, E = "3x0e+2x1o+2x0e", "4x0e+3x1o+2x2e", 4
+    irr_in, irr_out, E = "3x0e+2x1o+2x0e+1x2e", "4x0e+3x1o+2x2e", 4
     with default_dtype(torch.float64):
         lin = ElementLinear(irr_in, E, irr_out, layout)
         fctp = equikernels.FullyConnectedTensorProduct(irr_in, f"{E}x0e", irr_out)
     fctp.weight.data.copy_(lin.weight.data)
+    lin.requires_grad_(not frozen)
     elem = torch.tensor([3, 0, 0, 2, 3, 3])
     x = torch.randn(6, o3.Irreps(irr_in).dim, dtype=torch.float64)
     ref = fctp(x, torch.nn.functional.one_hot(elem, E).double())
     if layout == "ir_mul":
         x, ref = x[:, ir_mul_permutation(irr_in)], ref[:, ir_mul_permutation(irr_out)]
-    out = lin(x, ElementGroups.build(elem, E))
+    x.requires_grad_(True)
+    with torch.profiler.profile() as prof:
+        out = lin(x, ElementGroups.build(elem, E))
+        (gx,) = torch.autograd.grad(out, x, ref)
     assert torch.allclose(out, ref, atol=1e-13)
+    xr = x.detach().requires_grad_(True)
+    xin = xr[:, torch.argsort(ir_mul_permutation(irr_in))] if layout == "ir_mul" else xr
+    ref2 = fctp(xin, torch.nn.functional.one_hot(elem, E).double())
+    ref2 = ref2[:, ir_mul_permutation(irr_out)] if layout == "ir_mul" else ref2
+    assert torch.allclose(gx, torch.autograd.grad(ref2, xr, ref)[0], atol=1e-12)
+    # one matrix product per block and element run, never a batched product per node
+    assert "aten::bmm" not in [e.name for e in prof.events()]
 
 
 def test_coupled_u_matrices_are_equivariant():

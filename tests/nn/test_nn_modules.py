@@ -298,6 +298,32 @@ def test_linear_layout_and_errors(dtype64):
         ek.Linear("1o", "1o", f_in=2)
 
 
+@pytest.mark.parametrize("layout", ["mul_ir", "ir_mul"])
+def test_frozen_linear_is_one_matrix_product_per_block(dtype64, layout):
+    """Frozen weights (as in every calculator) give e3nn's numbers without a batched product per row."""
+    ref, _ = pair(lambda m: m.Linear("3x0e+4x1o+2x2e", "2x0e+3x1o+5x2e"))
+    torch.manual_seed(0)
+    ours = ek.Linear("3x0e+4x1o+2x2e", "2x0e+3x1o+5x2e", layout=layout)
+    with torch.no_grad():
+        ours.weight.copy_(ref.weight)
+    ours.requires_grad_(False)
+    pi, po = ir_mul_permutation(ref.irreps_in), ir_mul_permutation(ref.irreps_out)
+    x = torch.randn(7, ref.irreps_in.dim, requires_grad=True)
+    out_ref = ref(x)
+    cot = torch.randn_like(out_ref)
+    (g_ref,) = torch.autograd.grad(out_ref, x, cot)
+    xin = x.detach()[:, pi] if layout == "ir_mul" else x.detach()
+    xin.requires_grad_(True)
+    with torch.profiler.profile() as prof:
+        out = ours(xin)
+        (g,) = torch.autograd.grad(out, xin, cot[:, po] if layout == "ir_mul" else cot)
+    if layout == "ir_mul":
+        out, g = out[:, torch.argsort(po)], g[:, torch.argsort(pi)]
+    assert_close(out, out_ref, what="frozen linear output")
+    assert_close(g, g_ref, what="frozen linear input gradient")
+    assert "aten::bmm" not in [e.name for e in prof.events()]
+
+
 # --- spherical harmonics -----------------------------------------------------------------------
 @pytest.mark.parametrize("args", [([0, 1, 2, 3], True, "integral"), ("0e+1o+2e", False, "component"),
                                   ("1o+2x2e+1x3o", True, "norm"), ([1, 1, 3], True, "integral"),
