@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .._compat import e3nn  # noqa: F401  (safe e3nn import first)
+from ..ops.silu import silu
 from .classes import accelerated_class, register_overrides
 from .registry import Adapter, NotFused, register
 
@@ -43,7 +44,7 @@ def _factors(net: nn.Module) -> Tuple[List[float], list, float]:
         else:
             scales.append(carried / (layer.h_in * layer.var_in) ** 0.5)
             if hasattr(act, "f") and hasattr(act, "cst"):  # e3nn normalize2mom: f(x) * cst unless ~identity
-                gates.append(act.f)
+                gates.append(silu if act.f is torch.nn.functional.silu else act.f)
                 cst = 1.0 if getattr(act, "_is_id", False) else float(act.cst)
             else:
                 gates.append(act)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..dtypes import HALF
+from ..ops.silu import silu
 from . import hooks
 from .._compat import e3nn  # noqa: F401  (safe e3nn import before e3nn.math)
 from e3nn.math import normalize2mom  # noqa: E402
@@ -247,7 +248,9 @@ class RadialMLP(nn.Module):
         return cached[1]
 
     def _gate(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self.act is None else self.act.f(x)
+        if self.act is None:
+            return x
+        return silu(x) if self.act.f is torch.nn.functional.silu else self.act.f(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         last = len(self.layers) - 1

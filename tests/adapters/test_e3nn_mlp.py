@@ -92,3 +92,22 @@ def test_no_elementwise_pass_over_the_activations():
     names = [n for n, _ in seen.ops]
     assert names.count("mm") == 3 and names.count("silu") == 2, seen.ops
     assert not [op for op in seen.ops if op[0] in ("mul", "div") and any(s and s[0] == 13 for s in op[1])], seen.ops
+
+
+def test_silu_second_derivative_in_one_pass_per_layer(monkeypatch):
+    """Force training differentiates the MLP twice: each SiLU layer's second derivative is the fused
+    ``ops.silu`` pass, with e3nn's values."""
+    from equikernels.ops import silu as S
+
+    seen = []
+    real = S.second_order
+    monkeypatch.setattr(S, "second_order", lambda *a: seen.append(a[0].shape) or real(*a))
+    net, acc, _ = _nets(CASES["silu"])
+    x = torch.randn(9, net.hs[0], dtype=torch.float64, requires_grad=True)
+    grads = []
+    for m in (net, acc):
+        (gx,) = torch.autograd.grad(m(x).sin().sum(), x, create_graph=True)
+        grads.append(torch.autograd.grad(gx.square().sum(), [x] + list(m.parameters())))
+    for a, b in zip(grads[1], grads[0]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert seen == [(9, 16), (9, 16)]

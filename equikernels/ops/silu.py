@@ -1,0 +1,83 @@
+"""SiLU whose second derivative is one elementwise pass.
+
+Force training differentiates the radial MLP twice. torch's derivative of ``silu_backward`` is a
+chain of about twenty elementwise kernels over each [edges, hidden] activation; here it is one
+kernel with two outputs (Triton where the backend is "triton", the same formula in torch
+elsewhere). The forward and first derivative are torch's own single kernels. Third and higher
+derivatives run through differentiable torch formulas.
+
+    silu(z) = z s,   silu'(z) = s (1 + z (1 - s)),   silu''(z) = s (1 - s) (2 + z (1 - 2 s)),
+    s = sigmoid(z)
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .tp import resolve_backend, triton_available
+
+BLOCK = 1024
+
+
+def silu(z: Tensor) -> Tensor:
+    """``torch.nn.functional.silu(z)``, differentiable to any order."""
+    if not (torch.is_grad_enabled() and z.requires_grad) or torch.compiler.is_compiling():
+        return torch.nn.functional.silu(z)
+    return _SiLU.apply(z)
+
+
+def _derivatives(z: Tensor) -> Tuple[Tensor, Tensor]:
+    s = torch.sigmoid(z)
+    return s * (1 + z * (1 - s)), s * (1 - s) * (2 + z * (1 - 2 * s))
+
+
+def second_order(z: Tensor, g: Tensor, gg: Tensor, need_z: bool, need_g: bool) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """The cotangents of ``silu_backward(g, z) = g silu'(z)`` given its cotangent ``gg``:
+    (gg g silu''(z), gg silu'(z)), None where not needed."""
+    if torch.is_grad_enabled() or resolve_backend(None, z.device) != "triton" or not triton_available():
+        d1, d2 = _derivatives(z)
+        return (gg * g * d2 if need_z else None), (gg * d1 if need_g else None)
+    z, g, gg = z.contiguous(), g.contiguous(), gg.contiguous()
+    gz = torch.empty_like(z) if need_z else None
+    gdg = torch.empty_like(z) if need_g else None
+    n = z.numel()
+    if n:
+        from ._silu_kernel import silu_second_order  # noqa: PLC0415 (Triton only where it runs)
+        silu_second_order[(_cdiv(n, BLOCK),)](z, g, gg, gz if need_z else z, gdg if need_g else z, n,
+                                                   NEED_Z=need_z, NEED_G=need_g, F64=z.dtype == torch.float64,
+                                                   BLOCK=BLOCK)
+    return gz, gdg
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class _SiLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, z):
+        ctx.save_for_backward(z)
+        return torch.nn.functional.silu(z)
+
+    @staticmethod
+    def backward(ctx, g):
+        (z,) = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            return _SiLUBackward.apply(z, g)
+        return torch.ops.aten.silu_backward(g, z)
+
+
+class _SiLUBackward(torch.autograd.Function):
+    """``g silu'(z)`` (torch's ``silu_backward``) with a one-pass derivative."""
+
+    @staticmethod
+    def forward(ctx, z, g):
+        ctx.save_for_backward(z, g)
+        return torch.ops.aten.silu_backward(g, z)
+
+    @staticmethod
+    def backward(ctx, gg):
+        z, g = ctx.saved_tensors
+        return second_order(z, g, gg, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
