@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ..problem import TPProblem
+from .cpu_assemble import assemble
 from .cpu_tp import Instruction
 
 DTYPES = (torch.float32, torch.float64)
@@ -99,6 +100,8 @@ class GroupedPlan:
         for m, l, _ in problem.irreps_out:
             self.out_segs.append((o, m, 2 * l + 1))
             o += m * (2 * l + 1)
+        self.dim_out = o
+        self.segments, _ = self._sources()
         self._consts: Dict[torch.dtype, List[Tensor]] = {}
 
     def consts(self, dtype: torch.dtype) -> List[Tensor]:
@@ -107,24 +110,66 @@ class GroupedPlan:
             c = self._consts[dtype] = [g.c64.to(dtype) for g in self.groups]
         return c
 
+    def _sources(self) -> Tuple[tuple, int]:
+        """The output segments with their sources (``ops.cpu_assemble``): a channel-wise segment's paths
+        read one result [rows, K, mul] and its weights; each path of a segment with fully connected
+        paths is a result of its own, weighted already. Also the number of results."""
+        by_out: Dict[tuple, list] = {}
+        r = wi = 0
+        for g in self.groups:
+            if g.channelwise:
+                k0 = 0
+                for n, (do, seg) in enumerate(zip(g.dos, g.out_segs)):
+                    by_out.setdefault(seg, []).append((r, k0, do, wi, n))
+                    k0 += do
+                r, wi = r + 1, wi + 1
+            else:
+                for do, seg in zip(g.dos, g.out_segs):
+                    by_out.setdefault(seg, []).append((r, 0, do, -1, 0))
+                    r += 1
+        return tuple((o, m, d, tuple(by_out.get((o, m, d), ()))) for o, m, d in self.out_segs), r
+
     def __call__(self, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
+        return self._assembled(x, y, w) if self.layout == "ir_mul" else self._concatenated(x, y, w)
+
+    def _weight_rows(self, g: _Group, w: Tensor, z: int) -> Tensor:
+        """[z or 1, paths, mul]: the channel weights of a channel-wise segment's paths."""
+        paths = len(g.dos)
+        if self.shared:
+            return (w.narrow(0, g.w_first, paths * g.mul) if g.w_first is not None
+                    else w.index_select(0, g.w_cols)).view(1, paths, g.mul)
+        return (w.narrow(1, g.w_first, paths * g.mul) if g.w_first is not None
+                else w.index_select(1, g.w_cols)).view(z, paths, g.mul)
+
+    def _assembled(self, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
+        """ir_mul: each segment's path results [z, K, mul] and weights go to ``cpu_assemble``."""
+        z = x.shape[0]
+        results: List[Tensor] = []
+        weights: List[Tensor] = []
+        for g, c in zip(self.groups, self.consts(x.dtype)):
+            xt = x.narrow(1, g.offset, g.mul * g.d1).view(z, g.d1, g.mul)
+            at = (y @ c).view(z, g.k, g.d1)
+            b = at * xt if g.d1 == 1 else torch.bmm(at, xt)  # [z, K, mul]
+            if g.channelwise:
+                results.append(b)
+                weights.append(self._weight_rows(g, w, z))
+            else:
+                results.extend(self._mixed(g, b, w, z))
+        return assemble(self.segments, self.dim_out, results, weights)
+
+    def _concatenated(self, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
+        """mul_ir: weighted path results, transposed per output segment and concatenated."""
         z = x.shape[0]
         parts: Dict[tuple, List[Tensor]] = {}
         for g, c in zip(self.groups, self.consts(x.dtype)):
-            xs = x.narrow(1, g.offset, g.mul * g.d1)
-            # [z, d1, mul] in either layout (a strided view in mul_ir)
-            xt = xs.view(z, g.d1, g.mul) if self.layout == "ir_mul" else xs.view(z, g.mul, g.d1).transpose(1, 2)
+            xt = x.narrow(1, g.offset, g.mul * g.d1).view(z, g.mul, g.d1).transpose(1, 2)  # [z, d1, mul]
             at = (y @ c).view(z, g.k, g.d1)
             if not g.channelwise:
-                self._mixed(g, at, xt, w, z, parts)
+                b = at * xt if g.d1 == 1 else torch.bmm(at, xt)
+                for part, seg in zip(self._mixed(g, b, w, z), g.out_segs):
+                    parts.setdefault(seg, []).append(part)
                 continue
-            paths = len(g.dos)
-            if self.shared:
-                wp = (w.narrow(0, g.w_first, paths * g.mul) if g.w_first is not None
-                      else w.index_select(0, g.w_cols)).view(1, paths, g.mul)
-            else:
-                wp = (w.narrow(1, g.w_first, paths * g.mul) if g.w_first is not None
-                      else w.index_select(1, g.w_cols)).view(z, paths, g.mul)
+            wp = self._weight_rows(g, w, z)
             if g.d1 == 1:  # scalar segment: weights times x first ([z, paths, mul]), one full-size product
                 v = at * (xt * wp).index_select(1, g.path_of_k)
             else:
@@ -139,26 +184,26 @@ class GroupedPlan:
                 outs.append(x.new_zeros(z, seg[1] * seg[2]))
                 continue
             v = ps[0] if len(ps) == 1 else torch.stack(ps).sum(0) if len(ps) > 2 else ps[0] + ps[1]  # [z, do, mul]
-            outs.append(v.reshape(z, -1) if self.layout == "ir_mul" else v.transpose(1, 2).reshape(z, -1))
+            outs.append(v.transpose(1, 2).reshape(z, -1))
         return torch.cat(outs, 1) if len(outs) > 1 else outs[0]
 
-
-    def _mixed(self, g: _Group, at: Tensor, xt: Tensor, w: Tensor, z: int, parts: Dict[tuple, List[Tensor]]):
-        """A segment with fully connected paths: per path, [z, do, mul_in] times its [mul_in, mul_out]
-        weight matrix (one per row, or shared); channel-wise paths times their weight row."""
-        b = at * xt if g.d1 == 1 else torch.bmm(at, xt)  # [z, K, mul_in]
-        for n, (part, seg) in enumerate(zip(b.split(g.dos, dim=1), g.out_segs)):
+    def _mixed(self, g: _Group, b: Tensor, w: Tensor, z: int) -> List[Tensor]:
+        """A segment with fully connected paths, from its path results ``b`` [z, K, mul_in]: per path
+        [z, do, mul_out], the part times its [mul_in, mul_out] weight matrix (one per row, or shared),
+        or times its weight row for a channel-wise path."""
+        parts = []
+        for n, part in enumerate(b.split(g.dos, dim=1)):
             full = g.full[n]
             if full is None:
                 off = g.w_offs[n]
-                v = part * (w.narrow(0, off, g.mul).view(1, 1, g.mul) if self.shared else
-                            w.narrow(1, off, g.mul).view(z, 1, g.mul))
-            else:
-                off, mo = full
-                wm = w.narrow(0, off, g.mul * mo).view(g.mul, mo) if self.shared else \
-                    w.narrow(1, off, g.mul * mo).view(z, g.mul, mo)
-                v = torch.matmul(part, wm)  # [z, do, mul_out]
-            parts.setdefault(seg, []).append(v)
+                parts.append(part * (w.narrow(0, off, g.mul).view(1, 1, g.mul) if self.shared else
+                                     w.narrow(1, off, g.mul).view(z, 1, g.mul)))
+                continue
+            off, mo = full
+            wm = w.narrow(0, off, g.mul * mo).view(g.mul, mo) if self.shared else \
+                w.narrow(1, off, g.mul * mo).view(z, g.mul, mo)
+            parts.append(torch.matmul(part, wm))  # [z, do, mul_out]
+        return parts
 
 
 @functools.lru_cache(maxsize=None)

@@ -40,8 +40,9 @@ def test_matches_reference(irreps, shared, layout, grouped_taken):
         assert rel_err(a, b) < 1e-12, irreps
 
 
+@pytest.mark.parametrize("layout", ["mul_ir", "ir_mul"])
 @pytest.mark.parametrize("shared_out", [False, True])
-def test_weight_blocks_out_of_segment_order(shared_out, grouped_taken):
+def test_weight_blocks_out_of_segment_order(shared_out, layout, grouped_taken):
     """Instructions of one first-input segment that are not adjacent (their weight columns are
     gathered), and output segments that two or three paths write (summed)."""
     out = "2x0e+2x1o+2x2e" if shared_out else "2x0e+2x1o+2x1o+2x0e"
@@ -52,10 +53,14 @@ def test_weight_blocks_out_of_segment_order(shared_out, grouped_taken):
     assert any(g.w_first is None for g in cpu_grouped.grouped_plan(p, "mul_ir").groups)
     x, y, w = random_inputs(p, (4,), seed=3)
     g = torch.randn(4, p.dim_out, dtype=torch.float64)
-    for a, b in zip(ek_forward_backward(p, x, y, w, g, backend="cpu"),
-                    ek_forward_backward(p, x, y, w, g, backend="reference")):
+    for a, b in zip(ek_forward_backward(p, x, y, w, g, layout=layout, backend="cpu"),
+                    ek_forward_backward(p, x, y, w, g, layout=layout, backend="reference")):
         assert rel_err(a, b) < 1e-12
     assert grouped_taken
+    got, ref = (second_order(lambda a, b, c: tensor_product(p, a, b, c, layout=layout, backend=be), x, y, w)
+                for be in ("cpu", "reference"))
+    for a, b in zip(got, ref):
+        assert rel_err(a, b) < 1e-12
 
 
 @pytest.mark.parametrize("layout", ["mul_ir", "ir_mul"])
