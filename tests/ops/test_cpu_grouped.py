@@ -12,6 +12,16 @@ from equikernels.problem import TPProblem
 from problems import ek_forward_backward, random_inputs, rel_err, second_order
 
 
+DEFAULT_MIN_MUL = cpu_grouped.ASSEMBLE_MIN_MUL
+
+
+@pytest.fixture(autouse=True, params=["assembled", "concatenated"])
+def ir_mul_output(request, monkeypatch):
+    """ir_mul outputs both ways, whatever the channel counts (the test problems have few)."""
+    monkeypatch.setattr(cpu_grouped, "ASSEMBLE_MIN_MUL", 1 if request.param == "assembled" else 10 ** 9)
+    return request.param
+
+
 @pytest.fixture
 def grouped_taken(monkeypatch):
     """Counts the calls of the grouped path."""
@@ -110,3 +120,19 @@ def test_fully_connected_shared_weights(mixed, layout, grouped_taken):
     for a, b in zip(got, ref):
         assert rel_err(a, b) < 1e-12
     assert grouped_taken
+
+
+def test_assembled_from_the_default_channel_count(monkeypatch):
+    monkeypatch.setattr(cpu_grouped, "ASSEMBLE_MIN_MUL", DEFAULT_MIN_MUL)
+    taken = []
+    real = cpu_grouped.GroupedPlan._assembled
+    monkeypatch.setattr(cpu_grouped.GroupedPlan, "_assembled", lambda *a: taken.append(1) or real(*a))
+    for name, layout, want in (("mace-medium", "ir_mul", True), ("nequip-water", "ir_mul", False),
+                               ("mace-medium", "mul_ir", False)):
+        p = catalog_problem(name)
+        x, y, w = random_inputs(p, (3,), seed=0)
+        taken.clear()
+        got = tensor_product(p, x, y, w, layout=layout, backend="cpu")
+        ref = tensor_product(p, x, y, w, layout=layout, backend="reference")
+        assert rel_err(got, ref) < 1e-12
+        assert bool(taken) == want, (name, layout)
