@@ -51,6 +51,15 @@ def is_eager(*ts) -> bool:
     return True
 
 
+def functorch_wrapped(t: Tensor) -> bool:
+    """Whether ``t`` is wrapped by a torch.func transform (grad, vmap, jvp): autograd Functions
+    without ``setup_context`` cannot run on it, so callers take plain torch operations."""
+    try:
+        return bool(torch._C._functorch.is_functorch_wrapped_tensor(t))
+    except AttributeError:  # a torch without the query: no transform can be active
+        return False
+
+
 def autocast_dtype(x: Tensor) -> Optional[torch.dtype]:
     """The output dtype autocast asks for (None when autocast is off for x's device, or x is float64:
     autocast leaves float64 alone, as it does for matmul)."""

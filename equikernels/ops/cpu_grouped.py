@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ..problem import TPProblem
+from .chain import functorch_wrapped
 from .cpu_assemble import assemble
 from .cpu_tp import Instruction
 
@@ -135,7 +136,8 @@ class GroupedPlan:
         return tuple((o, m, d, tuple(by_out.get((o, m, d), ()))) for o, m, d in self.out_segs), r
 
     def __call__(self, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
-        if self.layout == "ir_mul" and self.min_mul >= ASSEMBLE_MIN_MUL:
+        if (self.layout == "ir_mul" and self.min_mul >= ASSEMBLE_MIN_MUL and not torch.compiler.is_compiling()
+                and not functorch_wrapped(x)):
             return self._assembled(x, y, w)
         return self._concatenated(x, y, w)
 

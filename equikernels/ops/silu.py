@@ -16,14 +16,17 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from .chain import functorch_wrapped
 from .tp import resolve_backend, triton_available
 
 BLOCK = 1024
 
 
 def silu(z: Tensor) -> Tensor:
-    """``torch.nn.functional.silu(z)``, differentiable to any order."""
-    if not (torch.is_grad_enabled() and z.requires_grad) or torch.compiler.is_compiling():
+    """``torch.nn.functional.silu(z)``, differentiable to any order (torch.func transforms and
+    compilation see torch's own op)."""
+    if (not (torch.is_grad_enabled() and z.requires_grad) or torch.compiler.is_compiling()
+            or functorch_wrapped(z)):
         return torch.nn.functional.silu(z)
     return _SiLU.apply(z)
 

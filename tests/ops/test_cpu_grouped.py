@@ -136,3 +136,16 @@ def test_assembled_from_the_default_channel_count(monkeypatch):
         ref = tensor_product(p, x, y, w, layout=layout, backend="reference")
         assert rel_err(got, ref) < 1e-12
         assert bool(taken) == want, (name, layout)
+
+
+def test_torch_func_grad_through_the_ir_mul_product():
+    """torch.func works on the grouped product as on plain autograd (the assembly is left out)."""
+    p = catalog_problem("mace-medium")
+    x, y, w = random_inputs(p, (3,), seed=1)
+    g = torch.randn(3, p.dim_out, dtype=torch.float64)
+
+    def f(a):
+        return (tensor_product(p, a, y, w, layout="ir_mul", backend="cpu") * g).sum()
+    xr = x.detach().clone().requires_grad_()
+    (want,) = torch.autograd.grad(f(xr), xr)
+    torch.testing.assert_close(torch.func.grad(f)(x), want, rtol=1e-12, atol=1e-12)

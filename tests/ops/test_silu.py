@@ -70,3 +70,19 @@ def test_no_graph_without_grad():
     assert S.silu(z).grad_fn is None
     with torch.no_grad():
         assert S.silu(z.requires_grad_()).grad_fn is None
+
+
+def test_torch_func_transforms_see_torch_silu():
+    """torch.func (grad, vmap) works as with torch's silu: transformed calls take torch's op."""
+    z = _inputs(torch.float64, (7,))
+
+    def ours(t):
+        return S.silu(t).pow(2).sum()
+
+    def ref(t):
+        return torch.nn.functional.silu(t).pow(2).sum()
+    torch.testing.assert_close(torch.func.grad(ours)(z), torch.func.grad(ref)(z))
+    torch.testing.assert_close(torch.func.grad(lambda t: torch.func.grad(ours)(t).sum())(z),
+                               torch.func.grad(lambda t: torch.func.grad(ref)(t).sum())(z))
+    torch.testing.assert_close(torch.func.vmap(torch.func.grad(ours))(z.view(7, 1)),
+                               torch.func.vmap(torch.func.grad(ref))(z.view(7, 1)))
