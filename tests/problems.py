@@ -290,3 +290,18 @@ def wide_channelwise_problem() -> TPProblem:
     ins = [(a, b, c, "uvu", True) for a, (_, r1) in enumerate(o3.Irreps(i1)) for b, (_, r2) in enumerate(o3.Irreps(i2))
            for c, (_, r) in enumerate(o3.Irreps(io)) if r in r1 * r2]
     return TPProblem.create(i1, i2, io, ins, shared_weights=False, internal_weights=False)
+
+
+def silu_second_order_calls(monkeypatch) -> list:
+    """The input shapes of every ``ops.silu.second_order`` call from now on (the one-pass derivative)."""
+    from equikernels.ops import silu
+
+    seen, real = [], silu.second_order
+    monkeypatch.setattr(silu, "second_order", lambda *a: seen.append(tuple(a[0].shape)) or real(*a))
+    return seen
+
+
+def double_grads(module, x):
+    """Gradients in (x, parameters) of |d sum(sin(module(x))) / dx|^2: a force-training-like second order."""
+    (gx,) = torch.autograd.grad(module(x).sin().sum(), x, create_graph=True)
+    return torch.autograd.grad(gx.square().sum(), [x] + list(module.parameters()))

@@ -1,4 +1,5 @@
 """The Triton kernel of ``ops.silu.second_order`` (imported only where Triton runs)."""
+import torch
 import triton
 import triton.language as tl
 
@@ -26,3 +27,11 @@ def silu_second_order(z_ptr, g_ptr, gg_ptr, gz_ptr, gdg_ptr, n, NEED_Z: tl.const
     if NEED_G:
         d1 = s * (1.0 + z * (1.0 - s))
         tl.store(gdg_ptr + offs, (gg * d1).to(out_type), mask=mask)
+
+
+def launch(z, g, gg, gz, gdg, block: int) -> None:
+    """Writes ``gz`` and/or ``gdg`` (None: not needed) from contiguous ``z``, ``g``, ``gg``."""
+    n = z.numel()
+    silu_second_order[(triton.cdiv(n, block),)](z, g, gg, gz if gz is not None else z, gdg if gdg is not None else z,
+                                                n, NEED_Z=gz is not None, NEED_G=gdg is not None,
+                                                F64=z.dtype == torch.float64, BLOCK=block)

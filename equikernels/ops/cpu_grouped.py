@@ -107,7 +107,7 @@ class GroupedPlan:
             self.out_segs.append((o, m, 2 * l + 1))
             o += m * (2 * l + 1)
         self.dim_out = o
-        self.segments, _ = self._sources()
+        self.segments = self._sources()
         self._consts: Dict[torch.dtype, List[Tensor]] = {}
 
     def consts(self, dtype: torch.dtype) -> List[Tensor]:
@@ -116,10 +116,10 @@ class GroupedPlan:
             c = self._consts[dtype] = [g.c64.to(dtype) for g in self.groups]
         return c
 
-    def _sources(self) -> Tuple[tuple, int]:
+    def _sources(self) -> tuple:
         """The output segments with their sources (``ops.cpu_assemble``): a channel-wise segment's paths
         read one result [rows, K, mul] and its weights; each path of a segment with fully connected
-        paths is a result of its own, weighted already. Also the number of results."""
+        paths is a result of its own, weighted already."""
         by_out: Dict[tuple, list] = {}
         r = wi = 0
         for g in self.groups:
@@ -133,7 +133,7 @@ class GroupedPlan:
                 for do, seg in zip(g.dos, g.out_segs):
                     by_out.setdefault(seg, []).append((r, 0, do, -1, 0))
                     r += 1
-        return tuple((o, m, d, tuple(by_out.get((o, m, d), ()))) for o, m, d in self.out_segs), r
+        return tuple((o, m, d, tuple(by_out.get((o, m, d), ()))) for o, m, d in self.out_segs)
 
     def __call__(self, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
         if (self.layout == "ir_mul" and self.min_mul >= ASSEMBLE_MIN_MUL and not torch.compiler.is_compiling()

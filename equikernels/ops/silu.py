@@ -45,17 +45,10 @@ def second_order(z: Tensor, g: Tensor, gg: Tensor, need_z: bool, need_g: bool) -
     z, g, gg = z.contiguous(), g.contiguous(), gg.contiguous()
     gz = torch.empty_like(z) if need_z else None
     gdg = torch.empty_like(z) if need_g else None
-    n = z.numel()
-    if n:
-        from ._silu_kernel import silu_second_order  # noqa: PLC0415 (Triton only where it runs)
-        silu_second_order[(_cdiv(n, BLOCK),)](z, g, gg, gz if need_z else z, gdg if need_g else z, n,
-                                                   NEED_Z=need_z, NEED_G=need_g, F64=z.dtype == torch.float64,
-                                                   BLOCK=BLOCK)
+    if z.numel():
+        from ._silu_kernel import launch  # noqa: PLC0415 (Triton only where it runs)
+        launch(z, g, gg, gz, gdg, BLOCK)
     return gz, gdg
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class _SiLU(torch.autograd.Function):
