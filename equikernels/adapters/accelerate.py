@@ -82,6 +82,8 @@ def accelerate(model: nn.Module, fuse: bool = True) -> AccelerateReport:
         raise TypeError(f"model: {type(model).__name__} is itself a supported e3nn module and cannot be replaced "
                         "in place; use equikernels.from_e3nn(model)")
     report = AccelerateReport()
+    if fuse:
+        accelerate_layers(model, report, early=True)
     done = {}  # id(old module) -> new module
 
     def walk(parent: nn.Module, prefix: str, report_e3nn: bool) -> int:

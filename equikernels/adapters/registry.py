@@ -26,10 +26,11 @@ class Adapter:
     matches: Callable[[nn.Module], bool]
     apply: Callable[[nn.Module], str]
     child: str = ""  # set: ``matches`` sees the parent layer, ``apply`` gets ``getattr(parent, child)``
+    early: bool = False  # runs before the module-by-module conversion (reads the original modules)
 
 
 ADAPTERS: List[Adapter] = []
-_FAMILIES = ("mace", "sevenn", "e3nn_mlp", "e3nn_graph")  # the generic detector last: family adapters take precedence
+_FAMILIES = ("mace_model", "mace", "sevenn", "e3nn_mlp", "e3nn_graph")  # the generic detector last: family adapters take precedence
 _loaded = False
 
 
@@ -46,18 +47,20 @@ def _load() -> None:
         _loaded = True
 
 
-def accelerate_layers(model: nn.Module, report) -> None:
+def accelerate_layers(model: nn.Module, report, early: bool = False) -> None:
     """Apply the first matching layer adapter, and every matching child adapter, to every submodule
-    of ``model`` (and ``model`` itself); appends (name, class, what) to ``report.fused`` and (name, class, why) to ``report.not_fused``."""
+    of ``model`` (and ``model`` itself); appends (name, class, what) to ``report.fused`` and (name, class, why) to ``report.not_fused``.
+    ``early``: only the adapters that run before the module conversion, else only the others."""
     _load()
+    adapters = [a for a in ADAPTERS if a.early == early]
     seen = set()
     for name, module in list(model.named_modules()):
         if id(module) in seen:
             continue
         seen.add(id(module))
-        layer = next((a for a in ADAPTERS if not a.child and a.matches(module)), None)
+        layer = next((a for a in adapters if not a.child and a.matches(module)), None)
         todo = [(name, module, layer)] if layer is not None else []
-        for a in ADAPTERS:
+        for a in adapters:
             sub = getattr(module, a.child, None) if a.child else None
             if isinstance(sub, nn.Module) and a.matches(module):
                 todo.append((f"{name}.{a.child}" if name else a.child, sub, a))

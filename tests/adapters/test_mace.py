@@ -13,57 +13,18 @@ pytestmark = pytest.mark.mace
 mace = pytest.importorskip("mace")
 
 import equikernels as ek  # noqa: E402
-from equikernels._compat import o3  # noqa: E402
-
-TOL = 1e-10
-ZS = (1, 6, 8)
+from equikernels.adapters.classes import original_class  # noqa: E402
+from mace_torch_cases import TOL, ZS, mace_batch, random_mace, rattled_atoms, rel  # noqa: E402
 
 
-def rel(a, b):
-    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+def layers_only(model):
+    """The accelerated model's layers through mace-torch's own forward (the whole-model path bypassed)."""
+    return lambda *a, **k: original_class(model).forward(model, *a, **k)
 
 
-def _model(seed=0, correlation=3, num_interactions=2):
-    from mace import modules  # noqa: PLC0415
-
-    torch.manual_seed(seed)
-    m = modules.ScaleShiftMACE(
-        r_max=3.0, num_bessel=4, num_polynomial_cutoff=5, max_ell=2,
-        interaction_cls=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
-        interaction_cls_first=modules.interaction_classes["RealAgnosticInteractionBlock"],
-        num_interactions=num_interactions, num_elements=len(ZS), hidden_irreps=o3.Irreps("4x0e+4x1o"), MLP_irreps=o3.Irreps("4x0e"),
-        atomic_energies=np.array([-1.0, -2.0, -3.0]), avg_num_neighbors=5.0, atomic_numbers=list(ZS), correlation=correlation,
-        gate=torch.nn.functional.silu, radial_MLP=[8, 8], atomic_inter_scale=1.3, atomic_inter_shift=0.2)
-    with torch.no_grad():  # zero-initialised parts would hide mistakes
-        for p in m.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
-    return m
-
-
-def _atoms():
-    import ase.build  # noqa: PLC0415
-
-    atoms = ase.build.bulk("C", "diamond", a=3.57)
-    atoms.numbers = np.array([1, 8])
-    atoms = atoms.repeat((2, 1, 1))
-    atoms.numbers = np.array([1, 6, 8, 6])
-    atoms.rattle(0.1, seed=1)
-    return atoms
-
-
-def _batch(atoms):
-    from mace import data as mdata  # noqa: PLC0415
-    from mace import tools  # noqa: PLC0415
-    from mace.tools import torch_geometric  # noqa: PLC0415
-
-    cfg = mdata.config_from_atoms(atoms)
-    graph = mdata.AtomicData.from_config(cfg, z_table=tools.AtomicNumberTable(list(ZS)), cutoff=3.0)
-    return next(iter(torch_geometric.dataloader.DataLoader([graph], batch_size=1))).to_dict()
-
-
-def _second_order(model, batch):
+def _second_order(model, batch, call=None):
     batch = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in batch.items()}
-    out = model(batch, training=True, compute_force=True, compute_stress=True)
+    out = (call or model)(batch, training=True, compute_force=True, compute_stress=True)
     loss = out["forces"].pow(2).sum()  # force-matching loss: its parameter gradient is the double backward
     grads = torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad], allow_unused=True)
     return out["energy"].detach(), out["forces"].detach(), out["stress"].detach(), grads
@@ -74,44 +35,46 @@ def test_mace_torch_model_triton_kernels(monkeypatch, single_thread):
     and forces (second order of the fused layers is covered by the reference-backend test)."""
     monkeypatch.setenv("EQUIKERNELS_BACKEND", "triton")
     torch.set_default_dtype(torch.float64)
-    model = _model(correlation=2, num_interactions=1)
-    batch = _batch(_atoms())
+    model = random_mace(correlation=2, num_interactions=1)
+    batch = mace_batch(rattled_atoms())
     ref = model(dict(batch), compute_force=True)
     report = ek.accelerate(model)
-    assert {"interactions.0", "products.0.symmetric_contractions"} <= set(report.fused_names), str(report)
-    out = model(dict(batch), compute_force=True)
-    assert rel(out["energy"], ref["energy"]) < TOL and rel(out["forces"], ref["forces"]) < TOL
+    assert {"", "interactions.0", "products.0.symmetric_contractions"} <= set(report.fused_names), str(report)
+    for call in (model, layers_only(model)):
+        out = call(dict(batch), compute_force=True)
+        assert rel(out["energy"], ref["energy"]) < TOL and rel(out["forces"], ref["forces"]) < TOL
 
 
 def test_mace_torch_model_accelerated(monkeypatch, single_thread):
     monkeypatch.setenv("EQUIKERNELS_BACKEND", "reference")  # the fused convolution (the CPU backend does not fuse)
     torch.set_default_dtype(torch.float64)
-    model = _model()
+    model = random_mace()
     plain = copy.deepcopy(model)
-    batch = _batch(_atoms())
+    batch = mace_batch(rattled_atoms())
     e_ref, f_ref, s_ref, g_ref = _second_order(plain, batch)
     keys = list(model.state_dict())
     classes = {n: type(m).__name__ for n, m in model.named_modules() if type(m).__module__.startswith("mace.")}
 
     report = ek.accelerate(model)
     fused = report.fused_names
-    assert {"interactions.0", "interactions.1", "products.0.symmetric_contractions",
+    assert {"", "interactions.0", "interactions.1", "products.0.symmetric_contractions",
             "products.1.symmetric_contractions", "interactions.0.skip_tp", "interactions.1.skip_tp"} <= set(fused), str(report)
     assert not report.not_fused, str(report)
     assert list(model.state_dict()) == keys
     modules = dict(model.named_modules())
     assert {n: type(modules[n]).__name__ for n in classes} == classes  # mace-torch's layers keep their classes
 
-    e, f, s, g = _second_order(model, batch)
-    assert rel(e, e_ref) < TOL and rel(f, f_ref) < TOL and rel(s, s_ref) < TOL
-    for a, b in zip(g, g_ref):
-        if b is not None:
-            assert rel(a, b) < TOL
+    for call in (model, layers_only(model)):
+        e, f, s, g = _second_order(model, batch, call)
+        assert rel(e, e_ref) < TOL and rel(f, f_ref) < TOL and rel(s, s_ref) < TOL
+        for a, b in zip(g, g_ref):
+            if b is not None:
+                assert rel(a, b) < TOL
 
     # mace-torch's own calculator on the accelerated model object
     from mace.calculators import MACECalculator  # noqa: PLC0415
 
-    atoms = _atoms()
+    atoms = rattled_atoms()
     res = {}
     for name, m in (("plain", plain), ("fast", model)):
         atoms.calc = MACECalculator(models=m, device="cpu", default_dtype="float64")
@@ -122,11 +85,11 @@ def test_mace_torch_model_accelerated(monkeypatch, single_thread):
 
 def test_mace_state_dict_and_pickle(single_thread):
     torch.set_default_dtype(torch.float64)
-    model = _model(seed=2)
-    batch = _batch(_atoms())
+    model = random_mace(seed=2)
+    batch = mace_batch(rattled_atoms())
     ek.accelerate(model)
     e_fast = model(dict(batch), compute_force=False)["energy"].detach()
-    fresh = _model(seed=3)  # plain mace-torch, other weights
+    fresh = random_mace(seed=3)  # plain mace-torch, other weights
     fresh.load_state_dict(model.state_dict())
     assert rel(fresh(dict(batch), compute_force=False)["energy"].detach(), e_fast) < TOL
     buf = io.BytesIO()
@@ -143,7 +106,7 @@ def test_mace_skip_product_runs_per_element(monkeypatch, single_thread):
     not called), equal to the plain product to second order in the features and weight; attributes
     that are not exactly one-hot, or that carry a gradient, take the original product."""
     torch.set_default_dtype(torch.float64)
-    model = _model(seed=4)
+    model = random_mace(seed=4)
     plain = copy.deepcopy(model)
     ek.accelerate(model)
     skip, ref = model.interactions[1].skip_tp, plain.interactions[1].skip_tp
@@ -180,7 +143,7 @@ def test_mace_contraction_weights_by_element(single_thread):
     summed over the attributes); with frozen weights the kept weight table follows an in-place
     change of a weight."""
     torch.set_default_dtype(torch.float64)
-    model = _model(seed=5)
+    model = random_mace(seed=5)
     plain = copy.deepcopy(model)
     ek.accelerate(model)
     sc, ref = model.products[1].symmetric_contractions, plain.products[1].symmetric_contractions
