@@ -7,6 +7,7 @@ Groups (each cell is one implementation of one measurement, all in one process):
   ``--problems all``: its kernels take minutes to compile cold);
 * ``conv``: the graph convolution at 10,192 Cu atoms (795,010 edges), fwd / bwd / dbwd, float32;
 * ``mace``: MACE-MP-medium-shaped E+F and E+F+S at 1,008 and 10,192 atoms, float32 and float64;
+  each cell timed in ``mace_rounds`` rounds, the implementations taking turns, the fastest counting;
 * ``model``: the user's ``--model`` file (equikernels only), E+F and E+F+S at 1,008 atoms.
 
 ``quick`` keeps three problems at 20,000 rows, the convolution at 1,008 atoms and float32 MACE at
@@ -50,6 +51,9 @@ class Options:
     groups: Sequence[str] = ("conv", "mace", "tp")
     model: Optional[str] = None
     target_ms: float = 200.0
+    # MACE cells are timed this many times, the implementations taking turns; the fastest round
+    # counts (a 1k-atom step is bound by host work, whose speed drifts between minutes)
+    mace_rounds: int = 2
     time_budget_s: Optional[float] = None
     tp_rows: Optional[int] = None  # overrides the row counts (small runs of the harness itself)
     conv_atoms: Optional[int] = None  # overrides the convolution's graph size (one of conv.REPEATS)
@@ -205,25 +209,36 @@ def run_mace(opts: Options, device, cells: List[dict]) -> None:
                 ref = None
                 opts.log(f"mace reference at {a} atoms failed: {T.describe_exception(exc, 160)}")
             T.free_memory(device)
-            for impl, model in models.items():
-                for (mode, stress), cid in zip(modes, ids(dn, a)):
-                    if isinstance(model, dict):
-                        cells.append(_cell(cid, "mace", impl, **model))
-                        continue
-                    if opts.out_of_time():
-                        cells.append(_cell(cid, "mace", impl, "skipped", error="time budget spent"))
-                        continue
-                    try:
-                        err = None
-                        if ref is not None:
-                            err = max(MC.errors(MC.step(model, data, stress), ref, stress).values())
-                        t = _timed(MC.step_call(model, data, stress), device, opts.target_ms)
-                        c = _cell(cid, "mace", impl, "ok", atoms=a, edges=int(data["edge_index"].shape[1]), **t,
-                                  err=err, tol=MACE_TOL[dn])
-                    except Exception as exc:
-                        c = _cell(cid, "mace", impl, **_failed(exc))
-                    cells.append(c)
-                    opts.log(_line(c))
+            done: Dict[tuple, dict] = {}
+            for rnd in range(opts.mace_rounds):  # the implementations take turns, round after round
+                for impl, model in models.items():
+                    for (mode, stress), cid in zip(modes, ids(dn, a)):
+                        prev = done.get((impl, cid))
+                        if isinstance(model, dict):
+                            done[(impl, cid)] = _cell(cid, "mace", impl, **model)
+                            continue
+                        if prev is not None and prev["status"] != "ok":
+                            continue
+                        if opts.out_of_time():
+                            if prev is None:
+                                done[(impl, cid)] = _cell(cid, "mace", impl, "skipped", error="time budget spent")
+                            continue
+                        try:
+                            err = prev["err"] if prev is not None else None
+                            if prev is None and ref is not None:
+                                err = max(MC.errors(MC.step(model, data, stress), ref, stress).values())
+                            t = _timed(MC.step_call(model, data, stress), device, opts.target_ms)
+                            rounds = (prev["ms_rounds"] if prev is not None else []) + [t["ms"]]
+                            if prev is not None and prev["ms"] <= t["ms"]:
+                                t = {k: prev[k] for k in t}
+                            c = _cell(cid, "mace", impl, "ok", atoms=a, edges=int(data["edge_index"].shape[1]), **t,
+                                      ms_rounds=rounds, err=err, tol=MACE_TOL[dn])
+                        except Exception as exc:
+                            c = _cell(cid, "mace", impl, **_failed(exc))
+                        done[(impl, cid)] = c
+                        if rnd == opts.mace_rounds - 1 or c["status"] != "ok":
+                            opts.log(_line(c))
+            cells.extend(done.values())
             del data
             T.free_memory(device)
         del models
