@@ -23,7 +23,7 @@ import torch
 from . import settings
 from .catalog import problem as standard_problem
 from .catalog import standard_problems
-from .codegen.conv_planner import FLOWS, ConvPlanner, kernel_layout
+from .codegen.conv_planner import FLOWS, IR_MUL_MIN_EDGES, ConvPlanner, kernel_layout
 from .codegen.launch import cap_dtypes
 from .codegen.plan_types import UVW_ROWS, ConvPlan, DirectionPlan, need_bits, need_letters
 from .codegen.planner import Planner
@@ -202,7 +202,8 @@ def plan_text(problem: TPProblem, args: argparse.Namespace, layout: Optional[str
         plan = conv_plan_for(problem, flow, args.direction, DTYPES[args.dtype], layout, args.need, args.have)
         run = kernel_layout(problem, layout)
         if run != layout:
-            what += f", kernels in {run} (x and out permuted)"
+            size = f" from {IR_MUL_MIN_EDGES:,} edges" if settings.get().conv_layout == "auto" else ""
+            what += f", kernels in {run}{size} (x and out permuted)"
         return conv_text(plan, DTYPES[args.dtype], what)
     plan = plan_for(problem, args.direction, DTYPES[args.dtype], layout, args.need, args.have)
     return text(plan, DTYPES[args.dtype], what)

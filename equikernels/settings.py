@@ -267,9 +267,10 @@ class Settings:
     conv_in1outer_fwd: Optional[bool] = _var(None, _FLAG, "Shared inner sums; forward only")
     conv_in1outer_bwd: Optional[bool] = _var(None, _FLAG, "Shared inner sums; backward only")
     conv_in1outer_dbwd: Optional[bool] = _var(None, _FLAG, "Shared inner sums; double backward only")
-    conv_layout: str = _var("auto", _Choice("auto", "asked"),
+    conv_layout: str = _var("auto", _Choice("auto", "asked", "ir_mul"),
                             "Layout of the convolution kernels for mul_ir channel-wise products: auto (ir_mul, "
-                            "node tensors permuted around them) or asked (the layout the call asks for)")
+                            "node tensors permuted around them, from 400,000 edges; the asked layout below), "
+                            "asked (the layout the call asks for) or ir_mul (at every size)")
     conv_channel_parts: Optional[int] = _var(None, _Int(1), "Channel parts of node-parallel gradient kernels of "
                                              "channel-wise products (default: float64 backward 64 channels a part)")
     conv_channel_parts_fwd: Optional[int] = _var(None, _Int(1), "Channel parts; forward only")

@@ -30,7 +30,7 @@ class Adapter:
 
 
 ADAPTERS: List[Adapter] = []
-_FAMILIES = ("mace_model", "mace", "sevenn", "e3nn_mlp", "e3nn_graph")  # the generic detector last: family adapters take precedence
+_FAMILIES = ("mace_model", "mace", "sevenn", "e3nn_mlp", "e3nn_gate", "e3nn_graph")  # the generic detector last: family adapters take precedence
 _loaded = False
 
 

@@ -109,13 +109,23 @@ def _layouts_differ(irreps) -> bool:
     return any(m > 1 and l > 0 for m, l, _ in irreps)
 
 
-def kernel_layout(problem, layout: str) -> str:
-    """The layout the fused kernels of a ``layout`` convolution run in. Channel-wise (uvu) products
-    asked for in mul_ir run in ir_mul, the node tensors x and out permuted around the kernels (node
-    rows, not edge rows): there the kernels read and write each channel's components as one
+# H100, fp32 model calls, ir_mul kernels on permuted node rows against the asked mul_ir ones: SevenNet-0
+# 3 % slower at 48k-86k edges and even at 461k, the MACE-MP-medium layers 10 % slower at 92k edges
+# and 9 % faster at 856k (below, the permutations' host work is not paid back)
+IR_MUL_MIN_EDGES = 400_000
+
+
+def kernel_layout(problem, layout: str, num_edges: Optional[int] = None) -> str:
+    """The layout the fused kernels of a ``layout`` convolution over ``num_edges`` edges run in.
+    Channel-wise (uvu) products asked for in mul_ir run in ir_mul from ``IR_MUL_MIN_EDGES`` edges
+    (any size when ``num_edges`` is None), the node tensors x and out permuted around the kernels
+    (node rows, not edge rows): there the kernels read and write each channel's components as one
     contiguous run (docs/performance.md). Only when y and the weights read the same in both
-    layouts; EQUIKERNELS_CONV_LAYOUT=asked keeps the asked layout."""
-    if layout != "mul_ir" or settings.get().conv_layout == "asked":
+    layouts. EQUIKERNELS_CONV_LAYOUT=asked keeps the asked layout, =ir_mul ignores the size."""
+    mode = settings.get().conv_layout
+    if layout != "mul_ir" or mode == "asked":
+        return layout
+    if mode == "auto" and num_edges is not None and num_edges < IR_MUL_MIN_EDGES:
         return layout
     return _channelwise_layout(problem)
 

@@ -50,7 +50,7 @@ def test_prints_a_standard_problem_conv_plan(argv, flow, capsys, tmp_path):
         plan = conv_plan_for(problem("nequip-water"), flow, "dbwd", torch.float64)
     out = capsys.readouterr().out
     assert out.startswith(f"nequip-water: convolution dbwd of {problem('nequip-water').describe()} [mul_ir], "
-                          f"kernels in ir_mul (x and out permuted), {flow} dataflow")
+                          f"kernels in ir_mul from 400,000 edges (x and out permuted), {flow} dataflow")
     listed = [ln.split()[1] for ln in out.splitlines() if ln.split()[0] in {f"{i}." for i in range(1, 10)}]
     assert listed == [s.name for s in plan.steps] and len(listed) == 2
     assert out.count("1 edge(s) x 2 warps per program step") == 2

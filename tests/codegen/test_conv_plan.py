@@ -168,6 +168,11 @@ def test_kernel_layout_of_mul_ir_channelwise_products():
     assert kernel_layout(uvu, "ir_mul") == "ir_mul"
     with settings.override(conv_layout="asked"):
         assert kernel_layout(uvu, "mul_ir") == "mul_ir"
+    from equikernels.codegen.conv_planner import IR_MUL_MIN_EDGES
+    assert kernel_layout(uvu, "mul_ir", IR_MUL_MIN_EDGES - 1) == "mul_ir"  # small graphs: no permutations
+    assert kernel_layout(uvu, "mul_ir", IR_MUL_MIN_EDGES) == "ir_mul"
+    with settings.override(conv_layout="ir_mul"):
+        assert kernel_layout(uvu, "mul_ir", 10) == "ir_mul"
     # y read differently in the two layouts, a fully connected path, or nothing to permute: as asked
     assert kernel_layout(TPProblem.create(**channelwise(i2="2x0e+2x1o")), "mul_ir") == "mul_ir"
     uvw = TPProblem.create("2x0e+2x1o", "0e+1o", "2x1o", [(0, 1, 0, "uvw", True), (1, 0, 0, "uvw", True)])

@@ -29,17 +29,22 @@ def test_channelwise_per_edge_weights(flow, layout, dtype, second):
     check_conv(channelwise(), flow, dtype, layout, second_order=second)
 
 
-@pytest.mark.parametrize("conv_layout", ["auto", "asked"])
-def test_mul_ir_in_either_kernel_layout(conv_layout, monkeypatch):
-    """mul_ir channel-wise products run ir_mul kernels on permuted node rows (auto) or mul_ir
-    kernels (asked); both to second order against the oracle."""
+@pytest.mark.parametrize("conv_layout,min_edges,kernels", [("ir_mul", None, "ir_mul"), ("asked", None, "mul_ir"),
+                                                              ("auto", 1, "ir_mul"), ("auto", 10 ** 9, "mul_ir")])
+def test_mul_ir_in_either_kernel_layout(conv_layout, min_edges, kernels, monkeypatch):
+    """mul_ir channel-wise products run ir_mul kernels on permuted node rows (ir_mul; auto from
+    IR_MUL_MIN_EDGES edges) or mul_ir kernels (asked; auto below); all to second order against the
+    oracle."""
+    from equikernels.codegen import conv_planner
     from equikernels.ops import conv_fused
     seen = []
     spec_of = conv_fused.spec_of
     monkeypatch.setattr(conv_fused, "spec_of", lambda p, layout: seen.append(layout) or spec_of(p, layout))
+    if min_edges is not None:
+        monkeypatch.setattr(conv_planner, "IR_MUL_MIN_EDGES", min_edges)
     with equikernels.settings.override(conv_layout=conv_layout):
         check_conv(channelwise(), "atomic", torch.float64, "mul_ir")
-    assert set(seen) == {"ir_mul" if conv_layout == "auto" else "mul_ir"}
+    assert set(seen) == {kernels}
 
 
 @pytest.mark.parametrize("flow", ["atomic", "deterministic"])

@@ -1,0 +1,134 @@
+"""e3nn's ``nn.Gate`` in a few operations.
+
+e3nn's Gate extracts its three input groups into fresh zero tensors with one in-place copy per irreps
+block, multiplies the gated irreps by their gates through an ``ElementwiseTensorProduct`` and
+concatenates: each copy and product is its own autograd node. Here each group is one slice of the
+input (or a concatenation of slices), each gate is broadcast over its irrep's components by one
+index, and the gated block is one multiplication; the activations are the module's own
+``Activation`` submodules (its normalisation constants and parities). Same submodules, no
+parameters; the fused forward is checked against e3nn's on a random input when the adapter runs.
+"""
+from __future__ import annotations
+
+from typing import List, Tuple
+
+import torch
+from torch import nn
+
+from .._compat import e3nn  # noqa: F401  (safe e3nn import first)
+from .classes import accelerated_class, original_class, register_overrides
+from .registry import Adapter, NotFused, register
+
+GATE = "e3nn_gate"
+Slices = List[Tuple[int, int]]
+
+
+def _group_slices(extract) -> List[Slices]:
+    """Per output group of e3nn's ``Extract``, the (start, length) input slices in output order, merged
+    where adjacent."""
+    irreps_in = extract.irreps_in
+    starts = [irreps_in[:i].dim for i in range(len(irreps_in))]
+    groups = []
+    for ins in extract.instructions:
+        slices: Slices = []
+        for i in ins:
+            start, length = starts[i], irreps_in[i].dim
+            if slices and slices[-1][0] + slices[-1][1] == start:
+                slices[-1] = (slices[-1][0], slices[-1][1] + length)
+            else:
+                slices.append((start, length))
+        groups.append(slices)
+    return groups
+
+
+def _take(x: torch.Tensor, slices: Slices) -> torch.Tensor:
+    if len(slices) == 1:
+        return x.narrow(-1, *slices[0])
+    if not slices:
+        return x.narrow(-1, 0, 0)
+    return torch.cat([x.narrow(-1, s, n) for s, n in slices], dim=-1)
+
+
+def _expand_index(irreps_gated) -> torch.Tensor:
+    """For every column of the gated features (e3nn's mul_ir layout), the index of its gate."""
+    idx, g = [], 0
+    for mul, ir in irreps_gated:
+        idx.append(torch.arange(g, g + mul).repeat_interleave(ir.dim))
+        g += mul
+    return torch.cat(idx) if idx else torch.zeros(0, dtype=torch.long)
+
+
+class _GatePlan:
+    def __init__(self, gate: nn.Module):
+        self.scalars, self.gates, self.gated = _group_slices(gate.sc.cut)
+        self.expand = _expand_index(gate.irreps_gated)
+        self._on = {}
+
+    def expand_on(self, device: torch.device) -> torch.Tensor:
+        t = self._on.get(device)
+        if t is None:
+            t = self._on[device] = self.expand.to(device)
+        return t
+
+
+def _plan(gate: nn.Module) -> _GatePlan:
+    plan = gate.__dict__.get("_ek_gate")
+    if plan is None:  # after unpickling
+        plan = gate.__dict__["_ek_gate"] = _GatePlan(gate)
+    return plan
+
+
+def _fused(gate: nn.Module, features: torch.Tensor) -> torch.Tensor:
+    plan = _plan(gate)
+    scalars = gate.act_scalars(_take(features, plan.scalars))
+    if not plan.gates:
+        return scalars
+    gates = gate.act_gates(_take(features, plan.gates))
+    gated = _take(features, plan.gated) * gates.index_select(-1, plan.expand_on(features.device))
+    return torch.cat([scalars, gated], dim=-1)
+
+
+def _overrides(cls: type) -> dict:
+    def forward(self, features):
+        return _fused(self, features)
+
+    forward.__doc__ = "e3nn's Gate: the same values, extracted by slices and gated by one multiplication."
+    return {"forward": forward}
+
+
+register_overrides(GATE, _overrides)
+
+
+def _matches(module: nn.Module) -> bool:
+    return any(c.__name__ == "Gate" and c.__module__.startswith("e3nn.nn") for c in original_class(module).__mro__)
+
+
+def _apply(gate: nn.Module) -> str:
+    if getattr(type(gate), "_ek_adapter", None) == GATE:
+        return ""
+    base = next(c for c in type(gate).__mro__ if c.__name__ == "Gate" and c.__module__.startswith("e3nn.nn"))
+    if type(gate).forward is not base.forward:
+        raise NotFused(f"{type(gate).__name__} overrides forward(); its semantics are unknown")
+    try:
+        gate.__dict__["_ek_gate"] = _GatePlan(gate)
+        dim = gate.irreps_in.dim
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise NotFused(f"not e3nn's Gate structure ({exc})") from None
+    x = torch.randn(3, dim, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    held = next(iter(list(gate.parameters()) + list(gate.buffers())), None)
+    x = x.to(held.device if held is not None else torch.device("cpu"))
+    try:
+        with torch.no_grad():
+            want, got = base.forward(gate, x), _fused(gate, x)
+    except Exception as exc:  # noqa: BLE001 - any failure means: leave e3nn's forward
+        del gate.__dict__["_ek_gate"]
+        raise NotFused(f"the fused gate could not run ({type(exc).__name__}: {exc})") from None
+    if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-10, atol=1e-12):
+        del gate.__dict__["_ek_gate"]
+        raise NotFused("the fused gate does not reproduce e3nn's values for this gate")
+    gate.__class__ = accelerated_class(GATE, type(gate))
+    return (f"gate {gate.irreps_in} -> {gate.irreps_out}: slices and one gating multiplication "
+            "instead of extraction copies and a tensor product")
+
+
+register(Adapter(GATE, _matches, _apply))
