@@ -99,7 +99,8 @@ def test_nequip_style_layers_fused(backend, monkeypatch, single_thread):
     keys, params = list(model.state_dict()), list(model.parameters())
 
     report = ek.accelerate(model)
-    assert report.fused_names == ["layers.0", "layers.0.radial", "layers.1", "layers.1.radial"], str(report)
+    assert report.fused_names == ["layers.0", "layers.0.radial", "layers.0.gate", "layers.1", "layers.1.radial",
+                                  "layers.1.gate"], str(report)
     assert "1 gather -> tensor product -> scatter-sum fused" in report.fused[0][2]
     assert all(type(m).__name__ == "Convolution" and isinstance(m, Convolution) for m in model.layers)
     assert list(model.state_dict()) == keys and all(a is b for a, b in zip(model.parameters(), params))
