@@ -232,7 +232,9 @@ def fused_conv(problem, x: Tensor, y: Tensor, weight: Optional[Tensor], graph, l
     x's); gradients in their operand's dtype."""
     if flow not in FLOWS:
         raise ValueError(f"flow: expected one of {FLOWS}, got {flow!r}")
-    run = kernel_layout(problem, layout, graph.src.shape[0]) if backend == "triton" else layout
+    edges = graph.src.shape[0]
+    # a symbolic edge count (torch.compile / export) is not branched on: no guard on the graph's size
+    run = kernel_layout(problem, layout, edges if isinstance(edges, int) else None) if backend == "triton" else layout
     if run != layout:  # mul_ir asked, ir_mul kernels: x and out permuted (node rows)
         out = fused_conv(problem, _ir_mul(x, problem.irreps_in1, False), y, weight, graph, run, backend, flow,
                          math_dtype, output_dtype)
