@@ -30,7 +30,8 @@ class Adapter:
 
 
 ADAPTERS: List[Adapter] = []
-_FAMILIES = ("mace_model", "mace", "sevenn", "e3nn_mlp", "e3nn_gate", "e3nn_graph")  # the generic detector last: family adapters take precedence
+# the generic detector last: family adapters take precedence
+_FAMILIES = ("mace_model", "mace", "sevenn", "e3nn_mlp", "e3nn_gate", "e3nn_graph")
 _loaded = False
 
 
@@ -49,8 +50,9 @@ def _load() -> None:
 
 def accelerate_layers(model: nn.Module, report, early: bool = False) -> None:
     """Apply the first matching layer adapter, and every matching child adapter, to every submodule
-    of ``model`` (and ``model`` itself); appends (name, class, what) to ``report.fused`` and (name, class, why) to ``report.not_fused``.
-    ``early``: only the adapters that run before the module conversion, else only the others."""
+    of ``model`` (and ``model`` itself); appends (name, class, what) to ``report.fused`` and (name,
+    class, why) to ``report.not_fused``. ``early``: only the adapters that run before the module
+    conversion, else only the others."""
     _load()
     adapters = [a for a in ADAPTERS if a.early == early]
     seen = set()
