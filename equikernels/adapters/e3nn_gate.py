@@ -99,14 +99,19 @@ def _overrides(cls: type) -> dict:
 register_overrides(GATE, _overrides)
 
 
+def _e3nn_gate(cls: type):
+    """e3nn's Gate class among ``cls``'s bases (itself included), or None."""
+    return next((c for c in cls.__mro__ if c.__name__ == "Gate" and c.__module__.startswith("e3nn.nn")), None)
+
+
 def _matches(module: nn.Module) -> bool:
-    return any(c.__name__ == "Gate" and c.__module__.startswith("e3nn.nn") for c in original_class(module).__mro__)
+    return _e3nn_gate(original_class(module)) is not None
 
 
 def _apply(gate: nn.Module) -> str:
     if getattr(type(gate), "_ek_adapter", None) == GATE:
         return ""
-    base = next(c for c in type(gate).__mro__ if c.__name__ == "Gate" and c.__module__.startswith("e3nn.nn"))
+    base = _e3nn_gate(type(gate))
     if type(gate).forward is not base.forward:
         raise NotFused(f"{type(gate).__name__} overrides forward(); its semantics are unknown")
     try:

@@ -20,7 +20,7 @@ from typing import Dict, List, Tuple
 import torch
 from torch import nn
 
-from ..models.io import build, config_from_mace, mace_key_map
+from ..models.io import build, check_normalisation, config_from_mace, mace_key_map
 from .classes import accelerated_class, original_class, register_overrides
 from .registry import Adapter, NotFused, register
 
@@ -107,17 +107,12 @@ def _apply(model: nn.Module) -> str:
         return ""
     try:
         cfg = config_from_mace(model)
-        keymap = mace_key_map(model, cfg)
+        model.__dict__[_CONFIG] = (cfg, mace_key_map(model, cfg))
+        # built now to check it; the model kept is built on the first call (after the layers are converted)
+        check_normalisation(model, _build(model)[0])
     except (TypeError, ValueError, KeyError) as exc:
+        model.__dict__.pop(_CONFIG, None)
         raise NotFused(str(exc).removeprefix("mace_model: ")) from None
-    model.__dict__[_CONFIG] = (cfg, keymap)
-    twin = _build(model)[0]  # built now to check it; kept from the first call (after the layers are converted)
-    for theirs, inter in zip(model.interactions, twin.interactions):
-        got = inter.problem.path_coefficients
-        want = [float(i.path_weight) for i in theirs.conv_tp.instructions]
-        if any(abs(a - b) > 1e-6 * max(1.0, abs(b)) for a, b in zip(got, want)):
-            del model.__dict__[_CONFIG]
-            raise NotFused("its conv_tp normalisation differs from e3nn's defaults")
     model.__class__ = accelerated_class(MODEL, type(model))
     return "whole model as an equikernels MACE sharing its parameters and buffers"
 

@@ -237,6 +237,16 @@ def build(config: dict, state_dict: Dict[str, torch.Tensor]) -> MACE:
     return model
 
 
+def check_normalisation(mace_model, model: MACE) -> None:
+    """Raises ValueError unless every interaction of ``model`` has ``mace_model``'s conv_tp path weights
+    (e3nn's default normalisation, which ``config_from_mace`` assumes)."""
+    for theirs, inter in zip(mace_model.interactions, model.interactions):
+        got = inter.problem.path_coefficients
+        want = [float(i.path_weight) for i in theirs.conv_tp.instructions]
+        if any(abs(a - b) > 1e-6 * max(1.0, abs(b)) for a, b in zip(got, want)):
+            raise ValueError("mace_model: its conv_tp normalisation differs from e3nn's defaults; not supported")
+
+
 def from_mace(mace_model, precision=None) -> MACE:
     """Rebuild a mace-torch ``MACE``/``ScaleShiftMACE`` (object) as an equikernels model with the
     same weights; returned in the same dtype, on the same device, in the same train/eval mode.
@@ -245,11 +255,7 @@ def from_mace(mace_model, precision=None) -> MACE:
     src = mace_model.state_dict()
     state = {ours: src[theirs] for ours, theirs in mace_key_map(mace_model, cfg).items()}
     model = build(cfg, {k: v.detach().clone() for k, v in state.items()})
-    for theirs, inter in zip(mace_model.interactions, model.interactions):
-        got = inter.problem.path_coefficients
-        want = [float(i.path_weight) for i in theirs.conv_tp.instructions]
-        if any(abs(a - b) > 1e-6 * max(1.0, abs(b)) for a, b in zip(got, want)):
-            raise ValueError("mace_model: its conv_tp normalisation differs from e3nn's defaults; not supported")
+    check_normalisation(mace_model, model)
     device = next(iter(state.values())).device
     model = model.to(device).train(mace_model.training)
     return model if precision is None else model.set_precision(precision)
