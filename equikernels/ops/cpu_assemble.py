@@ -1,11 +1,11 @@
-"""ir_mul output rows of the grouped CPU product from per-segment path results, in one pass each way.
+"""Output rows of the grouped CPU product from per-segment path results, in one pass each way.
 
 Each output segment is the sum of its sources: a [rows, do, mul] slice of a path result
 [rows, K, mul], times the path's channel weights where it has them. The forward writes every segment
 straight into its place in the output row and the backward writes each source's gradient straight
-into one buffer per result: no concatenation, weight gather or index-add, and every elementwise pass
-runs along the contiguous channel axis. (In mul_ir the components are innermost and these passes
-would run along axes of 1 to 7 elements: slower than the transposing copies they replace.)
+into one buffer per result: no concatenation, weight gather or index-add. In ir_mul every
+elementwise pass runs along the contiguous channel axis; in mul_ir the segment is written through a
+transposed view (``ops.cpu_grouped`` says where that pays).
 Differentiable to any order: with a graph being recorded the backward is composed of
 differentiable torch operations.
 """
@@ -22,16 +22,20 @@ Source = Tuple[int, int, int, int, int]
 Segment = Tuple[int, int, int, Tuple[Source, ...]]
 
 
-def assemble(segments: Sequence[Segment], dim_out: int, results: List[Tensor], weights: List[Tensor]) -> Tensor:
-    """[rows, dim_out] in ir_mul: every segment the sum of its sources, zeros where it has none.
+def assemble(segments: Sequence[Segment], dim_out: int, results: List[Tensor], weights: List[Tensor],
+             layout: str = "ir_mul") -> Tensor:
+    """[rows, dim_out] in ``layout``: every segment the sum of its sources, zeros where it has none.
 
     ``results[r]``: [rows, K_r, mul]; ``weights[i]``: [rows or 1, paths, mul]. Every component of
     every result is the source of exactly one segment."""
-    return _Assemble.apply(tuple(segments), dim_out, len(results), *results, *weights)
+    segments = tuple((off, mul, do, sources, layout == "mul_ir") for off, mul, do, sources in segments)
+    return _Assemble.apply(segments, dim_out, len(results), *results, *weights)
 
 
-def _dst(out: Tensor, off: int, mul: int, do: int) -> Tensor:
-    return out.narrow(1, off, mul * do).view(-1, do, mul)
+def _dst(out: Tensor, off: int, mul: int, do: int, transposed: bool) -> Tensor:
+    """The segment's [rows, do, mul] view of a row (a transposed view of its [rows, mul, do] in mul_ir)."""
+    seg = out.narrow(1, off, mul * do)
+    return seg.view(-1, mul, do).transpose(1, 2) if transposed else seg.view(-1, do, mul)
 
 
 def _term(results, weights, src: Source) -> Tuple[Tensor, Optional[Tensor]]:
@@ -42,8 +46,8 @@ def _term(results, weights, src: Source) -> Tuple[Tensor, Optional[Tensor]]:
 
 def _forward(segments, dim_out: int, results, weights) -> Tensor:
     out = results[0].new_empty(results[0].shape[0], dim_out)
-    for off, mul, do, sources in segments:
-        dst = _dst(out, off, mul, do)
+    for off, mul, do, sources, transposed in segments:
+        dst = _dst(out, off, mul, do, transposed)
         if not sources:
             dst.zero_()
         for n, src in enumerate(sources):
@@ -66,8 +70,8 @@ def _weight_grad(gs: Tensor, v: Tensor, like: Tensor) -> Tensor:
 def _backward_fused(segments, results, weights, g: Tensor, need_r, need_w):
     grad_r = [torch.empty_like(v) if need else None for v, need in zip(results, need_r)]
     grad_w = [torch.empty_like(w) if need else None for w, need in zip(weights, need_w)]
-    for off, mul, do, sources in segments:
-        gs = _dst(g, off, mul, do)
+    for off, mul, do, sources, transposed in segments:
+        gs = _dst(g, off, mul, do, transposed)
         for src in sources:
             r, k0, _, wi, p = src
             v, w = _term(results, weights, src)
@@ -83,8 +87,8 @@ def _backward_composed(segments, results, weights, g: Tensor, need_r, need_w):
     """The same gradients from differentiable operations (a higher derivative is being recorded)."""
     pieces_r = [{} for _ in results]
     pieces_w = [{} for _ in weights]
-    for off, mul, do, sources in segments:
-        gs = _dst(g, off, mul, do)
+    for off, mul, do, sources, transposed in segments:
+        gs = _dst(g, off, mul, do, transposed)
         for src in sources:
             r, k0, _, wi, p = src
             v, w = _term(results, weights, src)

@@ -29,6 +29,10 @@ DTYPES = (torch.float32, torch.float64)
 # in one process: 64 and 128 channels faster (nequip-revmd17-benzene float64 137 -> 84 ms, mace-large
 # 51 -> 33 ms), 32 slower (nequip-lips float32 7.2 -> 8.1 ms), than split and concatenation
 ASSEMBLE_MIN_MUL = 64
+# mul_ir too, where a first-input segment has 5+ components: fwd+bwd, 500 rows, interleaved, 1 and 2
+# threads, float32 and float64: mace-large and nequip-revmd17-benzene 6-36 % faster; inputs of l <= 1
+# (mace-medium, mace-mp-medium-L2) within +-15 % either way, so left to split and concatenation
+ASSEMBLE_MUL_IR_MIN_D1 = 5
 
 
 def eligible(problem: TPProblem) -> bool:
@@ -102,6 +106,7 @@ class GroupedPlan:
         dim_in2 = sum(m * (2 * l + 1) for m, l, _ in problem.irreps_in2)
         self.groups = [_Group(seg, its, dim_in2) for seg, its in by_seg.items()]
         self.min_mul = min(g.mul for g in self.groups)
+        self.max_d1 = max(g.d1 for g in self.groups)
         self.out_segs, o = [], 0
         for m, l, _ in problem.irreps_out:
             self.out_segs.append((o, m, 2 * l + 1))
@@ -135,9 +140,12 @@ class GroupedPlan:
                     r += 1
         return tuple((o, m, d, tuple(by_out.get((o, m, d), ()))) for o, m, d in self.out_segs)
 
+    def assembles(self) -> bool:
+        """Whether outputs are written in place (``cpu_assemble``) rather than split and concatenated."""
+        return self.min_mul >= ASSEMBLE_MIN_MUL and (self.layout == "ir_mul" or self.max_d1 >= ASSEMBLE_MUL_IR_MIN_D1)
+
     def __call__(self, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
-        if (self.layout == "ir_mul" and self.min_mul >= ASSEMBLE_MIN_MUL and not torch.compiler.is_compiling()
-                and not functorch_wrapped(x)):
+        if self.assembles() and not torch.compiler.is_compiling() and not functorch_wrapped(x):
             return self._assembled(x, y, w)
         return self._concatenated(x, y, w)
 
@@ -151,12 +159,13 @@ class GroupedPlan:
                 else w.index_select(1, g.w_cols)).view(z, paths, g.mul)
 
     def _assembled(self, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
-        """ir_mul: each segment's path results [z, K, mul] and weights go to ``cpu_assemble``."""
+        """Each segment's path results [z, K, mul] and weights go to ``cpu_assemble``."""
         z = x.shape[0]
         results: List[Tensor] = []
         weights: List[Tensor] = []
         for g, c in zip(self.groups, self.consts(x.dtype)):
-            xt = x.narrow(1, g.offset, g.mul * g.d1).view(z, g.d1, g.mul)
+            xs = x.narrow(1, g.offset, g.mul * g.d1)
+            xt = xs.view(z, g.d1, g.mul) if self.layout == "ir_mul" else xs.view(z, g.mul, g.d1).transpose(1, 2)
             at = (y @ c).view(z, g.k, g.d1)
             b = at * xt if g.d1 == 1 else torch.bmm(at, xt)  # [z, K, mul]
             if g.channelwise:
@@ -164,7 +173,7 @@ class GroupedPlan:
                 weights.append(self._weight_rows(g, w, z))
             else:
                 results.extend(self._mixed(g, b, w, z))
-        return assemble(self.segments, self.dim_out, results, weights)
+        return assemble(self.segments, self.dim_out, results, weights, self.layout)
 
     def _concatenated(self, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
         """Weighted path results [z, K, mul], split per output segment (transposed in mul_ir) and

@@ -1,4 +1,4 @@
-"""equikernels.ops.cpu_assemble: output segments as weighted sums of path-result slices, every order."""
+"""equikernels.ops.cpu_assemble: output segments as weighted sums of path-result slices, both layouts, every order."""
 import pytest
 import torch
 
@@ -12,10 +12,12 @@ SEGMENTS = ((0, 4, 1, ((0, 0, 1, 0, 0),)),
 DIM = 36
 
 
-def _explicit(r0, r1, w0):
+def _explicit(r0, r1, w0, layout):
     z = r0.shape[0]
     a = r0[:, 0:1] * w0[:, 0:1]
     b = r0[:, 1:4] * w0[:, 1:2] + r0[:, 4:7] * w0[:, 2:3] + r1
+    if layout == "mul_ir":  # [z, do, mul] -> rows of [mul, do]
+        a, b = a.transpose(1, 2), b.transpose(1, 2)
     return torch.cat([a.reshape(z, -1), b.reshape(z, -1), r0.new_zeros(z, 20)], 1)
 
 
@@ -27,22 +29,24 @@ def _inputs(shared):
     return r0, r1, w0
 
 
+@pytest.mark.parametrize("layout", ["ir_mul", "mul_ir"])
 @pytest.mark.parametrize("shared", [False, True])
-def test_values_and_first_derivatives(shared):
+def test_values_and_first_derivatives(shared, layout):
     r0, r1, w0 = _inputs(shared)
-    out = assemble(SEGMENTS, DIM, [r0, r1], [w0])
-    ref = _explicit(r0, r1, w0)
+    out = assemble(SEGMENTS, DIM, [r0, r1], [w0], layout)
+    ref = _explicit(r0, r1, w0, layout)
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-15)
     g = torch.randn_like(ref)
     for a, b in zip(torch.autograd.grad(out, (r0, r1, w0), g), torch.autograd.grad(ref, (r0, r1, w0), g)):
         torch.testing.assert_close(a, b, rtol=1e-14, atol=1e-14)
 
 
+@pytest.mark.parametrize("layout", ["ir_mul", "mul_ir"])
 @pytest.mark.parametrize("shared", [False, True])
-def test_every_order(shared):
+def test_every_order(shared, layout):
     inputs = _inputs(shared)
 
     def fn(r0, r1, w0):
-        return assemble(SEGMENTS, DIM, [r0, r1], [w0])
+        return assemble(SEGMENTS, DIM, [r0, r1], [w0], layout)
     assert torch.autograd.gradcheck(fn, inputs)
     assert torch.autograd.gradgradcheck(fn, inputs)
