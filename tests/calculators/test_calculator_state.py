@@ -1,0 +1,99 @@
+"""The calculator's change check (``calculators.state``): ASE's answer in every case, and ASE's
+element-wise comparison skipped when an MD step asks again for an unchanged structure."""
+import numpy as np
+import pytest
+from ase import units
+from ase.build import bulk
+from ase.calculators import calculator as ase_calculator
+from ase.md.langevin import Langevin
+
+from equikernels.calculators import MACECalculator
+from equikernels.calculators.state import unchanged
+from random_models import small_random_model
+
+
+def _base():
+    atoms = bulk("Cu", "fcc", a=3.61, cubic=True)
+    atoms.rattle(0.05, seed=1)
+    return atoms
+
+
+def _positions_tiny(a):
+    a.positions[0, 0] += 1e-17 * (1.0 + abs(a.positions[0, 0]))
+
+
+def _positions(a):
+    a.positions[1, 2] += 1e-6
+
+
+def _numbers(a):
+    a.numbers[2] = 28
+
+
+def _cell(a):
+    a.set_cell(a.cell.array * 1.0001, scale_atoms=False)
+
+
+def _pbc(a):
+    a.pbc = [True, True, False]
+
+
+def _magmoms_added(a):
+    a.set_initial_magnetic_moments(np.zeros(len(a)))
+
+
+def _charges(a):
+    a.set_initial_charges(np.arange(len(a), dtype=float))
+
+
+def _momenta(a):  # not a structure change for ASE
+    a.set_momenta(np.ones((len(a), 3)))
+
+
+EDITS = [None, _positions_tiny, _positions, _numbers, _cell, _pbc, _magmoms_added, _charges, _momenta]
+
+
+@pytest.mark.parametrize("edit", EDITS, ids=lambda e: "none" if e is None else e.__name__.strip("_"))
+def test_agrees_with_ase(edit):
+    old = _base()
+    new = old.copy()
+    if edit is not None:
+        edit(new)
+    ase_says = ase_calculator.compare_atoms(old, new, tol=1e-15)
+    if unchanged(old, new):
+        assert ase_says == []
+    # anything beyond rounding or momenta is seen here already
+    expect_same = edit in (None, _momenta)
+    assert unchanged(old, new) == expect_same
+
+
+def test_changes_are_reported(monkeypatch):
+    """The calculator recomputes after each kind of change, exactly as with ASE's check alone."""
+    calc = MACECalculator(small_random_model([28, 29], seed=0, backend="equikernels"), device="cpu",
+                          default_dtype="float64")
+    atoms = _base()
+    e0 = calc.get_potential_energy(atoms)
+    for edit in (_positions, _numbers, _cell):
+        atoms = atoms.copy()
+        edit(atoms)
+        assert calc.check_state(atoms)
+        assert calc.get_potential_energy(atoms) != e0
+
+
+def test_repeated_asks_in_md_skip_ases_comparison(monkeypatch):
+    calc = MACECalculator(small_random_model([29], seed=0, backend="equikernels"), device="cpu")
+    atoms = _base()
+    atoms.calc = calc
+    compared = []
+    real = ase_calculator.compare_atoms
+    monkeypatch.setattr(ase_calculator, "compare_atoms", lambda *a, **k: compared.append(1) or real(*a, **k))
+    calls = []
+    forward = calc.model.forward
+    calc.model.forward = lambda *a, **k: calls.append(1) or forward(*a, **k)
+    dyn = Langevin(atoms, timestep=1.0 * units.fs, temperature_K=300.0, friction=0.01 / units.fs, fixcm=False,
+                   rng=np.random.default_rng(0))
+    dyn.attach(atoms.get_forces, interval=1)  # an observer asking again, as loggers do
+    dyn.run(4)
+    assert len(calls) == 5  # the first structure and one per step
+    assert len(compared) <= len(calls)  # ASE compares only when something changed
+    np.testing.assert_array_equal(atoms.get_forces(), calc.results["forces"])
