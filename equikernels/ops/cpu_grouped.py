@@ -25,14 +25,12 @@ from .cpu_assemble import assemble
 from .cpu_tp import Instruction
 
 DTYPES = (torch.float32, torch.float64)
-# ir_mul segments assembled in place (ops.cpu_assemble) from this many channels: fwd+bwd, 500 rows,
-# in one process: 64 and 128 channels faster (nequip-revmd17-benzene float64 137 -> 84 ms, mace-large
-# 51 -> 33 ms), 32 slower (nequip-lips float32 7.2 -> 8.1 ms), than split and concatenation
+# outputs assembled in place (ops.cpu_assemble) from this many channels, either layout: fwd+bwd,
+# 500 rows, in one process: ir_mul 64 and 128 channels faster (nequip-revmd17-benzene float64
+# 137 -> 84 ms, mace-large 51 -> 33 ms), 32 slower (nequip-lips float32 7.2 -> 8.1 ms), than split
+# and concatenation; mul_ir (medians of 31 paired repetitions, 1 and 2 threads, both dtypes)
+# mace-medium and mace-mp-medium-L2 1.08-1.32x faster, mace-large and nequip-revmd17-benzene 6-36 %
 ASSEMBLE_MIN_MUL = 64
-# mul_ir too, where a first-input segment has 5+ components: fwd+bwd, 500 rows, interleaved, 1 and 2
-# threads, float32 and float64: mace-large and nequip-revmd17-benzene 6-36 % faster; inputs of l <= 1
-# (mace-medium, mace-mp-medium-L2) within +-15 % either way, so left to split and concatenation
-ASSEMBLE_MUL_IR_MIN_D1 = 5
 
 
 def eligible(problem: TPProblem) -> bool:
@@ -106,7 +104,6 @@ class GroupedPlan:
         dim_in2 = sum(m * (2 * l + 1) for m, l, _ in problem.irreps_in2)
         self.groups = [_Group(seg, its, dim_in2) for seg, its in by_seg.items()]
         self.min_mul = min(g.mul for g in self.groups)
-        self.max_d1 = max(g.d1 for g in self.groups)
         self.out_segs, o = [], 0
         for m, l, _ in problem.irreps_out:
             self.out_segs.append((o, m, 2 * l + 1))
@@ -142,7 +139,7 @@ class GroupedPlan:
 
     def assembles(self) -> bool:
         """Whether outputs are written in place (``cpu_assemble``) rather than split and concatenated."""
-        return self.min_mul >= ASSEMBLE_MIN_MUL and (self.layout == "ir_mul" or self.max_d1 >= ASSEMBLE_MUL_IR_MIN_D1)
+        return self.min_mul >= ASSEMBLE_MIN_MUL
 
     def __call__(self, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
         if self.assembles() and not torch.compiler.is_compiling() and not functorch_wrapped(x):

@@ -13,14 +13,12 @@ from problems import ek_forward_backward, random_inputs, rel_err, second_order
 
 
 DEFAULT_MIN_MUL = cpu_grouped.ASSEMBLE_MIN_MUL
-DEFAULT_MIN_D1 = cpu_grouped.ASSEMBLE_MUL_IR_MIN_D1
 
 
 @pytest.fixture(autouse=True, params=["assembled", "concatenated"])
 def ir_mul_output(request, monkeypatch):
     """Outputs both ways in either layout, whatever the channel counts (the test problems have few)."""
     monkeypatch.setattr(cpu_grouped, "ASSEMBLE_MIN_MUL", 1 if request.param == "assembled" else 10 ** 9)
-    monkeypatch.setattr(cpu_grouped, "ASSEMBLE_MUL_IR_MIN_D1", 1)
     return request.param
 
 
@@ -129,9 +127,8 @@ def test_assembled_from_the_default_channel_count(monkeypatch):
     taken = []
     real = cpu_grouped.GroupedPlan._assembled
     monkeypatch.setattr(cpu_grouped.GroupedPlan, "_assembled", lambda *a: taken.append(1) or real(*a))
-    monkeypatch.setattr(cpu_grouped, "ASSEMBLE_MUL_IR_MIN_D1", DEFAULT_MIN_D1)
     for name, layout, want in (("mace-medium", "ir_mul", True), ("nequip-water", "ir_mul", False),
-                               ("mace-medium", "mul_ir", False), ("mace-large", "mul_ir", True),
+                               ("mace-medium", "mul_ir", True), ("mace-large", "mul_ir", True),
                                ("nequip-lips", "mul_ir", False)):
         p = catalog_problem(name)
         x, y, w = random_inputs(p, (3,), seed=0)
