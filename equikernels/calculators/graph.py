@@ -6,7 +6,6 @@ from typing import Dict, Sequence
 import numpy as np
 import torch
 
-from ..models import edge_pairs
 from .neighbors import Edges
 
 MAX_Z = 119  # atomic numbers 0..118
@@ -48,7 +47,7 @@ def single_graph(positions: torch.Tensor, node_attrs: torch.Tensor, edges: Edges
                  head: torch.Tensor, batch: torch.Tensor, ptr: torch.Tensor) -> Dict[str, torch.Tensor]:
     """The dictionary mace-torch's ``AtomicData`` batch of one structure gives a model.
     ``batch``/``ptr``/``head`` are cached by the caller (they change only with the atom count)."""
-    data = {
+    return {
         "positions": positions,
         "node_attrs": node_attrs,
         "edge_index": edges.edge_index,
@@ -59,6 +58,3 @@ def single_graph(positions: torch.Tensor, node_attrs: torch.Tensor, edges: Edges
         "ptr": ptr,
         "head": head,
     }
-    if edges.paired:
-        data[edge_pairs.KEY] = edge_pairs.DECLARED
-    return data

@@ -17,8 +17,6 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..models.edge_pairs import reverse_pair_order
-
 DEFAULT_SKIN = 0.5  # Angstrom: typical MD moves atoms < 0.01 A per fs, so rebuilds every ~20+ steps
 
 
@@ -29,7 +27,6 @@ class Edges:
     receiver: torch.Tensor     # [E] int64
     unit_shifts: torch.Tensor  # [E, 3] positions' dtype (integer values)
     shifts: torch.Tensor       # [E, 3] positions' dtype, unit_shifts @ cell
-    paired: bool = False       # edge e + E/2 reverses edge e (models.edge_pairs)
 
     @property
     def edge_index(self) -> torch.Tensor:
@@ -82,7 +79,6 @@ class SkinNeighborList:
         self._ref_cell_src: Optional[torch.Tensor] = None
         self._ref_pbc_src: Optional[torch.Tensor] = None
         self._candidates = None  # (i, j, S) within cutoff + skin at the last build
-        self._paired = False  # the candidates are in reverse-pair order
 
     def reset(self) -> None:
         self._ref_positions = None
@@ -129,17 +125,13 @@ class SkinNeighborList:
         cached = getattr(self, "_cand_edges", None)
         if rebuilt or cached is None or cached[0] is not cell:
             i, j, unit_shifts = self._candidates
-            edges = Edges(i, j, unit_shifts, unit_shifts @ cell.detach(), self._paired)
+            edges = Edges(i, j, unit_shifts, unit_shifts @ cell.detach())
             edges.__dict__["_edge_index"] = torch.stack((i, j))
             self._cand_edges = (cell, edges)
         return self._cand_edges[1]
 
     def _rebuild(self, positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor) -> None:
-        i, j, unit_shifts = vesin_pairs(positions, cell, pbc, self.cutoff + self.skin)
-        order = reverse_pair_order(i, j, unit_shifts, positions.shape[0])
-        if order is not None:  # the model then runs the radial MLP on half the edges
-            i, j, unit_shifts = i[order], j[order], unit_shifts[order]
-        self._candidates, self._paired = (i, j, unit_shifts), order is not None
+        self._candidates = vesin_pairs(positions, cell, pbc, self.cutoff + self.skin)
         self._ref_positions = positions.clone()
         self._ref_cell, self._ref_cell_src = cell.detach().clone(), cell
         self._ref_pbc, self._ref_pbc_src = pbc.clone(), pbc
@@ -148,20 +140,18 @@ class SkinNeighborList:
     def update(self, positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor) -> Edges:
         positions = positions.detach()
         if self._needs_rebuild(positions, cell, pbc):
-            self._rebuild(positions, cell, pbc)
+            self._candidates = vesin_pairs(positions, cell, pbc, self.cutoff + self.skin)
+            self._ref_positions = positions.clone()
+            self._ref_cell, self._ref_cell_src = cell.detach().clone(), cell
+            self._ref_pbc, self._ref_pbc_src = pbc.clone(), pbc
+            self.num_builds += 1
         i, j, unit_shifts = self._candidates
         shifts = unit_shifts @ cell.detach()
         if self.skin > 0.0:
-            if self._paired:  # a pair's two edges have the same length: keep both or neither
-                half = i.shape[0] // 2
-                vec = positions[j[:half]] - positions[i[:half]] + shifts[:half]
-                keep = torch.nonzero(vec.square().sum(dim=1) < self.cutoff ** 2).squeeze(1)
-                keep = torch.cat([keep, keep + half])
-            else:
-                vec = positions[j] - positions[i] + shifts
-                keep = torch.nonzero(vec.square().sum(dim=1) < self.cutoff ** 2).squeeze(1)
+            vec = positions[j] - positions[i] + shifts
+            keep = torch.nonzero(vec.square().sum(dim=1) < self.cutoff ** 2).squeeze(1)
             i, j, unit_shifts, shifts = i[keep], j[keep], unit_shifts[keep], shifts[keep]
-        return Edges(i, j, unit_shifts, shifts, self._paired)
+        return Edges(i, j, unit_shifts, shifts)
 
 
 def pbc_tensor(pbc, device) -> torch.Tensor:

@@ -65,11 +65,10 @@ class InteractionBlock(nn.Module):
 
     def forward(self, node_feats: torch.Tensor, groups: ElementGroups, edge_attrs: torch.Tensor,
                 edge_feats: torch.Tensor, cutoff: Optional[torch.Tensor], graph: ConvGraph,
-                num_out: Optional[int] = None, out_groups: Optional[ElementGroups] = None, paired: bool = False
+                num_out: Optional[int] = None, out_groups: Optional[ElementGroups] = None
                 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """``num_out``: only the first ``num_out`` rows of the message and skip are computed (the rows
-        that receive edges); ``out_groups``: the element groups of those rows (built if None);
-        ``paired``: the edges are in reverse-pair order (``models.edge_pairs``)."""
+        that receive edges); ``out_groups``: the element groups of those rows (built if None)."""
         if num_out is not None:
             groups = out_groups if out_groups is not None else ElementGroups.build(groups.element[:num_out],
                                                                                    self.skip.num_elements)
@@ -81,7 +80,7 @@ class InteractionBlock(nn.Module):
         else:
             hooks.check_message_unrequested(self.radial_fusion)
         if msg is None:
-            msg = self._message(h, edge_attrs, edge_feats, cutoff, graph, paired)
+            msg = self._message(h, edge_attrs, edge_feats, cutoff, graph)
         if num_out is not None:  # the other rows receive no edges: linear and skip would map zeros
             msg = msg[:num_out]
         if self.density:
@@ -100,10 +99,9 @@ class InteractionBlock(nn.Module):
         return msg, sc
 
     def _message(self, h: torch.Tensor, edge_attrs: torch.Tensor, edge_feats: torch.Tensor,
-                 cutoff: Optional[torch.Tensor], graph: ConvGraph, paired: bool = False) -> torch.Tensor:
+                 cutoff: Optional[torch.Tensor], graph: ConvGraph) -> torch.Tensor:
         """The convolution of ``h`` with per-edge weights from the radial MLP; on large graphs a chunk
-        of destinations at a time, recomputed in the backward (models.chunked). With ``paired``
-        edges the MLP runs on the first half and both halves take its weights."""
+        of destinations at a time, recomputed in the backward (models.chunked)."""
         chunk = resolve_edge_chunk(self.edge_chunk, graph.num_edges, self.problem.weight_numel, h.element_size(),
                                    h.device)
         if chunk:
@@ -111,12 +109,7 @@ class InteractionBlock(nn.Module):
                                      self.layout)
         # per-edge weights in the node features' dtype (mixed precision: the MLP runs in the half type,
         # as autocast would; edge_feats, cutoff and the spherical harmonics stay full precision)
-        if paired:
-            half = graph.num_edges // 2
-            w = edge_weights(self.radial_mlp, edge_feats[:half], None if cutoff is None else cutoff[:half], h.dtype)
-            w = torch.cat([w, w])
-        else:
-            w = edge_weights(self.radial_mlp, edge_feats, cutoff, h.dtype)
+        w = edge_weights(self.radial_mlp, edge_feats, cutoff, h.dtype)
         return tensor_product_conv(self.problem, h, edge_attrs, w, graph.src, graph.dst, graph.num_nodes,
                                    graph=graph, layout=self.layout, validate=False)
 

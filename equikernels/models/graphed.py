@@ -27,7 +27,6 @@ from typing import Dict, Optional
 
 import torch
 
-from . import edge_pairs
 from .mace import trusted_inputs
 
 PAD_DEGREE = 128  # most padding edges per padding atom (about a real atom's degree)
@@ -65,7 +64,6 @@ class GraphedModel:
         self.disabled_reason: Optional[str] = None  # set when capture failed: eager from then on
         self._shape = None
         self._graph = None
-        self._paired = False
         self._static: Dict[str, torch.Tensor] = {}
         self._out: Dict[str, torch.Tensor] = {}
         self._seen: Dict[str, tuple] = {}
@@ -98,34 +96,20 @@ class GraphedModel:
         }
         s["positions"].requires_grad_(True)
         s["cell"][3 * g:] = pad * torch.eye(3, dtype=dt, device=dev)
-        self._paired = edge_pairs.declared(data)
-        if self._paired:
-            s[edge_pairs.KEY] = edge_pairs.DECLARED
         self._pad = pad
         self._static = s
         self._seen = {}
-
-    def _real_slots(self, e: int):
-        """(static slice, source slice) pairs for e real edges: one block, or with paired edges the two
-        halves at the start of each half of the buffer (the padding edges between them pair too)."""
-        if not self._paired:
-            return [(slice(0, e), slice(0, e))]
-        h, hb = e // 2, self._static["edge_index"].shape[1] // 2
-        return [(slice(0, h), slice(0, h)), (slice(hb, hb + h), slice(h, e))]
 
     def _pad_edges(self, e: int, n: int) -> None:
         s = self._static
         # spread over the padding atoms: the node-parallel convolution walks one node's edges in
         # one program, so thousands of edges on one atom serialise (120 ms instead of 12 ms)
-        nb, eb = s["positions"].shape[0], s["edge_index"].shape[1]
-        dev = s["edge_index"].device
-        blocks = [(e, eb, 1.0)] if not self._paired else [(e // 2, eb // 2, 1.0), (eb // 2 + e // 2, eb, -1.0)]
-        for lo, hi, sign in blocks:  # paired: a padding self-edge and its reverse, shift negated
-            s["edge_index"][:, lo:hi] = n + torch.arange(hi - lo, device=dev) % (nb - n)
-            s["unit_shifts"][lo:hi] = 0.0
-            s["unit_shifts"][lo:hi, 0] = sign
-            s["shifts"][lo:hi] = 0.0
-            s["shifts"][lo:hi, 0] = sign * self._pad
+        nb = s["positions"].shape[0]
+        s["edge_index"][:, e:] = n + torch.arange(s["edge_index"].shape[1] - e, device=s["edge_index"].device) % (nb - n)
+        s["unit_shifts"][e:] = 0.0
+        s["unit_shifts"][e:, 0] = 1.0
+        s["shifts"][e:] = 0.0
+        s["shifts"][e:, 0] = self._pad
 
     def _load(self, data, n: int, e: int, g: int) -> bool:
         """Copies changed inputs into the static buffers; returns whether the atoms' identity (elements,
@@ -144,12 +128,10 @@ class GraphedModel:
                 if k == "positions":
                     s[k][:n].copy_(src)
                 elif k == "edge_index":
-                    for dst_, src_ in self._real_slots(e):
-                        s[k][:, dst_].copy_(src[:, src_])
+                    s[k][:, :e].copy_(src)
                     self._pad_edges(e, n)
                 elif k in ("shifts", "unit_shifts"):
-                    for dst_, src_ in self._real_slots(e):
-                        s[k][dst_].copy_(src[src_])
+                    s[k][:e].copy_(src)
                     self._pad_edges(e, n)
                 elif k == "cell":
                     s[k][:3 * g].copy_(src.reshape(3 * g, 3))
@@ -166,8 +148,7 @@ class GraphedModel:
                             s[k][n:] = g
                 self._seen[k] = ident
             if "unit_shifts" not in data or data.get("unit_shifts") is None:
-                for dst_, _ in self._real_slots(e):
-                    s["unit_shifts"][dst_] = 0.0
+                s["unit_shifts"][:e] = 0.0
         return atoms_changed
 
     # --- evaluation ---------------------------------------------------------------------------
@@ -212,12 +193,10 @@ class GraphedModel:
         g = int(data["ptr"].numel() - 1)
         if compute_stress and (data.get("cell") is None or data.get("unit_shifts") is None):
             raise KeyError("data: 'unit_shifts' and 'cell' are required for stress")
-        paired = edge_pairs.declared(data)
-        key = (g, bool(compute_stress), pos.dtype, pos.device, data["node_attrs"].shape[1], paired)
+        key = (g, bool(compute_stress), pos.dtype, pos.device, data["node_attrs"].shape[1])
         new_shape = not self._fits(n, e, key)
         if new_shape:
             eb = bucket(int(e * (1 + self.edge_headroom)) + 1)
-            eb += eb % 2
             # enough padding atoms that none holds more than PAD_DEGREE padding edges
             nb = bucket(n + 1 + -(-(eb - e) // PAD_DEGREE))
             self._graph = None

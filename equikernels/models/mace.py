@@ -23,7 +23,6 @@ from torch import nn
 from ..nn.linear import Linear
 from ..nn.spherical_harmonics import SphericalHarmonics, ir_mul_permutation
 from ..ops.conv import ConvGraph
-from . import edge_pairs
 from .blocks import InteractionBlock, LinearReadout, NonLinearReadout, ProductBlock
 from .element_linear import ElementGroups
 from .radial import RadialEmbedding, ZBLRepulsion
@@ -231,20 +230,6 @@ class MACE(nn.Module):
             raise RuntimeError("this MACE has no U tensors yet: build it with equikernels.models.from_mace or load(), "
                                "or pass u_matrices")
 
-    def _paired(self, data: Dict[str, torch.Tensor]) -> bool:
-        """Whether the data declares reverse-pair edge order (``models.edge_pairs``), checked once per
-        edge_index unless the inputs are trusted."""
-        if not edge_pairs.declared(data):
-            return False
-        ei = data["edge_index"]
-        checked = self.__dict__.get("_checked_pairs")
-        if _trusted() is None and not (checked is not None and checked[0] is ei and checked[1] == ei._version):
-            if not edge_pairs.is_paired(ei[0], ei[1], data["shifts"]):
-                raise ValueError(f"data[{edge_pairs.KEY!r}]: declared, but edge e + E/2 does not reverse edge e "
-                                 "(sender and receiver swapped, shift negated)")
-            self.__dict__["_checked_pairs"] = (ei, ei._version)  # held: its id cannot be reused
-        return True
-
     # --- forward ---------------------------------------------------------------------------------
     def _context(self, data) -> _NodeContext:
         attrs, batch, ptr, head = data["node_attrs"], data["batch"], data["ptr"], data.get("head")
@@ -323,7 +308,6 @@ class MACE(nn.Module):
         node_feats = self.node_embedding(node_attrs)
         if half is not None:  # the blocks follow the node features' dtype (per-edge weights included)
             node_feats = node_feats.to(half)
-        paired = self._paired(data)
         edge_attrs = self.spherical_harmonics(vectors)
         edge_feats, cutoff = self.radial_embedding(lengths, node_z, sender, receiver)
         pair = None
@@ -341,8 +325,7 @@ class MACE(nn.Module):
             elif k and num_out is not None and node_feats.shape[0] != n:
                 raise ValueError("num_out: a model of several layers needs between_layers to refill the other rows")
             # with num_out, rows past it receive no messages: their update is never computed
-            node_feats, sc = interaction(node_feats, groups, edge_attrs, edge_feats, cutoff, graph, num_out, out_groups,
-                                         paired)
+            node_feats, sc = interaction(node_feats, groups, edge_attrs, edge_feats, cutoff, graph, num_out, out_groups)
             node_feats = product(node_feats, sc, prod_element)
             feats.append(node_feats)
         node_es = []
