@@ -2,11 +2,13 @@
 
 Part "sevenn" (needs sevenn, e3nn >= 0.5): SevenNet-0 on CuNi fcc (2,048 atoms), Si diamond
 (1,728), Cu fcc (10,976): e3nn, SevenNet + cuEquivariance, SevenNet + OpenEquivariance (SevenNet's
-own switches) and SevenNet + ``equikernels.accelerate``.
+own switches) and SevenNet + ``equikernels.accelerate``, and the accelerated model with every
+``Linear`` as one product per block (no dense weight matrix) as an in-process comparison.
 Part "mace" (needs mace-torch): a MACE-MP-medium-shaped mace-torch model with random weights at
 ~1k and ~10k atoms: mace-torch (e3nn), mace-torch + ``equikernels.accelerate`` (the model object's
 own call), the same object through mace-torch's forward with only its layers accelerated,
-``equikernels.models.from_mace`` and mace-torch + cuEquivariance (``mace.cli.convert_e3nn_cueq``).
+``equikernels.models.from_mace`` (also with per-block linears) and mace-torch + cuEquivariance
+(``mace.cli.convert_e3nn_cueq``).
 
 Per variant: median of CUDA-event times of the model call (the variants interleaved), peak
 memory of one call above what was allocated before it, and the largest force / energy-per-atom /
@@ -145,14 +147,17 @@ def sevenn_structures(quick):
     return out
 
 
-def asked_layout(call):
-    """``call`` with the convolution kernels in the layout the model asks for (mul_ir): the
-    accelerate path without the ir_mul kernel choice, as an in-process comparison."""
-    from equikernels import settings  # noqa: PLC0415
+def per_block_linears(call):
+    """``call`` with every ``Linear`` as one product per block, never the dense weight matrix: the
+    accelerate path before small inputs took one product, as an in-process comparison."""
+    from equikernels.nn import linear  # noqa: PLC0415
 
     def run():
-        with settings.override(conv_layout="asked"):
+        saved, linear.DENSE_DEVICES = linear.DENSE_DEVICES, ()
+        try:
             return call()
+        finally:
+            linear.DENSE_DEVICES = saved
     return run
 
 
@@ -201,7 +206,7 @@ def run_sevenn(device, reps, quick, profile_dir=None):
             return call
         calls = {v: caller(m) for v, m in built.items()}
         if "SevenNet + equikernels.accelerate" in built:
-            calls["accelerate, mul_ir kernels"] = asked_layout(calls["SevenNet + equikernels.accelerate"])
+            calls["accelerate, per-block linears"] = per_block_linears(calls["SevenNet + equikernels.accelerate"])
         measure(rows, structure, len(atoms), calls, device, reps, "e3nn")
         checkpoint(rows)
         if profile_dir and structure == "CuNi fcc":
@@ -313,6 +318,7 @@ def run_mace(device, reps, quick, profile_dir=None):
         batch = _mace_batch(atoms, device, torch.float32)
         calls = {name: _mace_caller(m, batch) for name, m in models.items()}
         calls["accelerate, layer by layer"] = _mace_caller(layer_path(acc), batch)
+        calls["from_mace, per-block linears"] = per_block_linears(calls["equikernels.models.from_mace"])
         measure(rows, f"Cu fcc {len(atoms)}", len(atoms), calls, device, reps, "mace-torch (e3nn)")
         if profile_dir:
             profile({v: c for v, c in calls.items() if "e3nn" not in v}, device, f"{profile_dir}/profile_mace_{len(atoms)}.txt")
