@@ -5,6 +5,7 @@ is already optimal for it, so there is no kernel here. Same arguments, ``weight`
 parameters, ``instructions`` (with e3nn's normalised ``path_weight``) and ``output_mask`` buffer
 as e3nn, plus ``layout`` ("mul_ir" or "ir_mul").
 """
+import itertools
 import math
 from typing import List, Optional, Tuple, Union
 
@@ -168,7 +169,7 @@ class Linear(nn.Module):
         self._fast_plan()
 
     def __getstate__(self):
-        state = dict(super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__)
+        state = self.__dict__.copy()
         for k in _DENSE_CACHES:  # rebuilt on first use: not saved with the model
             state.pop(k, None)
         return state
@@ -303,9 +304,7 @@ class Linear(nn.Module):
             return cached
         blocks, _ = plan
         ir_mul = self.layout == "ir_mul"
-        in_off = [0]
-        for m, ir in self.irreps_in:
-            in_off.append(in_off[-1] + m * ir.dim)
+        in_off = [0, *itertools.accumulate(self._in_dims)]
         dout = self.irreps_out.dim
         flats, srcs, o_off = [], [], 0
         for k, terms in enumerate(blocks):

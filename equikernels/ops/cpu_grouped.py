@@ -137,12 +137,8 @@ class GroupedPlan:
                     r += 1
         return tuple((o, m, d, tuple(by_out.get((o, m, d), ()))) for o, m, d in self.out_segs)
 
-    def assembles(self) -> bool:
-        """Whether outputs are written in place (``cpu_assemble``) rather than split and concatenated."""
-        return self.min_mul >= ASSEMBLE_MIN_MUL
-
     def __call__(self, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
-        if self.assembles() and not torch.compiler.is_compiling() and not functorch_wrapped(x):
+        if self.min_mul >= ASSEMBLE_MIN_MUL and not torch.compiler.is_compiling() and not functorch_wrapped(x):
             return self._assembled(x, y, w)
         return self._concatenated(x, y, w)
 
