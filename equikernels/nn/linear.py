@@ -5,6 +5,8 @@ is already optimal for it, so there is no kernel here. Same arguments, ``weight`
 parameters, ``instructions`` (with e3nn's normalised ``path_weight``) and ``output_mask`` buffer
 as e3nn, plus ``layout`` ("mul_ir" or "ir_mul").
 """
+import contextlib
+import functools
 import itertools
 import math
 from typing import List, Optional, Tuple, Union
@@ -31,6 +33,55 @@ __all__ = ["Linear"]
 DENSE_MAX_MACS = 5e8
 DENSE_DEVICES = ("cuda",)
 _DENSE_CACHES = ("_dense_idx", "_dense_w", "_dense_dev")
+# where the per-block path keeps its input instead of the regrouped copies the weight gradient reads,
+# making them again in the backward: on CUDA memory is what limits the system size, on the CPU time
+RECOMPUTE_DEVICES = ("cuda",)
+_top_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", lambda ignore: None)
+
+
+class _Recomputed:
+    """What autograd keeps in place of a saved copy: the function that makes the copy again."""
+    __slots__ = ("make",)
+
+    def __init__(self, make):
+        self.make = make
+
+
+class _Recipes(torch.autograd.graph.saved_tensors_hooks):
+    """Saved-tensor hooks under which the registered copies are not kept for the backward but made
+    again from their source when it unpacks them; every other saved tensor is kept as it is. The weight
+    gradient then holds ``features`` itself (often alive anyway) instead of a regrouped copy of it."""
+
+    def __init__(self):
+        self.copies = {}  # id -> (tensor, make); the tensor held so that its id stays its own
+        super().__init__(self._pack, self._unpack)
+
+    @staticmethod
+    def for_call(w: torch.Tensor, features: torch.Tensor) -> Optional["_Recipes"]:
+        """Hooks for one forward that saves copies for a weight gradient; None where nothing is saved
+        (no weight gradient), where the graph is traced, or where other saved-tensor hooks (activation
+        checkpointing, offloading) are in force and must see every tensor."""
+        if not (w.requires_grad and torch.is_grad_enabled()) or features.device.type not in RECOMPUTE_DEVICES:
+            return None
+        if torch.compiler.is_compiling() or _top_hooks(False) is not None:
+            return None
+        return _Recipes()
+
+    def add(self, t: torch.Tensor, make) -> None:
+        """Keep ``make`` (which returns ``t``'s values again) instead of ``t`` wherever ``t`` is saved."""
+        self.copies[id(t)] = (t, make)
+
+    def _pack(self, t):
+        entry = self.copies.get(id(t))
+        return _Recomputed(entry[1]) if entry is not None and entry[0] is t else t
+
+    @staticmethod
+    def _unpack(saved):
+        return saved.make() if isinstance(saved, _Recomputed) else saved
+
+    def __exit__(self, *exc):
+        self.copies.clear()  # the copies are freed with the forward's locals
+        return super().__exit__(*exc)
 
 
 def _linear_instructions(instructions) -> List[Tuple[int, int]]:
@@ -357,26 +408,33 @@ class Linear(nn.Module):
         ir_mul = self.layout == "ir_mul"
         # one split (its backward is one cat) rather than a narrow per block (each a zero-filled slice backward)
         parts = x.split(self._in_sizes(), dim=1)
-        if len(parts) > 1 and w.requires_grad and torch.is_grad_enabled():
+        recipes = _Recipes.for_call(w, features)
+        if recipes is None and len(parts) > 1 and w.requires_grad and torch.is_grad_enabled():
             # the matmuls of the l > 0 blocks save copies of them for the weight gradient; a saved view
             # of a scalar block would keep all of ``features`` alive besides, so scalars are copied too
             dims = {start: d for terms in blocks for start, _, d, _, _ in terms}
             if any(d > 1 for d in dims.values()):
                 parts = [p.contiguous() if dims.get(k) == 1 else p for k, p in enumerate(parts)]
         outs = []
-        for terms in blocks:
-            acc = None
-            for start, mi, d, w_off, mo in terms:
-                ws = w.narrow(0, w_off, mi * mo).view(mi, mo)
-                xs = parts[start]
-                if d == 1:
-                    y = torch.mm(xs, ws)
-                elif ir_mul:  # [N*d, mi] @ [mi, mo]: one copy of the strided block, then one matrix product
-                    y = torch.mm(rows_by_component(xs, n, d, mi, True), ws).view(n, d * mo)
-                else:  # [N, mi, d] -> [N*d, mi] @ W -> [N, d, mo] -> [N, mo, d]
-                    y = torch.mm(rows_by_component(xs, n, d, mi, False), ws).view(n, d, mo).transpose(1, 2).reshape(n, mo * d)
-                acc = y if acc is None else acc + y
-            outs.append(acc)
+        with recipes if recipes is not None else contextlib.nullcontext():
+            for terms in blocks:
+                acc = None
+                for start, mi, d, w_off, mo in terms:
+                    ws = w.narrow(0, w_off, mi * mo).view(mi, mo)
+                    xs = parts[start]
+                    if d == 1:
+                        y = torch.mm(xs, ws)
+                        acc = y if acc is None else acc + y
+                        continue
+                    rows = rows_by_component(xs, n, d, mi, ir_mul)  # a copy unless the block is ir_mul-contiguous
+                    if recipes is not None and rows._base is None:  # a view of the input costs nothing to keep
+                        recipes.add(rows, functools.partial(rows_by_component, xs, n, d, mi, ir_mul))
+                    if ir_mul:  # [N*d, mi] @ [mi, mo]: one copy of the strided block, then one matrix product
+                        y = torch.mm(rows, ws).view(n, d * mo)
+                    else:  # [N, mi, d] -> [N*d, mi] @ W -> [N, d, mo] -> [N, mo, d]
+                        y = torch.mm(rows, ws).view(n, d, mo).transpose(1, 2).reshape(n, mo * d)
+                    acc = y if acc is None else acc + y
+                outs.append(acc)
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         return out.view(lead + (out.shape[-1],))
 
