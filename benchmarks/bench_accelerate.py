@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import random
 import statistics
 import time
 import traceback
@@ -58,13 +59,14 @@ def peak_gib(call, device):
 
 
 def interleaved(calls, device, reps):
-    """Median ms per variant, the variants taking turns within each repetition (the starting one
-    rotates), so clock and thermal drift fall on all of them alike. CUDA events on GPU."""
+    """Median ms per variant, the variants taking turns within each repetition in a fresh random
+    order (seeded), so clock and thermal drift, and the state a heavy call leaves behind, fall on
+    every variant alike rather than always on the one after it. CUDA events on GPU."""
     names = list(calls)
     times = {n: [] for n in names}
-    for r in range(reps):
-        for k in range(len(names)):
-            n = names[(r + k) % len(names)]
+    rng = random.Random(0)
+    for _ in range(reps):
+        for n in rng.sample(names, len(names)):
             if device.type == "cuda":
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 _sync(device)
