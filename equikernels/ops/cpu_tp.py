@@ -57,15 +57,68 @@ class _Term:
 
 
 def _pair(eq: str, a: Tensor, b: Tensor) -> Tensor:
-    """One pairwise contraction. Both operands per row (label z): a broadcast product summed over
-    the contracted labels -- torch.einsum would make it a bmm over rows of tiny matrices, which on
-    CPU runs one small GEMM (and a select) per row. Otherwise einsum, whose GEMM then spans all rows."""
+    """One pairwise contraction. Both operands per row (label z): one bmm over rows with the smaller
+    operand on the left where a row is a real matrix product, else a broadcast product summed over
+    the contracted labels (torch.einsum's own bmm orientation can be several times slower on CPU).
+    Otherwise einsum, whose GEMM then spans all rows."""
     rec = _pair_recipe(eq)
     if rec is None:
         return torch.einsum(eq, a, b)
     pa, ea, pb, eb, red = rec
+    bm = _bmm_recipe(eq) if red else None
+    if bm is not None:
+        r = _batched_matmul(bm, a, b)
+        if r is not None:
+            return r
     r = torch.mul(_align(a, pa, ea), _align(b, pb, eb))
-    return r.sum(red) if red else r
+    if not red:
+        return r
+    if all(r.shape[d] == 1 for d in red):  # nothing to sum: a view, not a reduction's copy
+        return r.view(r.shape[:red[0]])
+    return r.sum(red)
+
+
+@functools.lru_cache(maxsize=None)
+def _bmm_recipe(eq: str):
+    """For a pairwise contraction whose only label kept from both operands is the row label z:
+    (labels of a, of b, kept from a, kept from b, contracted, output); None otherwise."""
+    ins, out = eq.split("->")
+    sa, sb = ins.split(",")
+    shared_kept = [c for c in out if c in sa and c in sb]
+    contracted = [c for c in sa if c in sb and c not in out]
+    if shared_kept != ["z"] or not contracted or any(c not in out and c not in contracted for c in sa + sb):
+        return None
+    fa = [c for c in sa if c in out and c != "z"]
+    fb = [c for c in sb if c in out and c != "z"]
+    return sa, sb, tuple(fa), tuple(fb), tuple(contracted), out
+
+
+def _batched_matmul(rec, a: Tensor, b: Tensor) -> Optional[Tensor]:
+    """The contraction as one bmm over rows, the smaller operand on the left: on CPU a product whose
+    rows are few and long runs several times faster than one of many short rows. None where a row
+    is a single dot product or sums nothing (the broadcast product is then cheaper)."""
+    sa, sb, fa, fb, ks, out = rec
+    size = dict(zip(sa, a.shape))
+    if any(size.setdefault(c, n) != n for c, n in zip(sb, b.shape)):
+        return None  # a label broadcast on one side
+    nk, na, nb = (_prod(size[c] for c in labels) for labels in (ks, fa, fb))
+    if nk < 2 or na * nb < 2:
+        return None
+    if a.numel() > b.numel():
+        (a, sa, fa, na), (b, sb, fb, nb) = (b, sb, fb, nb), (a, sa, fa, na)
+    z = size["z"]
+    left = a.permute([sa.index(c) for c in ("z", *fa, *ks)]).reshape(z, na, nk)
+    right = b.permute([sb.index(c) for c in ("z", *ks, *fb)]).reshape(z, nk, nb)
+    r = torch.bmm(left, right).view([z] + [size[c] for c in fa] + [size[c] for c in fb])
+    have = ("z", *fa, *fb)
+    return r.permute([have.index(c) for c in out])
+
+
+def _prod(values) -> int:
+    n = 1
+    for v in values:
+        n *= v
+    return n
 
 
 def _align(t: Tensor, perm, expand_at) -> Tensor:
@@ -224,7 +277,8 @@ class CpuPlan:
         """[rows, dim_out] in ``math``; operands already in ``math``. ``weighted_only``: the
         instructions with weights alone (the part of T that depends on w)."""
         z = x.shape[0]
-        out = x.new_zeros(z, self.problem.dim_out)
+        out = _new((z, self.problem.dim_out), x.dtype, x.device)
+        spans: Dict[int, int] = {}
         t = {"x": x, "y": y, "w": w}
         w_rows = w.dim() == 2
         for it, const in zip(self.instrs, self.consts(math, x.device)):
@@ -232,7 +286,8 @@ class CpuPlan:
                 continue
             term = it.term("out", w_rows)
             r = _broadcast(term, term.run(self._ops(it, const, t, term.names)), it.subs["out"], z, it.sizes)
-            _out_view(it, out, self.layout).add_(r.reshape(_out_shape(it, z)))
+            _write(_out_view(it, out, self.layout), r.reshape(_out_shape(it, z)), spans, it.segs["out"])
+        _zero_gaps(out, 1, spans)
         return out
 
     def grad(self, target: str, t: Dict[str, Tensor], like: Tensor, math: torch.dtype,
@@ -240,7 +295,8 @@ class CpuPlan:
         """d<g, T(x, y, w)>/d(target) in ``math``, shaped like ``like`` (a shared w: summed over rows);
         ``weighted_only`` as in ``forward``."""
         z = t["g"].shape[0]
-        res = torch.zeros(like.shape, dtype=math, device=like.device)
+        res = _new(like.shape, math, like.device)
+        spans: Dict[int, int] = {}
         w_rows = t["w"].dim() == 2
         for it, const in zip(self.instrs, self.consts(math, like.device)):
             if (target == "w" or weighted_only) and not it.has_weight:
@@ -249,14 +305,43 @@ class CpuPlan:
             r = term.run(self._ops(it, const, t, term.names))
             if target == "w":
                 r = _broadcast(term, r, ("z" if w_rows else "") + it.ws, z, it.sizes)
+                seg = (it.w_off, it.w_numel, 1)
                 if not w_rows:
-                    res.narrow(0, it.w_off, it.w_numel).add_(r.reshape(-1))
+                    _write(res.narrow(0, it.w_off, it.w_numel), r.reshape(-1), spans, seg)
                 else:
-                    res.narrow(1, it.w_off, it.w_numel).add_(r.reshape(z, it.w_numel))
+                    _write(res.narrow(1, it.w_off, it.w_numel), r.reshape(z, it.w_numel), spans, seg)
             else:
                 r = _broadcast(term, r, it.subs[target], z, it.sizes)
-                _seg_view(res, it.segs[target], self.layout).add_(r)
+                _write(_seg_view(res, it.segs[target], self.layout), r, spans, it.segs[target])
+        _zero_gaps(res, 1 if target != "w" or w_rows else 0, spans)
         return res
+
+
+def _new(shape, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """An uninitialised result; every element is written by ``_write`` or ``_zero_gaps``."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _write(view: Tensor, r: Tensor, spans: Dict[int, int], seg) -> None:
+    """The first result for a segment is copied into it, later ones added: the result tensor is
+    touched once instead of zero-filled first (large fresh buffers cost page faults per pass)."""
+    off, mul, dim = seg
+    if off in spans:
+        view.add_(r)
+    else:
+        view.copy_(r)
+        spans[off] = mul * dim
+
+
+def _zero_gaps(res: Tensor, dim: int, spans: Dict[int, int]) -> None:
+    """Zero the columns (along ``dim``) that no segment in ``spans`` (offset -> width) covers."""
+    pos = 0
+    for off, n in sorted(spans.items()):
+        if off > pos:
+            res.narrow(dim, pos, off - pos).zero_()
+        pos = max(pos, off + n)
+    if res.shape[dim] > pos:
+        res.narrow(dim, pos, res.shape[dim] - pos).zero_()
 
 
 def _out_shape(it: Instruction, z: int) -> Tuple[int, int, int]:

@@ -20,6 +20,32 @@ def dense_only(monkeypatch):
     monkeypatch.setattr(cpu_e3nn, "use_e3nn", lambda problem: False)
 
 
+@pytest.fixture(autouse=True)
+def poisoned_results(monkeypatch):
+    """Every result tensor starts as NaN: a part no contraction writes must be zeroed explicitly."""
+    from equikernels.ops import cpu_tp
+
+    monkeypatch.setattr(cpu_tp, "_new", lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype,
+                                                                                 device=device))
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("layout", ["mul_ir", "ir_mul"])
+def test_parts_no_path_reaches_are_zero(layout, shared):
+    """An input block and an output block no instruction touches, and paths adding into one output."""
+    from equikernels.problem import TPProblem
+
+    p = TPProblem.create("2x1o+3x0e+2x0o", "1x1e+1x0e", "2x2e+2x1o+3x0e",
+                         [(0, 0, 1, "uvu", True), (0, 1, 1, "uvw", True)], shared_weights=shared)
+    x, y, w = random_inputs(p, (3,), seed=2)
+    g = torch.randn(3, p.dim_out, dtype=torch.float64)
+    got = ek_forward_backward(p, x, y, w, g, layout=layout, backend="cpu")
+    ref = ek_forward_backward(p, x, y, w, g, layout=layout, backend="reference")
+    for a, b in zip(got, ref):
+        assert not a.isnan().any()
+        assert rel_err(a, b) < 1e-12
+
+
 def test_cpu_is_the_default_on_cpu():
     assert resolve_backend(None, torch.device("cpu")) == "cpu"
 
@@ -154,3 +180,24 @@ def test_symmetric_contraction_default_is_monomial_on_cpu(monkeypatch):
                         lambda self, *a: calls.append(1) or real(self, *a))
     sc(torch.randn(3, 8), torch.zeros(3, dtype=torch.long))
     assert calls
+
+
+def test_per_row_weights_contract_through_batched_matmuls(monkeypatch):
+    """Fully connected with a weight per row (DiffDock's shape): the rows' matrix products run as
+    bmm over rows, with the reference's numbers in both layouts."""
+    from equikernels.ops import cpu_tp
+    from equikernels.problem import TPProblem
+
+    used = []
+    real = torch.bmm
+    monkeypatch.setattr(cpu_tp.torch, "bmm", lambda a, b: used.append((a.shape, b.shape)) or real(a, b))
+    p = TPProblem.create("4x1o+3x0e", "1x0e+1x1o", "4x1o+3x0e", [(0, 0, 0, "uvw", True), (0, 1, 1, "uvw", True),
+                                                                 (1, 1, 0, "uvw", True)], shared_weights=False)
+    x, y, w = random_inputs(p, (6,), seed=4)
+    g = torch.randn(6, p.dim_out, dtype=torch.float64)
+    for layout in ("mul_ir", "ir_mul"):
+        got = ek_forward_backward(p, x, y, w, g, layout=layout, backend="cpu")
+        ref = ek_forward_backward(p, x, y, w, g, layout=layout, backend="reference")
+        for a, b in zip(got, ref):
+            assert rel_err(a, b) < 1e-12
+    assert used and all(a[0] == 6 and b[0] == 6 for a, b in used)
