@@ -5,7 +5,8 @@ Each output segment is the sum of its sources: a [rows, do, mul] slice of a path
 straight into its place in the output row and the backward writes each source's gradient straight
 into one buffer per result: no concatenation, weight gather or index-add. In ir_mul every
 elementwise pass runs along the contiguous channel axis; in mul_ir the segment is written through a
-transposed view (``ops.cpu_grouped`` says where that pays).
+transposed view (``ops.cpu_grouped`` says where that pays), and the backward copies each segment's
+cotangent once into channel order, so that its sources' passes read it contiguously.
 Differentiable to any order: with a graph being recorded the backward is composed of
 differentiable torch operations.
 """
@@ -72,6 +73,8 @@ def _backward_fused(segments, results, weights, g: Tensor, need_r, need_w):
     grad_w = [torch.empty_like(w) if need else None for w, need in zip(weights, need_w)]
     for off, mul, do, sources, transposed in segments:
         gs = _dst(g, off, mul, do, transposed)
+        if transposed and sources:
+            gs = gs.contiguous()  # one strided copy; then each source's passes run along the channels
         for src in sources:
             r, k0, _, wi, p = src
             v, w = _term(results, weights, src)
