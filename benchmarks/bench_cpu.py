@@ -1,9 +1,10 @@
 """CPU speed of equikernels next to what it replaces, interleaved in one process.
 
 Cells: every standard tensor-product problem (``equikernels.catalog``) forward + backward against
-``e3nn.o3.TensorProduct``, and MACE energy + forces on a 108-atom Cu cell (a random
-MACE-MP-medium-shaped ``mace.modules.ScaleShiftMACE`` and the equikernels model converted from
-it), float32 and float64, 1 and 2 torch threads. Each repetition times both implementations back
+``e3nn.o3.TensorProduct``, MACE energy + forces on a 108-atom Cu cell and one training step (E+F
+loss, backward to the parameters) on a 32-atom one (a random MACE-MP-medium-shaped
+``mace.modules.ScaleShiftMACE`` and the equikernels model converted from it), float32 and float64,
+1 and 2 torch threads. Each repetition times both implementations back
 to back (alternating which goes first); the cell reports the medians of each and, as the speed-up,
 the median over repetitions of baseline / equikernels within the repetition (a shared host slowdown
 cancels in each pair).
@@ -23,6 +24,7 @@ from typing import Callable, Dict, List
 
 import torch
 
+from equikernels._compat import default_dtype
 from equikernels.bench import mace as MC
 
 
@@ -114,8 +116,9 @@ def mace_cells(dtype: torch.dtype, reps: int) -> List[Dict]:
     zs = list(range(1, 90))
     z_table = utils.AtomicNumberTable(zs)
     cfg = mdata.config_from_atoms(atoms)
-    batch = torch_geometric.batch.Batch.from_data_list(
-        [mdata.AtomicData.from_config(cfg, z_table=z_table, cutoff=R_MAX, heads=["Default"])])
+    with default_dtype(dtype):  # mace-torch's data takes the default dtype: float64 positions not rounded
+        batch = torch_geometric.batch.Batch.from_data_list(
+            [mdata.AtomicData.from_config(cfg, z_table=z_table, cutoff=R_MAX, heads=["Default"])])
     mdict = {k: (v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v)
              for k, v in batch.to_dict().items()}
     ours_data = atoms_to_data(atoms, R_MAX, zs, dtype=dtype)
@@ -133,6 +136,43 @@ def mace_cells(dtype: torch.dtype, reps: int) -> List[Dict]:
     t_ref, t_ek, ratio = interleaved(run_ref, run_ek, reps, warmup=1)
     return [{"cell": f"MACE E+F, Cu {len(atoms)} atoms ({ours_data['edge_index'].shape[1]} edges)",
              "baseline": "mace-torch", "t_base": t_ref, "t_ek": t_ek, "speedup": ratio, "max_abs_diff": diff}]
+
+
+def mace_train_cells(dtype: torch.dtype, reps: int) -> List[Dict]:
+    """One fine-tuning step on a 32-atom Cu cell: E+F loss, backward to every parameter (the force
+    term differentiates twice), mace-torch's model against the equikernels model converted from it."""
+    import ase.build
+
+    try:
+        from mace import data as mdata
+        from mace.tools import torch_geometric, utils
+    except ImportError as exc:
+        return [{"cell": "MACE training step", "baseline": "mace-torch", "absent": f"{type(exc).__name__}: {exc}"}]
+    from equikernels.models import atoms_to_data, from_mace
+
+    atoms = ase.build.bulk("Cu", "fcc", a=3.6, cubic=True).repeat((2, 2, 2))
+    atoms.rattle(0.05, seed=0)
+    model = MC.mace_model(40.0, dtype).train()
+    ours = from_mace(model).train()
+    zs = list(range(1, 90))
+    with default_dtype(dtype):
+        batch = torch_geometric.batch.Batch.from_data_list([mdata.AtomicData.from_config(
+            mdata.config_from_atoms(atoms), z_table=utils.AtomicNumberTable(zs), cutoff=R_MAX, heads=["Default"])])
+    mdict = {k: (v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v)
+             for k, v in batch.to_dict().items()}
+    ours_data = atoms_to_data(atoms, R_MAX, zs, dtype=dtype)
+
+    def step(m, data):
+        out = m(dict(data), training=True, compute_force=True)
+        loss = out["energy"].square().sum() + out["forces"].square().sum()
+        m.zero_grad(set_to_none=True)
+        loss.backward()
+        return loss.detach()
+
+    diff = (step(model, mdict) - step(ours, ours_data)).abs().item()
+    t_ref, t_ek, ratio = interleaved(lambda: step(model, mdict), lambda: step(ours, ours_data), reps, warmup=1)
+    return [{"cell": f"MACE training step (E+F loss, backward), Cu {len(atoms)} atoms", "baseline": "mace-torch",
+             "t_base": t_ref, "t_ek": t_ek, "speedup": ratio, "max_abs_diff": diff}]
 
 
 # --- report -------------------------------------------------------------------------------------
@@ -168,7 +208,7 @@ def main(argv=None) -> None:
         for dname in args.dtypes.split(","):
             dtype = getattr(torch, dname)
             cells = ([] if args.skip_tp else tp_cells(dtype, args.rows, args.reps, names)) + \
-                ([] if args.skip_mace else mace_cells(dtype, args.reps))
+                ([] if args.skip_mace else mace_cells(dtype, args.reps) + mace_train_cells(dtype, args.reps))
             for c in cells:
                 c.update(dtype=dname, threads=threads)
                 print(table([c]).splitlines()[-1], flush=True)

@@ -20,6 +20,7 @@ from e3nn.util.jit import compile_mode  # noqa: E402
 
 from ..problem import (MissingWeightError, TensorProductError, TensorProductIndexError, TensorProductTypeError,
                        parse_irreps)
+from ..ops.chain import functorch_wrapped
 from ..reference import autocast_on
 from ._script import linear_script_data, script_linear
 from .blocks import rows_by_component
@@ -59,12 +60,12 @@ class _Recipes(torch.autograd.graph.saved_tensors_hooks):
     @staticmethod
     def for_call(w: torch.Tensor, features: torch.Tensor) -> Optional["_Recipes"]:
         """Hooks for one forward that saves copies for a weight gradient; None where nothing is saved
-        (no weight gradient), where the graph is traced, or where other saved-tensor hooks (activation
-        checkpointing, offloading) are in force and must see every tensor."""
+        (no weight gradient), where the graph is traced or under a torch.func transform, or where other
+        saved-tensor hooks (activation checkpointing, offloading) are in force and must see every tensor."""
         if not (w.requires_grad and torch.is_grad_enabled()) or features.device.type not in RECOMPUTE_DEVICES:
             return None
-        if torch.compiler.is_compiling() or _top_hooks(False) is not None:
-            return None
+        if torch.compiler.is_compiling() or _top_hooks(False) is not None or functorch_wrapped(features):
+            return None  # torch.func transforms refuse saved-tensor hooks
         return _Recipes()
 
     def add(self, t: torch.Tensor, make) -> None:

@@ -91,3 +91,12 @@ def test_cpu_default_keeps_the_copies(monkeypatch):
     assert "cpu" not in L.RECOMPUTE_DEVICES
     assert L._Recipes.for_call(ours.weight, torch.zeros(1, ours.irreps_in.dim, dtype=torch.float64)) is None
 
+
+
+def test_torch_func_transforms_run_without_the_hooks(remade):
+    """torch.func refuses saved-tensor hooks: under jacrev the copies are kept as before."""
+    ref, ours = _pair(*CASES[0], "mul_ir")
+    x = torch.randn(2, ref.irreps_in.dim, dtype=torch.float64)
+    jac = torch.func.jacrev(lambda a: ours(a).square().sum())(x)
+    jac_ref = torch.func.jacrev(lambda a: ref(a).square().sum())(x)
+    torch.testing.assert_close(jac, jac_ref, rtol=1e-12, atol=1e-12)
