@@ -133,12 +133,13 @@ def run(args: argparse.Namespace) -> int:
 
     import torch.distributed as dist
 
-    from ..training import fine_tune
+    from ..training import distributed, fine_tune
     from ..training.trainer import TrainingInterrupted
 
     cfg = config_from_args(args)
     try:
         fine_tune(cfg, resume=args.resume)
+        distributed.barrier()  # every rank done before any closes its connections (gloo aborts a peer mid-read)
     except TrainingInterrupted as stop:  # its one line is printed; checkpoint and metrics are written
         return 128 + int(stop.signum)
     finally:

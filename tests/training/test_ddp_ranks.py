@@ -53,6 +53,7 @@ def _worker(rank, world, init_file, cfg_dict, out_dir):
             shared_error = f"{type(exc).__name__}: {exc}"
         torch.save({"summary": summary, "collectives": log, "error": shared_error},
                    os.path.join(out_dir, f"rank{rank}.pt"))
+        dist_utils.barrier()  # as the CLI does: no rank closes its connections while a peer still reads
     finally:
         dist.destroy_process_group()
 
