@@ -99,29 +99,36 @@ def _mace_model(dtype: torch.dtype):
     return MC.mace_model(40.0, dtype).eval()
 
 
+def _mace_inputs(atoms, dtype: torch.dtype):
+    """(mace-torch's batch dict, equikernels' data) of ``atoms`` for the 89-element model, in ``dtype``."""
+    from mace import data as mdata
+    from mace.tools import torch_geometric, utils
+
+    from equikernels.models import atoms_to_data
+
+    zs = list(range(1, 90))
+    with default_dtype(dtype):  # mace-torch's data takes the default dtype: float64 positions not rounded
+        batch = torch_geometric.batch.Batch.from_data_list([mdata.AtomicData.from_config(
+            mdata.config_from_atoms(atoms), z_table=utils.AtomicNumberTable(zs), cutoff=R_MAX, heads=["Default"])])
+    mdict = {k: (v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v)
+             for k, v in batch.to_dict().items()}
+    return mdict, atoms_to_data(atoms, R_MAX, zs, dtype=dtype)
+
+
 def mace_cells(dtype: torch.dtype, reps: int) -> List[Dict]:
     import ase.build
 
     try:
-        from mace import data as mdata
-        from mace.tools import torch_geometric, utils
+        import mace  # noqa: F401
     except ImportError as exc:
         return [{"cell": "MACE E+F", "baseline": "mace-torch", "absent": f"{type(exc).__name__}: {exc}"}]
-    from equikernels.models import atoms_to_data, from_mace
+    from equikernels.models import from_mace
 
     atoms = ase.build.bulk("Cu", "fcc", a=3.6, cubic=True).repeat((3, 3, 3))
     atoms.rattle(0.05, seed=0)
     model = _mace_model(dtype)
     ours = from_mace(model).eval()
-    zs = list(range(1, 90))
-    z_table = utils.AtomicNumberTable(zs)
-    cfg = mdata.config_from_atoms(atoms)
-    with default_dtype(dtype):  # mace-torch's data takes the default dtype: float64 positions not rounded
-        batch = torch_geometric.batch.Batch.from_data_list(
-            [mdata.AtomicData.from_config(cfg, z_table=z_table, cutoff=R_MAX, heads=["Default"])])
-    mdict = {k: (v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v)
-             for k, v in batch.to_dict().items()}
-    ours_data = atoms_to_data(atoms, R_MAX, zs, dtype=dtype)
+    mdict, ours_data = _mace_inputs(atoms, dtype)
     ref_out = model(dict(mdict), compute_force=True)
     ek_out = ours(dict(ours_data), compute_force=True)
     diff = max((ref_out["energy"] - ek_out["energy"]).abs().max().item(),
@@ -144,23 +151,16 @@ def mace_train_cells(dtype: torch.dtype, reps: int) -> List[Dict]:
     import ase.build
 
     try:
-        from mace import data as mdata
-        from mace.tools import torch_geometric, utils
+        import mace  # noqa: F401
     except ImportError as exc:
         return [{"cell": "MACE training step", "baseline": "mace-torch", "absent": f"{type(exc).__name__}: {exc}"}]
-    from equikernels.models import atoms_to_data, from_mace
+    from equikernels.models import from_mace
 
     atoms = ase.build.bulk("Cu", "fcc", a=3.6, cubic=True).repeat((2, 2, 2))
     atoms.rattle(0.05, seed=0)
     model = MC.mace_model(40.0, dtype).train()
     ours = from_mace(model).train()
-    zs = list(range(1, 90))
-    with default_dtype(dtype):
-        batch = torch_geometric.batch.Batch.from_data_list([mdata.AtomicData.from_config(
-            mdata.config_from_atoms(atoms), z_table=utils.AtomicNumberTable(zs), cutoff=R_MAX, heads=["Default"])])
-    mdict = {k: (v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v)
-             for k, v in batch.to_dict().items()}
-    ours_data = atoms_to_data(atoms, R_MAX, zs, dtype=dtype)
+    mdict, ours_data = _mace_inputs(atoms, dtype)
 
     def step(m, data):
         out = m(dict(data), training=True, compute_force=True)

@@ -14,6 +14,7 @@ backward is composed from both by trilinearity. The contraction order of every t
 from __future__ import annotations
 
 import functools
+import math
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -101,7 +102,7 @@ def _batched_matmul(rec, a: Tensor, b: Tensor) -> Optional[Tensor]:
     size = dict(zip(sa, a.shape))
     if any(size.setdefault(c, n) != n for c, n in zip(sb, b.shape)):
         return None  # a label broadcast on one side
-    nk, na, nb = (_prod(size[c] for c in labels) for labels in (ks, fa, fb))
+    nk, na, nb = (math.prod(size[c] for c in labels) for labels in (ks, fa, fb))
     if nk < 2 or na * nb < 2:
         return None
     if a.numel() > b.numel():
@@ -112,13 +113,6 @@ def _batched_matmul(rec, a: Tensor, b: Tensor) -> Optional[Tensor]:
     r = torch.bmm(left, right).view([z] + [size[c] for c in fa] + [size[c] for c in fb])
     have = ("z", *fa, *fb)
     return r.permute([have.index(c) for c in out])
-
-
-def _prod(values) -> int:
-    n = 1
-    for v in values:
-        n *= v
-    return n
 
 
 def _align(t: Tensor, perm, expand_at) -> Tensor:

@@ -8,10 +8,8 @@ import io
 import pytest
 import torch
 
-import equikernels as ek
-from equikernels._compat import o3
 from equikernels.nn import linear as L
-from equikernels.nn.spherical_harmonics import ir_mul_permutation
+from linear_checks import linear_pair, run_both
 
 CASES = [("3x0e+2x1o+1x2e+2x0e", "4x0e+3x1o+2x2e"), ("8x0e+4x1o+3x2e+2x1o", "5x0e+6x1o+2x2e"),
          ("2x0e+2x1e+3x3o", "3x0e+1x1e+2x3o")]
@@ -27,31 +25,15 @@ def dense(monkeypatch):
     return built
 
 
-def _pair(irreps_in, irreps_out, layout, **kw):
-    torch.manual_seed(0)
-    ref = o3.Linear(irreps_in, irreps_out, **kw).double()
-    ours = ek.Linear(irreps_in, irreps_out, layout=layout, **kw).double()
-    with torch.no_grad():
-        ours.weight.copy_(ref.weight)
-    return ref, ours
-
-
-def _run(ref, ours, layout, x):
-    """(ours, e3nn) outputs for the same rows, ours mapped back to mul_ir."""
-    pi, po = ir_mul_permutation(ref.irreps_in), ir_mul_permutation(ref.irreps_out)
-    out = ours(x[:, pi] if layout == "ir_mul" else x)
-    return (out[:, torch.argsort(po)] if layout == "ir_mul" else out), ref(x)
-
-
 @pytest.mark.parametrize("frozen", [False, True])
 @pytest.mark.parametrize("layout", ["mul_ir", "ir_mul"])
 @pytest.mark.parametrize("irreps", CASES)
 def test_matches_e3nn(dense, irreps, layout, frozen):
-    ref, ours = _pair(*irreps, layout)
+    ref, ours = linear_pair(*irreps, layout)
     if frozen:
         ours.requires_grad_(False)
     x = torch.randn(6, ref.irreps_in.dim, dtype=torch.float64, requires_grad=True)
-    out, out_ref = _run(ref, ours, layout, x)
+    out, out_ref = run_both(ref, ours, layout, x)
     assert dense
     torch.testing.assert_close(out, out_ref, rtol=1e-12, atol=1e-12)
     cot = torch.randn_like(out_ref)
@@ -64,7 +46,7 @@ def test_matches_e3nn(dense, irreps, layout, frozen):
 
 @pytest.mark.parametrize("layout", ["mul_ir", "ir_mul"])
 def test_second_order(dense, layout):
-    _, ours = _pair("3x0e+2x1o+1x2e", "2x0e+2x1o+1x2e", layout)
+    _, ours = linear_pair("3x0e+2x1o+1x2e", "2x0e+2x1o+1x2e", layout)
     x = torch.randn(3, ours.irreps_in.dim, dtype=torch.float64, requires_grad=True)
     w = ours.weight.detach().clone().requires_grad_()
     assert torch.autograd.gradcheck(lambda x_, w_: _with_weight(ours, x_, w_), (x, w))
@@ -84,7 +66,7 @@ def _with_weight(lin, x, w):
 
 
 def test_frozen_weight_cached_and_followed(dense):
-    ref, ours = _pair("3x0e+2x1o", "2x0e+3x1o", "mul_ir")
+    ref, ours = linear_pair("3x0e+2x1o", "2x0e+3x1o", "mul_ir")
     ours.requires_grad_(False)
     x = torch.randn(4, ref.irreps_in.dim, dtype=torch.float64)
     first = ours(x)
@@ -99,34 +81,33 @@ def test_frozen_weight_cached_and_followed(dense):
 
 def test_trainable_weights_under_no_grad_are_not_kept(dense):
     """Evaluation under no_grad between optimiser steps: every call sees the current weights."""
-    ref, ours = _pair("3x0e+2x1o", "2x0e+3x1o", "ir_mul")
+    ref, ours = linear_pair("3x0e+2x1o", "2x0e+3x1o", "ir_mul")
     x = torch.randn(4, ref.irreps_in.dim, dtype=torch.float64)
-    pi, po = ir_mul_permutation(ref.irreps_in), ir_mul_permutation(ref.irreps_out)
     for step in range(3):
         with torch.no_grad():
-            got = ours(x[:, pi])[:, torch.argsort(po)]
-            torch.testing.assert_close(got, ref(x), rtol=1e-12, atol=1e-12)
+            got, want = run_both(ref, ours, "ir_mul", x)
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
             ours.weight.add_(0.5)
             ref.weight.add_(0.5)
     assert "_dense_w" not in ours.__dict__
 
 
 def test_size_cap_and_repeated_instructions(dense, monkeypatch):
-    _, ours = _pair("3x0e+2x1o", "2x0e+3x1o", "mul_ir")
+    _, ours = linear_pair("3x0e+2x1o", "2x0e+3x1o", "mul_ir")
     monkeypatch.setattr(L, "DENSE_MAX_MACS", 4 * ours.irreps_in.dim * ours.irreps_out.dim)
     ours(torch.randn(4, ours.irreps_in.dim, dtype=torch.float64))
     assert len(dense) == 1
     ours(torch.randn(5, ours.irreps_in.dim, dtype=torch.float64))  # above the cap: per block
     assert len(dense) == 1
     # the same (input, output) pair twice: two weights per position, left to the per-block path
-    ref, twice = _pair("3x0e+2x1o", "2x0e+3x1o", "mul_ir", instructions=[(0, 0), (0, 0), (1, 1)])
+    ref, twice = linear_pair("3x0e+2x1o", "2x0e+3x1o", "mul_ir", instructions=[(0, 0), (0, 0), (1, 1)])
     x = torch.randn(4, ref.irreps_in.dim, dtype=torch.float64)
     torch.testing.assert_close(twice(x), ref(x), rtol=1e-12, atol=1e-12)
     assert len(dense) == 1 and twice.__dict__["_dense_idx"] is None
 
 
 def test_caches_are_not_saved(dense):
-    _, ours = _pair("3x0e+2x1o+1x2e", "2x0e+3x1o", "ir_mul")
+    _, ours = linear_pair("3x0e+2x1o+1x2e", "2x0e+3x1o", "ir_mul")
     ours.requires_grad_(False)
     x = torch.randn(4, ours.irreps_in.dim, dtype=torch.float64)
     want = ours(x)

@@ -5,10 +5,8 @@ nothing changed where other saved-tensor hooks are in force or no weight gradien
 import pytest
 import torch
 
-import equikernels as ek
-from equikernels._compat import o3
 from equikernels.nn import linear as L
-from equikernels.nn.spherical_harmonics import ir_mul_permutation
+from linear_checks import linear_pair, run_both
 
 CASES = [("3x0e+2x1o+1x2e+2x0e", "4x0e+3x1o+2x2e"), ("2x0e+2x1e+3x3o", "3x0e+1x1e+2x3o")]
 
@@ -25,21 +23,6 @@ def remade(monkeypatch):
     return made
 
 
-def _pair(irreps_in, irreps_out, layout):
-    torch.manual_seed(0)
-    ref = o3.Linear(irreps_in, irreps_out).double()
-    ours = ek.Linear(irreps_in, irreps_out, layout=layout).double()
-    with torch.no_grad():
-        ours.weight.copy_(ref.weight)
-    return ref, ours
-
-
-def _run(ref, ours, layout, x):
-    pi, po = ir_mul_permutation(ref.irreps_in), ir_mul_permutation(ref.irreps_out)
-    out = ours(x[:, pi] if layout == "ir_mul" else x)
-    return (out[:, torch.argsort(po)] if layout == "ir_mul" else out), ref(x)
-
-
 def _copies(ref):
     """Input blocks with l > 0: each feeds one product here, through a copy."""
     return sum(1 for _, ir in ref.irreps_in if ir.l > 0)
@@ -48,9 +31,9 @@ def _copies(ref):
 @pytest.mark.parametrize("layout", ["mul_ir", "ir_mul"])
 @pytest.mark.parametrize("irreps", CASES)
 def test_matches_e3nn_and_remakes_copies_in_backward(remade, irreps, layout):
-    ref, ours = _pair(*irreps, layout)
+    ref, ours = linear_pair(*irreps, layout)
     x = torch.randn(7, ref.irreps_in.dim, dtype=torch.float64, requires_grad=True)
-    out, out_ref = _run(ref, ours, layout, x)
+    out, out_ref = run_both(ref, ours, layout, x)
     torch.testing.assert_close(out, out_ref, rtol=1e-12, atol=1e-12)
     assert not remade  # nothing is made again in the forward
     cot = torch.randn_like(out_ref)
@@ -63,7 +46,7 @@ def test_matches_e3nn_and_remakes_copies_in_backward(remade, irreps, layout):
 
 @pytest.mark.parametrize("layout", ["mul_ir", "ir_mul"])
 def test_second_order(remade, layout):
-    _, ours = _pair(*CASES[0], layout)
+    _, ours = linear_pair(*CASES[0], layout)
     x = torch.randn(3, ours.irreps_in.dim, dtype=torch.float64, requires_grad=True)
     w = ours.weight
     assert torch.autograd.gradcheck(lambda a, b: ours(a) * b.sum(), (x, w))
@@ -72,7 +55,7 @@ def test_second_order(remade, layout):
 
 
 def test_left_alone_under_other_hooks_and_without_weight_gradient(remade):
-    ref, ours = _pair(*CASES[0], "mul_ir")
+    ref, ours = linear_pair(*CASES[0], "mul_ir")
     x = torch.randn(5, ref.irreps_in.dim, dtype=torch.float64, requires_grad=True)
     with torch.autograd.graph.save_on_cpu():  # the outer hooks see every saved tensor
         out = ours(x)
@@ -87,7 +70,7 @@ def test_left_alone_under_other_hooks_and_without_weight_gradient(remade):
 
 def test_cpu_default_keeps_the_copies(monkeypatch):
     monkeypatch.setattr(L, "DENSE_DEVICES", ())
-    _, ours = _pair(*CASES[0], "mul_ir")
+    _, ours = linear_pair(*CASES[0], "mul_ir")
     assert "cpu" not in L.RECOMPUTE_DEVICES
     assert L._Recipes.for_call(ours.weight, torch.zeros(1, ours.irreps_in.dim, dtype=torch.float64)) is None
 
@@ -95,7 +78,7 @@ def test_cpu_default_keeps_the_copies(monkeypatch):
 
 def test_torch_func_transforms_run_without_the_hooks(remade):
     """torch.func refuses saved-tensor hooks: under jacrev the copies are kept as before."""
-    ref, ours = _pair(*CASES[0], "mul_ir")
+    ref, ours = linear_pair(*CASES[0], "mul_ir")
     x = torch.randn(2, ref.irreps_in.dim, dtype=torch.float64)
     jac = torch.func.jacrev(lambda a: ours(a).square().sum())(x)
     jac_ref = torch.func.jacrev(lambda a: ref(a).square().sum())(x)
