@@ -368,7 +368,7 @@ def table(rows):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", choices=("sevenn", "mace"), required=True)
-    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--reps", type=int, default=30, help="timed calls per variant (host-bound cells need 30 for a stable median)")
     ap.add_argument("--quick", action="store_true", help="tiny cells (CPU smoke run)")
     ap.add_argument("--out", default=None, help="JSON file for the rows")
     ap.add_argument("--profile-dir", default=None, help="write kernel-time tables (torch.profiler) of one size here")

@@ -1,9 +1,14 @@
 """e3nn-compatible ``SphericalHarmonics`` module with a ``layout`` option.
 
-The polynomials themselves are e3nn's (already fused elementwise code, cheap next to the tensor
-products), evaluated by a private e3nn instance so the numbers match the installed e3nn exactly.
+On CUDA, up to l = 4 in float32 and float64, the harmonics are one matrix product: every ordered
+product of l components of the vector, degree by degree, times coefficients fitted at construction
+to the installed e3nn's polynomials (each degree is homogeneous, so the fit is exact and unique as
+a function). That is about ten operations forward and twenty backward where e3nn's elementwise
+recurrences take about fifty and a hundred and fifty: on a GPU each is a kernel launch, and together
+they were a large part of a small model call's host time. Elsewhere (the CPU, where the elementwise
+code is faster) a private e3nn instance evaluates them.
 """
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -23,6 +28,49 @@ def ir_mul_permutation(irreps) -> Optional[torch.Tensor]:
 
 
 MAX_L = 12  # the highest degree e3nn implements
+PRODUCT_DEVICES = ("cuda",)  # device types that take the product path
+POLY_MAX_L = 4  # the product path: 3^l ordered products per degree (81 at l = 4)
+_FIT_POINTS = 256
+_FIT_TOL = 1e-12
+
+
+def _products(x: torch.Tensor, lmax: int) -> torch.Tensor:
+    """[..., 3] -> [..., 3 + 9 + ... + 3^lmax]: every ordered product of l components of ``x``,
+    l = 1 .. lmax, degree after degree."""
+    cols, cur = [x], x
+    for _ in range(1, lmax):
+        cur = (cur.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2)
+        cols.append(cur)
+    return cols[0] if len(cols) == 1 else torch.cat(cols, dim=-1)
+
+
+def _fit(impl, normalize: bool) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """(bias [dim], coefficients [3 + ... + 3^lmax, dim]) in float64 with
+    ``bias + _products(x) @ coefficients == impl(x)`` (x normalised first if ``normalize``), each
+    output block of degree l fitted on the degree-l products alone; None if the fit is not exact."""
+    lmax = impl._lmax
+    gen = torch.Generator().manual_seed(0)
+    pts = torch.randn(_FIT_POINTS, 3, generator=gen, dtype=torch.float64)
+    with torch.no_grad():
+        y = impl(pts)
+        u = torch.nn.functional.normalize(pts, dim=-1) if normalize else pts
+        prods = _products(u, lmax)
+    start = [0, 0]
+    for l in range(1, lmax + 1):
+        start.append(start[-1] + 3 ** l)
+    bias = torch.zeros(y.shape[1], dtype=torch.float64)
+    coef = torch.zeros(prods.shape[1], y.shape[1], dtype=torch.float64)
+    off = 0
+    for l in impl._ls_list:
+        d = 2 * l + 1
+        if l == 0:
+            bias[off] = y[:, off].mean()
+        else:
+            block = prods[:, start[l]:start[l + 1]]
+            coef[start[l]:start[l + 1], off:off + d] = torch.linalg.pinv(block) @ y[:, off:off + d]
+        off += d
+    err = (torch.addmm(bias, prods, coef) - y).abs().max()
+    return (bias, coef) if float(err) <= _FIT_TOL * max(1.0, float(y.abs().max())) else None
 
 
 def _check_ls(irreps_out) -> None:
@@ -88,6 +136,8 @@ class SphericalHarmonics(nn.Module):
         self._ls_list, self._lmax, self._is_range_lmax = impl._ls_list, impl._lmax, impl._is_range_lmax
         self.layout = layout
         self._ts_factors = _block_factors(impl)
+        self._poly = _fit(impl, normalize) if 1 <= self._lmax <= POLY_MAX_L else None
+        self._poly_on = {}  # (device, dtype) -> (bias, coefficients) there
         perm = ir_mul_permutation(self.irreps_out) if layout == "ir_mul" else None
         self.register_buffer("_perm", perm, persistent=False)  # e3nn's module has no state to mirror
 
@@ -95,6 +145,9 @@ class SphericalHarmonics(nn.Module):
         super().__setstate__(state)
         if "_ts_factors" not in self.__dict__:  # pickled by an earlier version
             self._ts_factors = _block_factors(self._impl[0])
+        if "_poly" not in self.__dict__:
+            self._poly = _fit(self._impl[0], self.normalize) if 1 <= self._lmax <= POLY_MAX_L else None
+            self._poly_on = {}
 
     def __repr__(self) -> str:
         lay = "" if self.layout == "mul_ir" else f", layout={self.layout}"
@@ -118,7 +171,30 @@ class SphericalHarmonics(nn.Module):
         if x.dim() < 1 or x.shape[-1] != 3:
             raise ValueError(f"x: expected last dimension 3 (a vector, irreps_in={self.irreps_in}), "
                              f"got shape {tuple(x.shape)}")
-        return self._impl[0](x)
+        if self._poly is None or x.dtype not in (torch.float32, torch.float64) or x.device.type not in PRODUCT_DEVICES:
+            return self._impl[0](x)
+        return self._poly_sh(x)
+
+    @torch.jit.unused
+    def _poly_sh(self, x: torch.Tensor) -> torch.Tensor:
+        """The product path. It multiplies in float64 where a float32 product could take TF32, and
+        outside autocast: e3nn's elementwise code keeps float32 under both."""
+        if self.normalize:
+            x = torch.nn.functional.normalize(x, dim=-1)
+        dev = x.device.type
+        tf32 = dev == "cuda" and x.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+        math = torch.float64 if tf32 else x.dtype
+        consts = self._poly_on.get((x.device, math))
+        if consts is None:  # per device and dtype: no host-to-device copy per call
+            consts = self._poly_on[(x.device, math)] = tuple(t.to(device=x.device, dtype=math) for t in self._poly)
+        prods = _products(x, self._lmax)
+        flat = prods.reshape(-1, prods.shape[-1]).to(math)
+        if torch.is_autocast_enabled(dev):
+            with torch.autocast(dev, enabled=False):
+                sh = torch.addmm(consts[0], flat, consts[1])
+        else:
+            sh = torch.addmm(consts[0], flat, consts[1])
+        return sh.to(x.dtype).reshape(x.shape[:-1] + (sh.shape[-1],))
 
     def _script_sh(self, x: torch.Tensor) -> torch.Tensor:
         """e3nn's forward, for TorchScript (the private e3nn instance is not scriptable): its raw
