@@ -11,7 +11,12 @@ atoms and edges are padded up to buckets and the graph is re-captured only when 
   zero there, so their messages, radial weights and gradients are exact zeros.
 
 The same holds for real edges beyond the cutoff, so callers may pass a Verlet candidate list
-(cutoff + skin) unfiltered: it is then constant between neighbour-list rebuilds.
+(cutoff + skin) unfiltered: it is then constant between neighbour-list rebuilds. Inside the graph
+the candidates are partitioned (within the cutoff first, in their order; a stable sort of a mask)
+and the model sees only the first ``capacity`` of them: the edges within the cutoff plus a few
+percent of headroom, instead of every candidate (a skin of 0.5 A at a 6 A cutoff adds 27 % of
+edges, all computed to give zeros). The number within is read back after each call; should it
+exceed the capacity, the capacity grows and the call is re-captured and repeated.
 
 Everything inside the captured region is free of host syncs: the model runs under
 ``trusted_inputs`` (no index checks) after eager warm-up calls that build every per-structure and
@@ -31,6 +36,7 @@ from .mace import trusted_inputs
 
 PAD_DEGREE = 128  # most padding edges per padding atom (about a real atom's degree)
 PAD_LENGTH_FACTOR = 3.0  # padding edges are this many r_max long (and at least 10 A: beyond ZBL's reach)
+CAPACITY_STEP = 32  # the model's edge count is rounded up to a multiple of this
 KEYS = ("positions", "node_attrs", "edge_index", "shifts", "unit_shifts", "cell", "batch", "head")
 
 
@@ -67,6 +73,8 @@ class GraphedModel:
         self._static: Dict[str, torch.Tensor] = {}
         self._out: Dict[str, torch.Tensor] = {}
         self._seen: Dict[str, tuple] = {}
+        self._capacity: Optional[int] = None  # edges the model sees (the first after the partition)
+        self._count: Optional[torch.Tensor] = None  # candidates within the cutoff, at the last call
 
     # --- shapes and buffers ------------------------------------------------------------------
     def _fits(self, n: int, e: int, key) -> bool:
@@ -99,6 +107,8 @@ class GraphedModel:
         self._pad = pad
         self._static = s
         self._seen = {}
+        self._capacity = None
+        self._count = torch.zeros((), dtype=torch.int64, device=dev)
 
     def _pad_edges(self, e: int, n: int) -> None:
         s = self._static
@@ -151,11 +161,33 @@ class GraphedModel:
                 s["unit_shifts"][:e] = 0.0
         return atoms_changed
 
+    def _set_capacity(self, count: int) -> None:
+        eb = self._static["edge_index"].shape[1]
+        self._capacity = min(eb, -(-int(count * (1 + self.edge_headroom) + 1) // CAPACITY_STEP) * CAPACITY_STEP)
+
     # --- evaluation ---------------------------------------------------------------------------
+    def _within(self) -> torch.Tensor:
+        """Mask of the candidate edges within the cutoff, their lengths computed as the model does."""
+        s = self._static
+        pos, ei = s["positions"].detach(), s["edge_index"]
+        vec = pos.index_select(0, ei[1]) - pos.index_select(0, ei[0]) + s["shifts"]
+        return torch.linalg.norm(vec, dim=-1) < self.r_max
+
+    def _edges(self) -> Dict[str, torch.Tensor]:
+        """The model's input: the first ``capacity`` candidates after the partition (no host sync)."""
+        s = self._static
+        with torch.no_grad():
+            within = self._within()
+            self._count.copy_(within.sum())
+            order = torch.sort(torch.logical_not(within), stable=True).indices[:self._capacity]
+            return dict(s, edge_index=s["edge_index"].index_select(1, order), shifts=s["shifts"].index_select(0, order),
+                        unit_shifts=s["unit_shifts"].index_select(0, order))
+
     def _run(self, g: int, stress: bool) -> Dict[str, torch.Tensor]:
         s = self._static
+        data = self._edges()
         with trusted_inputs(node_feats=False):
-            out = self.model(s, compute_force=True, compute_virials=stress, compute_stress=False, training=False)
+            out = self.model(data, compute_force=True, compute_virials=stress, compute_stress=False, training=False)
         res = {"energy": out["energy"][:g], "node_energy": out["node_energy"], "forces": out["forces"]}
         if stress:
             cell = s["cell"].view(-1, 3, 3)[:g]
@@ -187,6 +219,12 @@ class GraphedModel:
             warnings.warn(f"equikernels: CUDA graph capture failed ({self.disabled_reason}); evaluating eagerly",
                           RuntimeWarning)
 
+    def _call(self, g: int, stress: bool) -> Dict[str, torch.Tensor]:
+        if self._graph is not None:
+            self._graph.replay()
+            return self._out
+        return self._run(g, stress)
+
     def __call__(self, data: Dict[str, torch.Tensor], compute_stress: bool = False) -> Dict[str, torch.Tensor]:
         pos, ei = data["positions"], data["edge_index"]
         n, e = pos.shape[0], ei.shape[1]
@@ -204,13 +242,18 @@ class GraphedModel:
             self._shape = (nb, eb) + key
             self.num_shapes += 1
         changed = self._load(data, n, e, g)
+        if self._capacity is None:
+            with torch.no_grad():
+                self._set_capacity(int(self._within().sum()))
+            changed = True
         if new_shape or changed:
             self._capture(g, compute_stress)
-        if self._graph is not None:
-            self._graph.replay()
-            out = self._out
-        else:
-            out = self._run(g, compute_stress)
+        out = self._call(g, compute_stress)
+        count = int(self._count)
+        if count > self._capacity:  # more edges within the cutoff than the model saw: grow, repeat
+            self._set_capacity(count)
+            self._capture(g, compute_stress)
+            out = self._call(g, compute_stress)
         res = {"energy": out["energy"], "node_energy": out["node_energy"][:n], "forces": out["forces"][:n]}
         if compute_stress:
             res["stress"] = out["stress"]

@@ -97,7 +97,25 @@ def test_candidate_edges_beyond_cutoff_change_nothing(model):
     data = atoms_to_data(atoms, r_max, ELEMENTS, dtype=torch.float64)
     wide = atoms_to_data(atoms, r_max + 1.0, ELEMENTS, dtype=torch.float64)  # pairs up to r_max + 1
     assert wide["edge_index"].shape[1] > data["edge_index"].shape[1]
-    _close(GraphedModel(model, capture=False)(wide, compute_stress=True), _direct(model, data, True))
+    g = GraphedModel(model, capture=False)
+    _close(g(wide, compute_stress=True), _direct(model, data, True))
+    # the model saw the edges within the cutoff plus headroom, not every candidate
+    assert int(g._count) == data["edge_index"].shape[1]
+    assert int(g._count) <= g._capacity < wide["edge_index"].shape[1]
+
+
+def test_capacity_grows_when_more_edges_are_within(model):
+    """More candidates within the cutoff than the capacity: it grows and the call is repeated."""
+    atoms = crystal()
+    r_max = float(model.r_max)
+    wide = atoms_to_data(atoms, r_max + 1.0, ELEMENTS, dtype=torch.float64)
+    ref = _direct(model, atoms_to_data(atoms, r_max, ELEMENTS, dtype=torch.float64), False)
+    g = GraphedModel(model, capture=False)
+    _close(g(wide), ref)
+    count = int(g._count)
+    g._capacity = count // 2  # as if the structure had gained edges since the capacity was set
+    _close(g(wide), ref)
+    assert g._capacity >= count
 
 
 def test_buckets_are_reused_and_changed(model):
