@@ -2,10 +2,12 @@
 
 e3nn's Gate extracts its three input groups into fresh zero tensors with one in-place copy per irreps
 block, multiplies the gated irreps by their gates through an ``ElementwiseTensorProduct`` and
-concatenates: each copy and product is its own autograd node. Here each group is one slice of the
-input (or a concatenation of slices), each gate is broadcast over its irrep's components by one
-index, and the gated block is one multiplication; the activations are the module's own
-``Activation`` submodules (its normalisation constants and parities). Same submodules, no
+concatenates: each copy and product is its own autograd node. Here the input is one ``split`` at
+every group boundary, each group its piece (or its pieces concatenated), each gate is broadcast
+over its irrep's components by one index, and the gated block is one multiplication; the
+activations are the module's own ``Activation`` submodules (their functions and normalisation
+constants), their blocks split the same way. A split's backward is one concatenation, where a
+slice's is a zero-filled copy of the whole input, added to the others. Same submodules, no
 parameters; the fused forward is checked against e3nn's on a random input when the adapter runs.
 """
 from __future__ import annotations
@@ -41,14 +43,6 @@ def _group_slices(extract) -> List[Slices]:
     return groups
 
 
-def _take(x: torch.Tensor, slices: Slices) -> torch.Tensor:
-    if len(slices) == 1:
-        return x.narrow(-1, *slices[0])
-    if not slices:
-        return x.narrow(-1, 0, 0)
-    return torch.cat([x.narrow(-1, s, n) for s, n in slices], dim=-1)
-
-
 def _expand_index(irreps_gated) -> torch.Tensor:
     """For every column of the gated features (e3nn's mul_ir layout), the index of its gate."""
     idx, g = [], 0
@@ -58,9 +52,39 @@ def _expand_index(irreps_gated) -> torch.Tensor:
     return torch.cat(idx) if idx else torch.zeros(0, dtype=torch.long)
 
 
+def _segments(groups: List[Slices], dim: int) -> Tuple[List[int], List[List[int]]]:
+    """The input cut at every slice boundary: (segment sizes covering [0, dim), per group the indices
+    of its segments in order)."""
+    cuts = sorted({0, dim} | {b for slices in groups for s, n in slices for b in (s, s + n)})
+    index = {start: k for k, start in enumerate(cuts[:-1])}
+    sizes = [b - a for a, b in zip(cuts[:-1], cuts[1:])]
+    members = []
+    for slices in groups:
+        ids = []
+        for s, n in slices:
+            k = index[s]
+            while cuts[k] < s + n:
+                ids.append(k)
+                k += 1
+        members.append(ids)
+    return sizes, members
+
+
+def _activate(activation: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """e3nn's ``Activation`` of ``x`` [..., irreps_in.dim], its blocks one ``split`` of ``x``."""
+    acts = list(activation.acts)
+    if not acts:
+        return torch.zeros_like(x)
+    if len(acts) == 1:
+        return x if acts[0] is None else acts[0](x)
+    parts = x.split([mul * ir.dim for mul, ir in activation.irreps_in], dim=-1)
+    return torch.cat([p if a is None else a(p) for a, p in zip(acts, parts)], dim=-1)
+
+
 class _GatePlan:
     def __init__(self, gate: nn.Module):
         self.scalars, self.gates, self.gated = _group_slices(gate.sc.cut)
+        self.split = _segments([self.scalars, self.gates, self.gated], gate.irreps_in.dim)
         self.expand = _expand_index(gate.irreps_gated)
         self._on = {}
 
@@ -73,18 +97,23 @@ class _GatePlan:
 
 def _plan(gate: nn.Module) -> _GatePlan:
     plan = gate.__dict__.get("_ek_gate")
-    if plan is None:  # after unpickling
+    if plan is None or not hasattr(plan, "split"):  # after unpickling (or pickled by an earlier version)
         plan = gate.__dict__["_ek_gate"] = _GatePlan(gate)
     return plan
 
 
 def _fused(gate: nn.Module, features: torch.Tensor) -> torch.Tensor:
     plan = _plan(gate)
-    scalars = gate.act_scalars(_take(features, plan.scalars))
+    sizes, members = plan.split
+    parts = features.split(sizes, dim=-1)
+    scalars, gates, gated = (parts[ids[0]] if len(ids) == 1 else
+                             torch.cat([parts[k] for k in ids], dim=-1) if ids else features.narrow(-1, 0, 0)
+                             for ids in members)
+    scalars = _activate(gate.act_scalars, scalars)
     if not plan.gates:
         return scalars
-    gates = gate.act_gates(_take(features, plan.gates))
-    gated = _take(features, plan.gated) * gates.index_select(-1, plan.expand_on(features.device))
+    gates = _activate(gate.act_gates, gates)
+    gated = gated * gates.index_select(-1, plan.expand_on(features.device))
     return torch.cat([scalars, gated], dim=-1)
 
 

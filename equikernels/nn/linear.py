@@ -33,7 +33,7 @@ __all__ = ["Linear"]
 # not FLOPs (SevenNet-0's 480-wide linears on 1,728 atoms: 4e8)
 DENSE_MAX_MACS = 5e8
 DENSE_DEVICES = ("cuda",)
-_DENSE_CACHES = ("_dense_idx", "_dense_w", "_dense_dev")
+_DENSE_CACHES = ("_dense_idx", "_dense_w", "_dense_dev", "_dense_gather")
 # where the per-block path keeps its input instead of the regrouped copies the weight gradient reads,
 # making them again in the backward: on CUDA memory is what limits the system size, on the CPU time
 RECOMPUTE_DEVICES = ("cuda",)
@@ -375,28 +375,41 @@ class Linear(nn.Module):
         self.__dict__["_dense_idx"] = idx
         return idx
 
-    def _dense_weight(self, w: torch.Tensor, idx) -> torch.Tensor:
-        """[dim_in, dim_out]: the scaled weights ``w`` at their places, zeros elsewhere. With a frozen
-        parameter ``w`` is ``_scaled_weight``'s kept tensor, and the matrix is kept beside it."""
+    def _dense_weight(self, alpha, dtype: torch.dtype, idx) -> torch.Tensor:
+        """[dim_in, dim_out] in ``dtype``: the weights times their path weights at their places, zeros
+        elsewhere. A frozen weight's matrix is kept between calls; a trained one's is three
+        operations (the zero-padded weights gathered to every place, times the path weights there)."""
+        w = self.weight
+        din, dout = self.irreps_in.dim, self.irreps_out.dim
+        if w.requires_grad or torch.compiler.is_compiling():
+            key = (w.device, w.dtype)
+            gather = self.__dict__.setdefault("_dense_gather", {})
+            if key not in gather:
+                flat, src = idx
+                place = torch.full((din * dout,), w.numel(), dtype=torch.long)
+                place[flat] = src
+                scale = torch.zeros(din * dout, dtype=torch.float64)
+                scale[flat] = alpha["cpu64"].reshape(-1)[src]
+                gather[key] = (place.to(w.device), scale.to(device=w.device, dtype=w.dtype))
+            place, scale = gather[key]
+            dense = torch.nn.functional.pad(w, (0, 1)).index_select(0, place).mul_(scale)
+            return dense.view(din, dout).to(dtype)
+        ws = self._scaled_weight(alpha, dtype)
         cached = self.__dict__.get("_dense_w")
-        frozen = not self.weight.requires_grad and not torch.compiler.is_compiling()
-        if frozen and cached is not None and cached[0] is w and cached[2] == w._version:
+        if cached is not None and cached[0] is ws and cached[2] == ws._version:
             return cached[1]
         dev = self.__dict__.setdefault("_dense_dev", {})
-        if w.device not in dev:
-            dev[w.device] = (idx[0].to(w.device), idx[1].to(w.device))
-        flat, src = dev[w.device]
-        din, dout = self.irreps_in.dim, self.irreps_out.dim
-        dense = w.new_zeros(din * dout).index_copy(0, flat, w.index_select(0, src)).view(din, dout)
-        if frozen:
-            self.__dict__["_dense_w"] = (w, dense, w._version)  # holds w: its identity stays unique
+        if ws.device not in dev:
+            dev[ws.device] = (idx[0].to(ws.device), idx[1].to(ws.device))
+        flat, src = dev[ws.device]
+        dense = ws.new_zeros(din * dout).index_copy(0, flat, ws.index_select(0, src)).view(din, dout)
+        self.__dict__["_dense_w"] = (ws, dense, ws._version)  # holds ws: its identity stays unique
         return dense
 
     def _fast(self, features: torch.Tensor, plan) -> torch.Tensor:
         """One matmul per instruction on a strided view of the block (no einsum, no per-call checks);
         on small CUDA inputs one matmul with the dense weight."""
         blocks, alpha = plan
-        w = self._scaled_weight(alpha, features.dtype)
         lead = features.shape[:-1]
         x = features.reshape(-1, features.shape[-1])
         n = x.shape[0]
@@ -404,8 +417,9 @@ class Linear(nn.Module):
                 and not torch.compiler.is_compiling()):
             idx = self._dense_index(plan)
             if idx is not None:
-                out = torch.mm(x, self._dense_weight(w, idx))
+                out = torch.mm(x, self._dense_weight(alpha, features.dtype, idx))
                 return out.view(lead + (out.shape[-1],))
+        w = self._scaled_weight(alpha, features.dtype)
         ir_mul = self.layout == "ir_mul"
         # one split (its backward is one cat) rather than a narrow per block (each a zero-filled slice backward)
         parts = x.split(self._in_sizes(), dim=1)

@@ -70,3 +70,33 @@ def test_a_gate_subclass_with_its_own_forward_is_left_alone():
     model = torch.nn.Sequential(Custom("2x0e", [torch.tanh], "1x0e", [torch.sigmoid], "1x1o"))
     report = equikernels.accelerate(model)
     assert any(n == "0" and "overrides forward" in why for n, _, why in report.not_fused), str(report)
+
+
+def _backward_nodes(out):
+    names, stack, seen = [], [out.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.append(node.name())
+        stack.extend(f for f, _ in node.next_functions)
+    return names
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_groups_and_activation_blocks_are_one_split(case):
+    """The backward concatenates the groups' gradients once: no slice whose backward zero-fills a
+    copy of the whole input."""
+    _, acc, _ = _gates(case)
+    x = torch.randn(5, acc.irreps_in.dim, dtype=torch.float64, requires_grad=True)
+    names = _backward_nodes(acc(x))
+    assert "SliceBackward0" not in names, names
+    assert names.count("SplitWithSizesBackward0") >= 1, names
+
+
+def test_a_plan_pickled_by_an_earlier_version_is_rebuilt():
+    gate, acc, _ = _gates("mixed")
+    del acc.__dict__["_ek_gate"].split  # as pickled before the plan had a split
+    x = torch.randn(4, gate.irreps_in.dim)
+    torch.testing.assert_close(acc(x), gate(x))
