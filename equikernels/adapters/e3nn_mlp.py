@@ -10,7 +10,7 @@ while no weight requires a gradient and none has changed.
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -53,11 +53,13 @@ def _factors(net: nn.Module) -> Tuple[List[float], list, float]:
     return scales, gates, carried
 
 
-def _weights(net: nn.Module) -> List[torch.Tensor]:
+def _frozen_weights(net: nn.Module) -> Optional[List[torch.Tensor]]:
+    """The scaled weights, kept between calls while no weight takes gradients and none changed;
+    None when one takes gradients (each product then applies its scale itself)."""
     scales = net.__dict__["_ek_mlp"][0]
     ws = [layer.weight for layer in _layers(net)]
     if any(w.requires_grad for w in ws) or torch.compiler.is_compiling():
-        return [w * s for w, s in zip(ws, scales)]
+        return None
     key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in ws)
     cached = net.__dict__.get("_ek_mlp_w")
     if cached is None or cached[0] != key:
@@ -69,11 +71,22 @@ def _overrides(cls: type) -> dict:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if "_ek_mlp" not in self.__dict__:  # after unpickling
             self.__dict__["_ek_mlp"] = _factors(self)
-        _, gates, tail = self.__dict__["_ek_mlp"]
-        for w, gate in zip(_weights(self), gates):
-            x = x @ w
-            if gate is not None:
-                x = gate(x)
+        scales, gates, tail = self.__dict__["_ek_mlp"]
+        frozen = _frozen_weights(self)
+        if frozen is None:  # the scale as the product's alpha: one operation, no scaled copy per call
+            zeros = self.__dict__.setdefault("_ek_zero", {})  # addmm's ignored input, kept per device and dtype
+            zero = zeros.get((x.device, x.dtype))
+            if zero is None:
+                zero = zeros[(x.device, x.dtype)] = x.new_zeros(())
+            for layer, s, gate in zip(_layers(self), scales, gates):
+                x = torch.addmm(zero, x, layer.weight, beta=0, alpha=s)
+                if gate is not None:
+                    x = gate(x)
+        else:
+            for w, gate in zip(frozen, gates):
+                x = x @ w
+                if gate is not None:
+                    x = gate(x)
         return x if tail == 1.0 else x * tail
 
     forward.__doc__ = "e3nn's FullyConnectedNet forward, its constants folded into the weights."

@@ -95,6 +95,18 @@ def test_no_elementwise_pass_over_the_activations():
     assert not [op for op in seen.ops if op[0] in ("mul", "div") and any(s and s[0] == 13 for s in op[1])], seen.ops
 
 
+def test_trained_weights_are_not_scaled_per_call():
+    """Weights that take gradients: each layer is one product whose alpha is the layer's scale."""
+    net, acc, _ = _nets(CASES["silu"])
+    x = torch.randn(13, 6, dtype=torch.float64)
+    acc(x)
+    with _Ops() as seen:
+        out = acc(x)
+    names = [n for n, _ in seen.ops]
+    assert names.count("addmm") == 3 and "mul" not in names and "mm" not in names, seen.ops
+    torch.testing.assert_close(out, net(x), rtol=1e-13, atol=1e-13)
+
+
 def test_silu_second_derivative_in_one_pass_per_layer(monkeypatch):
     """Force training differentiates the MLP twice: each SiLU layer's second derivative is the fused
     ``ops.silu`` pass, with e3nn's values."""
