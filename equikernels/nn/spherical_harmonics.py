@@ -141,13 +141,18 @@ class SphericalHarmonics(nn.Module):
         perm = ir_mul_permutation(self.irreps_out) if layout == "ir_mul" else None
         self.register_buffer("_perm", perm, persistent=False)  # e3nn's module has no state to mirror
 
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("_poly_on", None)  # per-device copies: made again on first use, not saved
+        return state
+
     def __setstate__(self, state) -> None:
         super().__setstate__(state)
+        self.__dict__.setdefault("_poly_on", {})
         if "_ts_factors" not in self.__dict__:  # pickled by an earlier version
             self._ts_factors = _block_factors(self._impl[0])
-        if "_poly" not in self.__dict__:
+        if "_poly" not in self.__dict__:  # pickled by an earlier version
             self._poly = _fit(self._impl[0], self.normalize) if 1 <= self._lmax <= POLY_MAX_L else None
-            self._poly_on = {}
 
     def __repr__(self) -> str:
         lay = "" if self.layout == "mul_ir" else f", layout={self.layout}"

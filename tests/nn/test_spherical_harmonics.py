@@ -95,7 +95,10 @@ def test_zero_vector_as_e3nn(product_path):
 def test_pickled_and_older_pickles(product_path):
     ours = ek.SphericalHarmonics([0, 1, 2, 3], True, "component")
     v = torch.randn(8, 3, dtype=torch.float64)
+    ours(v)
+    assert ours._poly_on  # the per-device copies made
     again = pickle.loads(pickle.dumps(ours))
+    assert again._poly_on == {}  # not saved: made again on first use
     assert torch.equal(again(v), ours(v))
     state = dict(ours.__dict__)
     del state["_poly"], state["_poly_on"]  # as pickled before the product path existed
