@@ -133,3 +133,14 @@ def test_float32_under_tf32_cuda():
     out_ref = ref(v)
     (g_ref,) = torch.autograd.grad(out_ref, v, torch.ones_like(out_ref))
     assert _rel(out, out_ref) <= 1e-6 and _rel(g, g_ref) <= 1e-5
+
+
+def test_traced_whole_by_torch_compile(product_path):
+    ref = ek.SphericalHarmonics([0, 1, 2, 3], True, "component")
+    fresh = ek.SphericalHarmonics([0, 1, 2, 3], True, "component")  # its coefficient copy made inside the trace
+    v = torch.randn(20, 3, requires_grad=True)
+    out = torch.compile(fresh, backend="aot_eager", fullgraph=True)(v)
+    assert _rel(out, ref(v)) <= 1e-6
+    (g,) = torch.autograd.grad(out.sum(), v)
+    (g_ref,) = torch.autograd.grad(ref(v).sum(), v)
+    assert _rel(g, g_ref) <= 1e-5
