@@ -75,7 +75,6 @@ def test_cpu_default_keeps_the_copies(monkeypatch):
     assert L._Recipes.for_call(ours.weight, torch.zeros(1, ours.irreps_in.dim, dtype=torch.float64)) is None
 
 
-
 def test_torch_func_transforms_run_without_the_hooks(remade):
     """torch.func refuses saved-tensor hooks: under jacrev the copies are kept as before."""
     ref, ours = linear_pair(*CASES[0], "mul_ir")
