@@ -8,6 +8,8 @@ Groups (each cell is one implementation of one measurement, all in one process):
 * ``conv``: the graph convolution at 10,192 Cu atoms (795,010 edges), fwd / bwd / dbwd, float32;
 * ``mace``: MACE-MP-medium-shaped E+F and E+F+S at 1,008 and 10,192 atoms, float32 and float64;
   each cell timed in ``mace_rounds`` rounds, the implementations taking turns, the fastest counting;
+* ``md``: ASE Langevin MD through each library's calculator, MACE-MP-medium shape, float32, at
+  1,008 and 10,192 atoms (``bench.md``), ms per step; rounds as the ``mace`` group;
 * ``model``: the user's ``--model`` file (equikernels only), E+F and E+F+S at 1,008 atoms.
 
 ``quick`` keeps three problems at 20,000 rows, the convolution at 1,008 atoms and float32 MACE at
@@ -26,6 +28,7 @@ import torch
 from ..catalog import standard_problems
 from . import conv as CV
 from . import mace as MC
+from . import md as MD
 from . import timing as T
 from . import tp as TP
 from .compare import SCHEMA
@@ -48,7 +51,7 @@ class Options:
     quick: bool = False
     problems: Sequence[str] = FULL_PROBLEMS
     impls: Sequence[str] = ALL_IMPLS
-    groups: Sequence[str] = ("conv", "mace", "tp")
+    groups: Sequence[str] = ("conv", "mace", "md", "tp")
     model: Optional[str] = None
     target_ms: float = 200.0
     # MACE cells are timed this many times, the implementations taking turns; the fastest round
@@ -245,6 +248,56 @@ def run_mace(opts: Options, device, cells: List[dict]) -> None:
         T.free_memory(device)
 
 
+def run_md(opts: Options, device, cells: List[dict]) -> None:
+    systems = (1008,) if opts.quick else (1008, 10192)
+    dn = "float32"
+    impls = [MACE_NAMES[i] for i in ALL_IMPLS if i in opts.impls and MACE_NAMES[i] in MD.CALCULATORS]
+    ids = {a: f"md/{dn}/{a}atoms/step" for a in systems}
+    try:
+        ref64 = MD.md_model(torch.float64)
+        model64 = MC.build("mace-e3nn", ref64, torch.float64, device)
+    except Exception as exc:
+        fail = _failed(exc)
+        cells += [_cell(ids[a], "md", impl, **fail) for a in systems for impl in impls]
+        opts.log(f"md: {fail['status']}: {fail['error'][:160]}")
+        return
+    for a in systems:
+        atoms = MC.cu_atoms(a)
+        ref = MD.reference_forces(model64, atoms, device)
+        runners: Dict[str, object] = {}
+        for impl in impls:
+            try:
+                calc = MD.calculator(impl, ref64, dn, device)
+                runners[impl] = (MD.step_runner(calc, atoms), MD.force_error(calc, atoms, ref))
+            except Exception as exc:
+                runners[impl] = _failed(exc)
+        done: Dict[str, dict] = {}
+        for rnd in range(opts.mace_rounds):  # the calculators take turns, round after round
+            for impl, r in runners.items():
+                prev = done.get(impl)
+                if isinstance(r, dict) or (prev is not None and prev["status"] != "ok"):
+                    done.setdefault(impl, _cell(ids[a], "md", impl, **r) if isinstance(r, dict) else prev)
+                    continue
+                if opts.out_of_time():
+                    done.setdefault(impl, _cell(ids[a], "md", impl, "skipped", error="time budget spent"))
+                    continue
+                try:
+                    T.reset_peak(device)
+                    t = r[0](10 * opts.target_ms)
+                    rounds = (prev["ms_rounds"] if prev is not None else []) + [t["ms"]]
+                    if prev is not None and prev["ms"] <= t["ms"]:
+                        t = {k: prev[k] for k in t}
+                    done[impl] = _cell(ids[a], "md", impl, "ok", atoms=a, **t, ms_rounds=rounds,
+                                       peak_gib=T.peak_gib(device), err=r[1], tol=MACE_TOL[dn])
+                except Exception as exc:
+                    done[impl] = _cell(ids[a], "md", impl, **_failed(exc))
+        for c in done.values():
+            opts.log(_line(c))
+        cells.extend(done.values())
+        del runners
+        T.free_memory(device)
+
+
 def run_model(opts: Options, device, cells: List[dict]) -> None:
     base = os.path.basename(opts.model)
     for dn in ("float32", "float64"):
@@ -283,7 +336,7 @@ def run_suite(opts: Options, device: torch.device) -> dict:
             "copy": T.copy_bandwidth(device), "cells": [],
             "scope": {"groups": list(opts.groups) + (["model"] if opts.model else []), "problems": list(opts.problems)}}
     opts.log(f"{data['env'].get('gpu')}: device-to-device copy {data['copy']['gbps_median']:.0f} GB/s")
-    runners = {"tp": run_tp, "conv": run_conv, "mace": run_mace}
+    runners = {"tp": run_tp, "conv": run_conv, "mace": run_mace, "md": run_md}
     for g in opts.groups:
         runners[g](opts, device, data["cells"])
     if opts.model:

@@ -1,8 +1,8 @@
 """``equikernels bench``: the side-by-side benchmark suite on a GPU, and the regression guard.
 
 Runs the batched tensor product (fwd / bwd / dbwd on the standard problems), the graph convolution
-and MACE (E+F and E+F+S at ~1k and ~10k atoms, float32 and float64) with equikernels next to e3nn,
-cuEquivariance and OpenEquivariance (whichever are installed; absent ones are reported as absent),
+MACE (E+F and E+F+S at ~1k and ~10k atoms, float32 and float64) and MD through ASE (ms per step at
+~1k and ~10k atoms) with equikernels next to e3nn, cuEquivariance and OpenEquivariance (whichever are installed; absent ones are reported as absent),
 checks every result against e3nn in float64 and writes ``<gpu-kind>.json``, ``<gpu-kind>.md`` and
 two plots to ``--out``.
 
@@ -20,6 +20,8 @@ import json
 import sys
 from pathlib import Path
 
+GROUPS = ("conv", "mace", "md", "tp")
+
 
 def register(sub) -> None:
     from ..bench.compare import DEFAULT_MARGIN, DEFAULT_SLACK_MS
@@ -31,7 +33,8 @@ def register(sub) -> None:
                    "convolution at 1,008 atoms, float32 MACE at 1,008 atoms)")
     p.add_argument("--problems", default=None, help="comma-separated standard problems for the batched "
                    "product, or 'all' (default: all but nequip-revmd17-benzene)")
-    p.add_argument("--groups", default="conv,mace,tp", help="which groups to run, of conv,mace,tp (default all)")
+    p.add_argument("--groups", default=",".join(GROUPS), help=f"which groups to run, of {','.join(GROUPS)} "
+                   "(default all)")
     p.add_argument("--impls", default="equikernels,e3nn,cuequivariance,openequivariance",
                    help="implementations to run (default: all; absent ones are reported as absent)")
     p.add_argument("--model", default=None, help="also time this model file (mace-torch .model or ours)")
@@ -116,7 +119,7 @@ def run(args) -> int:
         raise FileNotFoundError(f"--model: {args.model!r} is not a file")
     opts = suite.Options(quick=args.quick, problems=problems, model=args.model, target_ms=args.target_ms,
                          impls=_list(args.impls, suite.ALL_IMPLS, "--impls"),
-                         groups=_list(args.groups, ("conv", "mace", "tp"), "--groups"),
+                         groups=_list(args.groups, GROUPS, "--groups"),
                          time_budget_s=args.time_budget_s, log=lambda s: print(s, flush=True))
     data = suite.run_suite(opts, device)
     written = _write(data, Path(args.out))
