@@ -1,5 +1,6 @@
 """The suite's MD group: calculators take turns round after round, the fastest round is the cell's
 result, a calculator that cannot be made is reported as a cell, never dropped."""
+import pytest
 import torch
 
 from equikernels.bench import md as MD
@@ -46,3 +47,23 @@ def test_md_cells_keep_their_fastest_round_and_report_absent_calculators(monkeyp
 
 def test_ns_per_day_of_a_one_femtosecond_step():
     assert abs(MD.ns_per_day(86.4) - 1.0) < 1e-12  # 1e6 steps of 1 fs a day at 86.4 ms per step
+
+
+def test_md_cells_are_timed_when_the_reference_cannot_run(monkeypatch):
+    def no_reference(model, atoms, device):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(MD, "md_model", lambda dtype: "ref")
+    monkeypatch.setattr(suite.MC, "build", lambda impl, ref, dtype, device: "model64")
+    monkeypatch.setattr(suite.MC, "cu_atoms", lambda n: ["atom"] * 3)
+    monkeypatch.setattr(MD, "reference_forces", no_reference)
+    monkeypatch.setattr(MD, "calculator", lambda impl, model, dtype_name, device: impl)
+    monkeypatch.setattr(MD, "step_runner", lambda calc, atoms: lambda target_ms: {
+        "ms": 7.0, "ns_per_day": MD.ns_per_day(7.0), "steps": 10, "temperature_K": 300.0})
+    monkeypatch.setattr(MD, "force_error", lambda calc, atoms, ref: pytest.fail("compared with no reference"))
+    logged = []
+    opts = suite.Options(quick=True, impls=("equikernels",), groups=("md",), mace_rounds=1, log=logged.append)
+    cells = []
+    suite.run_md(opts, torch.device("cpu"), cells)
+    assert [(c["impl"], c["status"], c["ms"], c["err"]) for c in cells] == [("equikernels", "ok", 7.0, None)]
+    assert any("reference at 1008 atoms failed" in line for line in logged)
