@@ -72,12 +72,12 @@ def mace_model(avg_num_neighbors: float, dtype: torch.dtype = torch.float64, *,
             atomic_inter_shift=atomic_inter_shift).to(dtype)
 
 
-def build(impl: str, ref64, dtype, device) -> torch.nn.Module:
+def build(impl: str, ref64, dtype, device, frozen: bool = True) -> torch.nn.Module:
     """``impl`` made from the float64 mace-torch model ``ref64`` (not modified), in ``dtype``, in
-    eval mode with its parameters frozen, as the ASE calculators (ours and mace-torch's) run it."""
+    eval mode with its parameters frozen (``frozen``), as the ASE calculators (ours and mace-torch's) run it."""
     model = _build(impl, ref64, dtype, device)
     for param in model.parameters():
-        param.requires_grad_(False)
+        param.requires_grad_(not frozen)
     return model
 
 

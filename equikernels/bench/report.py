@@ -11,7 +11,8 @@ from .timing import fmt_ms
 IMPL_ORDER = ("equikernels", "cuequivariance", "mace-cueq", "openequivariance", "mace-oeq", "e3nn", "mace-e3nn")
 TITLES = {"tp": "Batched tensor product (float32)", "conv": "Graph convolution (float32)",
           "mace": "MACE-MP-medium shape, one model call",
-          "md": "MD through ASE, MACE-MP-medium shape, float32 (milliseconds per step)", "model": "User model"}
+          "md": "MD through ASE, MACE-MP-medium shape, float32 (milliseconds per step)",
+          "train": "MACE training step, E+F loss, backward and Adam (milliseconds per step)", "model": "User model"}
 
 
 def _by_cell(cells: List[dict]) -> "OrderedDict[str, Dict[str, dict]]":

@@ -10,6 +10,8 @@ Groups (each cell is one implementation of one measurement, all in one process):
   each cell timed in ``mace_rounds`` rounds, the implementations taking turns, the fastest counting;
 * ``md``: ASE Langevin MD through each library's calculator, MACE-MP-medium shape, float32, at
   1,008 and 10,192 atoms (``bench.md``), ms per step; rounds as the ``mace`` group;
+* ``train``: the MACE training step (E+F loss, backward into the parameters, Adam) at 1,008 and
+  10,192 atoms, float32 for every library and bf16-mixed for equikernels (``bench.train``);
 * ``model``: the user's ``--model`` file (equikernels only), E+F and E+F+S at 1,008 atoms.
 
 ``quick`` keeps three problems at 20,000 rows, the convolution at 1,008 atoms and float32 MACE at
@@ -29,6 +31,7 @@ from ..catalog import standard_problems
 from . import conv as CV
 from . import mace as MC
 from . import md as MD
+from . import train as TR
 from . import timing as T
 from . import tp as TP
 from .compare import SCHEMA
@@ -39,6 +42,7 @@ FULL_PROBLEMS = ("mace-mp-medium-L2", "mace-large", "mace-medium", "nequip-water
 QUICK_PROBLEMS = ("mace-mp-medium-L2", "nequip-water", "tetris-poly-1")
 TOL = {"float32": 1e-4, "float64": 1e-9}  # relative error against e3nn in float64
 MACE_TOL = {"float32": 1e-4, "float64": 1e-8}
+BF16_TOL = 5e-2  # bf16-mixed MACE forces against float64 (relative; bf16 keeps 8 mantissa bits)
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 ALL_IMPLS = ("equikernels", "e3nn", "cuequivariance", "openequivariance")
 # the suite's implementation names for the MACE group
@@ -51,7 +55,7 @@ class Options:
     quick: bool = False
     problems: Sequence[str] = FULL_PROBLEMS
     impls: Sequence[str] = ALL_IMPLS
-    groups: Sequence[str] = ("conv", "mace", "md", "tp")
+    groups: Sequence[str] = ("conv", "mace", "md", "tp", "train")
     model: Optional[str] = None
     target_ms: float = 200.0
     # MACE cells are timed this many times, the implementations taking turns; the fastest round
@@ -303,6 +307,69 @@ def run_md(opts: Options, device, cells: List[dict]) -> None:
         T.free_memory(device)
 
 
+def run_train(opts: Options, device, cells: List[dict]) -> None:
+    systems = (1008,) if opts.quick else (1008, 10192)
+    variants = [("fp32", MACE_NAMES[i]) for i in ALL_IMPLS if i in opts.impls]
+    if "equikernels" in opts.impls:
+        variants.append(("bf16-mixed", "equikernels"))
+    try:
+        first = MC.cu_atoms(systems[0])
+        avg = MC.graph(first, 6.0, MC.Z_ALL, torch.float64, "cpu")["edge_index"].shape[1] / len(first)
+        ref64 = MC.mace_model(avg)
+        ref_dev = MC.build("mace-e3nn", ref64, torch.float64, device)
+    except Exception as exc:
+        fail = _failed(exc)
+        cells += [_cell(f"train/{p}/{a}atoms/E+F", "train", impl, **fail) for a in systems for p, impl in variants]
+        opts.log(f"train: {fail['status']}: {fail['error'][:160]}")
+        return
+    for a in systems:
+        atoms = MC.cu_atoms(a)
+        data = MC.graph(atoms, 6.0, MC.Z_ALL, torch.float32, device)
+        try:
+            ref = {k: v.detach() for k, v in MC.step(ref_dev, MC.graph(atoms, 6.0, MC.Z_ALL, torch.float64, device),
+                                                      False).items() if k in ("energy", "forces")}
+        except Exception as exc:  # mace-torch's float64 model runs out of memory at 10k atoms
+            ref = None
+            opts.log(f"train reference at {a} atoms failed: {T.describe_exception(exc, 160)}")
+        T.free_memory(device)
+        steps: Dict[tuple, object] = {}
+        for prec, impl in variants:
+            try:
+                model = TR.train_model(impl, ref64, prec, device)
+                err = None
+                if ref is not None:
+                    err = max(MC.errors(TR.forward(model, data), ref, False).values())
+                steps[(prec, impl)] = (TR.step_call(model, data), err)
+            except Exception as exc:
+                steps[(prec, impl)] = _failed(exc)
+        done: Dict[tuple, dict] = {}
+        for rnd in range(opts.mace_rounds):  # the implementations take turns, round after round
+            for key, st in steps.items():
+                cid, prev = f"train/{key[0]}/{a}atoms/E+F", done.get(key)
+                if isinstance(st, dict) or (prev is not None and prev["status"] != "ok"):
+                    done.setdefault(key, _cell(cid, "train", key[1], **st) if isinstance(st, dict) else prev)
+                    continue
+                if opts.out_of_time():
+                    done.setdefault(key, _cell(cid, "train", key[1], "skipped", error="time budget spent"))
+                    continue
+                try:
+                    t = _timed(st[0], device, opts.target_ms)
+                    rounds = (prev["ms_rounds"] if prev is not None else []) + [t["ms"]]
+                    if prev is not None and prev["ms"] <= t["ms"]:
+                        t = {k: prev[k] for k in t}
+                    done[key] = _cell(cid, "train", key[1], "ok", atoms=a, edges=int(data["edge_index"].shape[1]),
+                                      **t, ms_rounds=rounds, err=st[1],
+                                      tol=MACE_TOL["float32"] if key[0] == "fp32" else BF16_TOL)
+                except Exception as exc:
+                    done[key] = _cell(cid, "train", key[1], **_failed(exc))
+                T.free_memory(device)
+        for c in done.values():
+            opts.log(_line(c))
+        cells.extend(done.values())
+        del steps, data
+        T.free_memory(device)
+
+
 def run_model(opts: Options, device, cells: List[dict]) -> None:
     base = os.path.basename(opts.model)
     for dn in ("float32", "float64"):
@@ -341,7 +408,7 @@ def run_suite(opts: Options, device: torch.device) -> dict:
             "copy": T.copy_bandwidth(device), "cells": [],
             "scope": {"groups": list(opts.groups) + (["model"] if opts.model else []), "problems": list(opts.problems)}}
     opts.log(f"{data['env'].get('gpu')}: device-to-device copy {data['copy']['gbps_median']:.0f} GB/s")
-    runners = {"tp": run_tp, "conv": run_conv, "mace": run_mace, "md": run_md}
+    runners = {"tp": run_tp, "conv": run_conv, "mace": run_mace, "md": run_md, "train": run_train}
     for g in opts.groups:
         runners[g](opts, device, data["cells"])
     if opts.model:

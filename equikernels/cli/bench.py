@@ -1,8 +1,8 @@
 """``equikernels bench``: the side-by-side benchmark suite on a GPU, and the regression guard.
 
 Runs the batched tensor product (fwd / bwd / dbwd on the standard problems), the graph convolution
-MACE (E+F and E+F+S at ~1k and ~10k atoms, float32 and float64) and MD through ASE (ms per step at
-~1k and ~10k atoms) with equikernels next to e3nn, cuEquivariance and OpenEquivariance (whichever are installed; absent ones are reported as absent),
+MACE (E+F and E+F+S at ~1k and ~10k atoms, float32 and float64), MD through ASE (ms per step at
+~1k and ~10k atoms) and the MACE training step with equikernels next to e3nn, cuEquivariance and OpenEquivariance (whichever are installed; absent ones are reported as absent),
 checks every result against e3nn in float64 and writes ``<gpu-kind>.json``, ``<gpu-kind>.md`` and
 two plots to ``--out``.
 
@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-GROUPS = ("conv", "mace", "md", "tp")
+GROUPS = ("conv", "mace", "md", "tp", "train")
 
 
 def register(sub) -> None:
