@@ -371,3 +371,30 @@ def test_symmetric_contraction_generated_kernels_match_reference():
     for a, b in zip(*results):
         assert torch.allclose(a, b, rtol=1e-12, atol=1e-12 * float(a.abs().max()))
     assert gen.op._kernels[torch.float64] is not None  # really generated, not the fallback
+
+
+def test_conv_graph_kept_for_the_same_unchanged_edge_index(monkeypatch):
+    from equikernels.models import mace as mace_module
+
+    model = _model()
+    data = _one(_crystal())
+    builds = []
+    real = mace_module.ConvGraph.build
+
+    def counting(*args, **kwargs):
+        builds.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mace_module.ConvGraph, "build", staticmethod(counting))
+    first = model(dict(data))["forces"]
+    second = model(dict(data))["forces"]
+    assert len(builds) == 1 and torch.equal(first, second)
+    # the same tensor changed in place (its last two edges become copies of the first): rebuilt
+    ei, shifts = data["edge_index"], data["shifts"]
+    ei[:, -2:] = ei[:, :1]
+    shifts[-2:] = shifts[:1]
+    got = model(dict(data))["forces"]
+    assert len(builds) == 2
+    expected = model(dict(data, edge_index=ei.clone(), shifts=shifts.clone()))["forces"]  # another tensor: built
+    assert len(builds) == 3
+    assert torch.allclose(got, expected, atol=1e-12) and not torch.allclose(got, first, atol=1e-6)
