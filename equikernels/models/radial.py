@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..dtypes import HALF
+from ..ops import radial_basis
 from ..ops.silu import silu
 from . import hooks
 from .._compat import e3nn  # noqa: F401  (safe e3nn import before e3nn.math)
@@ -165,6 +166,9 @@ class RadialEmbedding(nn.Module):
         self.out_dim = num_bessel
 
     def forward(self, lengths, node_z, sender, receiver):
+        fused = self._fused(lengths)
+        if fused is not None:
+            return fused, None
         cutoff = self.cutoff(lengths)
         if self.transform is not None:
             lengths = self.transform(lengths, node_z, sender, receiver)
@@ -172,6 +176,24 @@ class RadialEmbedding(nn.Module):
         if not self.apply_cutoff:
             return radial, cutoff
         return radial * cutoff, None
+
+
+    def _fused(self, lengths: torch.Tensor) -> Optional[torch.Tensor]:
+        """Bessel basis times envelope as one op (ops/radial_basis.py) where its kernels run, else None."""
+        if not (isinstance(self.basis, BesselBasis) and self.transform is None and self.apply_cutoff
+                and lengths.dim() == 2 and lengths.shape[1] == 1 and radial_basis.fused_available(lengths)):
+            return None
+        p = _int_value(self.cutoff, "p")
+        if p is None or p < 1:
+            return None
+        b, c = self.basis, self.cutoff
+        key = tuple((t.data_ptr(), t._version, t.device) for t in (b.prefactor, c.r_max)) + (lengths.dtype,)
+        cached = self.__dict__.get("_consts")
+        if cached is None or cached[0] != key:  # held: the buffers' ids cannot be reused
+            consts = torch.stack([b.prefactor.reshape(()), c.r_max.reshape(())]).to(lengths.dtype)
+            cached = self.__dict__["_consts"] = (key, consts, (b.prefactor, c.r_max))
+        w = b.bessel_weights if b.bessel_weights.dtype == lengths.dtype else b.bessel_weights.to(lengths.dtype)
+        return radial_basis.bessel_envelope(lengths, w, cached[1], p)
 
 
 class ZBLRepulsion(nn.Module):
