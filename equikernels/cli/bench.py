@@ -95,13 +95,11 @@ def run(args) -> int:
         return _check(args, load_run(args.results))
 
     import torch
-    if not torch.cuda.is_available():
-        raise RuntimeError("needs a CUDA GPU and none is visible (compare stored runs without one: "
-                           "--results RUN.json --check BASELINE.json)")
     from ..bench import suite
     from ..bench.environment import gpu_kind
     from ..catalog import standard_problems
 
+    # the arguments first: a mistyped one is named even where no GPU is visible
     names = list(standard_problems())
     if args.problems in (None, ""):
         problems = list(suite.QUICK_PROBLEMS if args.quick else suite.FULL_PROBLEMS)
@@ -109,18 +107,21 @@ def run(args) -> int:
         problems = names
     else:
         problems = _list(args.problems, names, "--problems")
+    impls, groups = _list(args.impls, suite.ALL_IMPLS, "--impls"), _list(args.groups, GROUPS, "--groups")
+    if args.model and not Path(args.model).is_file():
+        raise FileNotFoundError(f"--model: {args.model!r} is not a file")
+    if not torch.cuda.is_available():
+        raise RuntimeError("needs a CUDA GPU and none is visible (compare stored runs without one: "
+                           "--results RUN.json --check BASELINE.json)")
     device = torch.device("cuda")
     if args.check:  # fail before measuring when the baseline cannot be used
         base = load_run(args.check)
         if base["gpu_kind"] != gpu_kind(device):
             raise GPUKindMismatch(f"--check: {args.check} was measured on {base['gpu_kind']!r}, this GPU is "
                                   f"{gpu_kind(device)!r}; timings of different GPU kinds are not comparable")
-    if args.model and not Path(args.model).is_file():
-        raise FileNotFoundError(f"--model: {args.model!r} is not a file")
     opts = suite.Options(quick=args.quick, problems=problems, model=args.model, target_ms=args.target_ms,
-                         impls=_list(args.impls, suite.ALL_IMPLS, "--impls"),
-                         groups=_list(args.groups, GROUPS, "--groups"),
-                         time_budget_s=args.time_budget_s, log=lambda s: print(s, flush=True))
+                         impls=impls, groups=groups, time_budget_s=args.time_budget_s,
+                         log=lambda s: print(s, flush=True))
     data = suite.run_suite(opts, device)
     written = _write(data, Path(args.out))
     print("wrote " + ", ".join(str(p) for p in written), f"({data['wall_s']} s)")

@@ -104,6 +104,10 @@ def test_cli_help_and_no_cuda(capsys, monkeypatch):
     assert main(["bench", "--quick"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs a CUDA GPU" in err[0]
+    # a mistyped argument is named before the missing GPU
+    assert main(["bench", "--groups", "mace,mdd"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--groups" in err[0] and "mdd" in err[0] and "md" in err[0]
 
 
 def _only(run, *groups, problems=("mace-large",)):
