@@ -2,8 +2,8 @@
 equikernels' ``MACECalculator`` (its defaults: neighbour list with skin, CUDA graphs where the
 calculator takes them) and mace-torch's ``MACECalculator`` (plain e3nn or ``enable_cueq=True``),
 both on one mace-torch MACE of MACE-MP-0 medium's shape. Everything a user pays is timed: neighbour
-lists, host<->device copies, the integrator and the model. Correctness: forces of every calculator
-on the starting structure against mace-torch's model in float64.
+lists, host<->device copies, the integrator and the model. Correctness (``force_error``): forces of
+every calculator on the starting structure against mace-torch's model in float64.
 """
 from __future__ import annotations
 
@@ -23,9 +23,10 @@ WARMUP_STEPS = 10
 
 
 def md_model(dtype: torch.dtype, **shape) -> torch.nn.Module:
-    """The mace-torch model every calculator runs (``shape``: as ``mace.mace_model``). Random weights at unit scale give forces near
-    1e-4 eV/A, too flat for the force check to mean much; the interaction energy scaled by 1000
-    gives forces of a few tenths of eV/A, like a crystal at 300 K."""
+    """The mace-torch model every calculator runs (``shape``: as ``mace.mace_model``). Random
+    weights at unit scale give forces near 1e-4 eV/A, too flat for the force check to mean much;
+    the interaction energy scaled by 1000 gives forces of a few tenths of eV/A, like a crystal at
+    300 K."""
     return MC.mace_model(40.0, dtype, first_interaction="RealAgnosticInteractionBlock", atomic_inter_scale=1000.0,
                          atomic_inter_shift=0.0, **shape)
 
@@ -59,12 +60,6 @@ def force_error(calc, atoms, ref_forces: np.ndarray) -> float:
     a.calc = calc
     f = a.get_forces()
     return float(np.abs(f - ref_forces).max() / max(np.abs(ref_forces).max(), 1e-12))
-
-
-def reference_forces(model64: torch.nn.Module, atoms, device) -> np.ndarray:
-    """Forces of the float64 mace-torch model on ``atoms``."""
-    data = MC.graph(atoms, float(model64.r_max), MC.Z_ALL, torch.float64, device)
-    return MC.step(model64, data, False)["forces"].detach().cpu().numpy()
 
 
 class Run:

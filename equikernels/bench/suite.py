@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -96,6 +96,50 @@ def _failed(exc: BaseException) -> dict:
     if isinstance(exc, TP.Absent):
         return {"status": "absent", "error": str(exc)}
     return {"status": "oom" if T.is_oom(exc) else "error", "error": T.describe_exception(exc)}
+
+
+def _reference(opts: Options, group: str, model64, atoms, label: int, device, stress: bool) -> Optional[dict]:
+    """Energy, forces (and stress) of mace-torch's float64 model on ``atoms``; None, logged, where it
+    cannot run (it runs out of memory at 10k atoms on an 80 GB GPU)."""
+    try:
+        out = MC.step(model64, MC.graph(atoms, 6.0, MC.Z_ALL, torch.float64, device), stress)
+        return {k: v.detach() for k, v in out.items() if k in ("energy", "forces", "stress")}
+    except Exception as exc:
+        opts.log(f"{group} reference at {label} atoms failed: {T.describe_exception(exc, 160)}")
+        return None
+    finally:
+        T.free_memory(device)
+
+
+def _rounds(opts: Options, group: str, jobs: Dict[Tuple[str, str], object], run_job) -> List[dict]:
+    """The cells of ``jobs`` ({(cell id, impl): job, or a failure's cell fields}), each job timed once
+    per round for ``opts.mace_rounds`` rounds, the jobs taking turns (host speed drifts between
+    minutes). ``run_job(job)`` gives (timing fields with ``ms``, the cell's other fields); a cell keeps
+    its fastest round and every round's ``ms``, a job that fails once keeps its failure."""
+    done: Dict[Tuple[str, str], dict] = {}
+    for _ in range(opts.mace_rounds):
+        for (cid, impl), job in jobs.items():
+            prev = done.get((cid, impl))
+            if isinstance(job, dict):
+                done[(cid, impl)] = _cell(cid, group, impl, **job)
+                continue
+            if prev is not None and prev["status"] != "ok":
+                continue
+            if opts.out_of_time():
+                if prev is None:
+                    done[(cid, impl)] = _cell(cid, group, impl, "skipped", error="time budget spent")
+                continue
+            try:
+                t, extra = run_job(job)
+                rounds = (prev["ms_rounds"] if prev is not None else []) + [t["ms"]]
+                if prev is not None and prev["ms"] <= t["ms"]:
+                    t = {k: prev[k] for k in t}
+                done[(cid, impl)] = _cell(cid, group, impl, "ok", **t, **extra, ms_rounds=rounds)
+            except Exception as exc:
+                done[(cid, impl)] = _cell(cid, group, impl, **_failed(exc))
+    for c in done.values():
+        opts.log(_line(c))
+    return list(done.values())
 
 
 def run_tp(opts: Options, device, cells: List[dict]) -> None:
@@ -208,44 +252,25 @@ def run_mace(opts: Options, device, cells: List[dict]) -> None:
             data = MC.graph(atoms, 6.0, MC.Z_ALL, dtype, device)
             if ref_dev is None:
                 ref_dev = MC.build("mace-e3nn", ref64, torch.float64, device)
-            try:
-                ref = {k: v.detach() for k, v in MC.step(ref_dev, MC.graph(atoms, 6.0, MC.Z_ALL, torch.float64,
-                                                                             device), True).items()
-                       if k in ("energy", "forces", "stress")}
-            except Exception as exc:
-                ref = None
-                opts.log(f"mace reference at {a} atoms failed: {T.describe_exception(exc, 160)}")
-            T.free_memory(device)
-            done: Dict[tuple, dict] = {}
-            for rnd in range(opts.mace_rounds):  # the implementations take turns, round after round
-                for impl, model in models.items():
-                    for (mode, stress), cid in zip(modes, ids(dn, a)):
-                        prev = done.get((impl, cid))
-                        if isinstance(model, dict):
-                            done[(impl, cid)] = _cell(cid, "mace", impl, **model)
-                            continue
-                        if prev is not None and prev["status"] != "ok":
-                            continue
-                        if opts.out_of_time():
-                            if prev is None:
-                                done[(impl, cid)] = _cell(cid, "mace", impl, "skipped", error="time budget spent")
-                            continue
-                        try:
-                            err = prev["err"] if prev is not None else None
-                            if prev is None and ref is not None:
-                                err = max(MC.errors(MC.step(model, data, stress), ref, stress).values())
-                            t = _timed(MC.step_call(model, data, stress), device, opts.target_ms)
-                            rounds = (prev["ms_rounds"] if prev is not None else []) + [t["ms"]]
-                            if prev is not None and prev["ms"] <= t["ms"]:
-                                t = {k: prev[k] for k in t}
-                            c = _cell(cid, "mace", impl, "ok", atoms=a, edges=int(data["edge_index"].shape[1]), **t,
-                                      ms_rounds=rounds, err=err, tol=MACE_TOL[dn])
-                        except Exception as exc:
-                            c = _cell(cid, "mace", impl, **_failed(exc))
-                        done[(impl, cid)] = c
-                        if rnd == opts.mace_rounds - 1 or c["status"] != "ok":
-                            opts.log(_line(c))
-            cells.extend(done.values())
+            ref = _reference(opts, "mace", ref_dev, atoms, a, device, True)
+            jobs: Dict[Tuple[str, str], object] = {}
+            for impl, model in models.items():
+                for (mode, stress), cid in zip(modes, ids(dn, a)):
+                    if isinstance(model, dict):
+                        jobs[(cid, impl)] = model
+                        continue
+                    try:  # the error once, before the rounds
+                        err = (None if ref is None else
+                               max(MC.errors(MC.step(model, data, stress), ref, stress).values()))
+                        jobs[(cid, impl)] = (model, stress, err)
+                    except Exception as exc:
+                        jobs[(cid, impl)] = _failed(exc)
+
+            def run_job(job, a=a, data=data, dn=dn):
+                model, stress, err = job
+                return (_timed(MC.step_call(model, data, stress), device, opts.target_ms),
+                        dict(atoms=a, edges=int(data["edge_index"].shape[1]), err=err, tol=MACE_TOL[dn]))
+            cells.extend(_rounds(opts, "mace", jobs, run_job))
             del data
             T.free_memory(device)
         del models
@@ -267,43 +292,22 @@ def run_md(opts: Options, device, cells: List[dict]) -> None:
         return
     for a in systems:
         atoms = MC.cu_atoms(a)
-        try:
-            ref = MD.reference_forces(model64, atoms, device)
-        except Exception as exc:  # mace-torch's float64 model runs out of memory at 10k atoms
-            ref = None
-            opts.log(f"md reference at {a} atoms failed: {T.describe_exception(exc, 160)}")
-        T.free_memory(device)
-        runners: Dict[str, object] = {}
+        ref = _reference(opts, "md", model64, atoms, a, device, False)
+        jobs: Dict[Tuple[str, str], object] = {}
         for impl in impls:
             try:
                 calc = MD.calculator(impl, ref64, dn, device)
-                runners[impl] = (MD.step_runner(calc, atoms), None if ref is None else MD.force_error(calc, atoms, ref))
+                err = None if ref is None else MD.force_error(calc, atoms, ref["forces"].cpu().numpy())
+                jobs[(ids[a], impl)] = (MD.step_runner(calc, atoms), err)
             except Exception as exc:
-                runners[impl] = _failed(exc)
-        done: Dict[str, dict] = {}
-        for rnd in range(opts.mace_rounds):  # the calculators take turns, round after round
-            for impl, r in runners.items():
-                prev = done.get(impl)
-                if isinstance(r, dict) or (prev is not None and prev["status"] != "ok"):
-                    done.setdefault(impl, _cell(ids[a], "md", impl, **r) if isinstance(r, dict) else prev)
-                    continue
-                if opts.out_of_time():
-                    done.setdefault(impl, _cell(ids[a], "md", impl, "skipped", error="time budget spent"))
-                    continue
-                try:
-                    T.reset_peak(device)
-                    t = r[0](10 * opts.target_ms)
-                    rounds = (prev["ms_rounds"] if prev is not None else []) + [t["ms"]]
-                    if prev is not None and prev["ms"] <= t["ms"]:
-                        t = {k: prev[k] for k in t}
-                    done[impl] = _cell(ids[a], "md", impl, "ok", atoms=a, **t, ms_rounds=rounds,
-                                       peak_gib=T.peak_gib(device), err=r[1], tol=MACE_TOL[dn])
-                except Exception as exc:
-                    done[impl] = _cell(ids[a], "md", impl, **_failed(exc))
-        for c in done.values():
-            opts.log(_line(c))
-        cells.extend(done.values())
-        del runners
+                jobs[(ids[a], impl)] = _failed(exc)
+
+        def run_job(job, a=a):
+            T.reset_peak(device)
+            t = job[0](10 * opts.target_ms)
+            return dict(t, peak_gib=T.peak_gib(device)), dict(atoms=a, err=job[1], tol=MACE_TOL[dn])
+        cells.extend(_rounds(opts, "md", jobs, run_job))
+        del jobs
         T.free_memory(device)
 
 
@@ -325,48 +329,24 @@ def run_train(opts: Options, device, cells: List[dict]) -> None:
     for a in systems:
         atoms = MC.cu_atoms(a)
         data = MC.graph(atoms, 6.0, MC.Z_ALL, torch.float32, device)
-        try:
-            ref = {k: v.detach() for k, v in MC.step(ref_dev, MC.graph(atoms, 6.0, MC.Z_ALL, torch.float64, device),
-                                                      False).items() if k in ("energy", "forces")}
-        except Exception as exc:  # mace-torch's float64 model runs out of memory at 10k atoms
-            ref = None
-            opts.log(f"train reference at {a} atoms failed: {T.describe_exception(exc, 160)}")
-        T.free_memory(device)
-        steps: Dict[tuple, object] = {}
+        ref = _reference(opts, "train", ref_dev, atoms, a, device, False)
+        jobs: Dict[Tuple[str, str], object] = {}
         for prec, impl in variants:
+            cid = f"train/{prec}/{a}atoms/E+F"
             try:
                 model = TR.train_model(impl, ref64, prec, device)
-                err = None
-                if ref is not None:
-                    err = max(MC.errors(TR.forward(model, data), ref, False).values())
-                steps[(prec, impl)] = (TR.step_call(model, data), err)
+                err = None if ref is None else max(MC.errors(TR.forward(model, data), ref, False).values())
+                tol = MACE_TOL["float32"] if prec == "fp32" else BF16_TOL
+                jobs[(cid, impl)] = (TR.step_call(model, data), err, tol)
             except Exception as exc:
-                steps[(prec, impl)] = _failed(exc)
-        done: Dict[tuple, dict] = {}
-        for rnd in range(opts.mace_rounds):  # the implementations take turns, round after round
-            for key, st in steps.items():
-                cid, prev = f"train/{key[0]}/{a}atoms/E+F", done.get(key)
-                if isinstance(st, dict) or (prev is not None and prev["status"] != "ok"):
-                    done.setdefault(key, _cell(cid, "train", key[1], **st) if isinstance(st, dict) else prev)
-                    continue
-                if opts.out_of_time():
-                    done.setdefault(key, _cell(cid, "train", key[1], "skipped", error="time budget spent"))
-                    continue
-                try:
-                    t = _timed(st[0], device, opts.target_ms)
-                    rounds = (prev["ms_rounds"] if prev is not None else []) + [t["ms"]]
-                    if prev is not None and prev["ms"] <= t["ms"]:
-                        t = {k: prev[k] for k in t}
-                    done[key] = _cell(cid, "train", key[1], "ok", atoms=a, edges=int(data["edge_index"].shape[1]),
-                                      **t, ms_rounds=rounds, err=st[1],
-                                      tol=MACE_TOL["float32"] if key[0] == "fp32" else BF16_TOL)
-                except Exception as exc:
-                    done[key] = _cell(cid, "train", key[1], **_failed(exc))
-                T.free_memory(device)
-        for c in done.values():
-            opts.log(_line(c))
-        cells.extend(done.values())
-        del steps, data
+                jobs[(cid, impl)] = _failed(exc)
+
+        def run_job(job, a=a, edges=int(data["edge_index"].shape[1])):
+            t = _timed(job[0], device, opts.target_ms)
+            T.free_memory(device)
+            return t, dict(atoms=a, edges=edges, err=job[1], tol=job[2])
+        cells.extend(_rounds(opts, "train", jobs, run_job))
+        del jobs, data
         T.free_memory(device)
 
 

@@ -1,10 +1,11 @@
 """``equikernels bench``: the side-by-side benchmark suite on a GPU, and the regression guard.
 
-Runs the batched tensor product (fwd / bwd / dbwd on the standard problems), the graph convolution
+Runs the batched tensor product (fwd / bwd / dbwd on the standard problems), the graph convolution,
 MACE (E+F and E+F+S at ~1k and ~10k atoms, float32 and float64), MD through ASE (ms per step at
-~1k and ~10k atoms) and the MACE training step with equikernels next to e3nn, cuEquivariance and OpenEquivariance (whichever are installed; absent ones are reported as absent),
-checks every result against e3nn in float64 and writes ``<gpu-kind>.json``, ``<gpu-kind>.md`` and
-two plots to ``--out``.
+~1k and ~10k atoms) and the MACE training step with equikernels next to e3nn, cuEquivariance and
+OpenEquivariance (whichever are installed; absent ones are reported as absent), checks every
+result against e3nn in float64 and writes ``<gpu-kind>.json``, ``<gpu-kind>.md`` and two plots to
+``--out``.
 
 ``--check BASELINE.json`` compares the run with a stored run of the same GPU kind and exits with
 status 1 when a cell is slower than ``baseline x (1 + margin) + slack`` (default margin 10 %, slack

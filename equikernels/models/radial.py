@@ -179,7 +179,6 @@ class RadialEmbedding(nn.Module):
             return radial, cutoff
         return radial * cutoff, None
 
-
     def _fused(self, lengths: torch.Tensor) -> Optional[torch.Tensor]:
         """Bessel basis times envelope as one op (ops/radial_basis.py) where its kernels run, else None."""
         if not (isinstance(self.basis, BesselBasis) and self.transform is None and self.apply_cutoff

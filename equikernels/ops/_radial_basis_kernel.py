@@ -21,15 +21,21 @@ def _envelope(x, inside, P: tl.constexpr):
 
 
 @triton.jit
-def bessel_envelope_fwd(r_ptr, w_ptr, c_ptr, out_ptr, E, NB: tl.constexpr, NBP: tl.constexpr, P: tl.constexpr,
-                        BLOCK: tl.constexpr):
+def _block(r_ptr, w_ptr, c_ptr, E, NB: tl.constexpr, NBP: tl.constexpr, BLOCK: tl.constexpr):
+    """This program's edges and Bessel columns, their masks, lengths (1 where masked: no division
+    by zero), frequencies, prefactor and r_max."""
     e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     k = tl.arange(0, NBP)
     em, km = e < E, k < NB
     r = tl.load(r_ptr + e, mask=em, other=1.0)
     w = tl.load(w_ptr + k, mask=km, other=0.0)
-    pref = tl.load(c_ptr)
-    rmax = tl.load(c_ptr + 1)
+    return e, k, em, km, r, w, tl.load(c_ptr), tl.load(c_ptr + 1)
+
+
+@triton.jit
+def bessel_envelope_fwd(r_ptr, w_ptr, c_ptr, out_ptr, E, NB: tl.constexpr, NBP: tl.constexpr, P: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    e, k, em, km, r, w, pref, rmax = _block(r_ptr, w_ptr, c_ptr, E, NB, NBP, BLOCK)
     u, _ = _envelope(r / rmax, r < rmax, P)
     s = tl.sin(r[:, None] * w[None, :])
     out = pref * (s / r[:, None]) * u[:, None]
@@ -39,13 +45,7 @@ def bessel_envelope_fwd(r_ptr, w_ptr, c_ptr, out_ptr, E, NB: tl.constexpr, NBP: 
 @triton.jit
 def bessel_envelope_bwd(r_ptr, w_ptr, c_ptr, g_ptr, gr_ptr, E, NB: tl.constexpr, NBP: tl.constexpr,
                         P: tl.constexpr, BLOCK: tl.constexpr):
-    e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    k = tl.arange(0, NBP)
-    em, km = e < E, k < NB
-    r = tl.load(r_ptr + e, mask=em, other=1.0)
-    w = tl.load(w_ptr + k, mask=km, other=0.0)
-    pref = tl.load(c_ptr)
-    rmax = tl.load(c_ptr + 1)
+    e, k, em, km, r, w, pref, rmax = _block(r_ptr, w_ptr, c_ptr, E, NB, NBP, BLOCK)
     g = tl.load(g_ptr + e[:, None] * NB + k[None, :], mask=em[:, None] & km[None, :], other=0.0).to(r.dtype)
     u, du = _envelope(r / rmax, r < rmax, P)
     wr = r[:, None] * w[None, :]

@@ -27,7 +27,8 @@ def test_md_cells_keep_their_fastest_round_and_report_absent_calculators(monkeyp
     monkeypatch.setattr(MD, "md_model", lambda dtype: "ref")
     monkeypatch.setattr(suite.MC, "build", lambda impl, ref, dtype, device: "model64")
     monkeypatch.setattr(suite.MC, "cu_atoms", lambda n: ["atom"] * 3)
-    monkeypatch.setattr(MD, "reference_forces", lambda model, atoms, device: "forces")
+    monkeypatch.setattr(suite.MC, "graph", lambda *a, **k: {})
+    monkeypatch.setattr(suite.MC, "step", lambda model, data, stress: {"forces": torch.ones(3, 3)})
     monkeypatch.setattr(MD, "calculator", calculator)
     monkeypatch.setattr(MD, "step_runner", step_runner)
     monkeypatch.setattr(MD, "force_error", lambda calc, atoms, ref: 2e-6)
@@ -50,13 +51,14 @@ def test_ns_per_day_of_a_one_femtosecond_step():
 
 
 def test_md_cells_are_timed_when_the_reference_cannot_run(monkeypatch):
-    def no_reference(model, atoms, device):
+    def no_reference(model, data, stress):
         raise RuntimeError("CUDA out of memory")
 
     monkeypatch.setattr(MD, "md_model", lambda dtype: "ref")
     monkeypatch.setattr(suite.MC, "build", lambda impl, ref, dtype, device: "model64")
     monkeypatch.setattr(suite.MC, "cu_atoms", lambda n: ["atom"] * 3)
-    monkeypatch.setattr(MD, "reference_forces", no_reference)
+    monkeypatch.setattr(suite.MC, "graph", lambda *a, **k: {})
+    monkeypatch.setattr(suite.MC, "step", no_reference)
     monkeypatch.setattr(MD, "calculator", lambda impl, model, dtype_name, device: impl)
     monkeypatch.setattr(MD, "step_runner", lambda calc, atoms: lambda target_ms: {
         "ms": 7.0, "ns_per_day": MD.ns_per_day(7.0), "steps": 10, "temperature_K": 300.0})

@@ -86,8 +86,8 @@ def test_autocast_keeps_float32(product_path):
 
 def test_zero_vector_as_e3nn(product_path):
     for normalize in (True, False):
-        ref, ours = o3.SphericalHarmonics([0, 1, 2], normalize, "component"), ek.SphericalHarmonics([0, 1, 2], normalize,
-                                                                                                    "component")
+        ref = o3.SphericalHarmonics([0, 1, 2], normalize, "component")
+        ours = ek.SphericalHarmonics([0, 1, 2], normalize, "component")
         v = torch.zeros(3, 3, dtype=torch.float64)
         assert _rel(ours(v), ref(v)) <= 1e-12
 
