@@ -10,8 +10,8 @@ Groups (each cell is one implementation of one measurement, all in one process):
   each cell timed in ``mace_rounds`` rounds, the implementations taking turns, the fastest counting;
 * ``md``: ASE Langevin MD through each library's calculator, MACE-MP-medium shape, float32, at
   1,008 and 10,192 atoms (``bench.md``), ms per step; rounds as the ``mace`` group;
-* ``train``: the MACE training step (E+F loss, backward into the parameters, Adam) at 1,008 and
-  10,192 atoms, float32 for every library and bf16-mixed for equikernels (``bench.train``);
+* ``train``: the MACE training step (E+F and E/F/S losses, backward into the parameters, Adam) at
+  1,008 and 10,192 atoms, float32 for every library and bf16-mixed for equikernels (``bench.train``);
 * ``model``: the user's ``--model`` file (equikernels only), E+F and E+F+S at 1,008 atoms.
 
 ``quick`` keeps three problems at 20,000 rows, the convolution at 1,008 atoms and float32 MACE at
@@ -313,9 +313,11 @@ def run_md(opts: Options, device, cells: List[dict]) -> None:
 
 def run_train(opts: Options, device, cells: List[dict]) -> None:
     systems = (1008,) if opts.quick else (1008, 10192)
+    modes = (("E+F", False),) if opts.quick else (("E+F", False), ("E+F+S", True))
     variants = [("fp32", MACE_NAMES[i]) for i in ALL_IMPLS if i in opts.impls]
     if "equikernels" in opts.impls:
         variants.append(("bf16-mixed", "equikernels"))
+    ids = lambda p, a: [f"train/{p}/{a}atoms/{m}" for m, _ in modes]  # noqa: E731
     try:
         first = MC.cu_atoms(systems[0])
         avg = MC.graph(first, 6.0, MC.Z_ALL, torch.float64, "cpu")["edge_index"].shape[1] / len(first)
@@ -323,23 +325,30 @@ def run_train(opts: Options, device, cells: List[dict]) -> None:
         ref_dev = MC.build("mace-e3nn", ref64, torch.float64, device)
     except Exception as exc:
         fail = _failed(exc)
-        cells += [_cell(f"train/{p}/{a}atoms/E+F", "train", impl, **fail) for a in systems for p, impl in variants]
+        cells += [_cell(i, "train", impl, **fail) for a in systems for p, impl in variants for i in ids(p, a)]
         opts.log(f"train: {fail['status']}: {fail['error'][:160]}")
         return
     for a in systems:
         atoms = MC.cu_atoms(a)
         data = MC.graph(atoms, 6.0, MC.Z_ALL, torch.float32, device)
-        ref = _reference(opts, "train", ref_dev, atoms, a, device, False)
+        ref = _reference(opts, "train", ref_dev, atoms, a, device, len(modes) > 1)
         jobs: Dict[Tuple[str, str], object] = {}
         for prec, impl in variants:
-            cid = f"train/{prec}/{a}atoms/E+F"
-            try:
+            try:  # one model for both losses: the step's work does not depend on the weights' values
                 model = TR.train_model(impl, ref64, prec, device)
-                err = None if ref is None else max(MC.errors(TR.forward(model, data), ref, False).values())
-                tol = MACE_TOL["float32"] if prec == "fp32" else BF16_TOL
-                jobs[(cid, impl)] = (TR.step_call(model, data), err, tol)
             except Exception as exc:
-                jobs[(cid, impl)] = _failed(exc)
+                model = _failed(exc)
+            tol = MACE_TOL["float32"] if prec == "fp32" else BF16_TOL
+            for (mode, stress), cid in zip(modes, ids(prec, a)):
+                if isinstance(model, dict):
+                    jobs[(cid, impl)] = model
+                    continue
+                try:
+                    err = (None if ref is None else
+                           max(MC.errors(TR.forward(model, data, stress), ref, stress).values()))
+                    jobs[(cid, impl)] = (TR.step_call(model, data, stress), err, tol)
+                except Exception as exc:
+                    jobs[(cid, impl)] = _failed(exc)
 
         def run_job(job, a=a, edges=int(data["edge_index"].shape[1])):
             t = _timed(job[0], device, opts.target_ms)

@@ -1,5 +1,6 @@
 """The suite's training-step group: every library in float32 and equikernels in bf16-mixed take
-turns round after round, the fastest round is the cell's result, failures become cells."""
+turns round after round, the fastest round is the cell's result, failures become cells; the full
+suite adds an E/F/S loss cell per variant, its stress checked against the reference."""
 import torch
 
 from equikernels.bench import mace as MC
@@ -33,8 +34,8 @@ def test_train_cells_keep_their_fastest_round_and_report_failures(monkeypatch):
     monkeypatch.setattr(MC, "step", lambda model, data, stress: {})
     monkeypatch.setattr(MC, "errors", lambda out, ref, stress: {"forces": 3e-6})
     monkeypatch.setattr(TR, "train_model", train_model)
-    monkeypatch.setattr(TR, "forward", lambda model, data: {})
-    monkeypatch.setattr(TR, "step_call", lambda model, data: Step(model))
+    monkeypatch.setattr(TR, "forward", lambda model, data, stress: {})
+    monkeypatch.setattr(TR, "step_call", lambda model, data, stress: Step(model))
     monkeypatch.setattr(suite, "_timed", timed)
     opts = suite.Options(quick=True, impls=("equikernels", "cuequivariance", "openequivariance"), groups=("train",),
                          mace_rounds=2, log=lambda s: None)
@@ -50,3 +51,36 @@ def test_train_cells_keep_their_fastest_round_and_report_failures(monkeypatch):
     assert bf16["ms"] == 30.0 and bf16["tol"] == suite.BF16_TOL
     assert by[("train/fp32/1008atoms/E+F", "mace-cueq")]["ms"] == 118.0
     assert by[("train/fp32/1008atoms/E+F", "mace-oeq")]["status"] == "oom"
+
+
+def test_full_suite_adds_stress_loss_cells(monkeypatch):
+    calls, checked = [], []
+
+    class Step:
+        def __init__(self, key):
+            self.key = key
+
+    monkeypatch.setattr(MC, "mace_model", lambda avg: "ref")
+    monkeypatch.setattr(MC, "cu_atoms", lambda n: ["atom"] * 3)
+    monkeypatch.setattr(MC, "graph", lambda *a, **k: {"edge_index": torch.zeros(2, 7, dtype=torch.long)})
+    monkeypatch.setattr(MC, "build", lambda impl, ref, dtype, device: "ref64")
+    monkeypatch.setattr(MC, "step", lambda model, data, stress: {"stress": torch.tensor(float(stress))})
+    monkeypatch.setattr(MC, "errors", lambda out, ref, stress: checked.append((out, ref, stress)) or {"forces": 1e-6})
+    monkeypatch.setattr(TR, "train_model", lambda impl, ref64, precision, device: (precision, impl))
+    monkeypatch.setattr(TR, "forward", lambda model, data, stress: {"loss_stress": stress})
+    monkeypatch.setattr(TR, "step_call", lambda model, data, stress: Step(model + (stress,)))
+    monkeypatch.setattr(suite, "_timed", lambda call, device, target_ms: calls.append(call.key) or {
+        "ms": 10.0 + call.key[2], "ms_p20": 1.0, "ms_p80": 1.0, "n": 5, "peak_gib": None})
+    opts = suite.Options(quick=False, impls=("equikernels",), groups=("train",), mace_rounds=1, log=lambda s: None)
+    cells = []
+    suite.run_train(opts, torch.device("cpu"), cells)
+    ids = sorted(c["id"] for c in cells)
+    assert ids == sorted(f"train/{p}/{a}atoms/{m}" for p in ("fp32", "bf16-mixed") for a in (1008, 10192)
+                         for m in ("E+F", "E+F+S"))
+    assert all(c["status"] == "ok" for c in cells)
+    # every E/F/S cell timed the stress loss, every E+F cell the plain one
+    assert all(c["ms"] == (11.0 if c["id"].endswith("E+F+S") else 10.0) for c in cells)
+    # the reference has stress, and each mode's forward is checked with its own flag
+    assert all(float(ref["stress"]) == 1.0 for _, ref, _ in checked)
+    assert sorted(out["loss_stress"] for out, _, _ in checked) == [False] * 4 + [True] * 4
+    assert all(out["loss_stress"] == stress for out, _, stress in checked)
