@@ -99,11 +99,16 @@ def _check_range(name: str, t: Tensor, n, label: str) -> None:
             raise IndexError(f"{name}: node indices must lie in [0, {n}) ({label}), got values in [{lo}, {hi}]")
 
 
+INT32_KEYS_MAX_NODES = 46339  # (n + 1)^2 - 1 fits int32: sort keys of half the width, half the radix passes
+
+
 def _order(key: Tensor, tie: Tensor, n):
     """Permutation sorting edges by (key, tie) and CSR offsets of key; deterministic, and free of
     host synchronisation (called every MD step); traceable with symbolic n."""
     if key.numel() == 0:
         return key.new_zeros(0), key.new_zeros(n + 1)
+    if isinstance(n, int) and n <= INT32_KEYS_MAX_NODES:
+        key, tie = key.int(), tie.int()
     perm = torch.sort(key * (n + 1) + tie, stable=True).indices  # ties < n + 1, so no collisions
-    ptr = torch.searchsorted(key.index_select(0, perm), torch.arange(n + 1, device=key.device))
+    ptr = torch.searchsorted(key.index_select(0, perm), torch.arange(n + 1, device=key.device, dtype=key.dtype))
     return perm, ptr

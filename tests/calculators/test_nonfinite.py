@@ -70,6 +70,15 @@ def test_non_finite_positions_are_refused(cu_model):
         atoms.get_potential_energy()
 
 
+def test_structure_check_names_every_non_finite_atom_and_accepts_huge_finite_ones():
+    from equikernels.calculators.checks import check_structure
+
+    atoms = Atoms("Cu4", positions=[[0, 0, 0], [0, np.inf, 0], [1, 1, 1], [0, 0, -np.nan]])
+    with pytest.raises(ValueError, match=r"positions of atoms 1, 3 are not finite"):
+        check_structure(atoms)
+    check_structure(Atoms("Cu2", positions=[[1e308, 1e308, 0], [0, 0, 0]]))  # their sum overflows: still valid
+
+
 def test_failure_mid_run_is_recorded(cu_model, tmp_path, monkeypatch, single_thread):
     import equikernels.calculators.md as md_module
 

@@ -1,0 +1,39 @@
+"""ConvGraph: the (dst, src) and (src, dst) orders and CSR offsets its kernels walk, with sort keys
+of either width."""
+import pytest
+import torch
+
+from equikernels.ops import graph as G
+
+
+def _expected(key, tie, n):
+    order = sorted(range(len(key)), key=lambda e: (int(key[e]), int(tie[e]), e))
+    counts = torch.bincount(key, minlength=n)
+    return torch.tensor(order, dtype=torch.int64), torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+
+
+@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("n,e", [(1, 3), (7, 40), (50, 600)])
+def test_orders_and_offsets(monkeypatch, wide, n, e):
+    if wide:  # every graph takes the int64 keys
+        monkeypatch.setattr(G, "INT32_KEYS_MAX_NODES", 0)
+    gen = torch.Generator().manual_seed(n * 1000 + e)
+    src = torch.randint(0, n, (e,), generator=gen)
+    dst = torch.randint(0, n, (e,), generator=gen)
+    src[:5], dst[:5] = src[0], dst[0]  # repeated edges: the stable order keeps them as given
+    g = G.ConvGraph.build(src.int(), dst, n)
+    for perm, ptr, key, tie in ((g.perm_dst, g.ptr_dst, dst, src), (g.perm_src, g.ptr_src, src, dst)):
+        want_perm, want_ptr = _expected(key, tie, n)
+        assert perm.dtype == torch.int64 and ptr.dtype == torch.int64
+        assert torch.equal(perm, want_perm) and torch.equal(ptr, want_ptr)
+    assert g.src.dtype == torch.int64 and torch.equal(g.src, src)
+
+
+def test_int32_keys_hold_the_largest_graph_they_are_used_for():
+    n = G.INT32_KEYS_MAX_NODES
+    assert (n - 1) * (n + 1) + (n - 1) <= torch.iinfo(torch.int32).max
+    key = torch.tensor([n - 1, 0, n - 1, 5])
+    tie = torch.tensor([n - 1, n - 1, 0, 5])
+    perm, ptr = G._order(key, tie, n)
+    assert perm.tolist() == [1, 3, 2, 0]
+    assert ptr[0] == 0 and ptr[1] == 1 and ptr[6] == 2 and ptr[n - 1] == 2 and ptr[n] == 4
