@@ -171,7 +171,7 @@ class MACECalculator(Calculator):
     def _graph(self, atoms: Atoms) -> Dict[str, torch.Tensor]:
         self._sync_structure(atoms)
         positions = torch.as_tensor(atoms.positions, dtype=self.dtype).to(self.device)
-        edges = self.neighbors.update(positions, self._cell, self._pbc)
+        edges = self.neighbors.update(positions, self._cell, self._pbc, host=atoms.positions)
         return single_graph(positions, self._node_attrs, edges, self._cell, self._head, self._batch, self._ptr)
 
     # ---- ASE interface ---------------------------------------------------------------------
@@ -196,14 +196,16 @@ class MACECalculator(Calculator):
         if self._use_graphs(len(atoms)):
             self._sync_structure(atoms)
             positions = torch.as_tensor(atoms.positions, dtype=self.dtype).to(self.device)
-            edges = self.neighbors.candidates(positions, self._cell, self._pbc)  # fixed between rebuilds
+            # fixed between rebuilds
+            edges = self.neighbors.candidates(positions, self._cell, self._pbc, host=atoms.positions)
             data = single_graph(positions, self._node_attrs, edges, self._cell, self._head, self._batch, self._ptr)
-            out = self._graphed(data, compute_stress=compute_stress)
+            results = _split(self._graphed.to_host(data, compute_stress=compute_stress), [len(atoms)],
+                             compute_stress)[0]
         else:
             data = self._graph(atoms)
             with trusted_inputs(node_feats=False):  # edges valid by construction: no index-check sync
                 out = self.model(data, compute_force=True, compute_stress=compute_stress, training=False)
-        results = _results(out, [len(atoms)], compute_stress)[0]
+            results = _results(out, [len(atoms)], compute_stress)[0]
         check_finite(results, atoms)
         self.results = results
 
@@ -276,13 +278,21 @@ def _results(out: Dict[str, torch.Tensor], sizes: List[int], compute_stress: boo
     energy, flat = flat[:num_graphs], flat[num_graphs:]
     node_energy, flat = flat[:num_atoms], flat[num_atoms:]
     forces, flat = flat[:3 * num_atoms].reshape(num_atoms, 3), flat[3 * num_atoms:]
-    stress = flat.reshape(num_graphs, 3, 3) if compute_stress else None
+    host = {"energy": energy, "node_energy": node_energy, "forces": forces}
+    if compute_stress:
+        host["stress"] = flat.reshape(num_graphs, 3, 3)
+    return _split(host, sizes, compute_stress)
+
+
+def _split(host: Dict[str, np.ndarray], sizes: List[int], compute_stress: bool) -> List[Dict[str, np.ndarray]]:
+    """Per-structure ASE results from host arrays of G graphs (energy [G], node_energy [N], forces
+    [N, 3], stress [G, 3, 3])."""
     results, start = [], 0
     for g, n in enumerate(sizes):
-        res = {"energy": float(energy[g]), "free_energy": float(energy[g]),
-               "energies": node_energy[start:start + n].copy(), "forces": forces[start:start + n].copy()}
+        res = {"energy": float(host["energy"][g]), "free_energy": float(host["energy"][g]),
+               "energies": host["node_energy"][start:start + n].copy(), "forces": host["forces"][start:start + n].copy()}
         if compute_stress:
-            res["stress"] = full_3x3_to_voigt_6_stress(stress[g])
+            res["stress"] = full_3x3_to_voigt_6_stress(host["stress"][g])
         results.append(res)
         start += n
     return results

@@ -62,7 +62,9 @@ class SkinNeighborList:
     (with ``A = 1`` this is the ``skin / 2`` rule). A partly periodic cell that changes rebuilds.
     ``num_builds`` counts vesin calls (tests and logs use it). Pass new ``cell``/``pbc`` tensors
     when they change rather than modifying the previous ones in place (an unchanged object is
-    taken as an unchanged value, which saves a device sync per step).
+    taken as an unchanged value, which saves a device sync per step). ``host``: the same positions
+    as a float64 NumPy array [N, 3] (ASE's), optional; with it the displacement test of an unchanged
+    cell runs on the host, without device launches or a sync.
     """
 
     def __init__(self, cutoff: float, skin: float = DEFAULT_SKIN):
@@ -79,13 +81,16 @@ class SkinNeighborList:
         self._ref_cell_src: Optional[torch.Tensor] = None
         self._ref_pbc_src: Optional[torch.Tensor] = None
         self._candidates = None  # (i, j, S) within cutoff + skin at the last build
+        self._ref_host: Optional[np.ndarray] = None  # the host positions at the last build, if given
 
     def reset(self) -> None:
         self._ref_positions = None
+        self._ref_host = None
         self._candidates = None
         self._cand_edges = None
 
-    def _needs_rebuild(self, positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor) -> bool:
+    def _needs_rebuild(self, positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor,
+                       host: Optional[np.ndarray] = None) -> bool:
         ref = self._ref_positions
         if ref is None or ref.shape != positions.shape or ref.device != positions.device or ref.dtype != positions.dtype:
             return True
@@ -96,6 +101,8 @@ class SkinNeighborList:
         # the calculator passes the same tensor objects while cell and pbc are unchanged: skip the
         # element-wise comparison (a device sync on CUDA) in that case
         if cell is self._ref_cell_src or torch.equal(self._ref_cell, cell):
+            if host is not None and self._ref_host is not None and self._ref_host.shape == host.shape:
+                return bool(np.square(host - self._ref_host).sum(axis=1).max() > (0.5 * self.skin) ** 2)
             # one reduction and one host sync per step
             max_sq = (positions - ref).square().sum(dim=1).max()
             return bool(max_sq > (0.5 * self.skin) ** 2)
@@ -113,15 +120,16 @@ class SkinNeighborList:
         d = float((positions - mapped).square().sum(dim=1).max().sqrt())
         return (self.cutoff + 2.0 * d) / sigma_min > self.cutoff + self.skin
 
-    def candidates(self, positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor) -> Edges:
+    def candidates(self, positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor,
+                   host: Optional[np.ndarray] = None) -> Edges:
         """Every pair within ``cutoff + skin`` (unfiltered), as the same tensor objects between
         rebuilds while the cell is unchanged. For models whose terms vanish exactly beyond the cutoff
         (MACE's envelope): results equal those of :meth:`update`, and the edge set is constant
         between rebuilds (fixed shapes for CUDA graphs)."""
         positions = positions.detach()
-        rebuilt = self._needs_rebuild(positions, cell, pbc)
+        rebuilt = self._needs_rebuild(positions, cell, pbc, host)
         if rebuilt:
-            self._rebuild(positions, cell, pbc)
+            self._rebuild(positions, cell, pbc, host)
         cached = getattr(self, "_cand_edges", None)
         if rebuilt or cached is None or cached[0] is not cell:
             i, j, unit_shifts = self._candidates
@@ -130,21 +138,20 @@ class SkinNeighborList:
             self._cand_edges = (cell, edges)
         return self._cand_edges[1]
 
-    def _rebuild(self, positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor) -> None:
+    def _rebuild(self, positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor,
+                 host: Optional[np.ndarray] = None) -> None:
         self._candidates = vesin_pairs(positions, cell, pbc, self.cutoff + self.skin)
         self._ref_positions = positions.clone()
+        self._ref_host = None if host is None else np.array(host, dtype=np.float64)
         self._ref_cell, self._ref_cell_src = cell.detach().clone(), cell
         self._ref_pbc, self._ref_pbc_src = pbc.clone(), pbc
         self.num_builds += 1
 
-    def update(self, positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor) -> Edges:
+    def update(self, positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor,
+               host: Optional[np.ndarray] = None) -> Edges:
         positions = positions.detach()
-        if self._needs_rebuild(positions, cell, pbc):
-            self._candidates = vesin_pairs(positions, cell, pbc, self.cutoff + self.skin)
-            self._ref_positions = positions.clone()
-            self._ref_cell, self._ref_cell_src = cell.detach().clone(), cell
-            self._ref_pbc, self._ref_pbc_src = pbc.clone(), pbc
-            self.num_builds += 1
+        if self._needs_rebuild(positions, cell, pbc, host):
+            self._rebuild(positions, cell, pbc, host)
         i, j, unit_shifts = self._candidates
         shifts = unit_shifts @ cell.detach()
         if self.skin > 0.0:

@@ -23,6 +23,10 @@ Everything inside the captured region is free of host syncs: the model runs unde
 per-weight cache (element groups, scaled weights), and the stress volume is a triple product.
 ``GraphedModel(model, capture=False)`` runs the same padded evaluation eagerly (any device; the
 tests use it to show that padding changes nothing).
+
+``to_host`` is the calculator's call: the graph also packs energies, forces (stress) and the count of
+edges within the cutoff into one float64 buffer, so that everything reaches the host in one copy,
+which is also the call's only synchronisation.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ import math
 import warnings
 from typing import Dict, Optional
 
+import numpy as np
 import torch
 
 from .mace import trusted_inputs
@@ -75,6 +80,7 @@ class GraphedModel:
         self._seen: Dict[str, tuple] = {}
         self._capacity: Optional[int] = None  # edges the model sees (the first after the partition)
         self._count: Optional[torch.Tensor] = None  # candidates within the cutoff, at the last call
+        self._host: Optional[torch.Tensor] = None  # pinned copy of the packed results
 
     # --- shapes and buffers ------------------------------------------------------------------
     def _fits(self, n: int, e: int, key) -> bool:
@@ -194,6 +200,10 @@ class GraphedModel:
             volume = (cell[:, 0] * torch.linalg.cross(cell[:, 1], cell[:, 2])).sum(-1).abs()  # no solver
             st = -out["virials"][:g] / volume.view(-1, 1, 1)
             res["stress"] = torch.where(torch.abs(st) < 1e10, st, torch.zeros_like(st))  # as the model
+        # everything the host reads, in one buffer: count, energies (stress), node energies, forces
+        pieces = [self._count.reshape(1), res["energy"].reshape(-1)] + (
+            [res["stress"].reshape(-1)] if stress else []) + [res["node_energy"].reshape(-1), res["forces"].reshape(-1)]
+        res["packed"] = torch.cat([p.detach().to(torch.float64) for p in pieces])
         return res
 
     def _capture(self, g: int, stress: bool) -> None:
@@ -225,7 +235,8 @@ class GraphedModel:
             return self._out
         return self._run(g, stress)
 
-    def __call__(self, data: Dict[str, torch.Tensor], compute_stress: bool = False) -> Dict[str, torch.Tensor]:
+    def _evaluate(self, data: Dict[str, torch.Tensor], compute_stress: bool) -> tuple:
+        """(static outputs, atoms, graphs) after one evaluation, the capacity not yet checked."""
         pos, ei = data["positions"], data["edge_index"]
         n, e = pos.shape[0], ei.shape[1]
         g = int(data["ptr"].numel() - 1)
@@ -248,13 +259,47 @@ class GraphedModel:
             changed = True
         if new_shape or changed:
             self._capture(g, compute_stress)
-        out = self._call(g, compute_stress)
-        count = int(self._count)
-        if count > self._capacity:  # more edges within the cutoff than the model saw: grow, repeat
-            self._set_capacity(count)
-            self._capture(g, compute_stress)
-            out = self._call(g, compute_stress)
+        return self._call(g, compute_stress), n, g
+
+    def _regrow(self, count: int, g: int, stress: bool) -> Optional[Dict[str, torch.Tensor]]:
+        """None if the model saw every edge within the cutoff; else a new capacity, re-captured and
+        evaluated again."""
+        if count <= self._capacity:
+            return None
+        self._set_capacity(count)
+        self._capture(g, stress)
+        return self._call(g, stress)
+
+    def __call__(self, data: Dict[str, torch.Tensor], compute_stress: bool = False) -> Dict[str, torch.Tensor]:
+        out, n, g = self._evaluate(data, compute_stress)
+        again = self._regrow(int(self._count), g, compute_stress)
+        out = out if again is None else again
         res = {"energy": out["energy"], "node_energy": out["node_energy"][:n], "forces": out["forces"][:n]}
         if compute_stress:
             res["stress"] = out["stress"]
         return res
+
+    def to_host(self, data: Dict[str, torch.Tensor], compute_stress: bool = False) -> Dict[str, np.ndarray]:
+        """As calling it, with NumPy float64 results (arrays of their own): one device->host copy."""
+        out, n, g = self._evaluate(data, compute_stress)
+        flat = self._fetch(out["packed"])
+        again = self._regrow(int(flat[0]), g, compute_stress)
+        if again is not None:
+            flat = self._fetch(again["packed"])
+        k = 1 + g
+        res = {"energy": flat[1:k].copy()}
+        if compute_stress:
+            res["stress"] = flat[k:k + 9 * g].reshape(g, 3, 3).copy()
+            k += 9 * g
+        nb = (flat.shape[0] - k) // 4
+        res["node_energy"] = flat[k:k + n].copy()
+        res["forces"] = flat[k + nb:k + nb + 3 * n].reshape(n, 3).copy()
+        return res
+
+    def _fetch(self, packed: torch.Tensor) -> np.ndarray:
+        if packed.device.type != "cuda":
+            return packed.cpu().numpy()
+        if self._host is None or self._host.shape != packed.shape:
+            self._host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+        self._host.copy_(packed)  # synchronous: the results are needed now
+        return self._host.numpy()

@@ -65,8 +65,9 @@ def test_neighbour_list_fresh_at_every_md_step(model):
     seen = []
     original_update = calc.neighbors.update
 
-    def checked_update(positions, cell, pbc):
-        edges = original_update(positions, cell, pbc)
+    def checked_update(positions, cell, pbc, host=None):
+        assert host is not None and np.array_equal(host, positions.numpy())  # the host copy is the same positions
+        edges = original_update(positions, cell, pbc, host=host)
         frame = atoms.copy()
         frame.positions = positions.numpy()
         i, j, S = neighbor_list("ijS", frame, calc.r_max)

@@ -23,9 +23,9 @@ def ase_pairs(atoms, cutoff=CUTOFF):
     return pair_set(i, j, S)
 
 
-def ours(nl, atoms, dtype=torch.float64):
+def ours(nl, atoms, dtype=torch.float64, host=False):
     edges = nl.update(torch.tensor(atoms.positions, dtype=dtype), torch.tensor(atoms.cell.array, dtype=dtype),
-                      pbc_tensor(atoms.pbc, "cpu"))
+                      pbc_tensor(atoms.pbc, "cpu"), host=atoms.positions if host else None)
     # shifts must be unit_shifts @ cell (the model's displacement-based stress relies on both)
     np.testing.assert_allclose(edges.shifts.numpy(), edges.unit_shifts.numpy() @ atoms.cell.array, atol=1e-5)
     return pair_set(edges.sender.numpy(), edges.receiver.numpy(), edges.unit_shifts.numpy())
@@ -64,16 +64,35 @@ def test_matches_ase_neighbor_list(name):
         assert ours(SkinNeighborList(CUTOFF, skin=skin), atoms) == expected
 
 
+@pytest.mark.parametrize("host", [False, True])
 @pytest.mark.parametrize("name", ["triclinic", "slab-vacuum", "molecule"])
-def test_correct_at_every_step_across_rebuilds(name):
+def test_correct_at_every_step_across_rebuilds(name, host):
     atoms = structures()[name]
     rng = np.random.default_rng(0)
     nl = SkinNeighborList(CUTOFF, skin=0.6)
     steps = 120
     for _ in range(steps):
         atoms.positions += rng.normal(scale=0.04, size=atoms.positions.shape)  # ~0.07 A per step per atom
-        assert ours(nl, atoms) == ase_pairs(atoms)
+        assert ours(nl, atoms, host=host) == ase_pairs(atoms)
     assert 3 < nl.num_builds < steps, f"expected a few skin rebuilds, got {nl.num_builds} in {steps} steps"
+
+
+def test_host_positions_decide_the_rebuild():
+    """With host positions the displacement test reads them (not the device tensor): a host copy
+    moved past half the skin rebuilds although the tensor did not move, and the other way round."""
+    atoms = triclinic()
+    pos = torch.tensor(atoms.positions)
+    cell, pbc = torch.tensor(atoms.cell.array), pbc_tensor(atoms.pbc, "cpu")
+    nl = SkinNeighborList(CUTOFF, skin=1.0)
+    nl.candidates(pos, cell, pbc, host=atoms.positions)
+    moved = atoms.positions.copy()
+    moved[2] += [0.6, 0.0, 0.0]
+    nl.candidates(pos, cell, pbc, host=moved)
+    assert nl.num_builds == 2
+    nl.candidates(pos + torch.tensor([0.6, 0.0, 0.0]), cell, pbc, host=moved)
+    assert nl.num_builds == 2
+    nl.candidates(pos + torch.tensor([0.6, 0.0, 0.0]), cell, pbc)  # no host copy: the tensor decides
+    assert nl.num_builds == 3
 
 
 def test_rebuilds_only_past_half_the_skin():

@@ -118,6 +118,24 @@ def test_capacity_grows_when_more_edges_are_within(model):
     assert g._capacity >= count
 
 
+@pytest.mark.parametrize("stress", [False, True])
+def test_host_results_equal_the_model_and_grow_the_capacity(model, stress):
+    """``to_host``: the packed buffer unpacks to the model's results (padding rows dropped, several
+    graphs, stress), as arrays of their own; a capacity found too small is grown there too."""
+    r_max = float(model.r_max)
+    data = atoms_list_to_data([crystal(1), crystal(2)], r_max + 1.0, ELEMENTS, dtype=torch.float64)
+    ref = _direct(model, atoms_list_to_data([crystal(1), crystal(2)], r_max, ELEMENTS, dtype=torch.float64), stress)
+    g = GraphedModel(model, capture=False)
+    host = g.to_host(data, compute_stress=stress)
+    assert set(host) == set(ref) and all(isinstance(v, np.ndarray) and v.base is None for v in host.values())
+    _close({k: torch.from_numpy(v) for k, v in host.items()}, ref)
+    count = int(g._count)
+    g._capacity = count // 2
+    host = g.to_host(data, compute_stress=stress)
+    assert g._capacity >= count
+    _close({k: torch.from_numpy(v) for k, v in host.items()}, ref)
+
+
 def test_buckets_are_reused_and_changed(model):
     r_max = float(model.r_max)
     g = GraphedModel(model, capture=False)
