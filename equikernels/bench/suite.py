@@ -103,7 +103,7 @@ def _reference(opts: Options, group: str, model64, atoms, label: int, device, st
     cannot run (it runs out of memory at 10k atoms on an 80 GB GPU)."""
     try:
         out = MC.step(model64, MC.graph(atoms, 6.0, MC.Z_ALL, torch.float64, device), stress)
-        return {k: v.detach() for k, v in out.items() if k in ("energy", "forces", "stress")}
+        return {k: v.detach() for k, v in out.items() if k in ("energy", "forces", "stress") and v is not None}
     except Exception as exc:
         opts.log(f"{group} reference at {label} atoms failed: {T.describe_exception(exc, 160)}")
         return None

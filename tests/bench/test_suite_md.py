@@ -28,7 +28,9 @@ def test_md_cells_keep_their_fastest_round_and_report_absent_calculators(monkeyp
     monkeypatch.setattr(suite.MC, "build", lambda impl, ref, dtype, device: "model64")
     monkeypatch.setattr(suite.MC, "cu_atoms", lambda n: ["atom"] * 3)
     monkeypatch.setattr(suite.MC, "graph", lambda *a, **k: {})
-    monkeypatch.setattr(suite.MC, "step", lambda model, data, stress: {"forces": torch.ones(3, 3)})
+    # as mace-torch's output: what was not asked for is None
+    monkeypatch.setattr(suite.MC, "step", lambda model, data, stress: {
+        "energy": torch.ones(1), "forces": torch.ones(3, 3), "stress": None, "virials": None})
     monkeypatch.setattr(MD, "calculator", calculator)
     monkeypatch.setattr(MD, "step_runner", step_runner)
     monkeypatch.setattr(MD, "force_error", lambda calc, atoms, ref: 2e-6)
