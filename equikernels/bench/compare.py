@@ -34,7 +34,7 @@ class GPUKindMismatch(ValueError):
 class Finding:
     cell: str
     impl: str
-    kind: str  # "slower" | "failed" | "missing" | "inaccurate"
+    kind: str  # "slower" | "failed" | "skipped" | "missing" | "inaccurate"
     baseline_ms: Optional[float]
     current_ms: Optional[float]
     detail: str
@@ -70,7 +70,14 @@ class Comparison:
             lines.append(f"  {len(self.new_cells)} cells not in the baseline (not compared)")
         if self.out_of_scope:
             lines.append(f"  {self.out_of_scope} baseline cells outside this run's groups and problems (not compared)")
-        lines.append("OK: no regression" if self.ok else f"FAIL: {len(self.findings)} regression(s)")
+        if self.ok:
+            lines.append("OK: no regression")
+        else:
+            kinds: Dict[str, int] = {}
+            for f in self.findings:
+                kinds[f.kind] = kinds.get(f.kind, 0) + 1
+            lines.append(f"FAIL: {len(self.findings)} guarded cell(s) not as good as the baseline ("
+                         + ", ".join(f"{v} {k}" for k, v in kinds.items()) + ")")
         return "\n".join(lines)
 
 
@@ -169,6 +176,11 @@ def compare(baseline: dict, current: dict, *, margin: float = DEFAULT_MARGIN, sl
             continue
         if c is None:
             res.findings.append(Finding(cid, impl, "missing", b.get("ms"), None, "in the baseline, not in this run"))
+            continue
+        if c.get("status") == "skipped":  # not measured: the guard cannot vouch for it
+            res.findings.append(Finding(cid, impl, "skipped", b.get("ms"), None,
+                                        f"not measured ({c.get('error', 'skipped')}): run it again with more "
+                                        "--time-budget-s, or none"))
             continue
         if c.get("status") != "ok":
             res.findings.append(Finding(cid, impl, "failed", b.get("ms"), None,

@@ -61,6 +61,18 @@ def test_failed_missing_and_inaccurate_cells_regress():
     assert kinds == ["failed", "inaccurate", "missing"]
 
 
+def test_a_skipped_cell_fails_the_check_as_not_measured():
+    base = _run(**BASE)
+    cur = copy.deepcopy(base)
+    next(c for c in cur["cells"] if c["id"].startswith("conv/")).update(status="skipped", error="time budget spent",
+                                                                        ms=None)
+    res = compare(base, cur)
+    assert [(f.cell, f.kind) for f in res.findings] == [("conv/mace-mp-medium-L2/float32/10192atoms/dbwd", "skipped")]
+    text = res.summary()
+    assert "not measured (time budget spent)" in text and "--time-budget-s" in text
+    assert text.splitlines()[-1] == "FAIL: 1 guarded cell(s) not as good as the baseline (1 skipped)"
+
+
 def test_refuses_other_gpu_kind():
     with pytest.raises(GPUKindMismatch, match="not comparable"):
         compare(_run(**BASE), _run(kind="nvidia-h200", **BASE))
