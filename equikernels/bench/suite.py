@@ -111,6 +111,13 @@ def _reference(opts: Options, group: str, model64, atoms, label: int, device, st
         T.free_memory(device)
 
 
+def _mp_model(atoms: int):
+    """The float64 mace-torch model of the MACE and training groups, its average neighbour count that
+    of the Cu crystal of ``atoms`` atoms."""
+    first = MC.cu_atoms(atoms)
+    return MC.mace_model(MC.graph(first, 6.0, MC.Z_ALL, torch.float64, "cpu")["edge_index"].shape[1] / len(first))
+
+
 def _rounds(opts: Options, group: str, jobs: Dict[Tuple[str, str], object], run_job) -> List[dict]:
     """The cells of ``jobs`` ({(cell id, impl): job, or a failure's cell fields}), each job timed once
     per round for ``opts.mace_rounds`` rounds, the jobs taking turns (host speed drifts between
@@ -227,9 +234,7 @@ def run_mace(opts: Options, device, cells: List[dict]) -> None:
     impls = [MACE_NAMES[i] for i in ALL_IMPLS if i in opts.impls]
     ids = lambda dn, a: [f"mace/{dn}/{a}atoms/{m}" for m, _ in modes]  # noqa: E731
     try:
-        first = MC.cu_atoms(systems[0])
-        avg = MC.graph(first, 6.0, MC.Z_ALL, torch.float64, "cpu")["edge_index"].shape[1] / len(first)
-        ref64 = MC.mace_model(avg)
+        ref64 = _mp_model(systems[0])
     except Exception as exc:
         fail = _failed(exc)
         for dn in dtypes:
@@ -319,9 +324,7 @@ def run_train(opts: Options, device, cells: List[dict]) -> None:
         variants.append(("bf16-mixed", "equikernels"))
     ids = lambda p, a: [f"train/{p}/{a}atoms/{m}" for m, _ in modes]  # noqa: E731
     try:
-        first = MC.cu_atoms(systems[0])
-        avg = MC.graph(first, 6.0, MC.Z_ALL, torch.float64, "cpu")["edge_index"].shape[1] / len(first)
-        ref64 = MC.mace_model(avg)
+        ref64 = _mp_model(systems[0])
         ref_dev = MC.build("mace-e3nn", ref64, torch.float64, device)
     except Exception as exc:
         fail = _failed(exc)

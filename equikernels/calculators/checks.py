@@ -27,12 +27,12 @@ def check_structure(atoms, what: str = "atoms", cell: bool = True) -> None:
         raise TypeError(f"{what} must be an ase.Atoms, got {type(atoms).__name__}")
     if len(atoms) == 0:
         raise ValueError(f"{what} is empty: the calculator needs at least one atom")
-    positions = atoms.positions
     with np.errstate(over="ignore", invalid="ignore"):
-        suspect = not np.isfinite(positions.sum())  # one reduction per MD step (huge values may overflow it)
-    bad = np.flatnonzero(~np.isfinite(positions).all(axis=1)) if suspect else ()
-    if len(bad):
-        raise ValueError(f"{what}: positions of atoms {_indices(bad)} are not finite (NaN or infinite)")
+        suspect = not np.isfinite(atoms.positions.sum())  # one reduction per MD step (huge values may overflow it)
+    if suspect:
+        bad = np.flatnonzero(~np.isfinite(atoms.positions).all(axis=1))
+        if bad.size:
+            raise ValueError(f"{what}: positions of atoms {_indices(bad)} are not finite (NaN or infinite)")
     pbc = np.broadcast_to(np.asarray(atoms.pbc, dtype=bool), (3,))
     if cell and pbc.any():
         h = np.asarray(atoms.cell.array, dtype=float)
