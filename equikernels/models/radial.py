@@ -17,6 +17,7 @@ from torch import nn
 
 from ..dtypes import HALF
 from ..ops import radial_basis
+from ..ops.matmul import matmul
 from ..ops.silu import silu
 from . import hooks
 from .._compat import e3nn  # noqa: F401  (safe e3nn import before e3nn.math)
@@ -228,8 +229,9 @@ class RadialMLP(nn.Module):
     activation scaled to unit second moment between layers, none after the last. The parameters
     are named ``layer{i}.weight`` as in e3nn, so checkpoints map one to one.
 
-    With SiLU (MACE's) and ``equikernels.experimental`` enabled, the chain may run as its fused
-    Triton kernels; ``backend`` (attribute, not saved) is that path's backend: None =
+    The layers' products run ``ops.matmul`` (its Triton kernel for float32 on CUDA). With SiLU
+    (MACE's) and ``equikernels.experimental`` enabled, the chain may run as its fused Triton
+    kernels. ``backend`` (attribute, not saved) is the backend of both: None =
     ``EQUIKERNELS_BACKEND`` / automatic, or "triton" / "reference" to force one."""
 
     fused: bool = False  # class defaults for modules pickled before these attributes existed
@@ -291,10 +293,17 @@ class RadialMLP(nn.Module):
                     return out
             else:
                 hooks.check_mlp_unrequested()
+        # SiLU is applied by the next layer's product as it reads its input (ops.matmul)
+        fuse = self.act is not None and self.act.f is torch.nn.functional.silu
+        act: Optional[str] = None
         for i, w in enumerate(ws):
-            x = x @ w
+            x = matmul(x, w, self.backend, act)
+            act = None
             if i < last:
-                x = self._gate(x)
+                if fuse and i + 1 < len(ws):
+                    act = "silu"
+                else:
+                    x = self._gate(x)
         return x
 
     def split_last(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

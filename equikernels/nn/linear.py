@@ -22,6 +22,7 @@ from ..problem import (MissingWeightError, TensorProductError, TensorProductInde
                        parse_irreps)
 from ..ops.chain import functorch_wrapped
 from ..reference import autocast_on
+from ._block_linear import block_linear
 from ._script import linear_script_data, script_linear
 from .blocks import rows_by_component
 
@@ -34,10 +35,14 @@ __all__ = ["Linear"]
 DENSE_MAX_MACS = 5e8
 DENSE_DEVICES = ("cuda",)
 _DENSE_CACHES = ("_dense_idx", "_dense_w", "_dense_dev", "_dense_gather")
+_CACHES = _DENSE_CACHES + ("_terms",)  # rebuilt on first use: not saved with the model
 # where the per-block path keeps its input instead of the regrouped copies the weight gradient reads,
 # making them again in the backward: on CUDA memory is what limits the system size, on the CPU time
 RECOMPUTE_DEVICES = ("cuda",)
 _top_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", lambda ignore: None)
+# frozen weights in the ir_mul layout: one strided batched product per instruction, reading and
+# writing the blocks in place (nn/_block_linear.py), instead of regrouping copies and a concatenation
+BLOCK_DEVICES = ("cuda",)
 
 
 class _Recomputed:
@@ -222,7 +227,7 @@ class Linear(nn.Module):
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        for k in _DENSE_CACHES:  # rebuilt on first use: not saved with the model
+        for k in _CACHES:
             state.pop(k, None)
         return state
 
@@ -406,6 +411,23 @@ class Linear(nn.Module):
         self.__dict__["_dense_w"] = (ws, dense, ws._version)  # holds ws: its identity stays unique
         return dense
 
+    def _block_terms(self, plan, w: torch.Tensor):
+        """(per-instruction [mul_in, mul_out] views of ``w``, the terms of ``block_linear``)."""
+        cached = self.__dict__.get("_terms")
+        if cached is None:
+            blocks, _ = plan
+            in_off = [0, *itertools.accumulate(self._in_dims)]
+            terms, views, o_off = [], [], 0
+            for k, entries in enumerate(blocks):
+                for start, mi, d, w_off, mo in entries:
+                    terms.append((in_off[start], mi, d, o_off, mo, len(views)))
+                    views.append((w_off, mi, mo))
+                mo_blk, ir_o = self.irreps_out[k]
+                o_off += mo_blk * ir_o.dim
+            cached = self.__dict__["_terms"] = (tuple(terms), tuple(views))
+        terms, views = cached
+        return [w.narrow(0, off, mi * mo).view(mi, mo) for off, mi, mo in views], terms
+
     def _fast(self, features: torch.Tensor, plan) -> torch.Tensor:
         """One matmul per instruction on a strided view of the block (no einsum, no per-call checks);
         on small CUDA inputs one matmul with the dense weight."""
@@ -421,6 +443,11 @@ class Linear(nn.Module):
                 return out.view(lead + (out.shape[-1],))
         w = self._scaled_weight(alpha, features.dtype)
         ir_mul = self.layout == "ir_mul"
+        if (ir_mul and not w.requires_grad and features.device.type in BLOCK_DEVICES
+                and not torch.compiler.is_compiling() and not functorch_wrapped(features)):
+            weights, terms = self._block_terms(plan, w)
+            out = block_linear(x, weights, terms, self.irreps_out.dim)
+            return out.view(lead + (out.shape[-1],))
         # one split (its backward is one cat) rather than a narrow per block (each a zero-filled slice backward)
         parts = x.split(self._in_sizes(), dim=1)
         recipes = _Recipes.for_call(w, features)

@@ -31,6 +31,14 @@ def silu(z: Tensor) -> Tensor:
     return _SiLU.apply(z)
 
 
+def silu_grad(z: Tensor, g: Tensor) -> Tensor:
+    """``g * silu'(z)`` (the cotangent of z given g of silu(z)), differentiable to any order."""
+    if (not (torch.is_grad_enabled() and (z.requires_grad or g.requires_grad)) or torch.compiler.is_compiling()
+            or functorch_wrapped(z) or functorch_wrapped(g)):
+        return torch.ops.aten.silu_backward(g, z)
+    return _SiLUBackward.apply(z, g)
+
+
 def _derivatives(z: Tensor) -> Tuple[Tensor, Tensor]:
     s = torch.sigmoid(z)
     return s * (1 + z * (1 - s)), s * (1 - s) * (2 + z * (1 - 2 * s))

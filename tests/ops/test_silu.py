@@ -86,3 +86,13 @@ def test_torch_func_transforms_see_torch_silu():
                                torch.func.grad(lambda t: torch.func.grad(ref)(t).sum())(z))
     torch.testing.assert_close(torch.func.vmap(torch.func.grad(ours))(z.view(7, 1)),
                                torch.func.vmap(torch.func.grad(ref))(z.view(7, 1)))
+
+
+def test_silu_grad_is_the_derivative_to_second_order():
+    z = torch.randn(40, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(40, dtype=torch.float64, requires_grad=True)
+    assert torch.equal(S.silu_grad(z.detach(), g.detach()), torch.ops.aten.silu_backward(g.detach(), z.detach()))
+    (ref,) = torch.autograd.grad(torch.nn.functional.silu(z), z, g, create_graph=True)
+    torch.testing.assert_close(S.silu_grad(z, g), ref, rtol=1e-14, atol=1e-14)
+    torch.autograd.gradcheck(S.silu_grad, (z, g))
+    torch.autograd.gradgradcheck(S.silu_grad, (z, g))

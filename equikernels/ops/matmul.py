@@ -1,0 +1,96 @@
+"""Tall-skinny matrix products of the radial MLPs: ``x [E, K] @ w [K, N]`` with E edges and K, N of
+a few tens to a few thousand.
+
+cuBLAS's float32 kernels run these shapes without tensor cores at about half the FMA peak. On the
+"triton" backend (CUDA by default) float32 products run one Triton kernel whose tile shape and dot
+precision ``config`` picks per shape: FMA dots ("ieee", float32 rounding) where K is small, three
+TF32 tensor-core passes ("tf32x3", split operands, float32 accumulation) where K is large. Measured
+on an H100 against float64 products, both stay within float32 error (see docs/performance.md).
+
+With ``act="silu"`` the product is ``silu(x) @ w``, the activation applied as the kernel loads x
+(the MLP's activations are never written), and its backward ``(g @ w.T) * silu'(x)`` is one kernel
+too. The backward is this op again for ``x`` and a torch product for ``w``; under ``create_graph``
+both are recorded with differentiable operations, so derivatives of any order are exact autograd.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .chain import functorch_wrapped
+from .silu import silu, silu_grad
+from .tp import resolve_backend, triton_available
+
+# dtypes sent to the kernel on CUDA by default (float64 stays on cuBLAS's tensor-core DGEMM)
+AUTO_DTYPES = (torch.float32,)
+KERNEL_DTYPES = (torch.float32, torch.float64)
+MIN_DIM = 16  # tl.dot's smallest K and N
+ACTS = (None, "silu")
+
+
+def config(k: int, n: int, dtype: torch.dtype) -> Tuple[int, int, int, int, str]:
+    """(rows, columns, depth per step, warps, dot precision) of the kernel for ``[*, k] @ [k, n]``."""
+    if dtype == torch.float64:
+        return 64, 64, 16, 4, "ieee"
+    if k >= 256:  # the backward of a wide layer: tensor cores, the depth loop is long
+        return 128, 64, 32, 4, "tf32x3"
+    return (64, 128, 32, 4, "ieee") if n >= 128 else (64, 64, 32, 4, "ieee")
+
+
+def kernel_available(x: Tensor, w: Tensor, backend: Optional[str] = None) -> bool:
+    """Whether ``matmul(x, w, backend)`` runs the kernel (else torch's ``x @ w``): ``backend`` None
+    = float32 on CUDA where the backend in force is "triton"; "triton" = float32 and float64 on
+    any device (Triton's interpreter off CUDA)."""
+    if x.dim() != 2 or w.dim() != 2 or x.dtype != w.dtype or x.device != w.device:
+        return False
+    if x.shape[1] < MIN_DIM or w.shape[1] < MIN_DIM or torch.compiler.is_compiling():
+        return False
+    if functorch_wrapped(x) or functorch_wrapped(w) or resolve_backend(backend, x.device) != "triton":
+        return False
+    if backend is None:  # automatic: CUDA float32 only (the interpreter elsewhere is for tests)
+        return x.device.type == "cuda" and x.dtype in AUTO_DTYPES and triton_available()
+    return x.dtype in KERNEL_DTYPES and triton_available()
+
+
+def matmul(x: Tensor, w: Tensor, backend: Optional[str] = None, act: Optional[str] = None) -> Tensor:
+    """``a(x) @ w`` for ``x`` [M, K] and ``w`` [K, N], ``a`` the identity or SiLU (``act="silu"``),
+    differentiable to any order."""
+    if act not in ACTS:
+        raise ValueError(f"act: expected one of {ACTS}, got {act!r}")
+    if not kernel_available(x, w, backend):
+        return (silu(x) if act else x) @ w
+    return _MatMul.apply(x, w, act, backend)
+
+
+def _product(x: Tensor, w: Tensor, silu_in: bool = False, dsilu_z: Optional[Tensor] = None) -> Tensor:
+    from ._matmul_kernel import launch  # noqa: PLC0415 (Triton only where it runs)
+    out = torch.empty(x.shape[0], w.shape[1], dtype=x.dtype, device=x.device)
+    if out.numel():
+        launch(x, w, out, config(x.shape[1], w.shape[1], x.dtype), silu_in,
+               None if dsilu_z is None else dsilu_z.contiguous())
+    return out
+
+
+class _MatMul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, act, backend):
+        ctx.save_for_backward(x, w)
+        ctx.act, ctx.backend = act, backend
+        return _product(x.detach(), w.detach(), silu_in=act == "silu")
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        gx = gw = None
+        if ctx.needs_input_grad[0]:
+            if ctx.act is None:
+                gx = matmul(g, w.t(), ctx.backend)
+            elif torch.is_grad_enabled() or not kernel_available(g, w.t(), ctx.backend):
+                gx = silu_grad(x, matmul(g, w.t(), ctx.backend))
+            else:  # the activation's derivative applied as the product's tile is stored
+                gx = _product(g, w.t(), dsilu_z=x)
+        if ctx.needs_input_grad[1]:
+            gw = (silu(x) if ctx.act else x).t() @ g
+        return gx, gw, None, None
