@@ -2,10 +2,11 @@
 a few tens to a few thousand.
 
 cuBLAS's float32 kernels run these shapes without tensor cores at about half the FMA peak. On the
-"triton" backend (CUDA by default) float32 products run one Triton kernel whose tile shape and dot
-precision ``config`` picks per shape: FMA dots ("ieee", float32 rounding) where K is small, three
-TF32 tensor-core passes ("tf32x3", split operands, float32 accumulation) where K is large. Measured
-on an H100 against float64 products, both stay within float32 error (see docs/performance.md).
+"triton" backend (CUDA by default) float32 products with constant weights (inference, MD) run one
+Triton kernel whose tile shape and dot precision ``config`` picks per shape: FMA dots ("ieee",
+float32 rounding) where K is small, three TF32 tensor-core passes ("tf32x3", split operands,
+float32 accumulation) where K is large. Measured on an H100 against float64 products, both stay
+within float32 error (see docs/performance.md).
 
 With ``act="silu"`` the product is ``silu(x) @ w``, the activation applied as the kernel loads x
 (the MLP's activations are never written), and its backward ``(g @ w.T) * silu'(x)`` is one kernel
@@ -23,7 +24,8 @@ from .chain import functorch_wrapped
 from .silu import silu, silu_grad
 from .tp import resolve_backend, triton_available
 
-# dtypes sent to the kernel on CUDA by default (float64 stays on cuBLAS's tensor-core DGEMM)
+# dtypes sent to the kernel on CUDA by default (float64 stays on cuBLAS's tensor-core DGEMM). By
+# default only constant weights: a training step with the kernels measured 1 % slower than cuBLAS.
 AUTO_DTYPES = (torch.float32,)
 KERNEL_DTYPES = (torch.float32, torch.float64)
 MIN_DIM = 16  # tl.dot's smallest K and N
@@ -41,16 +43,17 @@ def config(k: int, n: int, dtype: torch.dtype) -> Tuple[int, int, int, int, str]
 
 def kernel_available(x: Tensor, w: Tensor, backend: Optional[str] = None) -> bool:
     """Whether ``matmul(x, w, backend)`` runs the kernel (else torch's ``x @ w``): ``backend`` None
-    = float32 on CUDA where the backend in force is "triton"; "triton" = float32 and float64 on
-    any device (Triton's interpreter off CUDA)."""
+    = float32 on CUDA with weights that take no gradient (inference, MD) where the backend in force
+    is "triton"; "triton" = float32 and float64 on any device (Triton's interpreter off CUDA)."""
     if x.dim() != 2 or w.dim() != 2 or x.dtype != w.dtype or x.device != w.device:
         return False
     if x.shape[1] < MIN_DIM or w.shape[1] < MIN_DIM or torch.compiler.is_compiling():
         return False
     if functorch_wrapped(x) or functorch_wrapped(w) or resolve_backend(backend, x.device) != "triton":
         return False
-    if backend is None:  # automatic: CUDA float32 only (the interpreter elsewhere is for tests)
-        return x.device.type == "cuda" and x.dtype in AUTO_DTYPES and triton_available()
+    if backend is None:  # automatic: CUDA float32, constant weights (the interpreter elsewhere is for tests)
+        return (x.device.type == "cuda" and x.dtype in AUTO_DTYPES and not w.requires_grad
+                and triton_available())
     return x.dtype in KERNEL_DTYPES and triton_available()
 
 

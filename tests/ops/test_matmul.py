@@ -66,6 +66,9 @@ def test_where_torch_runs(device):
     x, w = torch.randn(10, 32, device=device), torch.randn(32, 32, device=device)
     # automatic: float32 on CUDA only
     assert MM.kernel_available(x, w) == (device.type == "cuda") and not MM.kernel_available(x.double(), w.double())
+    assert not MM.kernel_available(x, w.requires_grad_())  # automatic: constant weights only
+    assert MM.kernel_available(x, w, "triton")
+    w = w.detach()
     x, w = x.cpu(), w.cpu()
     assert not MM.kernel_available(torch.randn(10, 8), torch.randn(8, 32), "triton")  # K below tl.dot's 16
     assert not MM.kernel_available(x.half(), w.half(), "triton")
