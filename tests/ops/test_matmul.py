@@ -95,3 +95,13 @@ def test_radial_mlp_runs_its_products_through_the_kernel(device):
     (g,) = torch.autograd.grad(out.square().sum(), x)
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(g, gref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("act", [None, "silu"])
+def test_no_rows(act, device):
+    # a structure without edges (a single atom): empty products and gradients
+    x = torch.randn(0, 32, device=device, requires_grad=True)
+    w = torch.randn(32, 48, device=device)
+    out = MM.matmul(x, w, "triton", act)
+    (gx,) = torch.autograd.grad(out, x, torch.ones_like(out))
+    assert out.shape == (0, 48) and gx.shape == (0, 32)
