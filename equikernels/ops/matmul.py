@@ -15,6 +15,7 @@ both are recorded with differentiable operations, so derivatives of any order ar
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional, Tuple
 
 import torch
@@ -32,11 +33,12 @@ MIN_DIM = 16  # tl.dot's smallest K and N
 ACTS = (None, "silu")
 
 
-def config(k: int, n: int, dtype: torch.dtype) -> Tuple[int, int, int, int, str]:
-    """(rows, columns, depth per step, warps, dot precision) of the kernel for ``[*, k] @ [k, n]``."""
+def config(k: int, n: int, dtype: torch.dtype, tf32: bool = True) -> Tuple[int, int, int, int, str]:
+    """(rows, columns, depth per step, warps, dot precision) of the kernel for ``[*, k] @ [k, n]``;
+    ``tf32``: whether the device has TF32 tensor cores."""
     if dtype == torch.float64:
         return 64, 64, 16, 4, "ieee"
-    if k >= 256:  # the backward of a wide layer: tensor cores, the depth loop is long
+    if k >= 256 and tf32:  # the backward of a wide layer: tensor cores, the depth loop is long
         return 128, 64, 32, 4, "tf32x3"
     return (64, 128, 32, 4, "ieee") if n >= 128 else (64, 64, 32, 4, "ieee")
 
@@ -67,11 +69,17 @@ def matmul(x: Tensor, w: Tensor, backend: Optional[str] = None, act: Optional[st
     return _MatMul.apply(x, w, act, backend)
 
 
+@functools.lru_cache(maxsize=None)
+def _has_tf32(device: torch.device) -> bool:
+    # TF32 tensor cores from compute capability 8.0; the interpreter off CUDA takes any precision
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 0)
+
+
 def _product(x: Tensor, w: Tensor, silu_in: bool = False, dsilu_z: Optional[Tensor] = None) -> Tensor:
     from ._matmul_kernel import launch  # noqa: PLC0415 (Triton only where it runs)
     out = torch.empty(x.shape[0], w.shape[1], dtype=x.dtype, device=x.device)
     if out.numel():
-        launch(x, w, out, config(x.shape[1], w.shape[1], x.dtype), silu_in,
+        launch(x, w, out, config(x.shape[1], w.shape[1], x.dtype, _has_tf32(x.device)), silu_in,
                None if dsilu_z is None else dsilu_z.contiguous())
     return out
 

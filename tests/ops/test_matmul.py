@@ -82,6 +82,7 @@ def test_where_torch_runs(device):
 def test_config_per_shape():
     assert MM.config(64, 1280, torch.float32)[4] == "ieee" and MM.config(1280, 64, torch.float32)[4] == "tf32x3"
     assert MM.config(1280, 64, torch.float64)[4] == "ieee"
+    assert MM.config(1280, 64, torch.float32, tf32=False)[4] == "ieee"  # no TF32 tensor cores
 
 
 def test_radial_mlp_runs_its_products_through_the_kernel(device):
