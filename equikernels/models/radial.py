@@ -229,9 +229,9 @@ class RadialMLP(nn.Module):
     activation scaled to unit second moment between layers, none after the last. The parameters
     are named ``layer{i}.weight`` as in e3nn, so checkpoints map one to one.
 
-    The layers' products run ``ops.matmul`` (its Triton kernel for float32 on CUDA). With SiLU
-    (MACE's) and ``equikernels.experimental`` enabled, the chain may run as its fused Triton
-    kernels. ``backend`` (attribute, not saved) is the backend of both: None =
+    The layers' products run ``ops.matmul`` (its Triton kernel for float32 on CUDA with constant
+    weights). With SiLU (MACE's) and ``equikernels.experimental`` enabled, the chain may run as its
+    fused Triton kernels. ``backend`` (attribute, not saved) is the backend of both: None =
     ``EQUIKERNELS_BACKEND`` / automatic, or "triton" / "reference" to force one."""
 
     fused: bool = False  # class defaults for modules pickled before these attributes existed
@@ -300,7 +300,7 @@ class RadialMLP(nn.Module):
             x = matmul(x, w, self.backend, act)
             act = None
             if i < last:
-                if fuse and i + 1 < len(ws):
+                if fuse:
                     act = "silu"
                 else:
                     x = self._gate(x)
