@@ -4,8 +4,9 @@ a few tens to a few thousand.
 cuBLAS's float32 kernels run these shapes without tensor cores at about half the FMA peak. On the
 "triton" backend (CUDA by default) float32 products with constant weights (inference, MD) run one
 Triton kernel whose tile shape and dot precision ``config`` picks per shape: FMA dots ("ieee",
-float32 rounding) where K is small, three TF32 tensor-core passes ("tf32x3", split operands,
-float32 accumulation) where K is large. Measured on an H100 against float64 products, both stay
+float32 rounding) where K and N are small, three TF32 tensor-core passes ("tf32x3", split operands,
+float32 accumulation) where K is large, and where a narrow input feeds a wide output (one program
+per row block, its input tile split once and reused for every column tile). Measured on an H100 against float64 products, both stay
 within float32 error (see docs/performance.md).
 
 With ``act="silu"`` the product is ``silu(x) @ w``, the activation applied as the kernel loads x
@@ -33,14 +34,20 @@ MIN_DIM = 16  # tl.dot's smallest K and N
 ACTS = (None, "silu")
 
 
-def config(k: int, n: int, dtype: torch.dtype, tf32: bool = True) -> Tuple[int, int, int, int, str]:
-    """(rows, columns, depth per step, warps, dot precision) of the kernel for ``[*, k] @ [k, n]``;
-    ``tf32``: whether the device has TF32 tensor cores."""
+ROWS_MAX_K = 128  # the widest x tile one program keeps in registers across its column tiles
+
+
+def config(k: int, n: int, dtype: torch.dtype, tf32: bool = True) -> Tuple[int, int, int, int, str, bool]:
+    """(rows, columns, depth per step, warps, dot precision, row programs) of the kernel for
+    ``[*, k] @ [k, n]``; ``tf32``: whether the device has TF32 tensor cores. Row programs loop over
+    the output's columns, x's tile loaded and split once."""
     if dtype == torch.float64:
-        return 64, 64, 16, 4, "ieee"
+        return 64, 64, 16, 4, "ieee", False
     if k >= 256 and tf32:  # the backward of a wide layer: tensor cores, the depth loop is long
-        return 128, 64, 32, 4, "tf32x3"
-    return (64, 128, 32, 4, "ieee") if n >= 128 else (64, 64, 32, 4, "ieee")
+        return 128, 64, 32, 4, "tf32x3", False
+    if k <= ROWS_MAX_K and n >= 256 and tf32:  # a wide layer's forward: the output's store dominates
+        return 128, 64, k, 4, "tf32x3", True
+    return (64, 128, 32, 4, "ieee", False) if n >= 128 else (64, 64, 32, 4, "ieee", False)
 
 
 def kernel_available(x: Tensor, w: Tensor, backend: Optional[str] = None) -> bool:

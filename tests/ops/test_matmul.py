@@ -15,7 +15,7 @@ def poisoned(monkeypatch):
 
 
 # (rows, K, N): each config branch, ragged tiles in every dimension
-SHAPES = [(203, 64, 40), (77, 24, 130), (130, 300, 48), (5, 16, 16)]
+SHAPES = [(203, 64, 40), (77, 24, 130), (130, 300, 48), (5, 16, 16), (150, 40, 300)]
 
 
 def _act(x, act):
@@ -80,9 +80,13 @@ def test_where_torch_runs(device):
 
 
 def test_config_per_shape():
-    assert MM.config(64, 1280, torch.float32)[4] == "ieee" and MM.config(1280, 64, torch.float32)[4] == "tf32x3"
+    assert MM.config(64, 128, torch.float32)[4] == "ieee" and MM.config(1280, 64, torch.float32)[4] == "tf32x3"
     assert MM.config(1280, 64, torch.float64)[4] == "ieee"
     assert MM.config(1280, 64, torch.float32, tf32=False)[4] == "ieee"  # no TF32 tensor cores
+    # a narrow input feeding a wide output: row programs on tensor cores; else tiles
+    assert MM.config(64, 1280, torch.float32)[4:] == ("tf32x3", True)
+    assert not MM.config(64, 1280, torch.float32, tf32=False)[5] and not MM.config(256, 1280, torch.float32)[5]
+    assert not MM.config(64, 1280, torch.float64)[5] and not MM.config(64, 128, torch.float32)[5]
 
 
 def test_radial_mlp_runs_its_products_through_the_kernel(device):
