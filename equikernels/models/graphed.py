@@ -42,6 +42,7 @@ from .mace import trusted_inputs
 PAD_DEGREE = 128  # most padding edges per padding atom (about a real atom's degree)
 PAD_LENGTH_FACTOR = 3.0  # padding edges are this many r_max long (and at least 10 A: beyond ZBL's reach)
 CAPACITY_STEP = 32  # the model's edge count is rounded up to a multiple of this
+BUCKET_HEADROOM = 0.05  # spare candidate slots of a new bucket (memory only: the model sees ``capacity``)
 KEYS = ("positions", "node_attrs", "edge_index", "shifts", "unit_shifts", "cell", "batch", "head")
 
 
@@ -59,11 +60,11 @@ class GraphedModel:
 
     ``capture``: None = CUDA graphs on CUDA devices, eager elsewhere; False = padded eager
     evaluation. Returned tensors are views of static buffers, overwritten by the next call.
-    ``edge_headroom``: extra fraction of edges a new bucket allows for, so that a slowly changing
-    edge count (MD) does not re-capture at every neighbour-list rebuild.
+    ``edge_headroom``: extra fraction of edges the model sees beyond those within the cutoff, so
+    that a slowly changing edge count (MD) rarely re-captures; a count beyond it re-captures.
     """
 
-    def __init__(self, model: torch.nn.Module, capture: Optional[bool] = None, edge_headroom: float = 0.05,
+    def __init__(self, model: torch.nn.Module, capture: Optional[bool] = None, edge_headroom: float = 0.02,
                  warmup: int = 2) -> None:
         self.model = model
         self.capture = capture
@@ -245,7 +246,7 @@ class GraphedModel:
         key = (g, bool(compute_stress), pos.dtype, pos.device, data["node_attrs"].shape[1])
         new_shape = not self._fits(n, e, key)
         if new_shape:
-            eb = bucket(int(e * (1 + self.edge_headroom)) + 1)
+            eb = bucket(int(e * (1 + BUCKET_HEADROOM)) + 1)
             # enough padding atoms that none holds more than PAD_DEGREE padding edges
             nb = bucket(n + 1 + -(-(eb - e) // PAD_DEGREE))
             self._graph = None

@@ -247,11 +247,11 @@ def test_graphed_model_replay_equals_eager(model):
 def test_edge_fluctuations_within_a_bucket_keep_the_shape():
     """MD: the atom count is fixed and the edge count moves inside its bucket; the padded shape
     (and so the captured graph) must be kept, however many padding atoms the edges need."""
-    from equikernels.models.graphed import PAD_DEGREE, GraphedModel, bucket
+    from equikernels.models.graphed import BUCKET_HEADROOM, PAD_DEGREE, GraphedModel, bucket
     g = GraphedModel.__new__(GraphedModel)
     n = 1008
     for e0 in (80000, 20000):
-        eb = bucket(int(e0 * 1.05) + 1)
+        eb = bucket(int(e0 * (1 + BUCKET_HEADROOM)) + 1)
         nb = bucket(n + 1 + -(-(eb - e0) // PAD_DEGREE))
         g._shape = (nb, eb, "key")
         assert all(g._fits(n, e, ("key",)) for e in range(int(e0 * 0.9), eb + 1, 7))
