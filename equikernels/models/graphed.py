@@ -42,6 +42,7 @@ from .mace import trusted_inputs
 PAD_DEGREE = 128  # most padding edges per padding atom (about a real atom's degree)
 PAD_LENGTH_FACTOR = 3.0  # padding edges are this many r_max long (and at least 10 A: beyond ZBL's reach)
 CAPACITY_STEP = 32  # the model's edge count is rounded up to a multiple of this
+MAX_HEADROOM = 0.16  # the most spare edges re-captures grow the model's view to
 BUCKET_HEADROOM = 0.05  # spare candidate slots of a new bucket (memory only: the model sees ``capacity``)
 KEYS = ("positions", "node_attrs", "edge_index", "shifts", "unit_shifts", "cell", "batch", "head")
 
@@ -61,7 +62,8 @@ class GraphedModel:
     ``capture``: None = CUDA graphs on CUDA devices, eager elsewhere; False = padded eager
     evaluation. Returned tensors are views of static buffers, overwritten by the next call.
     ``edge_headroom``: extra fraction of edges the model sees beyond those within the cutoff, so
-    that a slowly changing edge count (MD) rarely re-captures; a count beyond it re-captures.
+    that a slowly changing edge count (MD) rarely re-captures; a count beyond it re-captures with
+    twice the headroom (up to ``MAX_HEADROOM``), so a drifting count settles after a few captures.
     """
 
     def __init__(self, model: torch.nn.Module, capture: Optional[bool] = None, edge_headroom: float = 0.02,
@@ -69,6 +71,7 @@ class GraphedModel:
         self.model = model
         self.capture = capture
         self.edge_headroom = float(edge_headroom)
+        self._headroom = self.edge_headroom  # doubles at each re-capture for a grown count
         self.warmup = int(warmup)
         self.r_max = float(model.r_max)
         self.num_captures = 0  # graphs captured so far (tests and logs)
@@ -115,6 +118,7 @@ class GraphedModel:
         self._static = s
         self._seen = {}
         self._capacity = None
+        self._headroom = self.edge_headroom
         self._count = torch.zeros((), dtype=torch.int64, device=dev)
 
     def _pad_edges(self, e: int, n: int) -> None:
@@ -170,7 +174,7 @@ class GraphedModel:
 
     def _set_capacity(self, count: int) -> None:
         eb = self._static["edge_index"].shape[1]
-        self._capacity = min(eb, -(-int(count * (1 + self.edge_headroom) + 1) // CAPACITY_STEP) * CAPACITY_STEP)
+        self._capacity = min(eb, -(-int(count * (1 + self._headroom) + 1) // CAPACITY_STEP) * CAPACITY_STEP)
 
     # --- evaluation ---------------------------------------------------------------------------
     def _within(self) -> torch.Tensor:
@@ -267,6 +271,7 @@ class GraphedModel:
         evaluated again."""
         if count <= self._capacity:
             return None
+        self._headroom = min(max(2 * self._headroom, self.edge_headroom), MAX_HEADROOM)
         self._set_capacity(count)
         self._capture(g, stress)
         return self._call(g, stress)

@@ -116,6 +116,17 @@ def test_capacity_grows_when_more_edges_are_within(model):
     g._capacity = count // 2  # as if the structure had gained edges since the capacity was set
     _close(g(wide), ref)
     assert g._capacity >= count
+    # each growth doubles the spare fraction (a drifting count settles), up to MAX_HEADROOM
+    from equikernels.models.graphed import MAX_HEADROOM
+    spare = [g._capacity / count - 1]
+    for _ in range(5):
+        g._capacity = count // 2
+        g(wide)
+        spare.append(g._capacity / count - 1)
+    h = g.edge_headroom
+    for k, f in enumerate(spare):
+        want = min(h * 2 ** (k + 1), MAX_HEADROOM)
+        assert want <= f <= min(want + 32 / count, g._static["edge_index"].shape[1] / count - 1) + 1e-12, (k, f)
 
 
 @pytest.mark.parametrize("stress", [False, True])
