@@ -212,6 +212,16 @@ def test_cuda_graph_option(model, monkeypatch):
         MACECalculator(copy.deepcopy(model), device="cpu")
 
 
+def test_auto_graphs_up_to_the_size_limit(model):
+    """"auto": the padded graph evaluation up to CUDA_GRAPH_MAX_ATOMS atoms, eager above."""
+    from equikernels.calculators import calculator as C
+    calc = MACECalculator(copy.deepcopy(model), device="cpu", cuda_graph=False)
+    calc.cuda_graph = "auto"  # as on CUDA, where "auto" is kept
+    assert not calc._use_graphs(C.CUDA_GRAPH_MAX_ATOMS + 1) and calc._graphed is None
+    assert C.CUDA_GRAPH_MAX_ATOMS >= 10192 and calc._use_graphs(C.CUDA_GRAPH_MAX_ATOMS)
+    assert calc._graphed is not None
+
+
 # --- GPU: captured graphs against eager evaluation -------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
