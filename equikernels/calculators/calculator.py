@@ -49,7 +49,7 @@ class MACECalculator(Calculator):
             converted in place (as mace-torch's calculator does), and its parameters frozen.
         head: which head of a multi-head model; default the only head or the one called 'default'.
         skin: Verlet skin in Angstrom (0 rebuilds the neighbour list every step).
-        cuda_graph: True, False or "auto" (CUDA graphs below ``CUDA_GRAPH_MAX_ATOMS`` atoms); None
+        cuda_graph: True, False or "auto" (CUDA graphs up to ``CUDA_GRAPH_MAX_ATOMS`` atoms); None
             reads ``EQUIKERNELS_CUDA_GRAPH`` (default "auto"). Only for equikernels MACE models on CUDA;
             elsewhere, or if capture fails, evaluation is eager (with a warning when asked for).
         precision: None (the dtype above), or "fp64", "fp32", "bf16-mixed", "fp16-mixed" (equikernels
