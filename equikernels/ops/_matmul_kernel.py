@@ -4,6 +4,18 @@ import triton.language as tl
 
 
 @triton.jit
+def _store_tile(out_ptr, z_ptr, acc, rm, rn, mm, nm, N: tl.constexpr, DSILU_OUT: tl.constexpr):
+    """out[rm, rn] = acc, times SiLU'(z[rm, rn]) where ``DSILU_OUT``; ``out`` and ``z`` contiguous [*, N]."""
+    offs = rm[:, None] * N + rn[None, :]
+    om = mm[:, None] & nm[None, :]
+    if DSILU_OUT:
+        z = tl.load(z_ptr + offs, mask=om, other=0.0)
+        s = tl.sigmoid(z)
+        acc = acc * (s * (1.0 + z * (1.0 - s)))
+    tl.store(out_ptr + offs, acc, mask=om)
+
+
+@triton.jit
 def matmul_kernel(x_ptr, w_ptr, z_ptr, out_ptr, M, sxm, sxk, swk, swn, N: tl.constexpr, K: tl.constexpr,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
                   SILU_IN: tl.constexpr, DSILU_OUT: tl.constexpr):
@@ -21,13 +33,7 @@ def matmul_kernel(x_ptr, w_ptr, z_ptr, out_ptr, M, sxm, sxk, swk, swn, N: tl.con
             x = x * tl.sigmoid(x)
         w = tl.load(w_ptr + (k0 + rk)[:, None] * swk + rn[None, :] * swn, mask=km[:, None] & nm[None, :], other=0.0)
         acc = tl.dot(x, w, acc, input_precision=PRECISION, out_dtype=acc.dtype)
-    offs = rm[:, None] * N + rn[None, :]
-    om = mm[:, None] & nm[None, :]
-    if DSILU_OUT:
-        z = tl.load(z_ptr + offs, mask=om, other=0.0)
-        s = tl.sigmoid(z)
-        acc = acc * (s * (1.0 + z * (1.0 - s)))
-    tl.store(out_ptr + offs, acc, mask=om)
+    _store_tile(out_ptr, z_ptr, acc, rm, rn, mm, nm, N, DSILU_OUT)
 
 
 @triton.jit
@@ -48,13 +54,7 @@ def matmul_rows_kernel(x_ptr, w_ptr, z_ptr, out_ptr, M, sxm, sxk, swk, swn, N: t
         nm = rn < N
         w = tl.load(w_ptr + rk[:, None] * swk + rn[None, :] * swn, mask=km[:, None] & nm[None, :], other=0.0)
         acc = tl.dot(x, w, input_precision=PRECISION, out_dtype=out_ptr.dtype.element_ty)
-        offs = rm[:, None] * N + rn[None, :]
-        om = mm[:, None] & nm[None, :]
-        if DSILU_OUT:
-            z = tl.load(z_ptr + offs, mask=om, other=0.0)
-            s = tl.sigmoid(z)
-            acc = acc * (s * (1.0 + z * (1.0 - s)))
-        tl.store(out_ptr + offs, acc, mask=om)
+        _store_tile(out_ptr, z_ptr, acc, rm, rn, mm, nm, N, DSILU_OUT)
 
 
 def launch(x, w, out, config, silu_in: bool = False, dsilu_z=None) -> None:
