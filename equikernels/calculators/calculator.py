@@ -24,7 +24,8 @@ from ase.stress import full_3x3_to_voigt_6_stress
 
 from .. import settings
 from ..models.graphed import GraphedModel
-from ..models.mace import trusted_inputs
+from ..models.data import PAIRED_KEY
+from ..models.mace import MACE, trusted_inputs
 from .checks import MIN_VOLUME, check_finite, check_stress_cell, check_structure
 from .graph import ElementTable, single_graph
 from .loading import model_heads, resolve_device, resolve_dtype, resolve_head, resolve_model
@@ -77,7 +78,7 @@ class MACECalculator(Calculator):
         self.num_threads = apply_threads(self.device, num_threads)
         model = resolve_model(model, self.device)
         if precision is not None:
-            from ..models.mace import MACE, PRECISIONS, resolve_precision  # noqa: PLC0415
+            from ..models.mace import PRECISIONS, resolve_precision  # noqa: PLC0415
             precision = resolve_precision(precision)
             if not isinstance(model, MACE):
                 raise TypeError(f"precision: needs an equikernels MACE model, got {type(model).__name__} "
@@ -100,7 +101,8 @@ class MACECalculator(Calculator):
         self.head = self.heads[resolve_head(head, self.heads)]
         self._head = torch.tensor([self.heads.index(self.head)], dtype=torch.int64, device=self.device)
         self.elements = ElementTable([int(z) for z in model.atomic_numbers], self.device)
-        self.neighbors = SkinNeighborList(self.r_max, skin)
+        # equikernels MACE runs its radial MLPs once per pair on paired edges (an edge and its reverse)
+        self.neighbors = SkinNeighborList(self.r_max, skin, paired=isinstance(model, MACE))
         self._graphed = None
         self.cuda_graph = self._resolve_cuda_graph(cuda_graph)
         self._numbers: Optional[np.ndarray] = None   # cached per-structure device state
@@ -119,7 +121,6 @@ class MACECalculator(Calculator):
             value = "auto" if v == "auto" else v in ("1", "true")
         if value is False:
             return False
-        from ..models.mace import MACE  # noqa: PLC0415
         why = None
         if self.device.type != "cuda":
             why = "the device is not CUDA"
@@ -133,7 +134,7 @@ class MACECalculator(Calculator):
 
     def _enable_graphs(self, capture: Optional[bool] = None) -> None:
         """Start the padded fixed-shape evaluation (``capture=False``: eager, any device; tests)."""
-        self._graphed = GraphedModel(self.model, capture=capture)
+        self._graphed = GraphedModel(self.model, capture=capture, pairs=self.neighbors.paired)
         self.cuda_graph = True
 
     def _use_graphs(self, num_atoms: int) -> bool:
@@ -172,7 +173,10 @@ class MACECalculator(Calculator):
         self._sync_structure(atoms)
         positions = torch.as_tensor(atoms.positions, dtype=self.dtype).to(self.device)
         edges = self.neighbors.update(positions, self._cell, self._pbc, host=atoms.positions)
-        return single_graph(positions, self._node_attrs, edges, self._cell, self._head, self._batch, self._ptr)
+        data = single_graph(positions, self._node_attrs, edges, self._cell, self._head, self._batch, self._ptr)
+        if self.neighbors.paired:
+            data[PAIRED_KEY] = True
+        return data
 
     # ---- ASE interface ---------------------------------------------------------------------
     def check_state(self, atoms, tol=1e-15):

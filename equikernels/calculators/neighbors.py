@@ -34,18 +34,20 @@ class Edges:
         return cached if cached is not None else torch.stack((self.sender, self.receiver))
 
 
-def _vesin_neighbor_list(cutoff: float):
+def _vesin_neighbor_list(cutoff: float, full_list: bool = True):
     try:
         from vesin_torch import NeighborList  # vesin-torch >= 0.4
     except ImportError:  # older releases only ship the vesin.torch alias
         from vesin.torch import NeighborList
-    return NeighborList(cutoff=cutoff, full_list=True)
+    return NeighborList(cutoff=cutoff, full_list=full_list)
 
 
-def vesin_pairs(positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor, cutoff: float):
+def vesin_pairs(positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor, cutoff: float,
+                full_list: bool = True):
     """All pairs within ``cutoff`` from vesin (no skin): i, j (int64) and integer shifts S (as the
-    positions' dtype), on the positions' device. Non-periodic directions may have a zero cell row."""
-    nl = _vesin_neighbor_list(cutoff)
+    positions' dtype), on the positions' device; both directions of each pair, or with
+    ``full_list=False`` one. Non-periodic directions may have a zero cell row."""
+    nl = _vesin_neighbor_list(cutoff, full_list)
     i, j, shifts = nl.compute(positions.detach(), cell.detach(), pbc, "ijS")
     return i.to(torch.int64), j.to(torch.int64), shifts.to(positions.dtype)
 
@@ -60,20 +62,23 @@ class SkinNeighborList:
     ``(cutoff + 2 d) / sigma_min(A)`` at the build, ``d`` the largest distance of an atom from its
     reference position mapped by ``A``; the list is reused while that is at most ``cutoff + skin``
     (with ``A = 1`` this is the ``skin / 2`` rule). A partly periodic cell that changes rebuilds.
-    ``num_builds`` counts vesin calls (tests and logs use it). Pass new ``cell``/``pbc`` tensors
+    ``num_builds`` counts vesin calls (tests and logs use it). ``paired``: the list holds each pair
+    once; ``update`` returns the pairs within the cutoff as paired edges (edge E/2 + p is edge p
+    reversed, ``models.data.PAIRED_KEY``) and ``candidates`` one edge per candidate pair. Pass new ``cell``/``pbc`` tensors
     when they change rather than modifying the previous ones in place (an unchanged object is
     taken as an unchanged value, which saves a device sync per step). ``host``: the same positions
     as a float64 NumPy array [N, 3] (ASE's), optional; with it the displacement test of an unchanged
     cell runs on the host, without device launches or a sync.
     """
 
-    def __init__(self, cutoff: float, skin: float = DEFAULT_SKIN):
+    def __init__(self, cutoff: float, skin: float = DEFAULT_SKIN, paired: bool = False):
         if not cutoff > 0:
             raise ValueError(f"cutoff must be a positive number of Angstrom, got {cutoff!r}")
         if not skin >= 0:
             raise ValueError(f"skin must be a non-negative number of Angstrom, got {skin!r}")
         self.cutoff = float(cutoff)
         self.skin = float(skin)
+        self.paired = bool(paired)
         self.num_builds = 0
         self._ref_positions: Optional[torch.Tensor] = None
         self._ref_cell: Optional[torch.Tensor] = None
@@ -140,7 +145,7 @@ class SkinNeighborList:
 
     def _rebuild(self, positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor,
                  host: Optional[np.ndarray] = None) -> None:
-        self._candidates = vesin_pairs(positions, cell, pbc, self.cutoff + self.skin)
+        self._candidates = vesin_pairs(positions, cell, pbc, self.cutoff + self.skin, full_list=not self.paired)
         self._ref_positions = positions.clone()
         self._ref_host = None if host is None else np.array(host, dtype=np.float64)
         self._ref_cell, self._ref_cell_src = cell.detach().clone(), cell
@@ -158,6 +163,9 @@ class SkinNeighborList:
             vec = positions[j] - positions[i] + shifts
             keep = torch.nonzero(vec.square().sum(dim=1) < self.cutoff ** 2).squeeze(1)
             i, j, unit_shifts, shifts = i[keep], j[keep], unit_shifts[keep], shifts[keep]
+        if self.paired:
+            i, j, unit_shifts, shifts = (torch.cat((i, j)), torch.cat((j, i)), torch.cat((unit_shifts, -unit_shifts)),
+                                         torch.cat((shifts, -shifts)))
         return Edges(i, j, unit_shifts, shifts)
 
 

@@ -65,10 +65,12 @@ class InteractionBlock(nn.Module):
 
     def forward(self, node_feats: torch.Tensor, groups: ElementGroups, edge_attrs: torch.Tensor,
                 edge_feats: torch.Tensor, cutoff: Optional[torch.Tensor], graph: ConvGraph,
-                num_out: Optional[int] = None, out_groups: Optional[ElementGroups] = None
+                num_out: Optional[int] = None, out_groups: Optional[ElementGroups] = None, paired: bool = False
                 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """``num_out``: only the first ``num_out`` rows of the message and skip are computed (the rows
-        that receive edges); ``out_groups``: the element groups of those rows (built if None)."""
+        that receive edges); ``out_groups``: the element groups of those rows (built if None).
+        ``paired``: edges E/2 + p are edges p reversed, and ``edge_feats`` / ``cutoff`` hold the
+        first half's rows only."""
         if num_out is not None:
             groups = out_groups if out_groups is not None else ElementGroups.build(groups.element[:num_out],
                                                                                    self.skip.num_elements)
@@ -76,17 +78,20 @@ class InteractionBlock(nn.Module):
         h = self.linear_up(node_feats)
         msg = None
         if hooks.message is not None:  # opt-in: equikernels.experimental (None: it leaves the call here)
-            msg = hooks.message(self, h, edge_attrs, edge_feats, cutoff, graph)
+            full_feats, full_cut = (_both(edge_feats), _both(cutoff)) if paired else (edge_feats, cutoff)
+            msg = hooks.message(self, h, edge_attrs, full_feats, full_cut, graph)
         else:
             hooks.check_message_unrequested(self.radial_fusion)
         if msg is None:
-            msg = self._message(h, edge_attrs, edge_feats, cutoff, graph)
+            msg = self._message(h, edge_attrs, edge_feats, cutoff, graph, paired)
         if num_out is not None:  # the other rows receive no edges: linear and skip would map zeros
             msg = msg[:num_out]
         if self.density:
             d = torch.tanh(self.density_fn(edge_feats) ** 2)
             if cutoff is not None:
                 d = d * cutoff
+            if paired:
+                d = _both(d)
             density = d.new_zeros(graph.num_nodes, 1).index_add(0, graph.dst, d)  # edge_feats' dtype
             if num_out is not None:
                 density = density[:num_out]
@@ -99,19 +104,27 @@ class InteractionBlock(nn.Module):
         return msg, sc
 
     def _message(self, h: torch.Tensor, edge_attrs: torch.Tensor, edge_feats: torch.Tensor,
-                 cutoff: Optional[torch.Tensor], graph: ConvGraph) -> torch.Tensor:
+                 cutoff: Optional[torch.Tensor], graph: ConvGraph, paired: bool = False) -> torch.Tensor:
         """The convolution of ``h`` with per-edge weights from the radial MLP; on large graphs a chunk
-        of destinations at a time, recomputed in the backward (models.chunked)."""
+        of destinations at a time, recomputed in the backward (models.chunked). ``paired``: as
+        ``forward``."""
         chunk = resolve_edge_chunk(self.edge_chunk, graph.num_edges, self.problem.weight_numel, h.element_size(),
                                    h.device)
         if chunk:
+            if paired:  # chunks are destination ranges: an edge's reverse lies in another chunk
+                edge_feats, cutoff = _both(edge_feats), _both(cutoff)
             return chunked_edge_conv(self.problem, self.radial_mlp, h, edge_attrs, edge_feats, cutoff, graph, chunk,
                                      self.layout)
         # per-edge weights in the node features' dtype (mixed precision: the MLP runs in the half type,
         # as autocast would; edge_feats, cutoff and the spherical harmonics stay full precision)
-        w = edge_weights(self.radial_mlp, edge_feats, cutoff, h.dtype)
+        w = edge_weights(self.radial_mlp, edge_feats, cutoff, h.dtype, paired)
         return tensor_product_conv(self.problem, h, edge_attrs, w, graph.src, graph.dst, graph.num_nodes,
                                    graph=graph, layout=self.layout, validate=False)
+
+
+def _both(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Rows of the first half of paired edges, for both halves."""
+    return None if t is None else torch.cat((t, t))
 
 
 def set_edge_chunk(model: nn.Module, value: Optional[EdgeChunk]) -> nn.Module:

@@ -147,13 +147,17 @@ def chunk_plan(ptr_dst: List[int], chunk_edges: int) -> List[Tuple[int, int, int
     return plan
 
 
-def edge_weights(radial_mlp: nn.Module, edge_feats: Tensor, cutoff: Optional[Tensor], dtype: torch.dtype) -> Tensor:
+def edge_weights(radial_mlp: nn.Module, edge_feats: Tensor, cutoff: Optional[Tensor], dtype: torch.dtype,
+                 paired: bool = False) -> Tensor:
     """Per-edge tensor-product weights ``radial_mlp(edge_feats) * cutoff`` in ``dtype``, the node
     features' (mixed precision: the MLP runs in the half type, as autocast would; edge_feats and
-    cutoff stay full precision until here)."""
-    w = radial_mlp(edge_feats if edge_feats.dtype == dtype else edge_feats.to(dtype))
+    cutoff stay full precision until here). ``paired``: edge_feats and cutoff are the first half of
+    paired edges; the weights of both halves are returned."""
+    x = edge_feats if edge_feats.dtype == dtype else edge_feats.to(dtype)
+    w = radial_mlp(x, paired=True) if paired else radial_mlp(x)
     if cutoff is not None:
-        w = w * (cutoff if cutoff.dtype == w.dtype else cutoff.to(w.dtype))
+        c = cutoff if cutoff.dtype == w.dtype else cutoff.to(w.dtype)
+        w = w * (torch.cat((c, c)) if paired else c)
     return w
 
 

@@ -16,6 +16,9 @@ import numpy as np
 import torch
 
 NON_PERIODIC_CELL_FACTOR = 5  # mace-torch: non-periodic cell vectors = (max|pos| + 1) * 5 * r_max
+# optional data key: True (a bool or a CPU bool tensor) when edges E/2 + p are edges p reversed
+# (sender and receiver swapped, shifts negated); the models then run their radial MLPs on one half
+PAIRED_KEY = "paired_edges"
 
 
 def neighbour_list(positions: np.ndarray, cell: np.ndarray, pbc: Sequence[bool], r_max: float
@@ -60,6 +63,39 @@ def _head_index(head, heads) -> int:
     if not isinstance(head, int) or head < 0 or (heads is not None and head >= len(heads)):
         raise ValueError(f"head: expected a head name or an index < {len(heads) if heads else '?'}, got {head!r}")
     return head
+
+
+def first_of_pairs(edge_index: torch.Tensor, unit_shifts: torch.Tensor) -> torch.Tensor:
+    """Mask of the edges that come first in their pair: sender < receiver, or a periodic image of the
+    same atom whose first non-zero shift component is positive (its reverse has the negated shift)."""
+    s, r = edge_index[0], edge_index[1]
+    sign = torch.zeros_like(s)
+    for k in (2, 1, 0):  # the first non-zero component decides
+        c = unit_shifts[:, k]
+        sign = torch.where(c != 0, torch.sign(c).to(sign.dtype), sign)
+    return (s < r) | ((s == r) & (sign > 0))
+
+
+def pair_edges(data: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """``data`` with its edges in paired order (edge E/2 + p is edge p reversed) and ``PAIRED_KEY``
+    set; the edge list must hold every edge's reverse (a full neighbour list). One host sync."""
+    ei, shifts = data["edge_index"], data["shifts"]
+    unit = data.get("unit_shifts")
+    first = first_of_pairs(ei, unit if unit is not None else shifts)
+    idx = torch.nonzero(first).squeeze(1)
+    if 2 * idx.numel() != ei.shape[1]:
+        raise ValueError(f"data['edge_index']: pairing needs every edge's reverse; {ei.shape[1]} edges, "
+                         f"{idx.numel()} first of a pair")
+    out = dict(data)
+    half = ei.index_select(1, idx)
+    out["edge_index"] = torch.cat((half, half.flip(0)), 1)
+    sh = shifts.index_select(0, idx)
+    out["shifts"] = torch.cat((sh, -sh))
+    if unit is not None:
+        us = unit.index_select(0, idx)
+        out["unit_shifts"] = torch.cat((us, -us))
+    out[PAIRED_KEY] = True
+    return out
 
 
 def atoms_list_to_data(atoms_list, r_max: float, atomic_numbers: Union[Sequence[int], torch.Tensor],

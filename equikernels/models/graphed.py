@@ -24,6 +24,10 @@ per-weight cache (element groups, scaled weights), and the stress volume is a tr
 ``GraphedModel(model, capture=False)`` runs the same padded evaluation eagerly (any device; the
 tests use it to show that padding changes nothing).
 
+With ``pairs=True`` the candidates hold each pair once (a half neighbour list): the model sees the
+first ``capacity`` pairs within the cutoff followed by the same edges reversed (``PAIRED_KEY``), so
+that its radial MLPs run once per pair; capacity and count are then numbers of pairs.
+
 ``to_host`` is the calculator's call: the graph also packs energies, forces (stress) and the count of
 edges within the cutoff into one float64 buffer, so that everything reaches the host in one copy,
 which is also the call's only synchronisation.
@@ -37,6 +41,7 @@ from typing import Dict, Optional
 import numpy as np
 import torch
 
+from .data import PAIRED_KEY
 from .mace import trusted_inputs
 
 PAD_DEGREE = 128  # most padding edges per padding atom (about a real atom's degree)
@@ -64,11 +69,13 @@ class GraphedModel:
     ``edge_headroom``: extra fraction of edges the model sees beyond those within the cutoff, so
     that a slowly changing edge count (MD) rarely re-captures; a count beyond it re-captures with
     twice the headroom (up to ``MAX_HEADROOM``), so a drifting count settles after a few captures.
+    ``pairs``: the data's edges hold each pair once (see the module docstring).
     """
 
     def __init__(self, model: torch.nn.Module, capture: Optional[bool] = None, edge_headroom: float = 0.02,
-                 warmup: int = 2) -> None:
+                 warmup: int = 2, pairs: bool = False) -> None:
         self.model = model
+        self.pairs = bool(pairs)
         self.capture = capture
         self.edge_headroom = float(edge_headroom)
         self._headroom = self.edge_headroom  # doubles at each re-capture for a grown count
@@ -94,8 +101,13 @@ class GraphedModel:
         # keep the bucket while it fits and is not much too large (a shrinking system re-buckets)
         # (the atom bound uses the most padding edges the edge bucket can hold, so that edge-count
         # fluctuations within the bucket never re-capture; a shrinking system still re-buckets)
-        return (n + 1 <= nb and e <= eb and eb - e <= (nb - n) * PAD_DEGREE
-                and bucket(n + 1 + -(-eb // PAD_DEGREE)) >= nb and eb <= max(2 * e, 256))
+        deg = self._pad_degree()
+        return (n + 1 <= nb and e <= eb and eb - e <= (nb - n) * deg
+                and bucket(n + 1 + -(-eb // deg)) >= nb and eb <= max(2 * e, 256))
+
+    def _pad_degree(self) -> int:
+        """Most padding candidates per padding atom (a pair's reverse doubles its edges)."""
+        return PAD_DEGREE // 2 if self.pairs else PAD_DEGREE
 
     def _allocate(self, data, nb: int, eb: int, g: int, stress: bool) -> None:
         pos = data["positions"]
@@ -191,8 +203,12 @@ class GraphedModel:
             within = self._within()
             self._count.copy_(within.sum())
             order = torch.sort(torch.logical_not(within), stable=True).indices[:self._capacity]
-            return dict(s, edge_index=s["edge_index"].index_select(1, order), shifts=s["shifts"].index_select(0, order),
-                        unit_shifts=s["unit_shifts"].index_select(0, order))
+            ei, shifts = s["edge_index"].index_select(1, order), s["shifts"].index_select(0, order)
+            unit = s["unit_shifts"].index_select(0, order)
+            if not self.pairs:
+                return dict(s, edge_index=ei, shifts=shifts, unit_shifts=unit)
+            return dict(s, edge_index=torch.cat((ei, ei.flip(0)), 1), shifts=torch.cat((shifts, -shifts)),
+                        unit_shifts=torch.cat((unit, -unit)), **{PAIRED_KEY: True})
 
     def _run(self, g: int, stress: bool) -> Dict[str, torch.Tensor]:
         s = self._static
@@ -252,7 +268,7 @@ class GraphedModel:
         if new_shape:
             eb = bucket(int(e * (1 + BUCKET_HEADROOM)) + 1)
             # enough padding atoms that none holds more than PAD_DEGREE padding edges
-            nb = bucket(n + 1 + -(-(eb - e) // PAD_DEGREE))
+            nb = bucket(n + 1 + -(-(eb - e) // self._pad_degree()))
             self._graph = None
             self._allocate(data, nb, eb, g, compute_stress)
             self._shape = (nb, eb) + key

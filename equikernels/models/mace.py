@@ -23,6 +23,7 @@ from torch import nn
 from ..nn.linear import Linear
 from ..nn.spherical_harmonics import SphericalHarmonics, ir_mul_permutation
 from ..ops.conv import ConvGraph
+from .data import PAIRED_KEY
 from .blocks import InteractionBlock, LinearReadout, NonLinearReadout, ProductBlock
 from .element_linear import ElementGroups
 from .radial import RadialEmbedding, ZBLRepulsion
@@ -217,6 +218,8 @@ class MACE(nn.Module):
                              f"{tuple(data['shifts'].shape)}")
         if data["batch"].shape != (n,):
             raise ValueError(f"data['batch']: expected shape [num_atoms={n}], got {tuple(data['batch'].shape)}")
+        if _paired(data):
+            _check_paired(data)
         checked = self.__dict__.get("_checked_ei")
         if _trusted() is None and not (checked is not None and checked[0] is ei and checked[1] == (ei._version, n)):
             lo, hi = (torch.stack([ei.min(), ei.max()]).tolist() if ei.numel() else (0, 0))  # one host sync
@@ -323,7 +326,12 @@ class MACE(nn.Module):
         if half is not None:  # the blocks follow the node features' dtype (per-edge weights included)
             node_feats = node_feats.to(half)
         edge_attrs = self.spherical_harmonics(vectors)
-        edge_feats, cutoff = self.radial_embedding(lengths, node_z, sender, receiver)
+        paired = _paired(data)
+        if paired:  # an edge and its reverse have one length: radial features of the first half
+            h = sender.shape[0] // 2
+            edge_feats, cutoff = self.radial_embedding(lengths[:h], node_z, sender[:h], receiver[:h])
+        else:
+            edge_feats, cutoff = self.radial_embedding(lengths, node_z, sender, receiver)
         pair = None
         if self.pair_repulsion is not None:
             pair = self.pair_repulsion(lengths, node_z, sender, receiver, n)
@@ -339,7 +347,8 @@ class MACE(nn.Module):
             elif k and num_out is not None and node_feats.shape[0] != n:
                 raise ValueError("num_out: a model of several layers needs between_layers to refill the other rows")
             # with num_out, rows past it receive no messages: their update is never computed
-            node_feats, sc = interaction(node_feats, groups, edge_attrs, edge_feats, cutoff, graph, num_out, out_groups)
+            node_feats, sc = interaction(node_feats, groups, edge_attrs, edge_feats, cutoff, graph, num_out, out_groups,
+                                         paired)
             node_feats = product(node_feats, sc, prod_element)
             feats.append(node_feats)
         node_es = []
@@ -481,6 +490,36 @@ def _inverse(perm: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     inv = torch.empty_like(perm)
     inv[perm] = torch.arange(perm.numel())
     return inv
+
+
+def _paired(data) -> bool:
+    """Whether ``data`` declares its edges paired (``PAIRED_KEY``); a device tensor is refused (it
+    would cost a sync per call)."""
+    flag = data.get(PAIRED_KEY)
+    if flag is None:
+        return False
+    if isinstance(flag, torch.Tensor):
+        if flag.device.type != "cpu" or flag.numel() != 1:
+            raise ValueError(f"data[{PAIRED_KEY!r}]: expected a bool or a one-element CPU tensor, got "
+                             f"{tuple(flag.shape)} on {flag.device}")
+        return bool(flag)
+    if not isinstance(flag, bool):
+        raise TypeError(f"data[{PAIRED_KEY!r}]: expected a bool, got {type(flag).__name__}")
+    return flag
+
+
+def _check_paired(data) -> None:
+    """Edges E/2 + p must be edges p reversed (skipped under ``trusted_inputs``: one host sync)."""
+    ei, shifts = data["edge_index"], data["shifts"]
+    e = ei.shape[1]
+    if e % 2:
+        raise ValueError(f"data[{PAIRED_KEY!r}]: paired edges need an even number of edges, got {e}")
+    if _trusted() is not None:
+        return
+    h = e // 2
+    if not (torch.equal(ei[:, h:], ei[:, :h].flip(0)) and torch.equal(shifts[h:], -shifts[:h])):
+        raise ValueError(f"data[{PAIRED_KEY!r}]: edge E/2 + p must be edge p reversed (sender and receiver "
+                         "swapped, shift negated)")
 
 
 def _scatter(src: torch.Tensor, index: torch.Tensor, size: int) -> torch.Tensor:

@@ -277,33 +277,38 @@ class RadialMLP(nn.Module):
             return x
         return silu(x) if self.act.f is torch.nn.functional.silu else self.act.f(x)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, paired: bool = False) -> torch.Tensor:
+        """The MLP of ``x`` [rows, in]; ``paired``: the result twice, stacked ([2 rows, out]; the last
+        layer writes both copies)."""
         last = len(self.layers) - 1
         ws = self._scaled()
         if ws and x.dtype != ws[0].dtype:
             ws = _half_weights(self, ws, x)
-        return self._chain(x, ws, last)
+        return self._chain(x, ws, last, paired)
 
-    def _chain(self, x: torch.Tensor, ws: List[torch.Tensor], last: int) -> torch.Tensor:
-        """x through the layers ``ws``, the activation after each layer before index ``last``."""
+    def _chain(self, x: torch.Tensor, ws: List[torch.Tensor], last: int, paired: bool = False) -> torch.Tensor:
+        """x through the layers ``ws``, the activation after each layer before index ``last``; with
+        ``paired`` the result twice, stacked."""
         if ws and self.fused and x.dim() == 2:
             if hooks.radial_mlp is not None:  # opt-in: equikernels.experimental (None: the torch chain)
                 out = hooks.radial_mlp(self, x, ws)
                 if out is not None:
-                    return out
+                    return torch.cat((out, out)) if paired else out
             else:
                 hooks.check_mlp_unrequested()
         # SiLU is applied by the next layer's product as it reads its input (ops.matmul)
         fuse = self.act is not None and self.act.f is torch.nn.functional.silu
         act: Optional[str] = None
         for i, w in enumerate(ws):
-            x = matmul(x, w, self.backend, act)
+            x = matmul(x, w, self.backend, act, paired and i == last)
             act = None
             if i < last:
                 if fuse:
                     act = "silu"
                 else:
                     x = self._gate(x)
+        if paired and not ws:
+            x = torch.cat((x, x))
         return x
 
     def split_last(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

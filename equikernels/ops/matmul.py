@@ -13,6 +13,11 @@ With ``act="silu"`` the product is ``silu(x) @ w``, the activation applied as th
 (the MLP's activations are never written), and its backward ``(g @ w.T) * silu'(x)`` is one kernel
 too. The backward is this op again for ``x`` and a torch product for ``w``; under ``create_graph``
 both are recorded with differentiable operations, so derivatives of any order are exact autograd.
+
+With ``paired=True`` the product of M rows is returned twice, as rows m and M + m of a [2M, N]
+result: the radial weights of an edge and of its reverse (the same length) are computed once. The
+kernel stores each tile twice, and the backward reads the two rows' cotangents summed as it loads
+them (no [2M, N] intermediate).
 """
 from __future__ import annotations
 
@@ -66,14 +71,16 @@ def kernel_available(x: Tensor, w: Tensor, backend: Optional[str] = None) -> boo
     return x.dtype in KERNEL_DTYPES and triton_available()
 
 
-def matmul(x: Tensor, w: Tensor, backend: Optional[str] = None, act: Optional[str] = None) -> Tensor:
+def matmul(x: Tensor, w: Tensor, backend: Optional[str] = None, act: Optional[str] = None,
+           paired: bool = False) -> Tensor:
     """``a(x) @ w`` for ``x`` [M, K] and ``w`` [K, N], ``a`` the identity or SiLU (``act="silu"``),
-    differentiable to any order."""
+    differentiable to any order; with ``paired`` the [M, N] product twice, stacked: [2M, N]."""
     if act not in ACTS:
         raise ValueError(f"act: expected one of {ACTS}, got {act!r}")
     if not kernel_available(x, w, backend):
-        return (silu(x) if act else x) @ w
-    return _MatMul.apply(x, w, act, backend)
+        y = (silu(x) if act else x) @ w
+        return torch.cat((y, y)) if paired else y
+    return _MatMul.apply(x, w, act, backend, bool(paired))
 
 
 @functools.lru_cache(maxsize=None)
@@ -82,33 +89,45 @@ def _has_tf32(device: torch.device) -> bool:
     return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 0)
 
 
-def _product(x: Tensor, w: Tensor, silu_in: bool = False, dsilu_z: Optional[Tensor] = None) -> Tensor:
+def _product(x: Tensor, w: Tensor, silu_in: bool = False, dsilu_z: Optional[Tensor] = None,
+             pair_in: bool = False, pair_out: bool = False) -> Tensor:
+    """The kernel's a(x) @ w (times SiLU'(dsilu_z)); ``pair_in``: of x[:M] + x[M:] (x has 2M rows);
+    ``pair_out``: the result twice, [2M, N]."""
     from ._matmul_kernel import launch  # noqa: PLC0415 (Triton only where it runs)
-    out = torch.empty(x.shape[0], w.shape[1], dtype=x.dtype, device=x.device)
+    m = x.shape[0] // 2 if pair_in else x.shape[0]
+    out = torch.empty(2 * m if pair_out else m, w.shape[1], dtype=x.dtype, device=x.device)
     if out.numel():
         launch(x, w, out, config(x.shape[1], w.shape[1], x.dtype, _has_tf32(x.device)), silu_in,
-               None if dsilu_z is None else dsilu_z.contiguous())
+               None if dsilu_z is None else dsilu_z.contiguous(), pair_in, pair_out)
     return out
 
 
 class _MatMul(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w, act, backend):
+    def forward(ctx, x, w, act, backend, paired):
         ctx.save_for_backward(x, w)
-        ctx.act, ctx.backend = act, backend
-        return _product(x.detach(), w.detach(), silu_in=act == "silu")
+        ctx.act, ctx.backend, ctx.paired = act, backend, paired
+        return _product(x.detach(), w.detach(), silu_in=act == "silu", pair_out=paired)
 
     @staticmethod
     def backward(ctx, g):
         x, w = ctx.saved_tensors
         gx = gw = None
+        fused = not torch.is_grad_enabled() and kernel_available(g, w.t(), ctx.backend)
+        if ctx.paired and not fused:
+            m = x.shape[0]
+            g = g[:m] + g[m:]
+        pair_in = ctx.paired and fused  # the kernel adds the two rows' cotangents as it loads them
         if ctx.needs_input_grad[0]:
-            if ctx.act is None:
+            if fused:  # the activation's derivative applied as the product's tile is stored
+                gx = _product(g, w.t(), dsilu_z=x if ctx.act else None, pair_in=pair_in)
+            elif ctx.act is None:
                 gx = matmul(g, w.t(), ctx.backend)
-            elif torch.is_grad_enabled() or not kernel_available(g, w.t(), ctx.backend):
+            else:
                 gx = silu_grad(x, matmul(g, w.t(), ctx.backend))
-            else:  # the activation's derivative applied as the product's tile is stored
-                gx = _product(g, w.t(), dsilu_z=x)
         if ctx.needs_input_grad[1]:
+            if pair_in:
+                m = x.shape[0]
+                g = g[:m] + g[m:]
             gw = (silu(x) if ctx.act else x).t() @ g
-        return gx, gw, None, None
+        return gx, gw, None, None, None

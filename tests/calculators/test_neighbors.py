@@ -153,3 +153,25 @@ def test_bad_arguments():
 def test_empty_neighbourhood():
     atoms = Atoms("H2", positions=[[0, 0, 0], [0, 0, 10.0]])
     assert ours(SkinNeighborList(CUTOFF, skin=0.5), atoms) == set()
+
+
+@pytest.mark.parametrize("name", sorted(structures()))
+def test_paired_lists(name):
+    """``paired``: candidates hold each pair once; ``update`` returns the full list (as a set) with
+    edge E/2 + p the reverse of edge p, across rebuilds."""
+    atoms = structures()[name]
+    atoms.rattle(0.05, seed=3)
+    rng = np.random.default_rng(1)
+    nl = SkinNeighborList(CUTOFF, skin=0.6, paired=True)
+    for _ in range(30):
+        atoms.positions += rng.normal(scale=0.08, size=atoms.positions.shape)
+        assert ours(nl, atoms) == ase_pairs(atoms)
+        edges = nl.update(torch.tensor(atoms.positions), torch.tensor(atoms.cell.array), pbc_tensor(atoms.pbc, "cpu"))
+        h = edges.sender.shape[0] // 2
+        assert torch.equal(edges.sender[h:], edges.receiver[:h]) and torch.equal(edges.receiver[h:], edges.sender[:h])
+        assert torch.equal(edges.unit_shifts[h:], -edges.unit_shifts[:h])
+        cand = nl.candidates(torch.tensor(atoms.positions), torch.tensor(atoms.cell.array), pbc_tensor(atoms.pbc, "cpu"))
+        pairs = pair_set(cand.sender.numpy(), cand.receiver.numpy(), cand.unit_shifts.numpy())
+        assert len(pairs) == cand.sender.shape[0]
+        assert not pairs & pair_set(cand.receiver.numpy(), cand.sender.numpy(), -cand.unit_shifts.numpy())
+    assert nl.num_builds > 1

@@ -271,9 +271,38 @@ def test_edge_fluctuations_within_a_bucket_keep_the_shape():
     from equikernels.models.graphed import BUCKET_HEADROOM, PAD_DEGREE, GraphedModel, bucket
     g = GraphedModel.__new__(GraphedModel)
     n = 1008
-    for e0 in (80000, 20000):
+    for e0, pairs in ((80000, False), (20000, False), (40000, True)):
+        g.pairs = pairs  # a half list: a padding atom's candidates count twice
         eb = bucket(int(e0 * (1 + BUCKET_HEADROOM)) + 1)
-        nb = bucket(n + 1 + -(-(eb - e0) // PAD_DEGREE))
+        nb = bucket(n + 1 + -(-(eb - e0) // (PAD_DEGREE // (2 if pairs else 1))))
         g._shape = (nb, eb, "key")
         assert all(g._fits(n, e, ("key",)) for e in range(int(e0 * 0.9), eb + 1, 7))
         assert not g._fits(n, eb + 1, ("key",))  # more edges than the bucket holds
+
+
+@pytest.mark.parametrize("stress", [False, True])
+def test_half_list_with_pairs(model, stress):
+    """``pairs=True``: a half candidate list (each pair once, with candidates beyond the cutoff)
+    gives the full list's results; capacity and count are pairs."""
+    from equikernels.calculators.neighbors import SkinNeighborList, pbc_tensor
+    from equikernels.models.data import first_of_pairs
+    r_max = float(model.r_max)
+    for atoms in (crystal(), molecule("CH3OH")):
+        data = atoms_to_data(atoms, r_max, ELEMENTS, dtype=torch.float64)
+        ref = _direct(model, data, stress)
+        keep = torch.nonzero(first_of_pairs(data["edge_index"], data["unit_shifts"])).squeeze(1)
+        half = dict(data, edge_index=data["edge_index"][:, keep], shifts=data["shifts"][keep],
+                    unit_shifts=data["unit_shifts"][keep])
+        g = GraphedModel(model, capture=False, pairs=True)
+        _close(g(half, compute_stress=stress), ref)
+        assert int(g._count) == keep.numel() == data["edge_index"].shape[1] // 2
+        # vesin's half list with a skin: candidates beyond the cutoff change nothing
+        nl = SkinNeighborList(r_max, skin=1.0, paired=True)
+        pos = data["positions"]
+        cand = nl.candidates(pos, data["cell"], pbc_tensor(atoms.pbc, "cpu"))
+        assert cand.sender.shape[0] > keep.numel() or len(atoms) < 8  # a molecule: every pair within
+        cdata = dict(data, edge_index=cand.edge_index, shifts=cand.shifts, unit_shifts=cand.unit_shifts)
+        _close(GraphedModel(model, capture=False, pairs=True)(cdata, compute_stress=stress), ref)
+        # the same half list read as a full one misses every reverse edge
+        wrong = GraphedModel(model, capture=False)(half, compute_stress=stress)
+        assert float((wrong["forces"] - ref["forces"]).abs().max()) > 1e-6

@@ -398,3 +398,46 @@ def test_conv_graph_kept_for_the_same_unchanged_edge_index(monkeypatch):
     expected = model(dict(data, edge_index=ei.clone(), shifts=shifts.clone()))["forces"]  # another tensor: built
     assert len(builds) == 3
     assert torch.allclose(got, expected, atol=1e-12) and not torch.allclose(got, first, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_paired_edges_run_the_radial_mlps_once_per_pair(name):
+    """Edges E/2 + p reversed from edges p (``pair_edges``): the same energy, forces and stress,
+    with every radial MLP given one row per pair."""
+    from equikernels.models.data import PAIRED_KEY, pair_edges
+    from equikernels.models.radial import RadialMLP
+    model = _model(**MODELS[name])
+    data = _batch([_crystal(), _molecule()])
+    paired = pair_edges(data)
+    e = data["edge_index"].shape[1]
+    assert paired[PAIRED_KEY] and paired["edge_index"].shape[1] == e
+    rows = []
+    hooks = [m.register_forward_pre_hook(lambda mod, args: rows.append(args[0].shape[0]))
+             for m in model.modules() if isinstance(m, RadialMLP)]
+    ref = model(dict(data), compute_stress=True)
+    assert rows and set(rows) == {e}
+    rows.clear()
+    out = model(dict(paired), compute_stress=True)
+    assert set(rows) == {e // 2}
+    for h in hooks:
+        h.remove()
+    for k in ("energy", "forces", "stress"):
+        torch.testing.assert_close(out[k], ref[k], rtol=1e-12, atol=1e-12)
+    assert ref["forces"].abs().max() > 1e-3
+
+
+def test_paired_edges_are_checked():
+    from equikernels.models.data import PAIRED_KEY, pair_edges
+    model = _model()
+    paired = pair_edges(_one(_crystal()))
+    bad = dict(paired, shifts=paired["shifts"].clone())
+    bad["shifts"][0, 0] += 1.0
+    with pytest.raises(ValueError, match="paired_edges"):
+        model(bad)
+    with pytest.raises(ValueError, match="paired_edges"):  # a device flag would cost a sync per call
+        model(dict(paired, **{PAIRED_KEY: torch.ones(2, dtype=torch.bool)}))
+    full = _one(_crystal())
+    one_way = dict(full, edge_index=full["edge_index"][:, :-1], shifts=full["shifts"][:-1],
+                   unit_shifts=full["unit_shifts"][:-1])
+    with pytest.raises(ValueError, match="reverse"):
+        pair_edges(one_way)

@@ -110,3 +110,56 @@ def test_no_rows(act, device):
     out = MM.matmul(x, w, "triton", act)
     (gx,) = torch.autograd.grad(out, x, torch.ones_like(out))
     assert out.shape == (0, 48) and gx.shape == (0, 32)
+
+
+@pytest.mark.parametrize("act", [None, "silu"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("m,k,n", [(203, 64, 40), (130, 300, 48), (150, 40, 300)])
+def test_paired_rows(m, k, n, dtype, act, device, poisoned):
+    """``paired``: the product written as rows m and M + m; the backward adds both rows' cotangents
+    as it loads them (tiles and row programs, SiLU's derivative epilogue)."""
+    x = (2 * torch.randn(m, k, dtype=dtype, device=device)).requires_grad_()
+    w = torch.randn(k, n, dtype=dtype, device=device) / k ** 0.5
+    g = torch.randn(2 * m, n, dtype=dtype, device=device)
+    out = MM.matmul(x, w, "triton", act, paired=True)
+    assert out.shape == (2 * m, n) and type(out.grad_fn).__name__ == "_MatMulBackward"
+    (gx,) = torch.autograd.grad(out, x, g)
+    x64 = x.detach().double().requires_grad_()
+    y = _act(x64, act) @ w.double()
+    exact = torch.cat((y, y))
+    (gexact,) = torch.autograd.grad(exact, x64, g.double())
+    tol = 1e-12 if dtype == torch.float64 else 3e-6
+    for ours, ref in ((out, exact), (gx, gexact)):
+        torch.testing.assert_close(ours.double(), ref.detach(), rtol=0, atol=tol * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("act", [None, "silu"])
+def test_paired_rows_each_order_is_exact_autograd(act, device):
+    x = torch.randn(9, 20, dtype=torch.float64, device=device, requires_grad=True)
+    w = torch.randn(20, 18, dtype=torch.float64, device=device, requires_grad=True)
+    f = lambda a, b: MM.matmul(a, b, "triton", act, paired=True)  # noqa: E731
+    g = torch.randn(18, 18, dtype=torch.float64, device=device)
+    y = _act(x, act) @ w
+    exact = torch.autograd.grad(torch.cat((y, y)), (x, w), g)
+    for create_graph in (False, True):
+        ours = torch.autograd.grad(f(x, w), (x, w), g, create_graph=create_graph)
+        for a, b in zip(ours, exact):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    torch.autograd.gradcheck(f, (x, w), fast_mode=True)
+    torch.autograd.gradgradcheck(f, (x, w), fast_mode=True)
+    # torch's path (no kernel) returns the same stacked product
+    torch.testing.assert_close(MM.matmul(x.detach(), w.detach(), act=act, paired=True), torch.cat((y, y)).detach())
+
+
+def test_radial_mlp_paired(device):
+    mlp = RadialMLP([8, 32, 32, 48], "silu").to(device=device, dtype=torch.float64)
+    x = torch.randn(70, 8, dtype=torch.float64, device=device, requires_grad=True)
+    ref = mlp(x)
+    (gref,) = torch.autograd.grad(torch.cat((ref, 2 * ref)).square().sum(), x)
+    for backend in (None, "triton"):
+        mlp.backend = backend
+        out = mlp(x, paired=True)
+        (g,) = torch.autograd.grad((out * torch.tensor([1.0] * 70 + [2.0] * 70, dtype=out.dtype,
+                                                       device=device)[:, None]).square().sum(), x)
+        torch.testing.assert_close(out, torch.cat((ref, ref)), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(g, gref, rtol=1e-12, atol=1e-12)
