@@ -259,17 +259,17 @@ class MACE(nn.Module):
         self.__dict__["_ctx"] = ctx  # holds the tensors of its key, so their ids cannot be reused
         return ctx
 
-    def _graph_of(self, edge_index: torch.Tensor, n: int) -> ConvGraph:
+    def _graph_of(self, edge_index: torch.Tensor, n: int, paired: bool = False) -> ConvGraph:
         """The ``ConvGraph`` of ``edge_index``, kept while the same tensor comes back unchanged (MD
         steps between neighbour-list rebuilds, a repeated batch): two sorts and a dozen launches less."""
         sender, receiver = edge_index[0], edge_index[1]
         if torch.compiler.is_compiling() or (edge_index.is_cuda and torch.cuda.is_current_stream_capturing()):
-            return ConvGraph.build(sender, receiver, n, validate=False)
-        key = (edge_index._version, n, edge_index.device)
+            return ConvGraph.build(sender, receiver, n, validate=False, paired=paired)
+        key = (edge_index._version, n, edge_index.device, paired)
         cached = self.__dict__.get("_conv_graph")
         if cached is not None and cached[0] is edge_index and cached[1] == key:
             return cached[2]
-        graph = ConvGraph.build(sender, receiver, n, validate=False)
+        graph = ConvGraph.build(sender, receiver, n, validate=False, paired=paired)
         self.__dict__["_conv_graph"] = (edge_index, key, graph)  # holds the tensor, so its id cannot be reused
         return graph
 
@@ -316,8 +316,9 @@ class MACE(nn.Module):
         n = node_attrs.shape[0]
         sender, receiver = data["edge_index"][0], data["edge_index"][1]
         groups, node_z = ctx.groups, ctx.node_z
+        paired = _paired(data)
         if graph is None:
-            graph = self._graph_of(data["edge_index"], n)  # one graph, reused by every layer
+            graph = self._graph_of(data["edge_index"], n, paired)  # one graph, reused by every layer
         elif graph.num_nodes != n or graph.num_edges != sender.shape[0]:
             raise ValueError(f"graph: built for {graph.num_nodes} nodes and {graph.num_edges} edges, the data has "
                              f"{n} and {sender.shape[0]}")
@@ -326,7 +327,6 @@ class MACE(nn.Module):
         if half is not None:  # the blocks follow the node features' dtype (per-edge weights included)
             node_feats = node_feats.to(half)
         edge_attrs = self.spherical_harmonics(vectors)
-        paired = _paired(data)
         if paired:  # an edge and its reverse have one length: radial features of the first half
             h = sender.shape[0] // 2
             edge_feats, cutoff = self.radial_embedding(lengths[:h], node_z, sender[:h], receiver[:h])

@@ -39,7 +39,9 @@ class ConvGraph:
         return self.src.shape[0]  # not int(): that would specialise a symbolic edge count
 
     @staticmethod
-    def build(src: Tensor, dst: Tensor, num_nodes: int, validate: bool = True) -> "ConvGraph":
+    def build(src: Tensor, dst: Tensor, num_nodes: int, validate: bool = True, paired: bool = False) -> "ConvGraph":
+        """``paired``: edge E/2 + p is edge p reversed (trusted, not checked); the source order is then
+        the destination order's reverse edges (one sort instead of two)."""
         src, dst = _check_index("src", src), _check_index("dst", dst)
         if src.shape != dst.shape:
             raise ValueError(f"src and dst: expected the same shape [E], got {tuple(src.shape)} and {tuple(dst.shape)}")
@@ -53,7 +55,15 @@ class ConvGraph:
             _check_range("dst", dst, num_nodes, "num_nodes")
         src64, dst64 = src.long(), dst.long()
         perm_dst, ptr_dst = _order(dst64, src64, num_nodes)
-        perm_src, ptr_src = _order(src64, dst64, num_nodes)
+        if paired:
+            if src64.shape[0] % 2:
+                raise ValueError(f"paired: needs an even number of edges, got {src64.shape[0]}")
+            half = src64.shape[0] // 2
+            # the edges leaving n are the reverses of those entering n, in the same order
+            perm_src = torch.where(perm_dst < half, perm_dst + half, perm_dst - half)
+            ptr_src = ptr_dst
+        else:
+            perm_src, ptr_src = _order(src64, dst64, num_nodes)
         return ConvGraph(src64.contiguous(), dst64.contiguous(), num_nodes, perm_dst, ptr_dst, perm_src, ptr_src,
                          (src, dst))
 

@@ -37,3 +37,21 @@ def test_int32_keys_hold_the_largest_graph_they_are_used_for():
     perm, ptr = G._order(key, tie, n)
     assert perm.tolist() == [1, 3, 2, 0]
     assert ptr[0] == 0 and ptr[1] == 1 and ptr[6] == 2 and ptr[n - 1] == 2 and ptr[n] == 4
+
+
+@pytest.mark.parametrize("n,h", [(1, 3), (7, 40), (50, 600)])
+def test_paired_source_order_from_the_destination_order(n, h):
+    """``paired`` (edge H + p = edge p reversed): the source order is the destination order's reverse
+    edges; each node's source segment holds the edges leaving it, sorted by destination."""
+    gen = torch.Generator().manual_seed(n * 1000 + h)
+    a, b = torch.randint(0, n, (h,), generator=gen), torch.randint(0, n, (h,), generator=gen)
+    src, dst = torch.cat((a, b)), torch.cat((b, a))
+    g = G.ConvGraph.build(src, dst, n, paired=True)
+    full = G.ConvGraph.build(src, dst, n)
+    assert torch.equal(g.perm_dst, full.perm_dst) and torch.equal(g.ptr_src, full.ptr_src)
+    for k in range(n):
+        seg = g.perm_src[g.ptr_src[k]:g.ptr_src[k + 1]]
+        assert (src[seg] == k).all() and (dst[seg].diff() >= 0).all()
+        assert sorted(seg.tolist()) == sorted(full.perm_src[full.ptr_src[k]:full.ptr_src[k + 1]].tolist())
+    with pytest.raises(ValueError, match="even"):
+        G.ConvGraph.build(src[:-1], dst[:-1], n, paired=True)

@@ -82,6 +82,9 @@ def test_where_torch_runs(device):
 def test_config_per_shape():
     assert MM.config(64, 128, torch.float32)[4] == "ieee" and MM.config(1280, 64, torch.float32)[4] == "tf32x3"
     assert MM.config(1280, 64, torch.float64)[4] == "ieee"
+    # deep products of few rows: smaller row tiles (more programs)
+    assert MM.config(1280, 64, torch.float32, rows=40_000)[0] == 64 and MM.config(1280, 64, torch.float32)[0] == 128
+    assert MM.config(1280, 64, torch.float32, rows=400_000)[0] == 128
     assert MM.config(1280, 64, torch.float32, tf32=False)[4] == "ieee"  # no TF32 tensor cores
     # a narrow input feeding a wide output: row programs on tensor cores; else tiles
     assert MM.config(64, 1280, torch.float32)[4:] == ("tf32x3", True)
