@@ -127,3 +127,34 @@ def test_cell_relaxation_takes_stress_from_the_same_evaluation(model):
     opt = FIRE(FrechetCellFilter(atoms), logfile=None)
     opt.run(fmax=1e-6, steps=5)
     assert len(calls) <= opt.nsteps + 2 and all(calls[1:])
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_paired_edges_by_default(model, graphs):
+    """The calculator gives an equikernels MACE paired edges (the radial MLPs see one row per pair),
+    eagerly and in the padded fixed-shape mode, with the results of a full neighbour list."""
+    from equikernels.calculators.neighbors import SkinNeighborList
+    from equikernels.models.radial import RadialMLP
+    atoms = crystal()
+    calc = MACECalculator(model, device="cpu")
+    full = MACECalculator(model, device="cpu")
+    full.neighbors = SkinNeighborList(full.r_max, full.neighbors.skin, paired=False)
+    assert calc.neighbors.paired
+    if graphs:
+        calc._enable_graphs(capture=False)
+        full._enable_graphs(capture=False)
+    rows = []
+    hooks = [m.register_forward_pre_hook(lambda mod, args: rows.append(args[0].shape[0]))
+             for m in calc.model.modules() if isinstance(m, RadialMLP)]
+    calc.calculate(atoms, ["energy", "forces", "stress"])
+    seen = set(rows)
+    for h in hooks:
+        h.remove()
+    full.calculate(atoms, ["energy", "forces", "stress"])
+    edges = calc.graph(atoms)["edge_index"].shape[1]
+    if graphs:  # the first ``capacity`` pairs (within the cutoff, plus headroom)
+        assert seen == {calc._graphed._capacity} and edges // 2 <= calc._graphed._capacity < 0.6 * edges
+    else:
+        assert seen == {edges // 2}
+    for k in ("energy", "forces", "stress"):
+        np.testing.assert_allclose(calc.results[k], full.results[k], rtol=1e-10, atol=1e-10)
