@@ -7,7 +7,8 @@ affinely deformed reference, widened by the cell's deformation (see ``SkinNeighb
 returns exactly the pairs within ``cutoff`` (the candidates are filtered by their current
 distance), so results equal a fresh list at every step, whatever the model does with edges
 beyond its cutoff. Conventions are mace-torch's: ``sender = i``, ``receiver = j``,
-``vector = x[j] - x[i] + S @ cell``, self-pairs only across periodic images.
+``vector = x[j] - x[i] + S @ cell``, self-pairs only across periodic images. With ``paired`` the
+list holds each pair once and the edges come back paired (the second half the first reversed).
 """
 from __future__ import annotations
 
