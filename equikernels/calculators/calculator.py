@@ -24,7 +24,7 @@ from ase.stress import full_3x3_to_voigt_6_stress
 
 from .. import settings
 from ..models.graphed import GraphedModel
-from ..models.data import PAIRED_KEY
+from ..models.data import PAIRED_KEY, pair_edges
 from ..models.mace import MACE, trusted_inputs
 from .checks import MIN_VOLUME, check_finite, check_stress_cell, check_structure
 from .graph import ElementTable, single_graph
@@ -250,6 +250,8 @@ class MACECalculator(Calculator):
             batch = Batch.from_data_list(graphs)
             data = {key: batch[key] for key in ("positions", "node_attrs", "edge_index", "shifts", "unit_shifts",
                                                 "cell", "batch", "ptr", "head")}
+            if self.neighbors.paired:  # the radial MLPs once per pair, as in ``calculate``
+                data = pair_edges(data)
             out = self.model(data, compute_force=True, compute_stress=compute_stress, training=False)
             results.extend(_results(out, [len(a) for a in chunk], compute_stress))
         for k, (atoms, res) in enumerate(zip(atoms_list, results)):

@@ -84,9 +84,17 @@ def test_stress(model):
 
 
 def test_batch_evaluate(model):
+    from equikernels.models.radial import RadialMLP
     calc = MACECalculator(model, device="cpu")
     structures = [crystal(), molecule("CH3OH"), slab()]
-    for atoms, res in zip(structures, calc.batch_evaluate(structures, properties=("energy", "forces"))):
+    rows = []
+    hooks = [m.register_forward_pre_hook(lambda mod, args: rows.append(args[0].shape[0]))
+             for m in calc.model.modules() if isinstance(m, RadialMLP)]
+    batched = calc.batch_evaluate(structures, properties=("energy", "forces"))
+    for h in hooks:
+        h.remove()
+    assert set(rows) == {sum(calc.graph(a)["edge_index"].shape[1] for a in structures) // 2}  # once per pair
+    for atoms, res in zip(structures, batched):
         calc.calculate(atoms, ["energy", "forces"])
         assert res["energy"] == pytest.approx(calc.results["energy"], rel=1e-12)
         np.testing.assert_allclose(res["forces"], calc.results["forces"], rtol=1e-10, atol=1e-12)
