@@ -18,6 +18,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..models.data import with_reverses
+
 DEFAULT_SKIN = 0.5  # Angstrom: typical MD moves atoms < 0.01 A per fs, so rebuilds every ~20+ steps
 
 
@@ -165,8 +167,8 @@ class SkinNeighborList:
             keep = torch.nonzero(vec.square().sum(dim=1) < self.cutoff ** 2).squeeze(1)
             i, j, unit_shifts, shifts = i[keep], j[keep], unit_shifts[keep], shifts[keep]
         if self.paired:
-            i, j, unit_shifts, shifts = (torch.cat((i, j)), torch.cat((j, i)), torch.cat((unit_shifts, -unit_shifts)),
-                                         torch.cat((shifts, -shifts)))
+            ei, shifts, unit_shifts = with_reverses(torch.stack((i, j)), shifts, unit_shifts)
+            return Edges(ei[0], ei[1], unit_shifts, shifts)
         return Edges(i, j, unit_shifts, shifts)
 
 

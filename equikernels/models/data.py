@@ -76,24 +76,40 @@ def first_of_pairs(edge_index: torch.Tensor, unit_shifts: torch.Tensor) -> torch
     return (s < r) | ((s == r) & (sign > 0))
 
 
+def with_reverses(edge_index: torch.Tensor, shifts: torch.Tensor, unit_shifts: Optional[torch.Tensor] = None):
+    """Edges p (one per pair) followed by the same edges reversed: (edge_index [2, 2H], shifts,
+    unit_shifts or None), the paired order of ``PAIRED_KEY``."""
+    ei = torch.cat((edge_index, edge_index.flip(0)), 1)
+    unit = None if unit_shifts is None else torch.cat((unit_shifts, -unit_shifts))
+    return ei, torch.cat((shifts, -shifts)), unit
+
+
+def _sorted_rows(rows: torch.Tensor) -> torch.Tensor:
+    """``rows`` [E, C] in lexicographic order (stable sorts from the last column)."""
+    order = torch.arange(rows.shape[0], device=rows.device)
+    for c in range(rows.shape[1] - 1, -1, -1):
+        order = order.index_select(0, torch.sort(rows[order, c], stable=True).indices)
+    return rows.index_select(0, order)
+
+
 def pair_edges(data: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """``data`` with its edges in paired order (edge E/2 + p is edge p reversed) and ``PAIRED_KEY``
-    set; the edge list must hold every edge's reverse (a full neighbour list). One host sync."""
+    set; the edge list must hold every edge's reverse (a full neighbour list), else ValueError."""
     ei, shifts = data["edge_index"], data["shifts"]
     unit = data.get("unit_shifts")
     first = first_of_pairs(ei, unit if unit is not None else shifts)
-    idx = torch.nonzero(first).squeeze(1)
-    if 2 * idx.numel() != ei.shape[1]:
-        raise ValueError(f"data['edge_index']: pairing needs every edge's reverse; {ei.shape[1]} edges, "
-                         f"{idx.numel()} first of a pair")
+    idx, rest = torch.nonzero(first).squeeze(1), torch.nonzero(~first).squeeze(1)
+    key = (unit if unit is not None else shifts).double()  # rows (sender, receiver, shift) compared exactly
+    ours = torch.cat((ei.index_select(1, idx).flip(0).t().double(), -key.index_select(0, idx)), 1)
+    theirs = torch.cat((ei.index_select(1, rest).t().double(), key.index_select(0, rest)), 1)
+    if ours.shape != theirs.shape or not torch.equal(_sorted_rows(ours), _sorted_rows(theirs)):
+        raise ValueError(f"data['edge_index']: pairing needs every edge's reverse (receiver and sender swapped, "
+                         f"shift negated); {ei.shape[1]} edges, {idx.numel()} first of a pair")
     out = dict(data)
-    half = ei.index_select(1, idx)
-    out["edge_index"] = torch.cat((half, half.flip(0)), 1)
-    sh = shifts.index_select(0, idx)
-    out["shifts"] = torch.cat((sh, -sh))
-    if unit is not None:
-        us = unit.index_select(0, idx)
-        out["unit_shifts"] = torch.cat((us, -us))
+    out["edge_index"], out["shifts"], u = with_reverses(ei.index_select(1, idx), shifts.index_select(0, idx),
+                                                       None if unit is None else unit.index_select(0, idx))
+    if u is not None:
+        out["unit_shifts"] = u
     out[PAIRED_KEY] = True
     return out
 

@@ -41,7 +41,7 @@ from typing import Dict, Optional
 import numpy as np
 import torch
 
-from .data import PAIRED_KEY
+from .data import PAIRED_KEY, with_reverses
 from .mace import trusted_inputs
 
 PAD_DEGREE = 128  # most padding edges per padding atom (about a real atom's degree)
@@ -207,8 +207,8 @@ class GraphedModel:
             unit = s["unit_shifts"].index_select(0, order)
             if not self.pairs:
                 return dict(s, edge_index=ei, shifts=shifts, unit_shifts=unit)
-            return dict(s, edge_index=torch.cat((ei, ei.flip(0)), 1), shifts=torch.cat((shifts, -shifts)),
-                        unit_shifts=torch.cat((unit, -unit)), **{PAIRED_KEY: True})
+            ei, shifts, unit = with_reverses(ei, shifts, unit)
+            return dict(s, edge_index=ei, shifts=shifts, unit_shifts=unit, **{PAIRED_KEY: True})
 
     def _run(self, g: int, stress: bool) -> Dict[str, torch.Tensor]:
         s = self._static

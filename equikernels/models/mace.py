@@ -517,7 +517,7 @@ def _check_paired(data) -> None:
     if _trusted() is not None:
         return
     h = e // 2
-    if not (torch.equal(ei[:, h:], ei[:, :h].flip(0)) and torch.equal(shifts[h:], -shifts[:h])):
+    if not bool((ei[:, h:] == ei[:, :h].flip(0)).all() & (shifts[h:] == -shifts[:h]).all()):  # one sync
         raise ValueError(f"data[{PAIRED_KEY!r}]: edge E/2 + p must be edge p reversed (sender and receiver "
                          "swapped, shift negated)")
 

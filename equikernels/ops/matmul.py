@@ -6,8 +6,8 @@ cuBLAS's float32 kernels run these shapes without tensor cores at about half the
 Triton kernel whose tile shape and dot precision ``config`` picks per shape: FMA dots ("ieee",
 float32 rounding) where K and N are small, three TF32 tensor-core passes ("tf32x3", split operands,
 float32 accumulation) where K is large, and where a narrow input feeds a wide output (one program
-per row block, its input tile split once and reused for every column tile). Measured on an H100 against float64 products, both stay
-within float32 error (see docs/performance.md).
+per row block, its input tile split once and reused for every column tile). Measured on an H100
+against float64 products, both stay within float32 error (see docs/performance.md).
 
 With ``act="silu"`` the product is ``silu(x) @ w``, the activation applied as the kernel loads x
 (the MLP's activations are never written), and its backward ``(g @ w.T) * silu'(x)`` is one kernel
@@ -40,8 +40,6 @@ ACTS = (None, "silu")
 
 
 ROWS_MAX_K = 128  # the widest x tile one program keeps in registers across its column tiles
-
-
 # below this many rows a deep product (k >= 256) runs 64-row tiles: twice the programs to fill the
 # GPU (H100, 40,128 rows x 1280 -> 64: 0.293 -> 0.249 ms; at 405,472 rows 128-row tiles stay faster)
 DEEP_SMALL_ROWS = 150_000
@@ -120,20 +118,15 @@ class _MatMul(torch.autograd.Function):
         x, w = ctx.saved_tensors
         gx = gw = None
         fused = not torch.is_grad_enabled() and kernel_available(g, w.t(), ctx.backend)
-        if ctx.paired and not fused:
-            m = x.shape[0]
-            g = g[:m] + g[m:]
-        pair_in = ctx.paired and fused  # the kernel adds the two rows' cotangents as it loads them
+        m = x.shape[0]
+        # the two rows' cotangents summed, unless only the kernel reads them (it sums them as it loads)
+        gs = g[:m] + g[m:] if ctx.paired and (not fused or ctx.needs_input_grad[1]) else g
         if ctx.needs_input_grad[0]:
-            if fused:  # the activation's derivative applied as the product's tile is stored
-                gx = _product(g, w.t(), dsilu_z=x if ctx.act else None, pair_in=pair_in)
-            elif ctx.act is None:
-                gx = matmul(g, w.t(), ctx.backend)
+            if fused:  # SiLU's derivative applied as the product's tile is stored
+                gx = _product(g, w.t(), dsilu_z=x if ctx.act else None, pair_in=ctx.paired)
             else:
-                gx = silu_grad(x, matmul(g, w.t(), ctx.backend))
+                gx = matmul(gs, w.t(), ctx.backend)
+                gx = silu_grad(x, gx) if ctx.act else gx
         if ctx.needs_input_grad[1]:
-            if pair_in:
-                m = x.shape[0]
-                g = g[:m] + g[m:]
-            gw = (silu(x) if ctx.act else x).t() @ g
+            gw = (silu(x) if ctx.act else x).t() @ gs
         return gx, gw, None, None, None

@@ -427,7 +427,7 @@ def test_paired_edges_run_the_radial_mlps_once_per_pair(name):
 
 
 def test_paired_edges_are_checked():
-    from equikernels.models.data import PAIRED_KEY, pair_edges
+    from equikernels.models.data import PAIRED_KEY, first_of_pairs, pair_edges
     model = _model()
     paired = pair_edges(_one(_crystal()))
     bad = dict(paired, shifts=paired["shifts"].clone())
@@ -441,3 +441,11 @@ def test_paired_edges_are_checked():
                    unit_shifts=full["unit_shifts"][:-1])
     with pytest.raises(ValueError, match="reverse"):
         pair_edges(one_way)
+    # as many first edges as others, but one of the others is not a reverse
+    first = torch.nonzero(first_of_pairs(full["edge_index"], full["unit_shifts"])).squeeze(1)
+    unit = full["unit_shifts"].clone()
+    rest = torch.nonzero(~first_of_pairs(full["edge_index"], full["unit_shifts"])).squeeze(1)
+    unit[rest[0]] = unit[rest[0]] + 7.0
+    assert first.numel() * 2 == full["edge_index"].shape[1]
+    with pytest.raises(ValueError, match="reverse"):
+        pair_edges(dict(full, unit_shifts=unit))
