@@ -115,8 +115,10 @@ def in_scope(cell: dict, scope: Optional[dict]) -> bool:
 
 def merge(runs: Sequence[dict]) -> dict:
     """One run of several runs of one GPU kind (e.g. a suite measured group by group): the cells of
-    all, a later run's cell replacing an earlier one of the same id and implementation; the scopes
-    united; ``env`` of the first, ``merged`` listing each run's date, versions and wall time."""
+    all, a later run's cell replacing an earlier one of the same id and implementation unless the
+    later one was skipped (not measured); the scopes united; ``env`` of the first, ``merged`` listing
+    each run's date, versions, wall time and groups (a run that is itself a merge contributes its
+    own list)."""
     if not runs:
         raise ValueError("merge: expected at least one run")
     kinds = {r["gpu_kind"] for r in runs}
@@ -126,7 +128,9 @@ def merge(runs: Sequence[dict]) -> dict:
     groups: List[str] = []
     problems: List[str] = []
     for r in runs:
-        cells.update(_index(r["cells"]))
+        for key, c in _index(r["cells"]).items():
+            if c.get("status") != "skipped" or key not in cells:
+                cells[key] = c
         scope = r.get("scope") or {"groups": sorted({c.get("group", c["id"].split("/")[0]) for c in r["cells"]}),
                                    "problems": sorted({c["id"].split("/")[1] for c in r["cells"]
                                                        if c["id"].startswith("tp/")})}
@@ -136,10 +140,14 @@ def merge(runs: Sequence[dict]) -> dict:
     return {"schema": SCHEMA, "gpu_kind": first["gpu_kind"], "quick": any(r.get("quick") for r in runs),
             "env": first.get("env", {}), "copy": first.get("copy", {}), "cells": list(cells.values()),
             "scope": {"groups": groups, "problems": problems},
-            "merged": [{"date_utc": r.get("env", {}).get("date_utc"),
-                        "equikernels": r.get("env", {}).get("equikernels"), "wall_s": r.get("wall_s"),
-                        "groups": (r.get("scope") or {}).get("groups")} for r in runs],
+            "merged": [m for r in runs for m in (r.get("merged") or [_summary(r)])],
             "wall_s": round(sum(float(r.get("wall_s") or 0) for r in runs), 1)}
+
+
+def _summary(run: dict) -> dict:
+    env = run.get("env", {})
+    return {"date_utc": env.get("date_utc"), "equikernels": env.get("equikernels"), "wall_s": run.get("wall_s"),
+            "groups": (run.get("scope") or {}).get("groups")}
 
 
 def compare(baseline: dict, current: dict, *, margin: float = DEFAULT_MARGIN, slack_ms: float = DEFAULT_SLACK_MS,

@@ -56,6 +56,10 @@ def markdown(data: dict) -> str:
              f"Device-to-device copy: {data['copy']['gbps_median']:.0f} GB/s.", "",
              "Milliseconds per call (median of CUDA-event timings, host work included); `absent`: library "
              "not installed; `err ...!`: error against e3nn in float64 above tolerance.", ""]
+    if data.get("merged"):
+        lines += [f"Joined from {len(data['merged'])} runs (a later run's cells replace an earlier one's):", ""]
+        lines += [f"- {m.get('date_utc')}: {', '.join(m.get('groups') or ['?'])}; equikernels "
+                  f"{(m.get('equikernels') or {}).get('git_commit')}" for m in data["merged"]] + [""]
     groups: "OrderedDict[str, List[dict]]" = OrderedDict()
     for c in data["cells"]:
         groups.setdefault(c["group"], []).append(c)

@@ -163,3 +163,34 @@ def test_merged_runs_make_one_baseline(tmp_path, capsys):
     assert main(["bench", "--merge", paths[0], other, "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "different GPU kinds" in err[0]
+
+
+def test_merge_keeps_measured_cells_over_skipped_ones_and_every_run_listed(tmp_path):
+    """A later run whose time budget skipped a cell does not erase the earlier measurement of it; a
+    measured later cell still replaces the earlier one; merging a merge keeps its list of runs, and
+    the markdown names every run."""
+    from equikernels.bench.compare import merge
+    from equikernels.bench.report import markdown
+
+    first = _run(**BASE)
+    first["env"] = {"date_utc": "2026-01-01T00:00:00+00:00", "equikernels": {"git_commit": "aaa"}}
+    first["scope"] = {"groups": ["conv", "mace", "tp"], "problems": ["mace-large"]}
+    later = copy.deepcopy(first)
+    later["env"] = {"date_utc": "2026-01-02T00:00:00+00:00", "equikernels": {"git_commit": "bbb"}}
+    later["scope"] = {"groups": ["tp", "mace"], "problems": ["mace-large"]}
+    for c in later["cells"]:
+        if c["id"].startswith("tp/") and c["impl"] == "cuequivariance":
+            c.update(status="skipped", error="time budget spent")
+            c.pop("ms")
+        elif c["id"].startswith("mace/"):
+            c["ms"] = 40.0
+    one = merge([first, later])
+    cells = {(c["id"], c["impl"]): c for c in one["cells"]}
+    assert cells[("tp/mace-large/float32/50000/fwd", "cuequivariance")]["ms"] == 1.0
+    assert cells[("mace/float64/10192atoms/E+F", "equikernels")]["ms"] == 40.0
+    third = copy.deepcopy(first)
+    third["env"] = {"date_utc": "2026-01-03T00:00:00+00:00", "equikernels": {"git_commit": "ccc"}}
+    again = merge([one, third])
+    assert [m["equikernels"]["git_commit"] for m in again["merged"]] == ["aaa", "bbb", "ccc"]
+    md = markdown(again)
+    assert "Joined from 3 runs" in md and all(f"equikernels {k}" in md for k in ("aaa", "bbb", "ccc"))
