@@ -13,10 +13,17 @@ by host work, whose tens of microseconds vary more between processes than any re
 absorb: the absolute slack covers them. A cell that ran in the baseline but failed or vanished in
 the current run regresses too, and so does an equikernels result whose error against e3nn in
 float64 exceeds its tolerance. Runs on different GPU kinds are never compared.
+
+Cells bound by host work (1,008-atom model calls, MD steps and training steps) follow the speed of
+the machine's processor as much as the code. Each cell records its run's host probe (``host_us``,
+microseconds to issue one tiny op); where both runs have it, a finding names the ratio and the
+summary the median ratio, so that a slower host is told apart from slower code. The verdict does
+not change with it.
 """
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -53,6 +60,7 @@ class Comparison:
     faster: List[Tuple[str, str, float]] = field(default_factory=list)  # (cell, impl, ratio) beyond the margin
     new_cells: List[str] = field(default_factory=list)
     out_of_scope: int = 0  # baseline cells of groups / problems this run did not measure
+    host_ratios: List[float] = field(default_factory=list)  # current / baseline host probe, per compared cell
 
     @property
     def ok(self) -> bool:
@@ -62,6 +70,10 @@ class Comparison:
         head = (f"compared {self.compared} cells on {self.gpu_kind} (slower than baseline x {1 + self.margin:.2f}"
                 f" + {self.slack_ms:g} ms counts as a regression)")
         lines = [head]
+        if self.host_ratios:
+            r = statistics.median(self.host_ratios)
+            lines.append(f"  host probe: this run's processor issues work {r:.2f}x as slowly as the baseline's "
+                         "(median over compared cells; host-bound cells follow it)")
         lines += [f"  {f.line()}" for f in self.findings]
         if self.faster:
             lines.append(f"  {len(self.faster)} cells faster than the baseline beyond the margin "
@@ -197,9 +209,14 @@ def compare(baseline: dict, current: dict, *, margin: float = DEFAULT_MARGIN, sl
         res.compared += 1
         bm, cm = float(b["ms"]), float(c["ms"])
         limit = bm * (1 + margin) + slack_ms
+        host = None
+        if b.get("host_us") and c.get("host_us"):
+            host = float(c["host_us"]) / float(b["host_us"])
+            res.host_ratios.append(host)
         if cm > limit:
+            note = "" if host is None else f"; host probe {host:.2f}x the baseline's"
             res.findings.append(Finding(cid, impl, "slower", bm, cm,
-                                        f"{cm:.4g} ms vs baseline {bm:.4g} ms ({cm / bm:.2f}x; limit {limit:.4g} ms)"))
+                                        f"{cm:.4g} ms vs baseline {bm:.4g} ms ({cm / bm:.2f}x; limit {limit:.4g} ms{note})"))
         elif cm < bm * (1 - margin) - slack_ms:
             res.faster.append((cid, impl, cm / bm))
     return res

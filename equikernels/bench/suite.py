@@ -397,7 +397,7 @@ def run_suite(opts: Options, device: torch.device) -> dict:
     """Run the suite on ``device`` and return the result document (what ``--out`` receives as JSON)."""
     opts.started = time.perf_counter()
     data = {"schema": SCHEMA, "gpu_kind": gpu_kind(device), "quick": opts.quick, "env": env_info(device),
-            "copy": T.copy_bandwidth(device), "cells": [],
+            "copy": T.copy_bandwidth(device), "host_probe": T.host_probe(device), "cells": [],
             "scope": {"groups": list(opts.groups) + (["model"] if opts.model else []), "problems": list(opts.problems)}}
     opts.log(f"{data['env'].get('gpu')}: device-to-device copy {data['copy']['gbps_median']:.0f} GB/s")
     runners = {"tp": run_tp, "conv": run_conv, "mace": run_mace, "md": run_md, "train": run_train}
@@ -405,5 +405,7 @@ def run_suite(opts: Options, device: torch.device) -> dict:
         runners[g](opts, device, data["cells"])
     if opts.model:
         run_model(opts, device, data["cells"])
+    for c in data["cells"]:  # each cell keeps its run's host speed, through merges too
+        c.setdefault("host_us", round(data["host_probe"]["us_per_op"], 3))
     data["wall_s"] = round(time.perf_counter() - opts.started, 1)
     return data

@@ -177,6 +177,24 @@ def copy_bandwidth(device: torch.device, nbytes: Optional[int] = None, reps: int
     }
 
 
+def host_probe(device: torch.device, ops: int = 2000, batches: int = 5) -> Dict[str, float]:
+    """Host speed: microseconds to issue one tiny in-place op on ``device`` (Python, dispatch and, on
+    a GPU, the launch; the GPU keeps up, so this is host time). Median over ``batches`` batches."""
+    t = torch.zeros(1, device=device)
+    per = max(1, ops // batches)
+    for _ in range(100):
+        t.add_(1.0)
+    synchronize(device)
+    means = []
+    for _ in range(batches):
+        start = time.perf_counter()
+        for _ in range(per):
+            t.add_(1.0)
+        means.append((time.perf_counter() - start) / per * 1e6)
+        synchronize(device)
+    return {"us_per_op": statistics.median(means), "us_per_op_min": min(means), "ops": per * batches}
+
+
 # --- minimal traffic ----------------------------------------------------------------------------
 def minimal_bytes(direction: str, rows: int, d1: int, d2: int, d3: int, nw: int, shared: bool,
                   itemsize: int) -> int:

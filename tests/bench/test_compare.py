@@ -194,3 +194,30 @@ def test_merge_keeps_measured_cells_over_skipped_ones_and_every_run_listed(tmp_p
     assert [m["equikernels"]["git_commit"] for m in again["merged"]] == ["aaa", "bbb", "ccc"]
     md = markdown(again)
     assert "Joined from 3 runs" in md and all(f"equikernels {k}" in md for k in ("aaa", "bbb", "ccc"))
+
+
+def test_host_probe_ratio_is_reported_not_judged():
+    """Cells carrying their run's host probe: a slower finding names current / baseline, the summary
+    the median ratio; the verdict is the same with or without the probe."""
+    base = _run(**BASE)
+    cur = _slower(base, "mace/float64/10192atoms/E+F", 1.3)
+    for c in base["cells"]:
+        c["host_us"] = 4.0
+    for c in cur["cells"]:
+        c["host_us"] = 6.0
+    res = compare(base, cur)
+    assert [f.kind for f in res.findings] == ["slower"] and "host probe 1.50x" in res.findings[0].detail
+    assert "1.50x as slowly" in res.summary()
+    del cur["cells"][0]["host_us"]  # a cell of an older run: no ratio for it
+    assert len(compare(base, cur).host_ratios) == res.compared - 1
+    for c in base["cells"]:
+        del c["host_us"]
+    plain = compare(base, cur)
+    assert [f.kind for f in plain.findings] == ["slower"] and "host probe" not in plain.summary()
+
+
+def test_host_probe_measures_issue_time():
+    import torch
+    from equikernels.bench.timing import host_probe
+    p = host_probe(torch.device("cpu"), ops=200, batches=4)
+    assert 0 < p["us_per_op_min"] <= p["us_per_op"] < 1e4 and p["ops"] == 200

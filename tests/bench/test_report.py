@@ -14,6 +14,8 @@ def test_tp_group_runs_checks_and_reports_absent_libraries():
     assert ours["status"] == "ok" and ours["ms"] > 0 and ours["err"] < ours["tol"]
     assert cells[("tp/nequip-water/float32/16/fwd", "openequivariance")]["status"] == "absent"
     assert data["gpu_kind"] == "cpu" and data["schema"] == "equikernels-bench/1"
+    assert data["host_probe"]["us_per_op"] > 0
+    assert {c["host_us"] for c in data["cells"]} == {round(data["host_probe"]["us_per_op"], 3)}
     sp = speedups(data["cells"])
     assert {s["id"] for s in sp} == {f"tp/nequip-water/float32/16/{d}" for d in ("fwd", "bwd", "dbwd")}
     assert set(sp[0]["speedup"]) == {"e3nn"}
