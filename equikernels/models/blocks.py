@@ -11,6 +11,7 @@ from torch import nn
 from ..nn.linear import Linear
 from ..ops.conv import ConvGraph, tensor_product_conv
 from ..problem import TPProblem
+from .data import both_halves
 from .chunked import EdgeChunk, chunked_edge_conv, edge_weights, parse_edge_chunk, resolve_edge_chunk
 from . import hooks
 from .element_linear import ElementGroups, ElementLinear
@@ -78,7 +79,7 @@ class InteractionBlock(nn.Module):
         h = self.linear_up(node_feats)
         msg = None
         if hooks.message is not None:  # opt-in: equikernels.experimental (None: it leaves the call here)
-            full_feats, full_cut = (_both(edge_feats), _both(cutoff)) if paired else (edge_feats, cutoff)
+            full_feats, full_cut = (both_halves(edge_feats), both_halves(cutoff)) if paired else (edge_feats, cutoff)
             msg = hooks.message(self, h, edge_attrs, full_feats, full_cut, graph)
         else:
             hooks.check_message_unrequested(self.radial_fusion)
@@ -91,7 +92,7 @@ class InteractionBlock(nn.Module):
             if cutoff is not None:
                 d = d * cutoff
             if paired:
-                d = _both(d)
+                d = both_halves(d)
             density = d.new_zeros(graph.num_nodes, 1).index_add(0, graph.dst, d)  # edge_feats' dtype
             if num_out is not None:
                 density = density[:num_out]
@@ -112,7 +113,7 @@ class InteractionBlock(nn.Module):
                                    h.device)
         if chunk:
             if paired:  # chunks are destination ranges: an edge's reverse lies in another chunk
-                edge_feats, cutoff = _both(edge_feats), _both(cutoff)
+                edge_feats, cutoff = both_halves(edge_feats), both_halves(cutoff)
             return chunked_edge_conv(self.problem, self.radial_mlp, h, edge_attrs, edge_feats, cutoff, graph, chunk,
                                      self.layout)
         # per-edge weights in the node features' dtype (mixed precision: the MLP runs in the half type,
@@ -120,11 +121,6 @@ class InteractionBlock(nn.Module):
         w = edge_weights(self.radial_mlp, edge_feats, cutoff, h.dtype, paired)
         return tensor_product_conv(self.problem, h, edge_attrs, w, graph.src, graph.dst, graph.num_nodes,
                                    graph=graph, layout=self.layout, validate=False)
-
-
-def _both(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """Rows of the first half of paired edges, for both halves."""
-    return None if t is None else torch.cat((t, t))
 
 
 def set_edge_chunk(model: nn.Module, value: Optional[EdgeChunk]) -> nn.Module:

@@ -52,6 +52,7 @@ from torch.utils.checkpoint import checkpoint
 from .. import settings
 from ..ops.conv import ConvGraph, tensor_product_conv
 from ..problem import TPProblem
+from .data import both_halves
 
 EDGE_CHUNK_ENV = "EQUIKERNELS_EDGE_CHUNK"
 EDGE_CHUNK_DEFAULT = "auto"
@@ -157,7 +158,7 @@ def edge_weights(radial_mlp: nn.Module, edge_feats: Tensor, cutoff: Optional[Ten
     w = radial_mlp(x, paired=True) if paired else radial_mlp(x)
     if cutoff is not None:
         c = cutoff if cutoff.dtype == w.dtype else cutoff.to(w.dtype)
-        w = w * (torch.cat((c, c)) if paired else c)
+        w = w * (both_halves(c) if paired else c)
     return w
 
 

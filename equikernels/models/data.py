@@ -76,6 +76,11 @@ def first_of_pairs(edge_index: torch.Tensor, unit_shifts: torch.Tensor) -> torch
     return (s < r) | ((s == r) & (sign > 0))
 
 
+def both_halves(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """Per-edge rows of the first half of paired edges, repeated for the second (None stays None)."""
+    return None if t is None else torch.cat((t, t))
+
+
 def with_reverses(edge_index: torch.Tensor, shifts: torch.Tensor, unit_shifts: Optional[torch.Tensor] = None):
     """Edges p (one per pair) followed by the same edges reversed: (edge_index [2, 2H], shifts,
     unit_shifts or None), the paired order of ``PAIRED_KEY``."""

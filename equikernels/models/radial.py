@@ -20,6 +20,7 @@ from ..ops import radial_basis
 from ..ops.matmul import matmul
 from ..ops.silu import silu
 from . import hooks
+from .data import both_halves
 from .._compat import e3nn  # noqa: F401  (safe e3nn import before e3nn.math)
 from e3nn.math import normalize2mom  # noqa: E402
 
@@ -293,7 +294,7 @@ class RadialMLP(nn.Module):
             if hooks.radial_mlp is not None:  # opt-in: equikernels.experimental (None: the torch chain)
                 out = hooks.radial_mlp(self, x, ws)
                 if out is not None:
-                    return torch.cat((out, out)) if paired else out
+                    return both_halves(out) if paired else out
             else:
                 hooks.check_mlp_unrequested()
         # SiLU is applied by the next layer's product as it reads its input (ops.matmul)
@@ -308,7 +309,7 @@ class RadialMLP(nn.Module):
                 else:
                     x = self._gate(x)
         if paired and not ws:
-            x = torch.cat((x, x))
+            x = both_halves(x)
         return x
 
     def split_last(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
