@@ -188,6 +188,8 @@ class MACECalculator(Calculator):
         properties = list(properties) if properties else ["energy"]
         Calculator.calculate(self, atoms, properties, system_changes)
         atoms = self.atoms
+        if atoms is None:
+            raise ValueError("atoms: no structure to calculate (pass atoms, or attach this calculator to an Atoms)")
         check_structure(atoms, cell=self._cell_np is None or not np.array_equal(atoms.cell.array, self._cell_np)
                         or not np.array_equal(atoms.pbc, self._pbc_np))  # the cell only when it changed
         if "stress" in properties:

@@ -71,6 +71,12 @@ def test_empty_atoms():
         calc.batch_evaluate([molecule("H2O"), Atoms()])
 
 
+def test_calculate_without_atoms():
+    calc = MACECalculator(StandIn(), device="cpu")
+    with pytest.raises(ValueError, match="atoms: no structure"):
+        calc.calculate()
+
+
 def test_unknown_elements():
     calc = MACECalculator(StandIn(), device="cpu")
     with pytest.raises(ValueError, match="does not know: Na, Cl"):
