@@ -52,7 +52,6 @@ from torch.utils.checkpoint import checkpoint
 from .. import settings
 from ..ops.conv import ConvGraph, tensor_product_conv
 from ..problem import TPProblem
-from .data import both_halves
 
 EDGE_CHUNK_ENV = "EQUIKERNELS_EDGE_CHUNK"
 EDGE_CHUNK_DEFAULT = "auto"
@@ -155,11 +154,9 @@ def edge_weights(radial_mlp: nn.Module, edge_feats: Tensor, cutoff: Optional[Ten
     cutoff stay full precision until here). ``paired``: edge_feats and cutoff are the first half of
     paired edges; the weights of both halves are returned."""
     x = edge_feats if edge_feats.dtype == dtype else edge_feats.to(dtype)
-    w = radial_mlp(x, paired=True) if paired else radial_mlp(x)
-    if cutoff is not None:
-        c = cutoff if cutoff.dtype == w.dtype else cutoff.to(w.dtype)
-        w = w * (both_halves(c) if paired else c)
-    return w
+    c = None if cutoff is None else (cutoff if cutoff.dtype == dtype else cutoff.to(dtype))
+    # the cutoff scales the MLP's last hidden rows (64 wide), not its [edges, weights] output
+    return radial_mlp(x, paired=paired, row_scale=c)
 
 
 def _chunk(problem: TPProblem, radial_mlp: nn.Module, layout: str, src: Tensor, dst: Tensor, n0: int, n1: int,

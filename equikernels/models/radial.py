@@ -278,22 +278,25 @@ class RadialMLP(nn.Module):
             return x
         return silu(x) if self.act.f is torch.nn.functional.silu else self.act.f(x)
 
-    def forward(self, x: torch.Tensor, paired: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, paired: bool = False, row_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The MLP of ``x`` [rows, in]; ``paired``: the result twice, stacked ([2 rows, out]; the last
-        layer writes both copies)."""
+        layer writes both copies). ``row_scale`` [rows, 1]: the result's rows times it, applied to the
+        last layer's input (the last layer is linear, and its input is narrower than its output)."""
         last = len(self.layers) - 1
         ws = self._scaled()
         if ws and x.dtype != ws[0].dtype:
             ws = _half_weights(self, ws, x)
-        return self._chain(x, ws, last, paired)
+        return self._chain(x, ws, last, paired, row_scale)
 
-    def _chain(self, x: torch.Tensor, ws: List[torch.Tensor], last: int, paired: bool = False) -> torch.Tensor:
+    def _chain(self, x: torch.Tensor, ws: List[torch.Tensor], last: int, paired: bool = False,
+               row_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x through the layers ``ws``, the activation after each layer before index ``last``; with
-        ``paired`` the result twice, stacked."""
+        ``paired`` the result twice, stacked; rows times ``row_scale`` (see ``forward``)."""
         if ws and self.fused and x.dim() == 2:
             if hooks.radial_mlp is not None:  # opt-in: equikernels.experimental (None: the torch chain)
                 out = hooks.radial_mlp(self, x, ws)
                 if out is not None:
+                    out = out if row_scale is None else out * row_scale
                     return both_halves(out) if paired else out
             else:
                 hooks.check_mlp_unrequested()
@@ -301,6 +304,9 @@ class RadialMLP(nn.Module):
         fuse = self.act is not None and self.act.f is torch.nn.functional.silu
         act: Optional[str] = None
         for i, w in enumerate(ws):
+            if i == last and row_scale is not None:
+                x = (self._gate(x) if act is not None else x) * row_scale
+                act = None
             x = matmul(x, w, self.backend, act, paired and i == last)
             act = None
             if i < last:
@@ -308,8 +314,9 @@ class RadialMLP(nn.Module):
                     act = "silu"
                 else:
                     x = self._gate(x)
-        if paired and not ws:
-            x = both_halves(x)
+        if not ws:
+            x = x if row_scale is None else x * row_scale
+            x = both_halves(x) if paired else x
         return x
 
     def split_last(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

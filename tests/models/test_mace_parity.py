@@ -107,6 +107,8 @@ CONFIGS = {
     "density-plain-3layers": dict(first="RealAgnosticDensityInteractionBlock",
                                   inter="RealAgnosticResidualInteractionBlock", num_interactions=3, correlation=2,
                                   hidden="4x0e+4x1o"),
+    "cutoff-on-weights-density": dict(first="RealAgnosticDensityInteractionBlock", apply_cutoff=False, correlation=2,
+                                      hidden="8x0e+8x1o"),
 }
 
 
@@ -118,7 +120,7 @@ def test_parity_fp64(name):
     _compare(m, torch.float64, 1e-8, pick=None if len(zs) < 10 else (1, 8, 29, 79))
 
 
-@pytest.mark.parametrize("name", ["medium-plain-first", "mp0b3-like"])
+@pytest.mark.parametrize("name", ["medium-plain-first", "mp0b3-like", "cutoff-on-weights-density"])
 def test_parity_fp32(name):
     m = _mace_model(torch.float32, **CONFIGS[name])
     _compare(m, torch.float32, 1e-5)
@@ -131,11 +133,12 @@ def test_parity_multihead():
     assert ours.heads == heads
 
 
-def test_training_gradients_match():
+@pytest.mark.parametrize("apply_cutoff", [True, False])
+def test_training_gradients_match(apply_cutoff):
     """Force loss gradients w.r.t. parameters (double backward through every op) equal mace-torch's."""
     from equikernels.models.io import config_from_mace, mace_key_map  # noqa: PLC0415
 
-    m = _mace_model(torch.float64, correlation=2, hidden="4x0e+4x1o")
+    m = _mace_model(torch.float64, correlation=2, hidden="4x0e+4x1o", apply_cutoff=apply_cutoff)
     ours, m, data, out, ref = _compare(m, torch.float64, 1e-8, training=True)
     keymap = mace_key_map(m, config_from_mace(m))
     (out["forces"].pow(2).sum() + out["energy"].sum()).backward()

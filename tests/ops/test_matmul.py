@@ -150,8 +150,12 @@ def test_paired_rows_each_order_is_exact_autograd(act, device):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     torch.autograd.gradcheck(f, (x, w), fast_mode=True)
     torch.autograd.gradgradcheck(f, (x, w), fast_mode=True)
-    # torch's path (no kernel) returns the same stacked product
+    # torch's path (no kernel; float64 computes both halves) returns the same stacked product and derivatives
     torch.testing.assert_close(MM.matmul(x.detach(), w.detach(), act=act, paired=True), torch.cat((y, y)).detach())
+    ref = lambda a, b: MM.matmul(a, b, "reference", act, paired=True)  # noqa: E731
+    for a, b in zip(torch.autograd.grad(ref(x, w), (x, w), g), exact):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    torch.autograd.gradgradcheck(ref, (x, w), fast_mode=True)
 
 
 def test_radial_mlp_paired(device):
