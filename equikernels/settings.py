@@ -157,6 +157,10 @@ class Settings:
                                                           "0 = never chunk)"),
                                        "MACE interaction edges per chunk: auto (chunk when the per-edge "
                                        "weights would not fit in memory), N edges, 0 never")
+    pair_edges: str = _var("auto", _Choice("auto", "0", "1"),
+                           "MACE models pair a full edge list themselves (each edge with its reverse, the radial "
+                           "MLPs once per pair): auto (CUDA, from 150,000 edges, not in training), 1 (any size, "
+                           "device and mode), 0 (never); a list that is not symmetric stays unpaired")
     conv_dataflow: Optional[str] = _var(None, _Choice("auto", "atomic", "deterministic", "unfused"),
                                         "Dataflow of dataflow='auto' convolutions (default: atomic, or "
                                         "deterministic under deterministic algorithms)")

@@ -24,6 +24,7 @@ from ..nn.linear import Linear
 from ..nn.spherical_harmonics import SphericalHarmonics, ir_mul_permutation
 from ..ops.conv import ConvGraph
 from .data import PAIRED_KEY
+from .pairing import EdgePairing
 from .blocks import InteractionBlock, LinearReadout, NonLinearReadout, ProductBlock
 from .element_linear import ElementGroups
 from .radial import RadialEmbedding, ZBLRepulsion
@@ -365,6 +366,14 @@ class MACE(nn.Module):
         out = torch.cat(mul_ir, dim=-1)
         return node_es, pair, out if half is None else out.to(vectors.dtype)
 
+    def _pair(self, data, per_edge_outputs: bool, training: bool):
+        """``data`` with paired edges where ``models.pairing`` pairs them (the pairing state is kept
+        on the instance, not saved)."""
+        pairing = self.__dict__.get("_pairing")
+        if pairing is None:
+            pairing = self.__dict__["_pairing"] = EdgePairing()
+        return pairing(data, per_edge_outputs, training)
+
     def _common(self, data, compute_virials, compute_stress, compute_displacement, lammps_mliap):
         """What both energy models share: checks, geometry, E0 and the interaction layers."""
         if lammps_mliap:
@@ -419,6 +428,7 @@ class MACE(nn.Module):
                 compute_virials: bool = False, compute_stress: bool = False, compute_displacement: bool = False,
                 compute_hessian: bool = False, compute_edge_forces: bool = False,
                 compute_atomic_stresses: bool = False, lammps_mliap: bool = False) -> Dict[str, Optional[torch.Tensor]]:
+        data = self._pair(data, compute_edge_forces or compute_atomic_stresses, training)
         (positions, vectors, displacement, cell, node_heads, num_graphs, batch, node_e0, e0, node_es, pair,
          node_feats, ctx) = self._common(data, compute_virials, compute_stress, compute_displacement, lammps_mliap)
         pair_node = pair if pair is not None else torch.zeros_like(node_e0)
@@ -457,6 +467,7 @@ class ScaleShiftMACE(MACE):
                 compute_virials: bool = False, compute_stress: bool = False, compute_displacement: bool = False,
                 compute_hessian: bool = False, compute_edge_forces: bool = False,
                 compute_atomic_stresses: bool = False, lammps_mliap: bool = False) -> Dict[str, Optional[torch.Tensor]]:
+        data = self._pair(data, compute_edge_forces or compute_atomic_stresses, training)
         (positions, vectors, displacement, cell, node_heads, num_graphs, batch, node_e0, e0, node_es, pair,
          node_feats, ctx) = self._common(data, compute_virials, compute_stress, compute_displacement, lammps_mliap)
         # sum of (ZBL, readouts) in mace-torch's order; a missing ZBL term adds an exact zero
