@@ -374,11 +374,14 @@ class MACE(nn.Module):
             pairing = self.__dict__["_pairing"] = EdgePairing()
         return pairing(data, per_edge_outputs, training)
 
-    def _common(self, data, compute_virials, compute_stress, compute_displacement, lammps_mliap):
-        """What both energy models share: checks, geometry, E0 and the interaction layers."""
+    def _common(self, data, compute_virials, compute_stress, compute_displacement, lammps_mliap,
+                per_edge_outputs=False, training=False):
+        """What both energy models share: checks, pairing, geometry, E0 and the interaction layers;
+        the data evaluated comes last."""
         if lammps_mliap:
             raise NotImplementedError("lammps_mliap: the LAMMPS ML-IAP interface is not supported")
         self._check_data(data)
+        data = self._pair(data, per_edge_outputs, training)
         ctx = self._context(data)
         positions, vectors, lengths, displacement, cell, node_heads, num_graphs = self._features(
             data, ctx, compute_virials, compute_stress, compute_displacement)
@@ -386,7 +389,7 @@ class MACE(nn.Module):
         node_e0, e0 = ctx.node_e0, ctx.e0.to(vectors.dtype)
         node_es, pair, node_feats = self._interactions(data, ctx, vectors, lengths, node_heads)
         return (positions, vectors, displacement, cell, node_heads, num_graphs, batch, node_e0, e0, node_es, pair,
-                node_feats, ctx)
+                node_feats, ctx, data)
 
     def edge_node_energies(self, node_attrs: torch.Tensor, edge_index: torch.Tensor, vectors: torch.Tensor,
                            head: Optional[torch.Tensor] = None, num_out: Optional[int] = None,
@@ -428,9 +431,9 @@ class MACE(nn.Module):
                 compute_virials: bool = False, compute_stress: bool = False, compute_displacement: bool = False,
                 compute_hessian: bool = False, compute_edge_forces: bool = False,
                 compute_atomic_stresses: bool = False, lammps_mliap: bool = False) -> Dict[str, Optional[torch.Tensor]]:
-        data = self._pair(data, compute_edge_forces or compute_atomic_stresses, training)
         (positions, vectors, displacement, cell, node_heads, num_graphs, batch, node_e0, e0, node_es, pair,
-         node_feats, ctx) = self._common(data, compute_virials, compute_stress, compute_displacement, lammps_mliap)
+         node_feats, ctx, data) = self._common(data, compute_virials, compute_stress, compute_displacement,
+                                               lammps_mliap, compute_edge_forces or compute_atomic_stresses, training)
         pair_node = pair if pair is not None else torch.zeros_like(node_e0)
         energies = [e0, _scatter(pair_node, batch, num_graphs) if pair is not None else torch.zeros_like(e0)]
         node_energies = [node_e0, pair_node]
@@ -467,9 +470,9 @@ class ScaleShiftMACE(MACE):
                 compute_virials: bool = False, compute_stress: bool = False, compute_displacement: bool = False,
                 compute_hessian: bool = False, compute_edge_forces: bool = False,
                 compute_atomic_stresses: bool = False, lammps_mliap: bool = False) -> Dict[str, Optional[torch.Tensor]]:
-        data = self._pair(data, compute_edge_forces or compute_atomic_stresses, training)
         (positions, vectors, displacement, cell, node_heads, num_graphs, batch, node_e0, e0, node_es, pair,
-         node_feats, ctx) = self._common(data, compute_virials, compute_stress, compute_displacement, lammps_mliap)
+         node_feats, ctx, data) = self._common(data, compute_virials, compute_stress, compute_displacement,
+                                               lammps_mliap, compute_edge_forces or compute_atomic_stresses, training)
         # sum of (ZBL, readouts) in mace-torch's order; a missing ZBL term adds an exact zero
         terms = ([pair] if pair is not None else []) + node_es
         node_inter = terms[0]
