@@ -1,6 +1,6 @@
 """A MACE model pairs a full edge list itself: each edge with its reverse, so that the radial
 embedding and MLPs run once per pair (``data.pair_edges``), for callers that pass mace-torch-style
-data (``accelerate``d mace-torch models, their calculator, batches of a training loop).
+data (``accelerate``d mace-torch models, mace-torch's calculator, scripts).
 
 The ``pair_edges`` setting decides: "auto" pairs lists of at least ``AUTO_MIN_EDGES`` edges on CUDA
 outside training (below that size the step is bound by the host, and pairing adds launches and a
@@ -29,7 +29,8 @@ def auto_pairs(num_edges: int, device_type: str, training: bool) -> bool:
 
 
 class EdgePairing:
-    """``pairing(data, per_edge_outputs)`` -> ``data``, or a copy of it with paired edges."""
+    """``pairing(data, per_edge_outputs, training)`` -> ``data`` (checked by the model), or a copy of
+    it with paired edges."""
 
     def __init__(self) -> None:
         self.refused = False  # a list without every reverse came: no more attempts
@@ -38,8 +39,8 @@ class EdgePairing:
     def __call__(self, data: Dict[str, torch.Tensor], per_edge_outputs: bool = False,
                  training: bool = False) -> Dict[str, torch.Tensor]:
         mode = settings.get().pair_edges
-        ei = data.get("edge_index")
-        if mode == "0" or self.refused or per_edge_outputs or PAIRED_KEY in data or ei is None or not ei.numel():
+        ei = data["edge_index"]
+        if mode == "0" or self.refused or per_edge_outputs or PAIRED_KEY in data or not ei.numel():
             return data
         if mode == "auto" and not auto_pairs(ei.shape[1], ei.device.type, training):
             return data

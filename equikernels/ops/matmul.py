@@ -82,11 +82,11 @@ def matmul(x: Tensor, w: Tensor, backend: Optional[str] = None, act: Optional[st
     if act not in ACTS:
         raise ValueError(f"act: expected one of {ACTS}, got {act!r}")
     if not kernel_available(x, w, backend):
+        a = silu(x) if act else x
         if paired and x.dtype == torch.float64:
             # DGEMM on tensor cores: computing both halves costs less than copying the [2M, N] result
-            x = torch.cat((x, x))
-            return (silu(x) if act else x) @ w
-        y = (silu(x) if act else x) @ w
+            return torch.cat((a, a)) @ w
+        y = a @ w
         return torch.cat((y, y)) if paired else y
     return _MatMul.apply(x, w, act, backend, bool(paired))
 

@@ -12,24 +12,14 @@ from equikernels.models.data import PAIRED_KEY
 from equikernels.models.radial import RadialMLP
 
 ELEMENTS = [1, 6, 8, 29]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread(single_thread):
-    yield
-
-
-@pytest.fixture(scope="module")
-def model():
-    from random_models import small_random_model
-    return small_random_model(ELEMENTS, seed=5, backend="equikernels").double().eval()
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture
-def fresh(model):
-    model.__dict__.pop("_pairing", None)
-    yield model
-    model.__dict__.pop("_pairing", None)
+def model():
+    """A model of its own per test (its pairing state starts empty)."""
+    from random_models import small_random_model
+    return small_random_model(ELEMENTS, seed=5, backend="equikernels").double().eval()
 
 
 def _data(model):
@@ -68,16 +58,16 @@ def pair_calls(monkeypatch):
     return calls
 
 
-def test_full_list_is_paired_with_the_same_results(fresh, mlp_rows, pair_calls):
-    data = _data(fresh)
+def test_full_list_is_paired_with_the_same_results(model, mlp_rows, pair_calls):
+    data = _data(model)
     e = data["edge_index"].shape[1]
     with settings.override(pair_edges="0"):
-        ref = _run(fresh, data)
+        ref = _run(model, data)
     assert set(mlp_rows) == {e}
     mlp_rows.clear()
     with settings.override(pair_edges="1"):
-        out = _run(fresh, data)
-        again = _run(fresh, data)
+        out = _run(model, data)
+        again = _run(model, data)
     assert set(mlp_rows) == {e // 2}  # the radial MLPs ran once per pair
     assert pair_calls == [e]  # the second call reused the first call's pairing
     for res in (out, again):
@@ -86,38 +76,38 @@ def test_full_list_is_paired_with_the_same_results(fresh, mlp_rows, pair_calls):
     # a modified edge list is paired again
     data["shifts"].add_(0.0)
     with settings.override(pair_edges="1"):
-        _run(fresh, data)
+        _run(model, data)
     assert pair_calls == [e, e]
 
 
-def test_what_is_left_unpaired(fresh, mlp_rows, pair_calls):
-    data = _data(fresh)
+def test_what_is_left_unpaired(model, mlp_rows, pair_calls):
+    data = _data(model)
     e = data["edge_index"].shape[1]
     with settings.override(pair_edges="1"):
-        ref = _run(fresh, dict(data, **{PAIRED_KEY: False}))  # declared: left alone
+        ref = _run(model, dict(data, **{PAIRED_KEY: False}))  # declared: left alone
         assert set(mlp_rows) == {e} and pair_calls == []
-        out = _run(fresh, data, compute_edge_forces=True)  # per-edge rows in the caller's order
+        out = _run(model, data, compute_edge_forces=True)  # per-edge rows in the caller's order
         assert set(mlp_rows) == {e} and pair_calls == []
         torch.testing.assert_close(out["forces"], ref["forces"], rtol=1e-10, atol=1e-10)
     with settings.override(pair_edges="auto"):  # auto: CUDA and large lists only
-        _run(fresh, data)
+        _run(model, data)
     with settings.override(pair_edges="0"):
-        _run(fresh, data)
+        _run(model, data)
     assert set(mlp_rows) == {e} and pair_calls == []
 
 
-def test_a_list_without_every_reverse_stays_unpaired(fresh, mlp_rows, pair_calls):
-    data = _data(fresh)
+def test_a_list_without_every_reverse_stays_unpaired(model, mlp_rows, pair_calls):
+    data = _data(model)
     keep = torch.arange(1, data["edge_index"].shape[1])  # edge 0's reverse has no partner now
     cut = dict(data, edge_index=data["edge_index"][:, keep], shifts=data["shifts"][keep],
                unit_shifts=data["unit_shifts"][keep])
     with settings.override(pair_edges="0"):
-        ref = _run(fresh, cut)
+        ref = _run(model, cut)
     with settings.override(pair_edges="1"):
-        out = _run(fresh, cut)
-        _run(fresh, data)  # no further attempt, even for a full list
+        out = _run(model, cut)
+        _run(model, data)  # no further attempt, even for a full list
     assert pair_calls == [keep.numel()]
-    assert fresh.__dict__["_pairing"].refused
+    assert model.__dict__["_pairing"].refused
     assert set(mlp_rows) == {keep.numel(), keep.numel() + 1}
     for k in ("energy", "forces", "stress"):
         torch.testing.assert_close(out[k], ref[k], rtol=1e-12, atol=1e-12)
