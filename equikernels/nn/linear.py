@@ -23,6 +23,7 @@ from ..problem import (MissingWeightError, TensorProductError, TensorProductInde
 from ..ops.chain import functorch_wrapped
 from ..reference import autocast_on
 from ._block_linear import block_linear
+from ._dense_weight import spread
 from ._script import linear_script_data, script_linear
 from .blocks import rows_by_component
 
@@ -382,8 +383,8 @@ class Linear(nn.Module):
 
     def _dense_weight(self, alpha, dtype: torch.dtype, idx) -> torch.Tensor:
         """[dim_in, dim_out] in ``dtype``: the weights times their path weights at their places, zeros
-        elsewhere. A frozen weight's matrix is kept between calls; a trained one's is three
-        operations (the zero-padded weights gathered to every place, times the path weights there)."""
+        elsewhere. A frozen weight's matrix is kept between calls; a trained one's is one op (the
+        zero-padded weights gathered to every place, times the path weights there)."""
         w = self.weight
         din, dout = self.irreps_in.dim, self.irreps_out.dim
         if w.requires_grad or torch.compiler.is_compiling():
@@ -397,8 +398,11 @@ class Linear(nn.Module):
                 scale[flat] = alpha["cpu64"].reshape(-1)[src]
                 gather[key] = (place.to(w.device), scale.to(device=w.device, dtype=w.dtype))
             place, scale = gather[key]
-            dense = torch.nn.functional.pad(w, (0, 1)).index_select(0, place).mul_(scale)
-            return dense.view(din, dout).to(dtype)
+            if torch.compiler.is_compiling() or functorch_wrapped(w):
+                dense = torch.nn.functional.pad(w, (0, 1)).index_select(0, place).mul_(scale).view(din, dout)
+            else:  # one autograd node, whose backward is one node too
+                dense = spread(w, place, scale, (din, dout))
+            return dense.to(dtype)
         ws = self._scaled_weight(alpha, dtype)
         cached = self.__dict__.get("_dense_w")
         if cached is not None and cached[0] is ws and cached[2] == ws._version:

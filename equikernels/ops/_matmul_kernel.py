@@ -2,6 +2,8 @@
 import triton
 import triton.language as tl
 
+from ..codegen.launch import FastLaunch
+
 
 @triton.jit
 def _load_x(x_ptr, rm, rk, mask, sxm, sxk, pair_rows, PAIR: tl.constexpr, SILU_IN: tl.constexpr):
@@ -82,12 +84,14 @@ def launch(x, w, out, config, silu_in: bool = False, dsilu_z=None, pair_in: bool
     m = x.shape[0] // 2 if pair_in else x.shape[0]
     n = w.shape[1]
     z = out if dsilu_z is None else dsilu_z
-    flags = dict(PRECISION=precision, SILU_IN=silu_in, DSILU_OUT=dsilu_z is not None, PAIR_IN=pair_in,
-                 PAIR_OUT=pair_out, num_warps=warps)
-    args = (x, w, z, out, m, x.stride(0), x.stride(1), w.stride(0), w.stride(1), m)
+    flags = (precision, silu_in, dsilu_z is not None, pair_in, pair_out)
+    tensors, ints = (x, w, z, out), (m, x.stride(0), x.stride(1), w.stride(0), w.stride(1), m)
     if rows:
-        matmul_rows_kernel[(triton.cdiv(m, bm),)](*args, N=n, K=k, KP=max(16, triton.next_power_of_2(k)), BM=bm,
-                                                  BN=bn, **flags)
+        _ROWS((triton.cdiv(m, bm),), tensors, ints, (n, k, max(16, triton.next_power_of_2(k)), bm, bn) + flags,
+              warps, NUM_STAGES)
         return
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
-    matmul_kernel[grid](*args, N=n, K=k, BM=bm, BN=bn, BK=bk, **flags)
+    _TILES((triton.cdiv(m, bm), triton.cdiv(n, bn)), tensors, ints, (n, k, bm, bn, bk) + flags, warps, NUM_STAGES)
+
+
+NUM_STAGES = 3  # Triton's default for these kernels (the loops set their own)
+_ROWS, _TILES = FastLaunch(matmul_rows_kernel), FastLaunch(matmul_kernel)

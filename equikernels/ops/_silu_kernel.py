@@ -3,6 +3,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..codegen.launch import FastLaunch
+
 
 @triton.jit
 def silu_second_order(z_ptr, g_ptr, gg_ptr, gz_ptr, gdg_ptr, n, NEED_Z: tl.constexpr, NEED_G: tl.constexpr,
@@ -32,6 +34,8 @@ def silu_second_order(z_ptr, g_ptr, gg_ptr, gz_ptr, gdg_ptr, n, NEED_Z: tl.const
 def launch(z, g, gg, gz, gdg, block: int) -> None:
     """Writes ``gz`` and/or ``gdg`` (None: not needed) from contiguous ``z``, ``g``, ``gg``."""
     n = z.numel()
-    silu_second_order[(triton.cdiv(n, block),)](z, g, gg, gz if gz is not None else z, gdg if gdg is not None else z,
-                                                n, NEED_Z=gz is not None, NEED_G=gdg is not None,
-                                                F64=z.dtype == torch.float64, BLOCK=block)
+    _LAUNCH((triton.cdiv(n, block),), (z, g, gg, gz if gz is not None else z, gdg if gdg is not None else z), (n,),
+            (gz is not None, gdg is not None, z.dtype == torch.float64, block), 4, 3)
+
+
+_LAUNCH = FastLaunch(silu_second_order)  # Triton's default launch shape: 4 warps, 3 stages

@@ -4,8 +4,8 @@
     u(x) = 1 - (p+1)(p+2)/2 x^p + p(p+2) x^(p+1) - p(p+1)/2 x^(p+2) for x < 1, else 0,
 
 where torch runs about 17 elementwise kernels forward and 30 backward per call. On the "triton"
-backend (CUDA by default) the forward and the first derivative are one kernel each; a derivative
-that is itself differentiated (force training) runs the same formula as torch operations, so any
+backend (CUDA by default) the forward, the first derivative and the backward of the first derivative
+(force training) are one kernel each; a third order runs the formulas as torch operations, so any
 order is exact autograd. Elsewhere the caller keeps its torch formula.
 """
 from __future__ import annotations
@@ -48,6 +48,22 @@ def derivative(r: Tensor, w: Tensor, consts: Tensor, p: int) -> Tensor:
     return d * inside
 
 
+def second_derivative(r: Tensor, w: Tensor, consts: Tensor, p: int) -> Tensor:
+    """d2 out / dr2 [E, NB] as torch operations (differentiable)."""
+    pref, rmax = consts[0], consts[1]
+    x = r / rmax
+    c1, c2, c3 = (p + 1.0) * (p + 2.0) / 2.0, p * (p + 2.0), p * (p + 1.0) / 2.0
+    u = 1.0 - c1 * x.pow(p) + c2 * x.pow(p + 1) - c3 * x.pow(p + 2)
+    du = (-c1 * p * x.pow(p - 1) + c2 * (p + 1) * x.pow(p) - c3 * (p + 2) * x.pow(p + 1)) / rmax
+    d2u = (-c1 * p * (p - 1) * x.pow(max(p - 2, 0)) + c2 * (p + 1) * p * x.pow(p - 1)
+           - c3 * (p + 2) * (p + 1) * x.pow(p)) / (rmax * rmax)
+    wr = r * w
+    b = torch.sin(wr) / r
+    db = (wr * torch.cos(wr) - torch.sin(wr)) / (r * r)
+    d2b = -(w * w) * b - 2.0 * db / r
+    return pref * (d2b * u + 2.0 * db * du + b * d2u) * (r < rmax)
+
+
 class _BesselEnvelope(torch.autograd.Function):
     @staticmethod
     def forward(ctx, r, w, consts, p):
@@ -63,11 +79,42 @@ class _BesselEnvelope(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         r, w, consts = ctx.saved_tensors
-        if torch.is_grad_enabled():  # the derivative is differentiated again: torch operations
-            return (g * derivative(r, w, consts, ctx.p)).sum(-1, keepdim=True), None, None, None
-        from ._radial_basis_kernel import launch_bwd  # noqa: PLC0415
+        if torch.is_grad_enabled():  # the derivative is differentiated again (force training)
+            return _BesselEnvelopeGrad.apply(r, g, w, consts, ctx.p), None, None, None
+        return _first(r, g, w, consts, ctx.p), None, None, None
+
+
+def _first(r: Tensor, g: Tensor, w: Tensor, consts: Tensor, p: int) -> Tensor:
+    """sum_k g[:, k] d out[:, k] / dr, shaped as ``r`` (one kernel)."""
+    from ._radial_basis_kernel import launch_bwd  # noqa: PLC0415
+    rc = r.detach().reshape(-1).contiguous()
+    gr = torch.empty_like(rc)
+    if rc.numel():
+        launch_bwd(rc, w, consts, g.detach().contiguous(), gr, p)
+    return gr.view(r.shape)
+
+
+class _BesselEnvelopeGrad(torch.autograd.Function):
+    """(r, g) -> sum_k g[:, k] d out[:, k] / dr: the first derivative as an op of its own, whose
+    backward is one kernel (torch formulas when that backward is differentiated again)."""
+
+    @staticmethod
+    def forward(ctx, r, g, w, consts, p):
+        ctx.save_for_backward(r, g, w, consts)
+        ctx.p = p
+        return _first(r, g, w, consts, p)
+
+    @staticmethod
+    def backward(ctx, ggr):
+        r, g, w, consts = ctx.saved_tensors
+        p = ctx.p
+        if torch.is_grad_enabled():  # a third order: torch operations, differentiable again
+            return ((ggr * second_derivative(r, w, consts, p) * g).sum(-1, keepdim=True),
+                    ggr * derivative(r, w, consts, p), None, None, None)
+        from ._radial_basis_kernel import launch_bwd2  # noqa: PLC0415
         rc = r.detach().reshape(-1).contiguous()
+        gg = torch.empty(g.shape, dtype=g.dtype, device=g.device)
         gr = torch.empty_like(rc)
         if rc.numel():
-            launch_bwd(rc, w, consts, g.contiguous(), gr, ctx.p)
-        return gr.view(r.shape), None, None, None
+            launch_bwd2(rc, w, consts, g.detach().contiguous(), ggr.detach().reshape(-1).contiguous(), gg, gr, p)
+        return gr.view(r.shape), gg, None, None, None

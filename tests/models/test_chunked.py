@@ -253,6 +253,7 @@ def test_available_bytes_on_host():
 
 def test_available_bytes_asks_the_allocator_only_when_needed(monkeypatch):
     gib = 1 << 30
+    monkeypatch.setattr(chunked, "_FREE_SEEN", {})
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (8 * gib, 80 * gib))
 
     def stats(device=None):
@@ -265,6 +266,24 @@ def test_available_bytes_asks_the_allocator_only_when_needed(monkeypatch):
     assert chunked.available_bytes("cuda", needed=10 * gib) == 12 * gib  # plus the allocator's unused blocks
     assert chunked.available_bytes("cuda") == 12 * gib
     assert len(calls) == 2
+
+
+def test_a_recent_free_memory_reading_is_reused_only_with_room(monkeypatch):
+    gib = 1 << 30
+    free, queries, now = [40 * gib], [], [100.0]
+    monkeypatch.setattr(chunked, "_FREE_SEEN", {})
+    monkeypatch.setattr(chunked.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: queries.append(1) or (free[0], 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device=None: {})
+    assert chunked.available_bytes("cuda", needed=10 * gib) == 40 * gib and len(queries) == 1
+    free[0] = 5 * gib  # another process took memory: a reading within the time and the room still stands
+    assert chunked.available_bytes("cuda", needed=10 * gib) == 40 * gib and len(queries) == 1
+    assert chunked.available_bytes("cuda", needed=25 * gib) == 5 * gib and len(queries) == 2  # no room: asked
+    free[0] = 40 * gib
+    assert chunked.available_bytes("cuda", needed=1 * gib) == 5 * gib and len(queries) == 2
+    now[0] += chunked.FREE_TTL_S  # too old: asked again
+    assert chunked.available_bytes("cuda", needed=1 * gib) == 40 * gib and len(queries) == 3
+    assert chunked.available_bytes("cuda") == 40 * gib and len(queries) == 4  # no need given: always asked
 
 
 def test_never_while_compiling(monkeypatch):

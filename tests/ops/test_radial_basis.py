@@ -69,6 +69,45 @@ def test_any_order_is_exact_autograd(device):
     torch.testing.assert_close(h, hr, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("p", [5, 2, 1])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_force_training_derivatives_match_the_torch_formula(p, dtype, device, poisoned):
+    # the force pass records the derivative as one op; its backward (kernel) gives d/dr and d/dg
+    emb = _embedding(dtype, device, p)
+    r = _lengths(dtype, device).requires_grad_()
+    g = torch.randn(r.shape[0], 8, dtype=dtype, device=device, requires_grad=True)
+    gg = torch.randn(r.shape[0], 1, dtype=dtype, device=device)
+    with settings.override(backend="triton"):
+        out, _ = emb(r, None, None, None)
+        (gr,) = torch.autograd.grad(out, r, g, create_graph=True)
+        assert type(gr.grad_fn).__name__ == "_BesselEnvelopeGradBackward"
+        dr, dg = torch.autograd.grad(gr, (r, g), gg)
+    r64, g64 = r.detach().double().requires_grad_(), g.detach().double().requires_grad_()
+    ref = _torch_formula(_embedding(torch.float64, device, p), r64)
+    (gref,) = torch.autograd.grad(ref, r64, g64, create_graph=True)
+    dr_ref, dg_ref = torch.autograd.grad(gref, (r64, g64), gg.double())
+    for ours, exact in ((dr, dr_ref), (dg, dg_ref)):
+        tol = 1e-11 if dtype == torch.float64 else 1e-5
+        torch.testing.assert_close(ours.double(), exact, rtol=0, atol=tol * exact.abs().max().item())
+
+
+def test_third_order_is_exact_autograd(device):
+    # a differentiated second derivative runs torch formulas: their values, then their gradients
+    emb = _embedding(torch.float64, device, 5)
+    r = _lengths(torch.float64, device, n=20).requires_grad_()
+    w, consts = emb.basis.bessel_weights, torch.stack([emb.basis.prefactor, emb.cutoff.r_max])
+    g = torch.randn(r.shape[0], 8, dtype=torch.float64, device=device)
+
+    def second(x, formula):
+        (g1,) = torch.autograd.grad(formula(x), x, g, create_graph=True)
+        return torch.autograd.grad(g1.sum(), x, create_graph=True)[0]
+
+    with settings.override(backend="triton"):
+        ours = lambda x: second(x, lambda y: RB.bessel_envelope(y, w, consts, 5))  # noqa: E731
+        torch.testing.assert_close(ours(r), second(r, lambda y: _torch_formula(emb, y)), rtol=1e-10, atol=1e-10)
+        assert torch.autograd.gradcheck(ours, (r,))
+
+
 def test_other_backends_and_features_keep_the_torch_formula(device):
     r = _lengths(torch.float64, device)
     emb = _embedding(torch.float64, device, 5)
