@@ -133,11 +133,12 @@ class FastLaunch:
     """``launch(grid, tensors, ints, consts, num_warps, num_stages)`` runs
     ``fn[grid](*tensors, *ints, *consts, num_warps=..., num_stages=...)``."""
 
-    __slots__ = ("fn", "fast", "hits", "cap_fp32")
+    __slots__ = ("fn", "fast", "hits", "cap_fp32", "cap")
 
-    def __init__(self, fn, cap_fp32: bool = False):
+    def __init__(self, fn, cap_fp32: bool = False, cap: bool = True):
         self.fn = fn
         self.cap_fp32 = cap_fp32
+        self.cap = cap  # False: never the register-capped build (kernels not tuned for it)
         self.fast = _JIT is not None and isinstance(fn, _JIT)
         self.hits: Dict[tuple, tuple] = {}  # key -> (launcher, CUfunction, packed metadata, CompiledKernel)
 
@@ -164,7 +165,7 @@ class FastLaunch:
         # async compiles (a future, not a kernel) and kernels with pre-run hooks are not kept
         if (isinstance(compiled, _Compiled) and not self.fn.pre_run_hooks
                 and len(tensors) + len(ints) + len(consts) == len(self.fn.arg_names)):
-            capped = cap_dtypes(self.cap_fp32)
+            capped = cap_dtypes(self.cap_fp32) if self.cap else ()
             cap = register_cap(compiled.n_regs, num_warps) if any(t.dtype in capped for t in tensors) else None
             if cap is not None:  # later launches use a build capped at the occupancy step below
                 build = self.fn.warmup(*tensors, *ints, *consts, grid=grid, num_warps=num_warps,

@@ -93,5 +93,5 @@ def launch(x, w, out, config, silu_in: bool = False, dsilu_z=None, pair_in: bool
     _TILES((triton.cdiv(m, bm), triton.cdiv(n, bn)), tensors, ints, (n, k, bm, bn, bk) + flags, warps, NUM_STAGES)
 
 
-NUM_STAGES = 3  # Triton's default for these kernels (the loops set their own)
-_ROWS, _TILES = FastLaunch(matmul_rows_kernel), FastLaunch(matmul_kernel)
+NUM_STAGES = 3  # Triton's default (the loops set their own); no register cap: launched as Triton would
+_ROWS, _TILES = FastLaunch(matmul_rows_kernel, cap=False), FastLaunch(matmul_kernel, cap=False)

@@ -119,4 +119,4 @@ def launch_bwd2(r, w, consts, g, ggr, gg, gr, p: int, block: int = 128) -> None:
 
 
 # Triton's default launch shape (4 warps, 3 stages), through the cached launcher
-_FWD, _BWD, _BWD2 = (FastLaunch(k) for k in (bessel_envelope_fwd, bessel_envelope_bwd, bessel_envelope_bwd2))
+_FWD, _BWD, _BWD2 = (FastLaunch(k, cap=False) for k in (bessel_envelope_fwd, bessel_envelope_bwd, bessel_envelope_bwd2))

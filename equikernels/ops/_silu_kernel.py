@@ -38,4 +38,4 @@ def launch(z, g, gg, gz, gdg, block: int) -> None:
             (gz is not None, gdg is not None, z.dtype == torch.float64, block), 4, 3)
 
 
-_LAUNCH = FastLaunch(silu_second_order)  # Triton's default launch shape: 4 warps, 3 stages
+_LAUNCH = FastLaunch(silu_second_order, cap=False)  # Triton's default launch shape: 4 warps, 3 stages
