@@ -345,7 +345,7 @@ class Linear(nn.Module):
         if akey not in alpha:  # per device and dtype, so no host->device copy per call
             alpha[akey] = alpha["cpu64"].to(device=w.device, dtype=w.dtype)
         alpha = alpha[akey]
-        if w.requires_grad or torch.compiler.is_compiling():
+        if w.requires_grad or torch.compiler.is_compiling() or functorch_wrapped(w):
             return (w * alpha).to(dtype)
         key = (w.data_ptr(), w._version, w.dtype, w.device, dtype)
         cached = self.__dict__.get("_scaled")
@@ -387,7 +387,7 @@ class Linear(nn.Module):
         zero-padded weights gathered to every place, times the path weights there)."""
         w = self.weight
         din, dout = self.irreps_in.dim, self.irreps_out.dim
-        if w.requires_grad or torch.compiler.is_compiling():
+        if w.requires_grad or torch.compiler.is_compiling() or functorch_wrapped(w):
             key = (w.device, w.dtype)
             gather = self.__dict__.setdefault("_dense_gather", {})
             if key not in gather:
@@ -398,7 +398,7 @@ class Linear(nn.Module):
                 scale[flat] = alpha["cpu64"].reshape(-1)[src]
                 gather[key] = (place.to(w.device), scale.to(device=w.device, dtype=w.dtype))
             place, scale = gather[key]
-            if torch.compiler.is_compiling() or functorch_wrapped(w):
+            if torch.compiler.is_compiling():
                 dense = torch.nn.functional.pad(w, (0, 1)).index_select(0, place).mul_(scale).view(din, dout)
             else:  # one autograd node, whose backward is one node too
                 dense = spread(w, place, scale, (din, dout))
@@ -448,7 +448,8 @@ class Linear(nn.Module):
         w = self._scaled_weight(alpha, features.dtype)
         ir_mul = self.layout == "ir_mul"
         if (ir_mul and not w.requires_grad and features.device.type in BLOCK_DEVICES
-                and not torch.compiler.is_compiling() and not functorch_wrapped(features)):
+                and not torch.compiler.is_compiling() and not functorch_wrapped(features)
+                and not functorch_wrapped(w)):
             weights, terms = self._block_terms(plan, w)
             out = block_linear(x, weights, terms, self.irreps_out.dim)
             return out.view(lead + (out.shape[-1],))

@@ -1,6 +1,8 @@
 """nn._dense_weight: a trained Linear weight spread into its dense matrix as one op whose backward
-is its adjoint, differentiable to any order."""
+is its adjoint, differentiable to any order; Linear's weights under torch.func transforms."""
+import pytest
 import torch
+from torch.func import functional_call, vmap
 
 from equikernels.nn import linear as L
 from equikernels.nn._dense_weight import _Collect, spread
@@ -48,3 +50,20 @@ def test_a_trained_linear_records_one_node_for_its_weight(monkeypatch):
     (spread_fn,) = [fn for fn in nodes if "Spread" in type(fn).__name__]
     assert [type(e[0]).__name__ for e in spread_fn.next_functions[:1]] == ["AccumulateGrad"]
     assert len(nodes) <= 5  # view, mm, spread, the weight's accumulator (and the input's view)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+@pytest.mark.parametrize("layout", ["ir_mul", "mul_ir"])
+def test_weights_under_torch_func_transforms(monkeypatch, dense, layout):
+    # model ensembles (vmap over weights), per-sample grads and forward mode reach the weight paths
+    monkeypatch.setattr(L, "DENSE_DEVICES", ("cpu",) if dense else ())
+    _, ours = linear_pair("3x0e+2x1o+1x2e", "2x0e+3x1o+1x2e", layout)
+    x = torch.randn(4, ours.irreps_in.dim, dtype=torch.float64)
+    ws = torch.randn(3, ours.weight.numel(), dtype=torch.float64)
+    call = lambda w: functional_call(ours, {"weight": w}, (x,))  # noqa: E731
+    torch.testing.assert_close(vmap(call)(ws), torch.stack([call(w) for w in ws]), rtol=1e-13, atol=1e-13)
+    w = ws[0].clone().requires_grad_()
+    (want,) = torch.autograd.grad(call(w).pow(2).sum(), w)
+    torch.testing.assert_close(torch.func.grad(lambda w_: call(w_).pow(2).sum())(ws[0]), want, rtol=1e-12, atol=1e-12)
+    _, tangent = torch.func.jvp(call, (ws[0],), (ws[1],))
+    torch.testing.assert_close(tangent, call(ws[1]), rtol=1e-12, atol=1e-12)  # linear in the weights
