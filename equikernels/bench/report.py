@@ -56,6 +56,9 @@ def markdown(data: dict) -> str:
              f"Device-to-device copy: {data['copy']['gbps_median']:.0f} GB/s.", "",
              "Milliseconds per call (median of CUDA-event timings, host work included); `absent`: library "
              "not installed; `err ...!`: error against e3nn in float64 above tolerance.", ""]
+    if data.get("interrupted"):
+        lines += [f"Interrupted after {data['interrupted'].get('after_s')} s: only the cells measured before "
+                  "that are listed.", ""]
     if data.get("merged"):
         lines += [f"Joined from {len(data['merged'])} runs (a later run's cells replace an earlier one's):", ""]
         lines += [f"- {m.get('date_utc')}: {', '.join(m.get('groups') or ['?'])}; equikernels "

@@ -394,17 +394,24 @@ def _line(c: dict) -> str:
 
 
 def run_suite(opts: Options, device: torch.device) -> dict:
-    """Run the suite on ``device`` and return the result document (what ``--out`` receives as JSON)."""
+    """Run the suite on ``device`` and return the result document (what ``--out`` receives as JSON).
+    Interrupted (KeyboardInterrupt), it returns the cells finished so far with ``interrupted`` set
+    (the cells of a group still running are lost, those of finished groups and systems kept)."""
     opts.started = time.perf_counter()
     data = {"schema": SCHEMA, "gpu_kind": gpu_kind(device), "quick": opts.quick, "env": env_info(device),
             "copy": T.copy_bandwidth(device), "host_probe": T.host_probe(device), "cells": [],
             "scope": {"groups": list(opts.groups) + (["model"] if opts.model else []), "problems": list(opts.problems)}}
     opts.log(f"{data['env'].get('gpu')}: device-to-device copy {data['copy']['gbps_median']:.0f} GB/s")
     runners = {"tp": run_tp, "conv": run_conv, "mace": run_mace, "md": run_md, "train": run_train}
-    for g in opts.groups:
-        runners[g](opts, device, data["cells"])
-    if opts.model:
-        run_model(opts, device, data["cells"])
+    try:
+        for g in opts.groups:
+            runners[g](opts, device, data["cells"])
+        if opts.model:
+            run_model(opts, device, data["cells"])
+    except KeyboardInterrupt:  # Ctrl-C or the CLI's SIGTERM: the cells measured so far are kept
+        data["interrupted"] = {"after_s": round(time.perf_counter() - opts.started, 1)}
+        opts.log(f"interrupted after {data['interrupted']['after_s']} s: keeping the {len(data['cells'])} cells "
+                 "measured so far")
     for c in data["cells"]:  # each cell keeps its run's host speed, through merges too
         c.setdefault("host_us", round(data["host_probe"]["us_per_op"], 3))
     data["wall_s"] = round(time.perf_counter() - opts.started, 1)

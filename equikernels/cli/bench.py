@@ -12,12 +12,15 @@ status 1 when a cell is slower than ``baseline x (1 + margin) + slack`` (default
 0.05 ms; see ``equikernels.bench.compare``); a run of some groups or problems is compared on those
 only. ``--results RUN.json --check BASELINE.json`` compares two stored runs without measuring (no
 GPU needed). ``--merge RUN.json ...`` joins runs of one GPU kind (the suite measured group by group)
-into one result in ``--out``, e.g. a new baseline.
+into one result in ``--out``, e.g. a new baseline. Stopped by Ctrl-C or SIGTERM (``timeout``), a run
+still writes the cells it finished (marked ``interrupted``) and exits with status 130.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -123,9 +126,32 @@ def run(args) -> int:
     opts = suite.Options(quick=args.quick, problems=problems, model=args.model, target_ms=args.target_ms,
                          impls=impls, groups=groups, time_budget_s=args.time_budget_s,
                          log=lambda s: print(s, flush=True))
-    data = suite.run_suite(opts, device)
+    with interrupt_on_sigterm():
+        data = suite.run_suite(opts, device)
     written = _write(data, Path(args.out))
     print("wrote " + ", ".join(str(p) for p in written), f"({data['wall_s']} s)")
-    return _check(args, data) if args.check else 0
+    status = _check(args, data) if args.check else 0
+    if data.get("interrupted"):
+        print(f"interrupted after {data['interrupted']['after_s']} s: the files hold the cells measured before it "
+              "(merge them with --merge; a later run's measured cells replace them)", file=sys.stderr)
+        return 130
+    return status
+
+
+@contextlib.contextmanager
+def interrupt_on_sigterm():
+    """SIGTERM (``timeout``, a scheduler) raises KeyboardInterrupt within the block, as Ctrl-C does, so
+    the suite stops between operations and its finished cells are written."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: signals stay as they are
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
