@@ -127,3 +127,16 @@ def test_bad_arguments_are_named():
         RB.bessel_envelope(r, torch.ones(8), torch.ones(2, dtype=torch.float64), 5)
     with pytest.raises(ValueError, match="p: expected an integer >= 1"):
         RB.bessel_envelope(r, torch.ones(8, dtype=torch.float64), torch.ones(2, dtype=torch.float64), 0)
+
+
+def test_torch_func_transforms_take_the_torch_formula():
+    # inside a transform (an ensemble vmapped over its weights) the lengths are plain tensors, yet the
+    # op's autograd Functions cannot run there
+    r = _lengths(torch.float64, "cpu", n=12)
+    emb = _embedding(torch.float64, "cpu", 5)
+    scales = torch.rand(3, 8, dtype=torch.float64)
+    with settings.override(backend="triton"):
+        assert RB.fused_available(r)
+        got = torch.func.vmap(lambda s: emb(r, None, None, None)[0] * s)(scales)
+        want = torch.stack([emb(r, None, None, None)[0] * s for s in scales])
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
