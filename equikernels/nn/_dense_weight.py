@@ -74,5 +74,7 @@ class _Collect(torch.autograd.Function):
 def spread(w: torch.Tensor, place: torch.Tensor, scale: torch.Tensor, shape: Tuple[int, int]) -> torch.Tensor:
     """The dense matrix of ``shape`` whose flattened position p is ``w[place[p]] * scale[p]``
     (zero where ``place[p] == w.numel()``); ``w`` 1-D, ``place`` int64 and ``scale`` (w's dtype)
-    of ``shape``'s size."""
+    of ``shape``'s size. Traced by torch.compile: the plain operations."""
+    if torch.compiler.is_compiling():
+        return _spread(w, place, scale, tuple(shape))
     return _Spread.apply(w, place, scale, tuple(shape))

@@ -398,11 +398,7 @@ class Linear(nn.Module):
                 scale[flat] = alpha["cpu64"].reshape(-1)[src]
                 gather[key] = (place.to(w.device), scale.to(device=w.device, dtype=w.dtype))
             place, scale = gather[key]
-            if torch.compiler.is_compiling():
-                dense = torch.nn.functional.pad(w, (0, 1)).index_select(0, place).mul_(scale).view(din, dout)
-            else:  # one autograd node, whose backward is one node too
-                dense = spread(w, place, scale, (din, dout))
-            return dense.to(dtype)
+            return spread(w, place, scale, (din, dout)).to(dtype)  # one autograd node, its backward one too
         ws = self._scaled_weight(alpha, dtype)
         cached = self.__dict__.get("_dense_w")
         if cached is not None and cached[0] is ws and cached[2] == ws._version:

@@ -7,25 +7,9 @@ from ..codegen.launch import FastLaunch
 
 @triton.jit
 def _envelope(x, inside, P: tl.constexpr):
-    """(u(x), du/dx) of u = 1 - (p+1)(p+2)/2 x^p + p(p+2) x^(p+1) - p(p+1)/2 x^(p+2), zero outside."""
-    xm = x  # x^(p-1) by repeated products: p is a small integer
-    for _ in tl.static_range(P - 2):
-        xm = xm * x
-    if P == 1:
-        xm = x * 0.0 + 1.0
-    xp = xm * x
-    c1 = (P + 1.0) * (P + 2.0) / 2.0
-    c2 = P * (P + 2.0)
-    c3 = P * (P + 1.0) / 2.0
-    u = 1.0 - c1 * xp + c2 * xp * x - c3 * xp * x * x
-    du = -c1 * P * xm + c2 * (P + 1.0) * xp - c3 * (P + 2.0) * xp * x
-    return tl.where(inside, u, 0.0), tl.where(inside, du, 0.0)
-
-
-@triton.jit
-def _envelope2(x, inside, P: tl.constexpr):
-    """(u(x), du/dx, d2u/dx2) of ``_envelope``'s polynomial, zero outside."""
-    xm2 = x * 0.0 + 1.0  # x^(p-2) by repeated products (unused when p = 1: its coefficient is 0)
+    """(u, du/dx, d2u/dx2) of u = 1 - (p+1)(p+2)/2 x^p + p(p+2) x^(p+1) - p(p+1)/2 x^(p+2), zero
+    outside; a caller's unused terms are not computed (dead code in the compiled kernel)."""
+    xm2 = x * 0.0 + 1.0  # x^(p-2) by repeated products: p is a small integer (unused at p = 1)
     for _ in tl.static_range(P - 2):
         xm2 = xm2 * x
     xm = x * 0.0 + 1.0 if P == 1 else xm2 * x
@@ -55,7 +39,7 @@ def _block(r_ptr, w_ptr, c_ptr, E, NB: tl.constexpr, NBP: tl.constexpr, BLOCK: t
 def bessel_envelope_fwd(r_ptr, w_ptr, c_ptr, out_ptr, E, NB: tl.constexpr, NBP: tl.constexpr, P: tl.constexpr,
                         BLOCK: tl.constexpr):
     e, k, em, km, r, w, pref, rmax = _block(r_ptr, w_ptr, c_ptr, E, NB, NBP, BLOCK)
-    u, _ = _envelope(r / rmax, r < rmax, P)
+    u, _, _ = _envelope(r / rmax, r < rmax, P)
     s = tl.sin(r[:, None] * w[None, :])
     out = pref * (s / r[:, None]) * u[:, None]
     tl.store(out_ptr + e[:, None] * NB + k[None, :], out.to(out_ptr.dtype.element_ty), mask=em[:, None] & km[None, :])
@@ -66,7 +50,7 @@ def bessel_envelope_bwd(r_ptr, w_ptr, c_ptr, g_ptr, gr_ptr, E, NB: tl.constexpr,
                         P: tl.constexpr, BLOCK: tl.constexpr):
     e, k, em, km, r, w, pref, rmax = _block(r_ptr, w_ptr, c_ptr, E, NB, NBP, BLOCK)
     g = tl.load(g_ptr + e[:, None] * NB + k[None, :], mask=em[:, None] & km[None, :], other=0.0).to(r.dtype)
-    u, du = _envelope(r / rmax, r < rmax, P)
+    u, du, _ = _envelope(r / rmax, r < rmax, P)
     wr = r[:, None] * w[None, :]
     s, c = tl.sin(wr), tl.cos(wr)
     rr = r[:, None]
@@ -84,7 +68,7 @@ def bessel_envelope_bwd2(r_ptr, w_ptr, c_ptr, g_ptr, ggr_ptr, gg_ptr, gr_ptr, E,
     mask = em[:, None] & km[None, :]
     g = tl.load(g_ptr + e[:, None] * NB + k[None, :], mask=mask, other=0.0).to(r.dtype)
     ggr = tl.load(ggr_ptr + e, mask=em, other=0.0).to(r.dtype)
-    u, du, d2u = _envelope2(r / rmax, r < rmax, P)
+    u, du, d2u = _envelope(r / rmax, r < rmax, P)
     du = du / rmax
     d2u = d2u / (rmax * rmax)
     wr = r[:, None] * w[None, :]

@@ -41,29 +41,33 @@ def bessel_envelope(r: Tensor, w: Tensor, consts: Tensor, p: int) -> Tensor:
     return _BesselEnvelope.apply(r, w.contiguous(), consts, int(p))
 
 
-def derivative(r: Tensor, w: Tensor, consts: Tensor, p: int) -> Tensor:
-    """d out / d r [E, NB] as torch operations (differentiable)."""
-    pref, rmax = consts[0], consts[1]
+def _envelope(r: Tensor, rmax: Tensor, p: int, second: bool = False):
+    """(u, du/dr[, d2u/dr2]) of the envelope's polynomial as torch operations (not masked)."""
     x = r / rmax
     c1, c2, c3 = (p + 1.0) * (p + 2.0) / 2.0, p * (p + 2.0), p * (p + 1.0) / 2.0
     u = 1.0 - c1 * x.pow(p) + c2 * x.pow(p + 1) - c3 * x.pow(p + 2)
     du = (-c1 * p * x.pow(p - 1) + c2 * (p + 1) * x.pow(p) - c3 * (p + 2) * x.pow(p + 1)) / rmax
-    inside = r < rmax
+    if not second:
+        return u, du
+    d2u = (-c1 * p * (p - 1) * x.pow(max(p - 2, 0)) + c2 * (p + 1) * p * x.pow(p - 1)
+           - c3 * (p + 2) * (p + 1) * x.pow(p)) / (rmax * rmax)
+    return u, du, d2u
+
+
+def derivative(r: Tensor, w: Tensor, consts: Tensor, p: int) -> Tensor:
+    """d out / d r [E, NB] as torch operations (differentiable)."""
+    pref, rmax = consts[0], consts[1]
+    u, du = _envelope(r, rmax, p)
     wr = r * w
     s = torch.sin(wr)
     d = pref * (((wr * torch.cos(wr) - s) / (r * r)) * u + (s / r) * du)
-    return d * inside
+    return d * (r < rmax)
 
 
 def second_derivative(r: Tensor, w: Tensor, consts: Tensor, p: int) -> Tensor:
     """d2 out / dr2 [E, NB] as torch operations (differentiable)."""
     pref, rmax = consts[0], consts[1]
-    x = r / rmax
-    c1, c2, c3 = (p + 1.0) * (p + 2.0) / 2.0, p * (p + 2.0), p * (p + 1.0) / 2.0
-    u = 1.0 - c1 * x.pow(p) + c2 * x.pow(p + 1) - c3 * x.pow(p + 2)
-    du = (-c1 * p * x.pow(p - 1) + c2 * (p + 1) * x.pow(p) - c3 * (p + 2) * x.pow(p + 1)) / rmax
-    d2u = (-c1 * p * (p - 1) * x.pow(max(p - 2, 0)) + c2 * (p + 1) * p * x.pow(p - 1)
-           - c3 * (p + 2) * (p + 1) * x.pow(p)) / (rmax * rmax)
+    u, du, d2u = _envelope(r, rmax, p, second=True)
     wr = r * w
     b = torch.sin(wr) / r
     db = (wr * torch.cos(wr) - torch.sin(wr)) / (r * r)
