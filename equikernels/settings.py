@@ -231,6 +231,9 @@ class Settings:
     dbwd_one: Optional[bool] = _var(None, _FLAG, "One double-backward kernel for channel-wise per-row products")
     dbwd_paths: Optional[int] = _var(None, _Int(0), "Paths per part of a double backward split by first-input "
                                                     "segment (0: no split)")
+    dbwd_channel_parts: Optional[int] = _var(None, _Int(1), "Channel parts of a channel-wise double backward run as "
+                                             "one kernel per part (all four gradients over a slice of the "
+                                             "channels; default 1)")
     uvw_rows: bool = _var(True, _FLAG, "Per-row uvw weights (DiffDock) use the uvw_rows kernels")
     uvw_fuse: Optional[bool] = _var(None, _FLAG, "uvw_rows: weight gradient in the same kernel as the rest")
     uvw_ub: int = _var(16, _Int(1), "uvw_rows: u (weight-block rows) per chunk")
@@ -280,6 +283,9 @@ class Settings:
     conv_channel_parts_fwd: Optional[int] = _var(None, _Int(1), "Channel parts; forward only")
     conv_channel_parts_bwd: Optional[int] = _var(None, _Int(1), "Channel parts; backward only")
     conv_channel_parts_dbwd: Optional[int] = _var(None, _Int(1), "Channel parts; double backward only")
+    conv_dbwd_dg: Optional[str] = _var(None, _Choice("apart", "fused"),
+                                       "Double backward: dg in a kernel of its own (apart) or carried per node "
+                                       "in the edge loops of dx, dy, dw (fused)")
     conv_maxnreg: Optional[int] = _var(None, _Int(0), "Register cap of node-parallel kernels (0: none)")
     conv_maxnreg_fwd: Optional[int] = _var(None, _Int(0), "Register cap; forward only")
     conv_maxnreg_bwd: Optional[int] = _var(None, _Int(0), "Register cap; backward only")

@@ -17,10 +17,10 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .. import settings
-from ..ir import channel_label, channel_slice, double_backward_tables
+from ..ir import double_backward_tables
 from .emit import Group, Rowing, generate
 from .plan_types import ConvKernelStep, ConvPlan, KernelChoice, LaunchConfig, need_letters
-from .planner import DIRECTIONS, in1_outer
+from .planner import DIRECTIONS, channel_mul, channel_parts, in1_outer
 
 FLOWS = ("atomic", "deterministic")
 # which graph side each operand / output lives on (everything else is per edge)
@@ -78,31 +78,36 @@ def conv_in1_outer(problem, kind: str, math: torch.dtype, nodes: bool) -> bool:
     return conv_knob("IN1OUTER", kind, "1" if on else "0") == "1"
 
 
-def conv_channel_parts(problem, kind: str, math: torch.dtype) -> int:
+def conv_channel_parts(problem, kind: str, math: torch.dtype, carried: bool = False) -> int:
     """Channel parts of a node-parallel gradient kernel: the kernel of a channel-wise product whose
     inputs and outputs all have M channels runs as that many kernels, each over M / parts channels
     (fewer live registers: a float64 backward of 128 channels with vector inputs spills, two of 64
     do not). Default: 64 channels a part in the float64 backward when the first input has more than
-    scalars (a scalar first input does not spill and runs slower split), one part elsewhere.
-    EQUIKERNELS_CONV_CHANNEL_PARTS[_<KIND>] overrides where it divides M."""
-    m = _channel_mul(problem)
+    scalars (a scalar first input does not spill and runs slower split) and in a double backward
+    that also carries dg (``carried``), one part elsewhere. EQUIKERNELS_CONV_CHANNEL_PARTS[_<KIND>]
+    overrides where it divides M."""
+    m = channel_mul(problem)
     if m is None:
         return 1
     v = settings.get().per_kind("conv_channel_parts", kind)
     if v is None:
         vectors = any(l > 0 for _, l, _ in problem.irreps_in1)
-        v = m // 64 if kind == "bwd" and math == torch.float64 and vectors else 1
+        split = (kind == "bwd" and math == torch.float64 and vectors) or (kind == "dbwd" and carried)
+        v = max(1, m // 64) if split else 1
     return v if v >= 1 and m % v == 0 else 1
 
 
-@functools.lru_cache(maxsize=256)
-def _channel_mul(problem) -> Optional[int]:
-    """M when every instruction is channel-wise and every first-input and output segment has M
-    channels, else None."""
-    muls = {m for m, _, _ in problem.irreps_in1} | {m for m, _, _ in problem.irreps_out}
-    if not problem.instructions or any(i.mode != "uvu" for i in problem.instructions) or len(muls) != 1:
-        return None
-    return muls.pop()
+def conv_dbwd_dg(problem, math: torch.dtype) -> str:
+    """Where the node-parallel double backward computes dg: "apart" (a kernel of its own, which
+    reads the per-edge weights and their cotangents again) or "fused" (carried per node in the edge
+    loops of dx, dy, dw, in channel parts of 64: 128 channels in one part spill). Default: fused for
+    channel-wise products of 128 or more channels (a multiple of 64) outside float64, which has
+    not been measured fused. EQUIKERNELS_CONV_DBWD_DG overrides."""
+    v = settings.get().conv_dbwd_dg
+    if v is not None:
+        return v
+    m = channel_mul(problem)
+    return "fused" if m is not None and m >= 128 and m % 64 == 0 and math != torch.float64 else "apart"
 
 
 def _layouts_differ(irreps) -> bool:
@@ -139,10 +144,13 @@ def _channelwise_layout(problem) -> str:
 
 
 def rowing(mode: str, operands, owner: Optional[str] = None, sections: str = "segment", hoist: bool = True,
-           scatter_src: bool = False, prefetch: str = "") -> Rowing:
+           scatter_src: bool = False, prefetch: str = "", adds=()) -> Rowing:
     """How a convolution kernel's rows map to edges and nodes: operands of the owner's side are
     addressed by the owned node, the others through src[e] / dst[e]; node outputs of edge-parallel
-    kernels (and with ``scatter_src`` the source-side gradients) are added with atomics."""
+    kernels (and with ``scatter_src`` the source-side gradients) are added with atomics, and so are
+    ``adds``: per-edge outputs a later channel part adds into (one addend per element and program
+    order within a program: the sum is the same in every run, and the edge loop does not wait on a
+    load of the earlier value)."""
     rowvar, index = {}, {}
     operands = sorted(operands)  # a fixed order: the generated source (and its cache key) must not vary per process
     for name in operands:
@@ -156,7 +164,7 @@ def rowing(mode: str, operands, owner: Optional[str] = None, sections: str = "se
             rowvar[name] = var
             index[var] = side
     scatter = tuple(n for n in operands if (mode == "edges" and n in ("out", "dg", "gx", "dx"))
-                    or (scatter_src and n in ("gx", "dx")))
+                    or (scatter_src and n in ("gx", "dx")) or n in adds)
     r = Rowing(mode, sections, rowvar, index, scatter, hoist)
     r.prefetch = prefetch
     return r
@@ -202,7 +210,7 @@ class ConvPlanner:
         spills), or a single one with EQUIKERNELS_CONV_GRAD_LOOPS=one."""
         return "one" if settings.get().conv_grad_loops == "one" else "in1all"
 
-    def _split(self, flow: str, kind: str, names) -> list:
+    def _split(self, flow: str, kind: str, names, math: torch.dtype = torch.float32) -> list:
         """(names, mode, owner, sections) of the direction's kernels, in launch order."""
         out = []
         if self.arrangement(flow, kind) == "edges":
@@ -220,13 +228,17 @@ class ConvPlanner:
         # one pass in which the node's g row is loaded once, the per-edge outputs stored per edge,
         # and gx / dx written per edge then summed per source node (deterministic) or added into
         # their rows atomically (atomic).
-        if "out" in names or "g" in names:
-            n = "out" if "out" in names else "g"
-            out.append(([n], "nodes", "dst", "in1"))
         shared_w = ["w"] if "w" in names and self.problem.shared_weights else []
         rest = [n for n in names if n in ("x", "y", "w") and n not in shared_w]
-        if rest:
-            out.append((rest, "nodes", "dst", self.grad_loops()))
+        fused = kind == "dbwd" and "g" in names and rest and conv_dbwd_dg(self.problem, math) == "fused"
+        if fused:
+            out.append((["g"] + rest, "nodes", "dst", self.grad_loops()))
+        else:
+            if "out" in names or "g" in names:
+                n = "out" if "out" in names else "g"
+                out.append(([n], "nodes", "dst", "in1"))
+            if rest:
+                out.append((rest, "nodes", "dst", self.grad_loops()))
         if shared_w:
             out.append((shared_w, "edges", None, "segment"))
         return out
@@ -284,15 +296,16 @@ class ConvPlanner:
         arrangement = self.arrangement(flow, kind)
         nodes_atomic = flow == "atomic" and arrangement == "nodes"
         steps = []
-        for ns, mode, owner, sections in self._split(flow, kind, names):
+        for ns, mode, owner, sections in self._split(flow, kind, names, math):
             nodes = mode == "nodes"
             carry = [n for n in ns if n in ("out", "g")] if nodes else []
             per_edge = ("gx" if kind == "bwd" else "dx") if nodes and "x" in ns and not nodes_atomic else None
             groups = self._groups(kind, [n for n in ns if n != "out"], have, carry, per_edge)
             if not groups:
                 continue
-            parts = conv_channel_parts(self.problem, kind, math) if nodes and not carry else 1
-            sliced = self._channel_parts(groups, parts)
+            grads = any(n not in ("out", "g") for n in ns)
+            parts = conv_channel_parts(self.problem, kind, math, bool(carry)) if nodes and grads else 1
+            sliced = channel_parts(groups, channel_mul(self.problem) or 1, parts)
             if sliced is None:
                 steps.append(self._step(flow, kind, have, math, launch, ns, mode, owner, sections, groups, per_edge))
                 continue
@@ -310,27 +323,6 @@ class ConvPlanner:
                                                  ("shared_weights", self.problem.shared_weights))
         return ConvPlan(flow, kind, need, have, math, launch, arrangement, tuple(steps), notes)
 
-    def _channel_parts(self, groups, parts: int):
-        """[(lo, hi, groups over channels [lo, hi))] of ``parts`` channel parts; the later parts add
-        into outputs without channels. None for one part or tables without one channel label."""
-        m = _channel_mul(self.problem)
-        if parts <= 1 or m is None:
-            return None
-        labels = {channel_label(g.table, m) for g in groups}
-        if None in labels or len(labels) != 1:
-            return None
-        label = labels.pop()
-        res = []
-        for k in range(parts):
-            lo, hi = k * m // parts, (k + 1) * m // parts
-            part = []
-            for g in groups:
-                chan = any(label in dict(p.output.strides) for p in g.table.paths)
-                part.append(Group(channel_slice(g.table, label, lo, hi), g.out_ptr, g.reduce_rows,
-                                  g.accumulate or (k > 0 and not chan)))
-            res.append((lo, hi, part))
-        return res
-
     def _step(self, flow, kind, have, math, launch, ns, mode, owner, sections, groups, per_edge,
               channels: Tuple[int, int] = (0, 0)) -> ConvKernelStep:
         """The plan step of one kernel computing ``groups`` (channel slice ``channels``)."""
@@ -344,12 +336,13 @@ class ConvPlanner:
         prefetch = conv_prefetch(kind, math) if nodes else ""
         maxnreg = int(conv_knob("MAXNREG", kind, "0")) if nodes else 0
         scatter_src = nodes_atomic and nodes
-        kkey = (tag, mode, owner, sections, hoist, share, prefetch, maxnreg, scatter_src)
+        adds = tuple(sorted(g.out_ptr for g in groups if g.accumulate and not g.reduce_rows)) if nodes else ()
+        kkey = (tag, mode, owner, sections, hoist, share, prefetch, maxnreg, scatter_src, adds)
         ops = set()
         for g in groups:
             ops.add(g.out_ptr)
             ops.update(o.name for o in g.table.operands if o.name != g.table.output)
-        rw = rowing(mode, ops, owner, sections, hoist, scatter_src, prefetch)
+        rw = rowing(mode, ops, owner, sections, hoist, scatter_src, prefetch, adds)
         choice = KernelChoice(row_operands=self.row_operands(), in1_major=self.in1_major(), in1_outer=share)
         k = self._kernel(kkey, tag, groups, rw, choice)
         partials = tuple(g.out_ptr for g in groups if g.reduce_rows and mode == "edges")

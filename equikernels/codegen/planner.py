@@ -10,13 +10,14 @@ convolution's decisions are conv_planner.py's, built on the same problem classes
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Dict, Optional, Tuple
 
 import torch
 
 from .. import settings
-from ..ir import Table, double_backward_tables
+from ..ir import Table, channel_label, channel_slice, double_backward_tables
 from . import uvw_rows
 from .emit import Group, generate, path_segment
 from .plan_types import (UVW_ROWS, DirectionPlan, KernelChoice, KernelStep, LaunchConfig, Member,
@@ -58,6 +59,38 @@ def wide_channelwise(problem) -> bool:
     """Channel-wise products with per-row weights and at least 128 channels in every block (the MACE
     products): partial channel sums, early loads, one-warp backward programs, L2 prefetch."""
     return channelwise_rows(problem) and min(m for m, _, _ in problem.irreps_in1) >= 128
+
+
+@functools.lru_cache(maxsize=256)
+def channel_mul(problem) -> Optional[int]:
+    """M when every instruction is channel-wise and every first-input and output segment has M
+    channels, else None."""
+    muls = {m for m, _, _ in problem.irreps_in1} | {m for m, _, _ in problem.irreps_out}
+    if not problem.instructions or any(i.mode != "uvu" for i in problem.instructions) or len(muls) != 1:
+        return None
+    return muls.pop()
+
+
+def channel_parts(groups, mul: int, parts: int):
+    """The groups of each of ``parts`` channel parts ([lo, hi) of the ``mul`` channels), or None for
+    one part or tables without one common channel label. Slices write disjoint parts of outputs
+    with channels; outputs without (dy) get partial sums, added into (accumulate) by the later parts."""
+    if parts <= 1 or mul % parts:
+        return None
+    labels = {channel_label(g.table, mul) for g in groups}
+    if None in labels or len(labels) != 1:
+        return None
+    label = labels.pop()
+    res = []
+    for k in range(parts):
+        lo, hi = k * mul // parts, (k + 1) * mul // parts
+        part = []
+        for g in groups:
+            chan = any(label in dict(p.output.strides) for p in g.table.paths)
+            part.append(Group(channel_slice(g.table, label, lo, hi), g.out_ptr, g.reduce_rows,
+                              g.accumulate or (k > 0 and not chan)))
+        res.append((lo, hi, part))
+    return res
 
 
 def in1_outer(problem, kind: str) -> bool:
@@ -163,6 +196,19 @@ def _split_groups(groups, chunks, in1: bool):
         for j, c in enumerate(chunks):
             parts[j].append(_restrict(g, c, acc, in1))
     return parts, zero
+
+
+def _unwritten(parts) -> set:
+    """Outputs of ``parts`` (lists of groups) that the parts together leave partly unwritten or add
+    into: zero-filled before the first part runs."""
+    zero = set()
+    for gs in zip(*parts):
+        t = gs[0].table
+        out = t.operand(t.output)
+        written = set().union(*(_elements(g.table, {path_segment(p) for p in g.table.paths}, False) for g in gs))
+        if len(written) < sum(seg.mul * seg.dim for seg in out.segments) or any(g.accumulate for g in gs):
+            zero.add(gs[0].out_ptr)
+    return zero
 
 
 def _member(name: str, describe: str, built, groups=()) -> Member:
@@ -298,12 +344,29 @@ class Planner:
 
     def dbwd_one(self) -> bool:
         """One double-backward kernel for a channel-wise per-row product with few paths (or one split
-        by first-input segment); many paths put the fused kernel at the register cap.
+        by first-input segment or by channels); many paths put the fused kernel at the register cap.
         EQUIKERNELS_DBWD_ONE=1|0 overrides."""
         env = settings.get().dbwd_one
         if env is not None:
             return env
-        return len(self.problem.instructions) <= 12 or self.dbwd_part_paths() is not None
+        return (len(self.problem.instructions) <= 12 or self.dbwd_part_paths() is not None
+                or self.dbwd_channel_parts() > 1)
+
+    def dbwd_channel_parts(self) -> int:
+        """Channel parts of the one-kernel double backward of a channel-wise per-row product (each
+        kernel computes dx, dy, dw, dg over a slice of the channels: half the live registers at two
+        parts, and the weights and their cotangents read once). Default: 64 channels a part for
+        products of 128 or more channels with more than 12 paths (mace-large), whose one kernel over
+        all channels is at the register cap; one part elsewhere.
+        EQUIKERNELS_DBWD_CHANNEL_PARTS=N overrides where N divides the channels."""
+        p = self.problem
+        m = channel_mul(p) if channelwise_rows(p) and not self._uvw else None
+        if m is None:
+            return 1
+        v = settings.get().dbwd_channel_parts
+        if v is None:
+            v = m // 64 if m >= 128 and m % 64 == 0 and len(p.instructions) > 12 else 1
+        return v if m % v == 0 else 1
 
     def choice(self, kind: str) -> KernelChoice:
         """The generator choices of the emitted kernels of direction ``kind``."""
@@ -376,8 +439,13 @@ class Planner:
             return None  # nothing to compute (e.g. dg without cotangents)
         name = f"tp_{kind}{need or ''}{have}_{p.key()}_{t.layout}"
         choice = self.choice(kind)
-        chunks = _chunks(t.table, choice.part_paths, choice.in1_major)
         what = f"{kind} of {p.describe()} [{t.layout}]"
+        sliced = channel_parts(groups, channel_mul(p) or 1, self.dbwd_channel_parts()) if kind == "dbwd" else None
+        if sliced is not None:
+            members = [_member(f"{name}_c{lo}_{hi}", f"{what}, channels [{lo}, {hi})",
+                               generate(f"{name}_c{lo}_{hi}", gs, t.layout, choice), gs) for lo, hi, gs in sliced]
+            return _Built(members[0].name, choice, members, _unwritten([gs for _, _, gs in sliced]))
+        chunks = _chunks(t.table, choice.part_paths, choice.in1_major)
         if len(chunks) == 1:
             return _Built(name, choice, [_member(name, what, generate(name, groups, t.layout, choice), groups)])
         split, zero = _split_groups(groups, chunks, choice.in1_major)
