@@ -5,8 +5,9 @@ The kernels are the batched-TP kernels of ``emit.py`` with other row pointers:
 - *nodes*: each program owns destination nodes and walks their edges in CSR order, carrying
   [ROWS, MUL] partial sums of the node outputs (out, dg) and reducing them once per node; per-edge
   outputs (gy, gw, dy, dw) are stored per edge. The source-side gradients (gx, dx) are either
-  written per edge and summed per source node in sorted order (the ``deterministic`` dataflow: no
-  atomics, a fixed order) or added into their rows atomically (the ``atomic`` dataflow).
+  written per edge and summed per source node in sorted order (the ``deterministic`` dataflow: a
+  fixed order) or added into their rows atomically (the ``atomic`` dataflow). A later double-backward
+  channel part adds its partial dy atomically in either: one addend per element.
 - *edges*: rows are edges; node operands are read through src[e] / dst[e]; node outputs are added
   with atomics (the ``atomic`` dataflow with EQUIKERNELS_CONV_ATOMIC=edges; shared-weight gradients).
 """

@@ -148,9 +148,9 @@ def rowing(mode: str, operands, owner: Optional[str] = None, sections: str = "se
     """How a convolution kernel's rows map to edges and nodes: operands of the owner's side are
     addressed by the owned node, the others through src[e] / dst[e]; node outputs of edge-parallel
     kernels (and with ``scatter_src`` the source-side gradients) are added with atomics, and so are
-    ``adds``: per-edge outputs a later channel part adds into (one addend per element and program
-    order within a program: the sum is the same in every run, and the edge loop does not wait on a
-    load of the earlier value)."""
+    ``adds``: per-edge outputs a later double-backward channel part adds into (one addend per element
+    and program order within a program: the sum is the same in every run, and the edge loop does not
+    wait on a load of the earlier value)."""
     rowvar, index = {}, {}
     operands = sorted(operands)  # a fixed order: the generated source (and its cache key) must not vary per process
     for name in operands:
@@ -336,7 +336,9 @@ class ConvPlanner:
         prefetch = conv_prefetch(kind, math) if nodes else ""
         maxnreg = int(conv_knob("MAXNREG", kind, "0")) if nodes else 0
         scatter_src = nodes_atomic and nodes
-        adds = tuple(sorted(g.out_ptr for g in groups if g.accumulate and not g.reduce_rows)) if nodes else ()
+        # the float64 backward's later parts keep their measured read-add-store
+        adds = (tuple(sorted(g.out_ptr for g in groups if g.accumulate and not g.reduce_rows))
+                if nodes and kind == "dbwd" else ())
         kkey = (tag, mode, owner, sections, hoist, share, prefetch, maxnreg, scatter_src, adds)
         ops = set()
         for g in groups:

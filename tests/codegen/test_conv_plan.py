@@ -192,6 +192,7 @@ def test_float64_backward_runs_in_channel_parts():
     first, second = plan.steps
     assert first.zero_filled == ("gx",) and first.continues == ()
     assert second.zero_filled == () and set(second.continues) == {"gx", "gy", "gw"}
+    assert "gy" not in second.scatter  # the second part adds into gy after a load, as measured
     assert "i64_" in second.body and "i128_" not in second.body
     det = conv_plan_for(p, "deterministic", "bwd", torch.float64, "ir_mul")
     assert [st.channels for st in det.steps] == [(0, 64), (64, 128)] and det.steps[0].zero_filled == ()
@@ -206,3 +207,38 @@ def test_float64_backward_runs_in_channel_parts():
     mixed = TPProblem.create(**channelwise("4x0e+2x1o", "0e+1o", "0e+1o"))
     with settings.override(conv_channel_parts=2):  # first-input segments of different widths: one part
         assert len(conv_plan_for(mixed, "atomic", "bwd", torch.float64, "ir_mul").steps) == 1
+
+
+def test_double_backward_carries_dg_in_channel_parts():
+    """A float32 channel-wise double backward of 128 channels computes dg, dx, dy, dw in one kernel
+    per channel part of 64, the second adding into dy with atomics; float64, conv_dbwd_dg="apart"
+    and products of fewer than 128 channels keep dg in a kernel of its own."""
+    from equikernels.catalog import uvu_problem
+    from equikernels.codegen.conv_planner import conv_channel_parts, conv_dbwd_dg
+    p = catalog_problem("mace-mp-medium-L2")
+    tables = plan_of(spec_of(p, "ir_mul"))
+    dg_apart = [("dg",), ("dx", "dy", "dw")]
+    assert conv_dbwd_dg(p, torch.float32) == "fused" and conv_dbwd_dg(p, torch.float64) == "apart"
+    assert conv_channel_parts(p, "dbwd", torch.float32, carried=True) == 2
+    for flow, first_scatter in (("atomic", ("dx",)), ("deterministic", ())):
+        plan = cc.ConvKernels(tables, flow).conv_plan("dbwd", "xywg", "abc", torch.float32)
+        assert [(st.channels, st.names) for st in plan.steps] == [((0, 64), ("g", "x", "y", "w")),
+                                                                  ((64, 128), ("g", "x", "y", "w"))]
+        first, second = plan.steps
+        # dy has no channels: the first part writes it, the second adds its partial sums with atomics
+        assert first.scatter == first_scatter and "dy" not in first.scatter
+        assert second.scatter == tuple(sorted(first_scatter + ("dy",)))
+        assert "dy" in second.continues and "dg" in second.continues
+    f64 = cc.ConvKernels(tables, "atomic").conv_plan("dbwd", "xywg", "abc", torch.float64)
+    assert [st.outputs for st in f64.steps] == dg_apart and all(st.channels == (0, 0) for st in f64.steps)
+    with settings.override(conv_dbwd_dg="apart"):
+        apart = cc.ConvKernels(tables, "atomic").conv_plan("dbwd", "xywg", "abc", torch.float32)
+        assert [st.outputs for st in apart.steps] == dg_apart
+    with settings.override(conv_dbwd_dg="fused", conv_channel_parts_dbwd=1):
+        one = cc.ConvKernels(tables, "atomic").conv_plan("dbwd", "xywg", "abc", torch.float64)
+        assert [(st.channels, st.outputs) for st in one.steps] == [((0, 0), ("dg", "dx", "dy", "dw"))]
+        assert one.steps[0].scatter == ("dx",)
+    narrow = TPProblem.create(**uvu_problem("32x0e+32x1o", "0e+1o+2e", "32x0e+32x1o+32x1e+32x2e"))
+    assert conv_dbwd_dg(narrow, torch.float32) == "apart"
+    plan = cc.ConvKernels(plan_of(spec_of(narrow, "ir_mul")), "atomic").conv_plan("dbwd", "xywg", "abc", torch.float32)
+    assert [st.outputs for st in plan.steps] == dg_apart

@@ -336,8 +336,8 @@ def test_wide_channelwise_backward_variants(partial, prefetch, monkeypatch, tmp_
 def test_channelwise_prefetch_defaults(monkeypatch, tmp_path):
     """Channel-wise per-row double backwards in one kernel issue their loads early by default
     (TPKernels._dbwd_prefetched), and so do the forward and backward of narrow ones (NARROW_PREFETCH),
-    here nequip-water's shape at 4 channels; mace-large's two-kernel double backward (17 paths, wide)
-    does not. The prefetched kernels against the reference with outputs NaN-poisoned, 13 rows (8 per
+    here nequip-water's shape at 4 channels, and mace-large's (17 paths, wide: one kernel per channel
+    part of 64). The prefetched kernels against the reference with outputs NaN-poisoned, 13 rows (8 per
     program in the double backward: the last program runs past the end): forward and gradients in fp64
     and fp32, second-order gradients in fp64."""
     from equikernels.catalog import uvu_problem
@@ -366,6 +366,51 @@ def test_channelwise_prefetch_defaults(monkeypatch, tmp_path):
         for name, a, b in zip("xyw", ours, ref):
             assert _rel(a, b) <= 1e-10, f"d/d{name}: {_rel(a, b):.2e}"
         large = plan_of(spec_of(catalog_problem("mace-large"), "ir_mul")).kernels
-        assert not large.planner.dbwd_one() and large.planner.prefetch("dbwd") == 0
+        assert large.planner.dbwd_channel_parts() == 2 and large.planner.dbwd_one()
+        assert large.planner.prefetch("dbwd") == DBWD_PREFETCH
     finally:
         plan_of.cache_clear()
+
+
+@pytest.mark.parametrize("parts", [2, 4])
+@pytest.mark.parametrize("layout", ["ir_mul", "mul_ir"])
+def test_double_backward_in_channel_parts(parts, layout, monkeypatch, tmp_path):
+    """The one-kernel channel-wise double backward run as one kernel per channel part (each computes
+    dx, dy, dw, dg over its slice of the channels; dy, without channels, zero-filled and added into
+    by every part) against the reference in fp64, outputs NaN-poisoned, 13 rows."""
+    from equikernels import settings
+    from equikernels.bench.tp import all_orders
+    from equikernels.catalog import uvu_problem
+    from equikernels.ops import plan_of, spec_of
+    from equikernels.ops import tp as ops_tp
+    monkeypatch.setenv("EQUIKERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("EQUIKERNELS_POISON", "1")
+    p = TPProblem.create(**uvu_problem("4x0e+4x1o+4x2e", "0e+1o+2e", "4x0e+4x1o+4x1e+4x2e"))
+    # kernels and direct-launch recipes are kept per plan: built again under this test's settings
+    plan_of.cache_clear()
+    ops_tp._DBWD_DIRECT.clear()
+    try:
+        with settings.override(dbwd_channel_parts=parts, autotune=False):
+            planner = plan_of(spec_of(p, layout)).kernels.planner
+            assert planner.dbwd_channel_parts() == parts and planner.dbwd_one()
+            (step,) = planner.plan("dbwd", 15, "abc", torch.float64).steps
+            width = 4 // parts
+            assert [m.name[m.name.rindex("_c"):] for m in step.members] == [
+                f"_c{k * width}_{(k + 1) * width}" for k in range(parts)]
+            assert "dy" in step.zero_filled and not {"dx", "dw", "dg"} & set(step.zero_filled)
+            rows = 13  # odd: the last program of more than one row runs past the end
+            g = torch.Generator().manual_seed(0)
+            mk = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+            x, y, w, gr = mk(rows, p.dim_in1), mk(rows, p.dim_in2), mk(rows, p.weight_numel), mk(rows, p.dim_out)
+            rx, ry, rw = mk(rows, p.dim_in1), mk(rows, p.dim_in2), mk(rows, p.weight_numel)
+
+            def orders(backend):
+                fn = lambda a, b, c: tensor_product(p, a, b, c, layout=layout, backend=backend)  # noqa: E731
+                return all_orders(fn, x, y, w, gr, rx, ry, rw, 2)
+            got, ref = orders("triton"), orders("reference")
+        for name in ("dx", "dy", "dw", "dg"):
+            assert not got[name].isnan().any(), f"{name}: unwritten elements"
+            assert _rel(got[name], ref[name]) <= 1e-10, f"{name}: {_rel(got[name], ref[name]):.2e}"
+    finally:
+        plan_of.cache_clear()
+        ops_tp._DBWD_DIRECT.clear()

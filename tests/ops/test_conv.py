@@ -70,6 +70,30 @@ def test_gradient_kernels_in_channel_parts(flow, parts, dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("flow", ["atomic", "deterministic"])
+@pytest.mark.parametrize("parts", [1, 2])
+def test_double_backward_with_dg_carried(flow, parts, monkeypatch):
+    """dg carried per node in the kernel of dx, dy, dw (one part, or two whose second adds into dy)
+    matches the oracle in every second-order gradient, dg included, outputs poisoned."""
+    from equikernels.codegen import conv as cc
+    from equikernels.dtypes import math_dtype_of
+    seen = []
+    run = cc.ConvKernels._run
+
+    def spy(self, kind, names, tensors, like, graph, cfg, have="", math=None):
+        plan = self.conv_plan(kind, names, have, math_dtype_of(tensors.values(), math), cfg)
+        seen.extend((kind, st.names, st.channels) for st in plan.steps)
+        return run(self, kind, names, tensors, like, graph, cfg, have, math)
+    monkeypatch.setattr(cc.ConvKernels, "_run", spy)
+    with equikernels.settings.override(conv_dbwd_dg="fused", conv_channel_parts_dbwd=parts):
+        check_conv(channelwise("4x0e+4x1o", "0e+1o+2e", "0e+1o+1e+2e"), flow, torch.float64, "ir_mul",
+                   second_order=True)
+    fused = [ch for kind, names, ch in seen if kind == "dbwd" and {"g", "x"} <= set(names)]
+    # the old path (dg in a kernel of its own) would pass the oracle too: the fused kernel must have run
+    assert fused and set(fused) == ({(0, 0)} if parts == 1 else {(0, 2), (2, 4)})
+    assert not any(kind == "dbwd" and names == ("g",) for kind, names, _ in seen)
+
+
+@pytest.mark.parametrize("flow", ["atomic", "deterministic"])
 def test_ir_mul_double_backward(flow):
     check_conv(channelwise("2x0e+2x1o", "0e+1o", "0e+1o+1e"), flow, torch.float64, "ir_mul")
 
