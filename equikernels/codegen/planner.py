@@ -516,6 +516,7 @@ class Planner:
             ("wide_channelwise", wide_channelwise(self.problem)),
             ("per_row_uvw", self._uvw))
         if direction == "dbwd":
-            notes += (("dbwd_one_kernel", self.dbwd_one()), ("dbwd_part_paths", self.dbwd_part_paths()))
+            notes += (("dbwd_one_kernel", self.dbwd_one()), ("dbwd_part_paths", self.dbwd_part_paths()),
+                      ("dbwd_channel_parts", self.dbwd_channel_parts()))
         return DirectionPlan(direction, need, have, math, cfg, default, tuple(steps), notes)
 
