@@ -79,7 +79,9 @@ def test_standard_plans_pinned(tmp_path):
         c = st.choice
         assert (c.partial, c.cap_fp32, c.prefetch, c.l2, c.in1_major, c.lazy_budget) == (True, True, 4, 16, True, 1024)
         dbwd = plan_for(problem("mace-large"), "dbwd")
-        assert [s.part for s in dbwd.steps] == [8, 7] and all(s.choice.in1_outer for s in dbwd.steps)
+        (st,) = dbwd.steps  # one kernel per channel part of 64 computing all four, the second adding into dy
+        assert [m.name.rsplit("_", 2)[1:] for m in st.members] == [["c0", "64"], ["c64", "128"]]
+        assert st.part == 15 and st.choice.in1_outer and st.choice.prefetch == 16 and st.zero_filled == ("dy",)
         lips = plan_for(problem("nequip-lips"), "dbwd", layout="ir_mul")
         (st,) = lips.steps  # one kernel split by first-input segment, 6 paths per part, adding into dy
         assert len(st.members) == 5 and st.choice.part_paths == 6 and st.zero_filled == ("dy",)
