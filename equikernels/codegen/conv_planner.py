@@ -305,7 +305,7 @@ class ConvPlanner:
                 continue
             grads = any(n not in ("out", "g") for n in ns)
             parts = conv_channel_parts(self.problem, kind, math, bool(carry)) if nodes and grads else 1
-            sliced = channel_parts(groups, channel_mul(self.problem) or 1, parts)
+            sliced = channel_parts(groups, channel_mul(self.problem), parts)
             if sliced is None:
                 steps.append(self._step(flow, kind, have, math, launch, ns, mode, owner, sections, groups, per_edge))
                 continue

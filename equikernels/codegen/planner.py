@@ -71,11 +71,12 @@ def channel_mul(problem) -> Optional[int]:
     return muls.pop()
 
 
-def channel_parts(groups, mul: int, parts: int):
+def channel_parts(groups, mul: Optional[int], parts: int):
     """The groups of each of ``parts`` channel parts ([lo, hi) of the ``mul`` channels), or None for
-    one part or tables without one common channel label. Slices write disjoint parts of outputs
-    with channels; outputs without (dy) get partial sums, added into (accumulate) by the later parts."""
-    if parts <= 1 or mul % parts:
+    one part, no channel count (``channel_mul`` None) or tables without one common channel label.
+    Slices write disjoint parts of outputs with channels; outputs without (dy) get partial sums,
+    added into (accumulate) by the later parts."""
+    if parts <= 1 or not mul or mul % parts:
         return None
     labels = {channel_label(g.table, mul) for g in groups}
     if None in labels or len(labels) != 1:
@@ -163,11 +164,12 @@ def _restrict(g: Group, chunk, accumulate: bool, in1: bool) -> Group:
                  g.reduce_rows, accumulate=accumulate)
 
 
-def _elements(table, chunk, in1: bool) -> set:
-    """(segment, channel, component) of every output element the paths of ``chunk`` write."""
+def _elements(table, chunk=None, in1: bool = False) -> set:
+    """(segment, channel, component) of every output element the paths of ``chunk`` (None: all)
+    write."""
     out = set()
     for p in table.paths:
-        if path_segment(p, in1) not in chunk:
+        if chunk is not None and path_segment(p, in1) not in chunk:
             continue
         sizes = p.label_sizes
         st = p.output.strides
@@ -205,7 +207,7 @@ def _unwritten(parts) -> set:
     for gs in zip(*parts):
         t = gs[0].table
         out = t.operand(t.output)
-        written = set().union(*(_elements(g.table, {path_segment(p) for p in g.table.paths}, False) for g in gs))
+        written = set().union(*(_elements(g.table) for g in gs))
         if len(written) < sum(seg.mul * seg.dim for seg in out.segments) or any(g.accumulate for g in gs):
             zero.add(gs[0].out_ptr)
     return zero
@@ -440,7 +442,7 @@ class Planner:
         name = f"tp_{kind}{need or ''}{have}_{p.key()}_{t.layout}"
         choice = self.choice(kind)
         what = f"{kind} of {p.describe()} [{t.layout}]"
-        sliced = channel_parts(groups, channel_mul(p) or 1, self.dbwd_channel_parts()) if kind == "dbwd" else None
+        sliced = channel_parts(groups, channel_mul(p), self.dbwd_channel_parts()) if kind == "dbwd" else None
         if sliced is not None:
             members = [_member(f"{name}_c{lo}_{hi}", f"{what}, channels [{lo}, {hi})",
                                generate(f"{name}_c{lo}_{hi}", gs, t.layout, choice), gs) for lo, hi, gs in sliced]
