@@ -179,8 +179,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The plan's options, shared by ``python -m equikernels.plan`` and ``equikernels plan``."""
     names = ", ".join(standard_problems())
     parser.add_argument("problem", nargs="?", default=None, help=f"a standard problem: {names}")
-    parser.add_argument("--direction", default="fwd", choices=DIRECTIONS)
-    parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
+    parser.add_argument("--direction", default="fwd", choices=DIRECTIONS, help="fwd, bwd or dbwd (default fwd)")
+    parser.add_argument("--dtype", default=None, choices=tuple(DTYPES),
+                        help="math dtype (default float32; with --model, the model's)")
     parser.add_argument("--layout", default=None, choices=LAYOUTS, help="operand layout (default mul_ir)")
     parser.add_argument("--need", default=None, help="gradients asked for (letters of xyw, dbwd xywg; default all)")
     parser.add_argument("--have", default=None, help="double backward cotangents present (letters of abc; default all)")
@@ -196,6 +197,8 @@ def plan_text(problem: TPProblem, args: argparse.Namespace, layout: Optional[str
     --layout; the convolution's plan (``conv_text``) with --conv, --dataflow or ``dataflow`` (used
     where --dataflow is not given)."""
     layout = args.layout or layout or "mul_ir"
+    if args.dtype is None:
+        args = argparse.Namespace(**dict(vars(args), dtype="float32"))
     what = f"{problem.describe()} [{layout}]"
     flow = getattr(args, "dataflow", None) or dataflow or ("atomic" if getattr(args, "conv", False) else None)
     if flow is not None:

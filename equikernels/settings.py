@@ -378,6 +378,15 @@ def get() -> Settings:
     return s if s is not None else _refresh()
 
 
+def at_import() -> Settings:
+    """The settings for module-level constants: as ``get()``, but with a malformed variable the
+    defaults (the next ``get()`` raises it; the command line reports it in one line)."""
+    try:
+        return get()
+    except SettingsError:
+        return Settings()
+
+
 def _refresh() -> Settings:
     """Parse what is missing and publish the result (idempotent: concurrent calls agree)."""
     global _from_env, _current

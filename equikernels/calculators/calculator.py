@@ -38,6 +38,21 @@ CUDA_GRAPH_DEFAULT = "auto"
 CUDA_GRAPH_MAX_ATOMS = 16384  # "auto": graphs up to this size (no host syncs or launches; bigger steps fill the GPU)
 
 
+ASE_KEYWORDS = frozenset({"restart", "ignore_bad_restart_file", "label", "atoms", "directory"})
+
+
+def _model_from_paths(model, model_paths):
+    """``model``, or the one file of mace-torch's ``model_paths`` (a path or a list of one)."""
+    if model_paths is None:
+        return model
+    if model is not None:
+        raise ValueError("model and model_paths: give one of them")
+    paths = [model_paths] if isinstance(model_paths, (str, os.PathLike)) else list(model_paths)
+    if len(paths) != 1:
+        raise ValueError(f"model_paths: expected one model file, got {len(paths)} (committees are not supported)")
+    return paths[0]
+
+
 class MACECalculator(Calculator):
     """ASE calculator running a MACE model on the device.
 
@@ -56,6 +71,7 @@ class MACECalculator(Calculator):
         precision: None (the dtype above), or "fp64", "fp32", "bf16-mixed", "fp16-mixed" (equikernels
             MACE models; ``MACE.set_precision``). A mixed precision keeps float32 parameters,
             positions, energies and forces, so it excludes default_dtype="float64".
+        model_paths: mace-torch's name for ``model``: a model file, or a list of one.
         num_threads: torch CPU threads (``torch.set_num_threads``, process-wide) when the device is
             the CPU; None chooses ``threads.default_threads()`` unless ``OMP_NUM_THREADS`` is set
             or the process already chose a count; ignored on other devices.
@@ -72,7 +88,13 @@ class MACECalculator(Calculator):
     def __init__(self, model: Union[None, str, os.PathLike, torch.nn.Module] = None, device=None,
                  default_dtype: Optional[str] = None, head: Optional[str] = None, skin: float = DEFAULT_SKIN,
                  cuda_graph: Union[None, bool, str] = None, precision: Union[None, str, torch.dtype] = None,
-                 num_threads: Optional[int] = None, **kwargs):
+                 num_threads: Optional[int] = None, model_paths=None, **kwargs):
+        unknown = sorted(set(kwargs) - ASE_KEYWORDS)
+        if unknown:
+            raise TypeError(f"MACECalculator: unexpected keyword argument {unknown[0]!r} (expected model, device, "
+                            "default_dtype, head, skin, cuda_graph, precision, num_threads, model_paths or "
+                            f"ASE's {', '.join(sorted(ASE_KEYWORDS))})")
+        model = _model_from_paths(model, model_paths)
         Calculator.__init__(self, **kwargs)
         self.device = resolve_device(device)
         self.num_threads = apply_threads(self.device, num_threads)

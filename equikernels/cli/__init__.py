@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    for command in sub.choices.values():  # --debug after the command too; absent, the top level's stands
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help="show full tracebacks on errors")
     return parser
 
 
@@ -53,6 +56,13 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    try:
+        settings.get()  # a malformed EQUIKERNELS_* variable: one line, before anything reads it
+    except settings.SettingsError as exc:
+        if "--debug" in (sys.argv[1:] if argv is None else argv):
+            raise
+        print(f"equikernels: error: {exc} (run with --debug for the traceback)", file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -30,7 +30,7 @@ GROUPS = ("conv", "mace", "md", "tp", "train")
 def register(sub) -> None:
     from ..bench.compare import DEFAULT_MARGIN, DEFAULT_SLACK_MS
     p = sub.add_parser("bench", help="benchmark suite side by side with e3nn / cuEquivariance / OpenEquivariance",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__.replace("``", "'"), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="bench-results", help="folder for the JSON, markdown and plots "
                    "(default ./bench-results)")
     p.add_argument("--quick", action="store_true", help="a small subset (3 problems at 20k rows, the "

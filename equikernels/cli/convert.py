@@ -10,7 +10,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("convert", help="convert a mace-torch .model file to equikernels' MACE format",
+    p = subparsers.add_parser("convert", help="convert between mace-torch .model files and equikernels' MACE format (--to mace for the reverse)",
                               description="Convert a mace-torch MACE/ScaleShiftMACE checkpoint (needs mace-torch) "
                                           "into equikernels' format (config JSON + weights), which loads without "
                                           "mace-torch. OUT is a file, or a directory to hold config.json and "

@@ -34,7 +34,7 @@ def register(subparsers) -> None:
                     "and are overridden by flags. Labels are read from the REF_* keys, or from the calculator "
                     "results ASE writes (energy, forces, stress) when those are absent. The closing table shows "
                     "the starting and the fine-tuned model on the validation set; model.pt is the best "
-                    "validation epoch's weights and model_last.pt the last ones (plus mace-torch .model "
+                    "validation epoch's weights and model_last.pt the last ones when they differ (plus mace-torch .model "
                     "files when mace-torch is installed). Ctrl-C/SIGTERM: checkpoint, metrics, exit; "
                     "--resume continues. Multi-GPU: torchrun --nproc_per_node N -m equikernels.cli fine-tune ...")
     a = p.add_argument
@@ -42,7 +42,7 @@ def register(subparsers) -> None:
     a("--model", help="model file to fine-tune (default: the bundled default model)")
     a("--train", help="training structures (extxyz or any ASE-readable file)")
     a("--valid", help="validation structures (default: a random --valid-fraction of --train)")
-    a("--valid-fraction", type=float, help="fraction of --train held out for validation (default 0.1)")
+    a("--valid-fraction", type=float, help="fraction of --train held out for validation, 0 for none (default 0.1)")
     a("--epochs", type=int, help="number of epochs (default 10)")
     a("--max-steps", type=int, help="stop after this many optimiser steps in total")
     a("--out", help="output directory: checkpoints, model.pt, metrics.json, training.png (default fine_tune_out)")
@@ -60,7 +60,7 @@ def register(subparsers) -> None:
     a("--no-ema", action="store_true", help="evaluate and save the raw weights, not an EMA")
     a("--clip-grad-norm", type=float, help="gradient-norm clipping (default 10)")
     a("--checkpoint-every", type=int, help="optimiser steps between checkpoints (default 100)")
-    a("--patience", type=int, help="early stopping after this many evaluations without improvement")
+    a("--patience", type=int, help="early stopping after this many evaluations without improvement (default: none)")
     a("--e0s", help="'foundation' (keep the model's), 'average' (least squares on --train) or "
                      "a YAML mapping such as '{Cu: -3.5, Ni: -4.1}'")
     a("--freeze", action="append", metavar="PREFIX",
@@ -100,8 +100,11 @@ def config_from_args(args: argparse.Namespace):
     if keys:
         values["keys"] = keys
     if args.e0s is not None:
-        e0s = yaml.safe_load(args.e0s)
-        values["e0s"] = e0s
+        try:
+            values["e0s"] = yaml.safe_load(args.e0s)
+        except yaml.YAMLError:
+            raise ValueError("--e0s: expected 'foundation', 'average' or a YAML mapping such as "
+                             f"'{{Cu: -3.5, Ni: -4.1}}', got {args.e0s!r}") from None
     if args.freeze:
         values["freeze"] = list(values.get("freeze") or []) + args.freeze
     if args.head_weight:

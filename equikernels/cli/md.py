@@ -7,6 +7,7 @@ import os
 import sys
 
 from ..calculators.md import BUILTIN_STRUCTURES, ENSEMBLES
+from ..calculators.threads import DEFAULT_MAX_THREADS
 
 # default steps: a GPU run long enough to measure; a CPU run that ends well within a minute
 DEFAULT_STEPS = {"cuda": 1000, "cpu": 20}
@@ -40,8 +41,8 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", choices=("float64", "float32"), default=None,
                    help="model precision (default: the model's own)")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: OMP_NUM_THREADS if set, else "
-                        "equikernels.calculators.threads.default_threads())")
+                   help="torch CPU threads (default: OMP_NUM_THREADS if set, else the physical cores, "
+                        f"at most {DEFAULT_MAX_THREADS})")
     p.add_argument("--skin", type=float, default=None, help="neighbour-list skin in Angstrom (default 0.5)")
     p.add_argument("--out", default="md_out", help="output directory (default md_out)")
     p.add_argument("--log-interval", type=int, default=10, help="steps between log lines (0: no log)")
@@ -78,6 +79,12 @@ def load_structure(spec):
     return atoms, spec
 
 
+# MDSettings field -> the flag that sets it
+MD_FLAGS = {"timestep_fs": "--timestep", "temperature_K": "--temperature", "ensemble": "--ensemble",
+            "pressure_bar": "--pressure", "friction_per_ps": "--friction", "steps": "--steps",
+            "log_interval": "--log-interval", "traj_interval": "--traj-interval", "seed": "--seed"}
+
+
 def _seconds(s: float) -> str:
     return f"{s:.0f} s" if s >= 10 else f"{s:.1f} s"
 
@@ -110,13 +117,18 @@ def run(args: argparse.Namespace) -> int:
     settings = MDSettings(steps=steps, timestep_fs=args.timestep, temperature_K=args.temperature,
                           ensemble=args.ensemble, pressure_bar=args.pressure, friction_per_ps=args.friction,
                           seed=args.seed, log_interval=args.log_interval, traj_interval=args.traj_interval)
-    settings.validate()
+    try:
+        settings.validate()
+    except ValueError as exc:  # name the flag, not the MDSettings field
+        msg = str(exc)
+        field = msg.split(" ", 1)[0]
+        raise ValueError(f"{MD_FLAGS[field]}{msg[len(field):]}" if field in MD_FLAGS else msg) from None
     calc.elements.check(atoms.numbers)
     atoms.calc = calc
     model = args.model if args.model is not None else "the bundled default model"
     dtype = str(calc.dtype).replace("torch.", "")
     threads = f", {calc.num_threads} thread{'s' if calc.num_threads != 1 else ''}" if calc.device.type == "cpu" else ""
-    print(f"equikernels md: {len(atoms)} atoms ({atoms.get_chemical_formula()}, {structure}), {settings.ensemble} "
+    print(f"equikernels md: {len(atoms)} atom{'s' if len(atoms) != 1 else ''} ({atoms.get_chemical_formula()}, {structure}), {settings.ensemble} "
           f"at {settings.temperature_K:g} K, {steps} steps of {settings.timestep_fs:g} fs{steps_note}", flush=True)
     compiles = " (the first evaluation compiles kernels)" if calc.device.type == "cuda" else ""
     print(f"  model {model} on {calc.device} ({dtype}{threads}){compiles}", flush=True)

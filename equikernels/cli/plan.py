@@ -16,7 +16,7 @@ from .. import plan as _plan
 
 def register(sub) -> None:
     p = sub.add_parser("plan", help="print the kernel plan of a standard problem or of a model's products",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__.replace("``", "'"), formatter_class=argparse.RawDescriptionHelpFormatter)
     _plan.add_arguments(p)
     p.add_argument("--model", default=None, metavar="FILE",
                    help="a model file (ours or mace-torch) instead of a problem: plans each of its distinct "
@@ -56,7 +56,11 @@ def _batched(args: argparse.Namespace) -> argparse.Namespace:
 
 def model_text(path: str, args: argparse.Namespace) -> str:
     from ..models import load
-    products = model_products(load(path, device="cpu"))
+    model = load(path, device="cpu")
+    if args.dtype is None:  # the dtype the model runs in
+        dtype = next((str(t.dtype).replace("torch.", "") for t in model.parameters() if t.is_floating_point()), None)
+        args = argparse.Namespace(**dict(vars(args), dtype=dtype if dtype in ("float32", "float64") else None))
+    products = model_products(model)
     if not products:
         return f"{path}: no tensor product modules"
     lines = [f"{path}: {len(products)} distinct tensor product(s)"]

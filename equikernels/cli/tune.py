@@ -19,7 +19,7 @@ from .. import settings
 
 def register(sub) -> None:
     p = sub.add_parser("tune", help="autotune kernels for named problems or a model, ahead of time",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__.replace("``", "'"), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--problems", default="", help="comma-separated names from equikernels.catalog "
                    "(e.g. mace-mp-medium-L2,nequip-water; 'all' for every standard problem)")
     p.add_argument("--rows", type=int, default=50000, help="rows for the named problems (default 50000)")

@@ -38,14 +38,20 @@ def export_mliap(model, path: Union[str, os.PathLike], dtype: Optional[str] = No
     path = os.fspath(path)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
-        raise FileNotFoundError(f"path: directory {parent!r} does not exist")
+        raise FileNotFoundError(f"path: the folder of {path!r} ({parent!r}) does not exist")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"path: {path!r} is a directory, expected a file name such as model-mliap.pt")
     tmp = f"{path}.tmp{os.getpid()}"
-    if _is_torch_file(path):
-        torch.save(obj, tmp)
-    else:
-        with open(tmp, "wb") as f:
-            pickle.dump(obj, f)
-    os.replace(tmp, path)
+    try:
+        if _is_torch_file(path):
+            torch.save(obj, tmp)
+        else:
+            with open(tmp, "wb") as f:
+                pickle.dump(obj, f)
+        os.replace(tmp, path)
+    finally:  # a failed write leaves neither a partial file nor the temporary one
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return obj
 
 

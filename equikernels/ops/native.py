@@ -34,7 +34,7 @@ from .. import settings
 
 log = logging.getLogger(__name__)
 
-MODE = settings.get().native
+MODE = settings.at_import().native
 NAME = "_ek_tp_node"
 SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "tp_node.cpp"
 _ext = None

@@ -87,6 +87,9 @@ def resolve_backend(backend: Optional[str], device: torch.device) -> str:
         if device.type == "cuda" and triton_available():
             return "triton"
         return "cpu" if device.type == "cpu" else "reference"
+    if b == "triton" and device.type != "cuda" and not settings.get().triton_interpret:
+        raise ValueError(f"backend 'triton' runs on CUDA devices, or on the CPU with TRITON_INTERPRET=1; "
+                         f"the tensors are on {device.type}")
     return b
 
 
@@ -248,7 +251,7 @@ tp_fwd, tp_bwd, tp_dbwd = TP.fwd_op, TP.bwd_op, TP.dbwd_op
 # same kernel, launch shape and pointer order as TPKernels, so results are bit-identical
 # (tests/codegen/test_launch.py compares the two paths). Only the eager no-grad backward of tp_fwd
 # takes it (and of tp_bwd: _dbwd_direct below); EQUIKERNELS_FAST_BWD=0 turns both off.
-FAST_BWD = settings.get().fast_bwd
+FAST_BWD = settings.at_import().fast_bwd
 
 
 def _env_tuning_or_poison() -> bool:

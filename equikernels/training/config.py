@@ -3,6 +3,7 @@ Unknown or ill-typed options are rejected with the option's name."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
@@ -90,7 +91,10 @@ class TrainConfig:
             if not cond:
                 raise ValueError(msg)
 
+        _check_types(self)
         need(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
+        need(0.0 <= self.valid_fraction < 1.0,
+             f"valid_fraction must be in [0, 1) (0: no validation set), got {self.valid_fraction}")
         need(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
         need(self.lr > 0, f"lr must be > 0, got {self.lr}")
         need(self.max_steps is None or self.max_steps >= 1, f"max_steps must be >= 1, got {self.max_steps}")
@@ -118,6 +122,18 @@ class TrainConfig:
         need(self.train_file is not None, "train_file is required (the structures to train on)")
         need(self.model is not None or self.new_model is not None,
              "give a model file to fine-tune (model) or the hyper-parameters of a new one (new_model)")
+        for name in ("train_file", "valid_file", "replay_file"):
+            path = getattr(self, name)
+            if path is not None and os.path.isdir(path):
+                raise IsADirectoryError(f"{name}: {path!r} is a directory, expected a file of structures")
+            if path is not None and not os.path.exists(path):
+                raise FileNotFoundError(f"{name}: no such file {path!r}")
+        need(not os.path.exists(self.out_dir) or os.path.isdir(self.out_dir),
+             f"out_dir: {self.out_dir!r} exists and is not a directory")
+        if self.device is not None and str(self.device).startswith("cuda"):
+            import torch  # noqa: PLC0415 (only to ask whether CUDA is there)
+
+            need(torch.cuda.is_available(), f"device: {self.device!r} asked, but torch sees no CUDA device here")
         return self
 
     def to_dict(self) -> Dict[str, Any]:
@@ -132,9 +148,43 @@ class TrainConfig:
         return cls(**values)
 
 
+_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+
+
+def _check_types(cfg: "TrainConfig") -> None:
+    """Each option of a plain type (int, float, bool, str, or Optional of one) holds that type."""
+    for f in dataclasses.fields(cfg):
+        t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+        optional = t.startswith("Optional[")
+        base = t[len("Optional["):-1] if optional else t
+        if base not in _TYPES:
+            continue
+        v = getattr(cfg, f.name)
+        if v is None and optional:
+            continue
+        if base == "float" and isinstance(v, str):  # YAML reads 1e-3 (no dot) as a string
+            try:
+                v = float(v)
+                setattr(cfg, f.name, v)
+            except ValueError:
+                pass
+        if not isinstance(v, _TYPES[base]) or (isinstance(v, bool) and base != "bool"):
+            kind = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}[base]
+            raise ValueError(f"{f.name} must be {kind}, got {v!r}")
+
+
 def load_yaml(path: str) -> Dict[str, Any]:
-    with open(path) as fh:
-        values = yaml.safe_load(fh) or {}
+    try:
+        with open(path) as fh:
+            values = yaml.safe_load(fh) or {}
+    except FileNotFoundError:
+        raise FileNotFoundError(f"config file {path!r}: no such file") from None
+    except IsADirectoryError:
+        raise IsADirectoryError(f"config file {path!r} is a directory, expected a YAML file") from None
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where is not None else ""
+        raise ValueError(f"config file {path!r}: not valid YAML{at} ({getattr(exc, 'problem', None) or exc})") from None
     if not isinstance(values, dict):
         raise ValueError(f"{path}: expected a mapping of training options, got {type(values).__name__}")
     return values

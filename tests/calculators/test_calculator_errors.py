@@ -46,6 +46,24 @@ def test_model_of_wrong_type():
         MACECalculator(model=torch.nn.Linear(2, 2), device="cpu")
 
 
+def test_unknown_keywords_and_model_paths(tmp_path):
+    # a misspelt or foreign keyword must not leave the bundled default model running silently
+    with pytest.raises(TypeError, match="unexpected keyword argument 'defualt_dtype'"):
+        MACECalculator(StandIn(), device="cpu", defualt_dtype="float32")
+    with pytest.raises(TypeError, match="'enable_cueq'"):
+        MACECalculator(StandIn(), device="cpu", enable_cueq=True)
+    # mace-torch's model_paths names the model file, alone or as a list of one
+    missing = str(tmp_path / "missing.model")
+    for paths in (missing, [missing]):
+        with pytest.raises(FileNotFoundError, match="no such model file"):
+            MACECalculator(model_paths=paths, device="cpu")
+    with pytest.raises(ValueError, match="expected one model file, got 2"):
+        MACECalculator(model_paths=[missing, missing], device="cpu")
+    with pytest.raises(ValueError, match="give one of them"):
+        MACECalculator(StandIn(), model_paths=missing, device="cpu")
+    assert MACECalculator(StandIn(), device="cpu", label="run", directory=str(tmp_path)).label.endswith("run")
+
+
 def test_bad_dtype_and_device():
     with pytest.raises(ValueError, match="default_dtype"):
         MACECalculator(StandIn(), device="cpu", default_dtype="float16")

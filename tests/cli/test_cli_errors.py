@@ -135,3 +135,81 @@ def test_md_arguments_checked_before_the_run(cu_model, cu_file, tmp_path, capsys
     _one_line_error(capsys, "--out", "expected a directory")
     assert _md(cu_file, "--model", cu_model, "--threads", "0", "--out", str(tmp_path / "run")) == 2
     _one_line_error(capsys, "--threads")
+
+
+def test_malformed_setting_is_one_line(monkeypatch, capsys):
+    from equikernels import settings
+
+    monkeypatch.setenv("EQUIKERNELS_AUTOTUNE", "banana")
+    settings.reload()
+    try:
+        assert main(["md", "--steps", "1"]) == 2
+        _one_line_error(capsys, "EQUIKERNELS_AUTOTUNE", "expected 0 or 1", "'banana'")
+        with pytest.raises(settings.SettingsError):
+            main(["--debug", "md", "--steps", "1"])
+    finally:
+        monkeypatch.delenv("EQUIKERNELS_AUTOTUNE")
+        settings.reload()
+
+
+def test_debug_after_the_command(tmp_path):
+    with pytest.raises(FileNotFoundError, match="neither a file nor a built-in"):
+        main(["md", str(tmp_path / "missing.xyz"), "--debug"])
+
+
+def test_md_errors_name_the_flag(cu_model, cu_file, tmp_path, capsys):
+    assert _md(cu_file, "--model", cu_model, "--timestep", "-1", "--out", str(tmp_path / "run")) == 2
+    line = _one_line_error(capsys, "--timestep must be positive")
+    assert "timestep_fs" not in line
+
+
+def _fine_tune(*args):
+    return main(["fine-tune", *args, "--no-progress", "--no-plot"])
+
+
+def test_fine_tune_bad_config_and_flags(cu_model, cu_file, tmp_path, capsys, monkeypatch):
+    common = ["--model", cu_model, "--train", cu_file, "--out", str(tmp_path / "ft")]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("epochs: [1\n")
+    assert _fine_tune("--config", str(bad), *common) == 2
+    _one_line_error(capsys, "bad.yaml", "not valid YAML")
+    assert _fine_tune("--config", str(tmp_path / "none.yaml"), *common) == 2
+    _one_line_error(capsys, "none.yaml", "no such file")
+    assert _fine_tune("--config", str(tmp_path), *common) == 2
+    _one_line_error(capsys, "is a directory")
+    assert _fine_tune("--e0s", "{Cu: -3.5", *common) == 2
+    _one_line_error(capsys, "--e0s", "YAML mapping")
+    for text, needle in (("epochs: one\n", "epochs must be an integer"), ("lr: fast\n", "lr must be a number"),
+                         ("batch_size: 2.5\n", "batch_size must be an integer")):
+        bad.write_text(text)
+        assert _fine_tune("--config", str(bad), *common) == 2
+        _one_line_error(capsys, needle)
+    assert _fine_tune(*common, "--valid", str(tmp_path / "v.xyz")) == 2
+    _one_line_error(capsys, "valid_file", "no such file")
+    assert _fine_tune(*common, "--replay", str(tmp_path / "r.xyz")) == 2
+    _one_line_error(capsys, "replay_file", "no such file")
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    assert _fine_tune("--model", cu_model, "--train", cu_file, "--out", str(blocker)) == 2
+    _one_line_error(capsys, "out_dir", "not a directory")
+    assert _fine_tune(*common, "--valid-fraction", "1.5") == 2
+    _one_line_error(capsys, "valid_fraction must be in [0, 1)")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _fine_tune(*common, "--device", "cuda") == 2
+    _one_line_error(capsys, "device", "no CUDA device")
+
+
+def test_training_options_from_yaml_numbers(cu_model, cu_file):
+    from equikernels.training.config import TrainConfig
+
+    # YAML reads 1e-3 (no dot) as a string: a number-like string is taken as the number
+    cfg = TrainConfig.from_dict({"lr": "1e-3", "valid_fraction": 0, "train_file": cu_file, "model": cu_model}).validate()
+    assert cfg.lr == 1e-3 and cfg.valid_fraction == 0
+
+
+def test_export_lammps_to_a_directory(cu_model, tmp_path, capsys):
+    out = tmp_path / "adir"
+    out.mkdir()
+    assert main(["export-lammps", cu_model, str(out)]) == 2
+    _one_line_error(capsys, "is a directory", "model-mliap.pt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"]  # no temporary file left behind

@@ -41,6 +41,12 @@ def test_model_lists_its_products(capsys, tmp_path):
         assert all(f"{n} (InteractionBlock)" in out for n in names)
         assert all(s.name in out for s in plans[(p, layout)].steps)
     assert "tp_bwd" not in out  # no batched-product kernel listed
+    # without --dtype the plan is the one the model runs: the bundled model is float64
+    assert next(t for t in load(path, device="cpu").parameters()).dtype == torch.float64
+    with settings.override(cache_dir=str(tmp_path), autotune=False):
+        assert main(["plan", "--model", path]) == 0
+    out = capsys.readouterr().out
+    assert "dtype float64 (math float64)" in out and "dtype float32" not in out
 
 
 @pytest.mark.parametrize("argv, flow", [(["--conv"], "atomic"), (["--dataflow", "deterministic"], "deterministic")])

@@ -138,6 +138,15 @@ def test_bad_backend(per_row, monkeypatch):
         tensor_product(per_row, x, y, w)
 
 
+def test_triton_backend_on_cpu_needs_the_interpreter(per_row):
+    from equikernels import settings
+
+    x, y, w = _xyw()
+    with settings.override(triton_interpret=False):
+        with pytest.raises(ValueError, match=r"backend 'triton' runs on CUDA devices, or on the CPU with TRITON_INTERPRET=1"):
+            tensor_product(per_row, x, y, w, backend="triton")
+
+
 def test_reference_backend_by_name_and_env(per_row, monkeypatch):
     x, y, w = _xyw()
     ref = tensor_product(per_row, x, y, w, backend="reference")
