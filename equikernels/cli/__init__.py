@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 import warnings
@@ -52,7 +53,18 @@ def _debug_requested(args: Optional[argparse.Namespace]) -> bool:
 
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:
     text = str(message).strip().splitlines()
-    return f"equikernels: warning: {text[0] if text else category.__name__}\n"
+    return f"{_origin(filename)}: warning: {text[0] if text else category.__name__}\n"
+
+
+def _origin(filename: str) -> str:
+    """The package a warning comes from (its file under site-packages), so another library's warning
+    is not taken for ours."""
+    parts = os.path.normpath(str(filename)).split(os.sep)
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts[:-1]:
+            name = parts[parts.index(marker) + 1]
+            return "equikernels" if name == "equikernels" else name.split(".")[0]
+    return "equikernels"
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -213,3 +213,21 @@ def test_export_lammps_to_a_directory(cu_model, tmp_path, capsys):
     assert main(["export-lammps", cu_model, str(out)]) == 2
     _one_line_error(capsys, "is a directory", "model-mliap.pt")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"]  # no temporary file left behind
+
+
+def test_warnings_name_the_library_they_come_from(cu_model, tmp_path, capsys, monkeypatch):
+    import warnings
+
+    from equikernels.cli import fine_tune
+
+    shown = []
+
+    def warn_and_stop(args):  # how the command formats warnings while it runs
+        shown.append(warnings.formatwarning("foreign\nmore", UserWarning,
+                                            "/env/lib/python3.12/site-packages/torch/jit/_script.py", 1))
+        shown.append(warnings.formatwarning("ours", UserWarning, fine_tune.__file__, 1))
+        raise ValueError("stop")
+
+    monkeypatch.setattr(fine_tune, "config_from_args", warn_and_stop)
+    assert main(["fine-tune", "--model", cu_model]) == 2
+    assert shown == ["torch: warning: foreign\n", "equikernels: warning: ours\n"]
