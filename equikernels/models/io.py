@@ -428,15 +428,20 @@ def load_mace_module(path: Union[str, os.PathLike]) -> Optional[torch.nn.Module]
     return _load_mace_file(path)
 
 
+_WARNED_PICKLES: set = set()
+
+
 def _load_mace_file(path: str):
     try:
         import mace  # noqa: F401,PLC0415  (registers the classes the pickle refers to)
     except ImportError:
         raise ImportError(f"{path}: not an equikernels model file; loading a mace-torch .model file "
                           "needs mace-torch (pip install mace-torch)") from None
-    warnings.warn(f"{path}: loading a pickled model, which runs code stored in the file; load only files you "
-                  "trust (equikernels convert writes a copy that loads without running code)",
-                  CodeExecutionWarning, stacklevel=3)
+    if os.path.realpath(path) not in _WARNED_PICKLES:  # once per file and process (a run may load it twice)
+        _WARNED_PICKLES.add(os.path.realpath(path))
+        warnings.warn(f"{path}: loading a pickled model, which runs code stored in the file; load only files you "
+                      "trust (equikernels convert writes a copy that loads without running code)",
+                      CodeExecutionWarning, stacklevel=3)
     try:
         obj = torch.load(path, map_location="cpu", weights_only=False)
     except (ModuleNotFoundError, AttributeError) as exc:

@@ -125,6 +125,12 @@ def test_pickle_only_after_the_format_check_and_a_warning(tmp_path, monkeypatch)
         with pytest.raises(ValueError, match="holds a dict"):
             model_io.load(str(pickled))
     assert full_loads == [str(pickled)]
+    import warnings
+    with warnings.catch_warnings():  # warned once per file and process: a second load is quiet
+        warnings.simplefilter("error", model_io.CodeExecutionWarning)
+        with pytest.raises(ValueError, match="holds a dict"):
+            model_io.load(str(pickled))
+    assert full_loads == [str(pickled)] * 2
 
 
 
