@@ -97,8 +97,13 @@ def accelerate(model: nn.Module, fuse: bool = True) -> AccelerateReport:
                 setattr(parent, name, done[id(child)])
                 continue
             why = _acceleratewhy_not_convertible(child) if _is_e3nn(child) else None
+            new = None
             if _is_e3nn(child) and why is None:
-                new = from_e3nn(child)
+                try:
+                    new = from_e3nn(child)
+                except (TypeError, ValueError, NotImplementedError) as exc:  # kept as it is, with the reason
+                    why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if new is not None:
                 done[id(child)] = new
                 setattr(parent, name, new)
                 report.replaced.append((full, type(child).__name__, f"equikernels.{type(new).__name__}"))

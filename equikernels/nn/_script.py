@@ -166,7 +166,8 @@ def script_linear(features: torch.Tensor, w: torch.Tensor, b: torch.Tensor, shar
     probe = features.new_zeros(lead)
     if not shared:
         if w.numel() > 0:
-            probe = torch.broadcast_tensors(probe, w.new_zeros(w.shape[:w.dim() - nf - 1]))[0]
+            # per-row weights: lead + [numel], or lead + [f_in, f_out, numel] with f_in / f_out
+            probe = torch.broadcast_tensors(probe, w.new_zeros(w.shape[:w.dim() - (3 if f else 1)]))[0]
         if b.numel() > 0:
             probe = torch.broadcast_tensors(probe, b.new_zeros(b.shape[:b.dim() - nf]))[0]
     out_lead: List[int] = list(probe.shape)

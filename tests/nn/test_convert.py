@@ -251,3 +251,16 @@ def test_accelerate_leaves_user_subclasses_alone():
     assert "overrides forward" in kept["0"] and "user-defined subclass" in kept["1"]
     assert rel(model(x), out) < TOL
     assert isinstance(ek.from_e3nn(model[1]), ek.Linear)  # explicit conversion is allowed
+
+
+def test_accelerate_keeps_a_module_it_cannot_convert_and_goes_on():
+    # from_e3nn refuses an external-weight Linear with f_in / f_out: accelerate keeps it, with the
+    # reason, and converts the rest (never a model left half converted by an exception)
+    odd = o3.Linear("2x0e", "2x0e", f_in=3, f_out=4, internal_weights=False)
+    with pytest.raises(TypeError, match="f_in/f_out"):
+        ek.from_e3nn(odd)
+    model = torch.nn.Sequential(o3.Linear("2x0e", "2x0e"), odd, o3.Linear("2x0e", "0e"))
+    report = ek.accelerate(model)
+    assert report.replaced_names == ["0", "2"] and model[1] is odd
+    kept = {n: why for n, _, why in report.left_alone}
+    assert "f_in/f_out" in kept["1"]

@@ -64,6 +64,10 @@ def test_subclasses_linear_and_spherical_harmonics_script():
         (enn.Linear("2x0e+2x1o", "3x0e+1x1o", layout="ir_mul"), (x,)),
         (enn.Linear("0e+1e", "2x0e+1e", f_in=3, f_out=2), (torch.randn(5, 3, 4),)),
         (enn.Linear("2x0e+2x1o", "3x0e+1x1o", shared_weights=False), (x, torch.randn(5, 8))),
+        # per-row weights over two batch dimensions, and broadcast against the features' batch
+        (enn.Linear("2x0e+2x1o", "3x0e+1x1o", shared_weights=False), (x.reshape(5, 1, 8), torch.randn(5, 3, 8))),
+        (enn.Linear("0e+1e", "2x0e+1e", f_in=3, f_out=2, shared_weights=False),
+         (torch.randn(2, 5, 3, 4), torch.randn(2, 5, 3, 2, 3))),
         (enn.SphericalHarmonics([1, 3], True, normalization="norm"), (x[:, :3],)),
         (enn.SphericalHarmonics("1o+2x2e", False, layout="ir_mul"), (x[:, :3],)),
     ]:
