@@ -264,3 +264,29 @@ def test_accelerate_keeps_a_module_it_cannot_convert_and_goes_on():
     assert report.replaced_names == ["0", "2"] and model[1] is odd
     kept = {n: why for n, _, why in report.left_alone}
     assert "f_in/f_out" in kept["1"]
+
+
+@pytest.mark.parametrize("args", [
+    ("0x0e", "1x0e", "2x0e", [(0, 0, 0, "uvw", False)]),
+    ("0x1o+1x0e", "2x0e", "2x1o+2x0e", [(0, 0, 0, "uuw", False), (1, 0, 1, "uvw", True)]),
+    ("0x1o+2x0e", "2x0e", "3x1o+2x0e", [(0, 0, 0, "uvu", True), (1, 0, 1, "uvu", True)]),
+])
+def test_empty_paths_accept_any_mode_as_e3nn(args):
+    # a path with a zero multiplicity contributes nothing; e3nn builds it whatever its mode's rules
+    e = o3.TensorProduct(*args)
+    x = torch.randn(4, e.irreps_in1.dim, requires_grad=True)
+    y = torch.randn(4, e.irreps_in2.dim, requires_grad=True)
+    def grads(t):  # zeros where the output does not depend on an input
+        if not t.requires_grad:
+            return [torch.zeros_like(x), torch.zeros_like(y)]
+        gs = torch.autograd.grad(t.pow(2).sum(), (x, y), allow_unused=True)
+        return [torch.zeros_like(v) if g is None else g for g, v in zip(gs, (x, y))]
+
+    ref = e(x, y)
+    g_ref = grads(ref)
+    for m in (ek.from_e3nn(e), ek.TensorProduct(*args)):
+        m.load_state_dict(e.state_dict())
+        out = m(x, y)
+        torch.testing.assert_close(out, ref, rtol=TOL, atol=TOL)
+        for g, gr in zip(grads(out), g_ref):
+            torch.testing.assert_close(g, gr, rtol=TOL, atol=TOL)
