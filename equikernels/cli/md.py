@@ -45,9 +45,9 @@ def register(subparsers) -> None:
                         f"at most {DEFAULT_MAX_THREADS})")
     p.add_argument("--skin", type=float, default=None, help="neighbour-list skin in Angstrom (default 0.5)")
     p.add_argument("--out", default="md_out", help="output directory (default md_out)")
-    p.add_argument("--log-interval", type=int, default=10, help="steps between log lines (0: no log)")
-    p.add_argument("--traj-interval", type=int, default=10, help="steps between trajectory frames (0: none)")
-    p.add_argument("--seed", type=int, default=0, help="random seed for velocities and the thermostat")
+    p.add_argument("--log-interval", type=int, default=10, help="steps between log lines (0: no log; default 10)")
+    p.add_argument("--traj-interval", type=int, default=10, help="steps between trajectory frames (0: none; default 10)")
+    p.add_argument("--seed", type=int, default=0, help="random seed for velocities and the thermostat (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 

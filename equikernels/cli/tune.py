@@ -25,10 +25,11 @@ def register(sub) -> None:
     p.add_argument("--rows", type=int, default=50000, help="rows for the named problems (default 50000)")
     p.add_argument("--model", default=None, help="a model file (ours or mace-torch): tunes one training step")
     p.add_argument("--structure", default=None, help="structure for --model (ASE-readable; default: Cu fcc)")
-    p.add_argument("--atoms", type=int, default=1008, help="Cu fcc size for --model without --structure")
-    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    p.add_argument("--layout", choices=("ir_mul", "mul_ir"), default="ir_mul")
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--atoms", type=int, default=1008, help="Cu fcc size for --model without --structure (default 1008)")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="math dtype (default float32)")
+    p.add_argument("--layout", choices=("ir_mul", "mul_ir"), default="ir_mul",
+                   help="operand layout of the named problems (default ir_mul)")
+    p.add_argument("--device", default="cuda", help="the CUDA device to tune on (default cuda)")
     p.set_defaults(func=run)
 
 
