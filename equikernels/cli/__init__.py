@@ -62,8 +62,7 @@ def _origin(filename: str) -> str:
     parts = os.path.normpath(str(filename)).split(os.sep)
     for marker in ("site-packages", "dist-packages"):
         if marker in parts[:-1]:
-            name = parts[parts.index(marker) + 1]
-            return "equikernels" if name == "equikernels" else name.split(".")[0]
+            return parts[parts.index(marker) + 1].split(".")[0]
     return "equikernels"
 
 

@@ -89,9 +89,9 @@ def resolve_backend(backend: Optional[str], device: torch.device) -> str:
         return "cpu" if device.type == "cpu" else "reference"
     if b == "triton" and device.type != "cuda" and not settings.get().triton_interpret:
         settings.reload()  # TRITON_INTERPRET may have been set after the settings were read
-    if b == "triton" and device.type != "cuda" and not settings.get().triton_interpret:
-        raise ValueError(f"backend 'triton' runs on CUDA devices, or on the CPU with TRITON_INTERPRET=1; "
-                         f"the tensors are on {device.type}")
+        if not settings.get().triton_interpret:
+            raise ValueError(f"backend 'triton' runs on CUDA devices, or on the CPU with TRITON_INTERPRET=1; "
+                             f"the tensors are on {device.type}")
     return b
 
 
