@@ -339,13 +339,15 @@ class ConvPlanner:
         # the float64 backward's later parts keep their measured read-add-store
         adds = (tuple(sorted(g.out_ptr for g in groups if g.accumulate and not g.reduce_rows))
                 if nodes and kind == "dbwd" else ())
-        kkey = (tag, mode, owner, sections, hoist, share, prefetch, maxnreg, scatter_src, adds)
+        merged = kind == "dbwd" and settings.get().dbwd_merge
+        kkey = (tag, mode, owner, sections, hoist, share, prefetch, maxnreg, scatter_src, adds, merged)
         ops = set()
         for g in groups:
             ops.add(g.out_ptr)
             ops.update(o.name for o in g.table.operands if o.name != g.table.output)
         rw = rowing(mode, ops, owner, sections, hoist, scatter_src, prefetch, adds)
-        choice = KernelChoice(row_operands=self.row_operands(), in1_major=self.in1_major(), in1_outer=share)
+        choice = KernelChoice(row_operands=self.row_operands(), in1_major=self.in1_major(), in1_outer=share,
+                              merge=merged)
         k = self._kernel(kkey, tag, groups, rw, choice)
         partials = tuple(g.out_ptr for g in groups if g.reduce_rows and mode == "edges")
         added = tuple(g.out_ptr for g in groups if g.out_ptr not in partials

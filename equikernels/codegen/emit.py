@@ -19,6 +19,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from ..ir import Factor, Path, Table
 from .plan_types import KernelChoice
+from .terms import Combo, merge
 
 
 # Scatter atomics need no ordering: their sums are read only after the kernel ends. Triton's default
@@ -159,6 +160,7 @@ class KernelBuilder:
         self.prefetch = choice.prefetch
         self.l2 = choice.l2
         self.in1_outer = choice.in1_outer
+        self.merge = choice.merge
         self.inputs: List[str] = []
         self.operand_dims: Dict[str, int] = {}
         for g in self.groups:
@@ -313,6 +315,8 @@ class KernelBuilder:
         return name
 
     def load(self, table: Table, f: Factor, comp: int, assign, block, sizes) -> str:
+        if isinstance(f, Combo):
+            return self._combo(table, f, comp, assign, block, sizes)
         nd = len(block)
         hoist = self._hoisted(f.operand)
         info = None if hoist else self._split_info(table, f, comp, assign, block)
@@ -359,6 +363,19 @@ class KernelBuilder:
             self.body.emit(f"{name} = tl.load({ptr}{mask_s}).to(DT)")
         self.loads[key] = name
         return name
+
+    def _combo(self, table: Table, f: Combo, comp: int, assign, block, sizes) -> str:
+        """Component ``comp`` of a weighted-factor sum (terms.Combo), computed once per block."""
+        parts = []
+        for fac, wt in f.terms:
+            v = self.load(table, fac, comp, assign, block, sizes)
+            parts.append(v if wt is None else f"{v} * {self.load(table, wt, 0, assign, block, sizes)}")
+        expr = " + ".join(parts)
+        if expr not in self.exprs:
+            v = self.body.tmp("m")
+            self.body.emit(f"{v} = {expr}")
+            self.exprs[expr] = v
+        return self.exprs[expr]
 
     # --- one path ---------------------------------------------------------------------------------
     def _dot_form(self, g: Group, p: Path, sizes, out_st) -> Tuple[Optional[str], Optional[List[str]]]:
@@ -769,6 +786,8 @@ class KernelBuilder:
             return (gi, p.output.segment, p.output.base if seg.dim == 1 else None)
 
         items.sort(key=visit_key)
+        if self.merge:
+            items = merge(items, frozenset(self.row_operands))
         if self.rowing.mode == "nodes":
             if self.rowing.sections in ("segment", "in1", "in1all"):
                 return self._assemble(*self._node_sections(items, accs, order, out_dims), accs, order, out_dims,

@@ -379,7 +379,7 @@ class Planner:
         return KernelChoice(row_operands=self.row_operands(), in1_major=self.in1_major(),
                             lazy_budget=self.lazy_budget(kind), in1_outer=in1_outer(self.problem, kind),
                             partial=partial, prefetch=self.prefetch(kind), l2=self.l2(kind), cap_fp32=partial,
-                            part_paths=limit)
+                            part_paths=limit, merge=kind == "dbwd" and settings.get().dbwd_merge)
 
     @staticmethod
     def uvw_choice() -> KernelChoice:
@@ -412,7 +412,8 @@ class Planner:
     def built(self, kind: str, need: int = 0, have: str = "") -> Optional[_Built]:
         """The generated kernel(s) of (kind, need bits, have), None where nothing is computed;
         raises emit.Unsupported where the generator cannot express it."""
-        key = (kind, need, have)
+        # the choice and the channel split follow the settings in force
+        key = (kind, need, have, self.choice(kind), self.dbwd_channel_parts() if kind == "dbwd" else 1)
         if key not in self._built:
             self._built[key] = self._build(kind, need, have)
         return self._built[key]
