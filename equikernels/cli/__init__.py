@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import signal
 import sys
 import warnings
@@ -66,6 +67,21 @@ def _origin(filename: str) -> str:
     return "equikernels"
 
 
+# argparse takes "-1e9" for an option (its negative-number test knows no exponents)
+_NEGATIVE = re.compile(r"-(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def _joined_negatives(argv: List[str]) -> List[str]:
+    """``--opt -1e9`` written as ``--opt=-1e9``, so that a negative number in exponent form is a value."""
+    out: List[str] = []
+    for tok in argv:
+        if out and _NEGATIVE.fullmatch(tok) and out[-1].startswith("--") and "=" not in out[-1]:
+            out[-1] = f"{out[-1]}={tok}"
+        else:
+            out.append(tok)
+    return out
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     try:
         settings.get()  # a malformed EQUIKERNELS_* variable: one line, before anything reads it
@@ -75,7 +91,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"equikernels: error: {exc} (run with --debug for the traceback)", file=sys.stderr)
         return 2
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_joined_negatives(sys.argv[1:] if argv is None else list(argv)))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

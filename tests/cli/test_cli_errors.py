@@ -237,3 +237,12 @@ def test_warnings_name_the_library_they_come_from(cu_model, tmp_path, capsys, mo
     monkeypatch.setattr(fine_tune, "config_from_args", warn_and_stop)
     assert main(["fine-tune", "--model", cu_model]) == 2
     assert shown == ["torch: warning: foreign\n", "equikernels: warning: ours\n"]
+
+
+def test_negative_number_in_exponent_form_is_a_value(tmp_path, capsys):
+    """``--pressure -1e9``: argparse alone reads ``-1e9`` as an unknown option ("expected one argument")."""
+    missing = str(tmp_path / "absent.xyz")
+    assert _md(missing, "--ensemble", "npt", "--pressure", "-1e9") == 2
+    _one_line_error(capsys, "absent.xyz")
+    assert _md(missing, "--pressure", "-2.5E-3") == 2
+    _one_line_error(capsys, "absent.xyz")
