@@ -235,8 +235,8 @@ class Settings:
                                              "one kernel per part (all four gradients over a slice of the "
                                              "channels; default: 64 channels a part from 128 channels and "
                                              "more than 12 paths, else 1)")
-    dbwd_merge: bool = _var(True, _FLAG, "Double backward: fold per-row weights into one factor and evaluate the "
-                                         "terms that differ only in that factor and the weight once")
+    dbwd_merge: bool = _var(True, _FLAG, "Double backward: terms that differ only in one factor and the per-row "
+                                         "weight evaluated once, over their weighted sum")
     uvw_rows: bool = _var(True, _FLAG, "Per-row uvw weights (DiffDock) use the uvw_rows kernels")
     uvw_fuse: Optional[bool] = _var(None, _FLAG, "uvw_rows: weight gradient in the same kernel as the rest")
     uvw_ub: int = _var(16, _Int(1), "uvw_rows: u (weight-block rows) per chunk")

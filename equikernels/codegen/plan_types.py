@@ -51,8 +51,8 @@ class KernelChoice:
     ``in1_outer``: share gx/dx inner sums with the weight gradient. ``partial``: per-thread partial
     channel sums. ``prefetch``: loads issued this many loads early (0: none). ``l2``: half-precision
     row operands asked into L2 this many loads ahead (0: at the top of the row, None: not).
-    ``merge``: per-row weights folded into a factor and terms that differ only in that factor and the
-    weight evaluated once (terms.py). ``cap_fp32``: float32 builds get the register cap too (launch.register_cap). ``part_paths``:
+    ``merge``: paths that differ only in one factor and the per-row weight evaluated once, over
+    their weighted sum (terms.py). ``cap_fp32``: float32 builds get the register cap too (launch.register_cap). ``part_paths``:
     forward paths per kernel before the product is split into parts. ``split``/``dot``: the
     emitter's per-path split of wide blocks and tl.dot channel mixing. ``generator``: EMIT or
     UVW_ROWS (then ``uvw`` holds its chunking)."""

@@ -55,7 +55,7 @@ def _foldable(p: Path, n: int, rows: FrozenSet[str]) -> bool:
     """Whether ``p``'s weight can multiply its factor ``n`` component-wise: both per row and the
     weight's channels a subset of the factor's (the product has the factor's block shape)."""
     f, w = p.factors[n], p.weight
-    if w is None or isinstance(f, Combo) or f.operand not in rows or w.operand not in rows:
+    if w is None or f.operand not in rows or w.operand not in rows:
         return False
     sizes = p.label_sizes
     return _big(w, sizes) <= _big(f, sizes)
