@@ -23,6 +23,7 @@ not change with it.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 DEFAULT_MARGIN = 0.10
 DEFAULT_SLACK_MS = 0.05
 SCHEMA = "equikernels-bench/1"
+SIZED_GROUPS = ("mace", "md", "train")  # groups whose cells are per system size (``NNNNatoms`` in the id)
 
 
 class GPUKindMismatch(ValueError):
@@ -81,7 +83,7 @@ class Comparison:
         if self.new_cells:
             lines.append(f"  {len(self.new_cells)} cells not in the baseline (not compared)")
         if self.out_of_scope:
-            lines.append(f"  {self.out_of_scope} baseline cells outside this run's groups and problems (not compared)")
+            lines.append(f"  {self.out_of_scope} baseline cells outside this run's groups, problems and sizes (not compared)")
         if self.ok:
             lines.append("OK: no regression")
         else:
@@ -115,13 +117,16 @@ def _index(cells: Iterable[dict]) -> Dict[Tuple[str, str], dict]:
 
 
 def in_scope(cell: dict, scope: Optional[dict]) -> bool:
-    """Whether a run of ``scope`` (its ``"groups"`` and batched-product ``"problems"``; None: every
-    cell) measures ``cell``."""
+    """Whether a run of ``scope`` (its ``"groups"``, batched-product ``"problems"`` and, where given,
+    the ``"atoms"`` of the mace, md and train groups; None: every cell) measures ``cell``."""
     if not scope:
         return True
     group = cell.get("group") or cell["id"].split("/")[0]
     if group not in scope.get("groups", ()):
         return False
+    if group in SIZED_GROUPS and scope.get("atoms") is not None:
+        m = re.search(r"/(\d+)atoms/", cell["id"])
+        return m is None or int(m.group(1)) in scope["atoms"]
     return group != "tp" or cell["id"].split("/")[1] in scope.get("problems", ())
 
 
@@ -139,6 +144,7 @@ def merge(runs: Sequence[dict]) -> dict:
     cells: Dict[Tuple[str, str], dict] = {}
     groups: List[str] = []
     problems: List[str] = []
+    atoms: Optional[List[int]] = []
     for r in runs:
         for key, c in _index(r["cells"]).items():
             if c.get("status") != "skipped" or key not in cells:
@@ -148,10 +154,12 @@ def merge(runs: Sequence[dict]) -> dict:
                                                        if c["id"].startswith("tp/")})}
         groups += [g for g in scope.get("groups", ()) if g not in groups]
         problems += [p for p in scope.get("problems", ()) if p not in problems]
+        # a run without an "atoms" entry measured every size: the union is then unrestricted
+        atoms = None if scope.get("atoms") is None or atoms is None else sorted(set(atoms) | set(scope["atoms"]))
     first = runs[0]
     return {"schema": SCHEMA, "gpu_kind": first["gpu_kind"], "quick": any(r.get("quick") for r in runs),
             "env": first.get("env", {}), "copy": first.get("copy", {}), "cells": list(cells.values()),
-            "scope": {"groups": groups, "problems": problems},
+            "scope": {"groups": groups, "problems": problems, **({} if atoms is None else {"atoms": atoms})},
             "merged": [m for r in runs for m in (r.get("merged") or [_summary(r)])],
             "wall_s": round(sum(float(r.get("wall_s") or 0) for r in runs), 1)}
 
@@ -167,7 +175,7 @@ def compare(baseline: dict, current: dict, *, margin: float = DEFAULT_MARGIN, sl
     """Compare ``current`` with ``baseline`` (both as written by ``equikernels bench``).
 
     ``impls``: which implementations are guarded (default: equikernels only; None: all). Baseline
-    cells outside ``current``'s scope (groups and problems it was asked to run) are not compared.
+    cells outside ``current``'s scope (groups, problems and system sizes it was asked to run) are not compared.
     Raises ``GPUKindMismatch`` when the runs come from different GPU kinds."""
     if margin < 0 or slack_ms < 0:
         raise ValueError(f"margin and slack_ms must be >= 0, got {margin} and {slack_ms}")

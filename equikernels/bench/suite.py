@@ -64,9 +64,16 @@ class Options:
     time_budget_s: Optional[float] = None
     tp_rows: Optional[int] = None  # overrides the row counts (small runs of the harness itself)
     conv_atoms: Optional[int] = None  # overrides the convolution's graph size (one of conv.REPEATS)
+    systems: Optional[Sequence[int]] = None  # overrides the atom counts of the mace, md and train groups
     check_rows: int = 1000  # rows of the float64 check of the batched product
     log: Callable[[str], None] = print
     started: float = field(default_factory=time.perf_counter)
+
+    def atom_counts(self) -> Tuple[int, ...]:
+        """System sizes of the mace, md and train groups."""
+        if self.systems is not None:
+            return tuple(self.systems)
+        return (1008,) if self.quick else (1008, 10192)
 
     def out_of_time(self) -> bool:
         return self.time_budget_s is not None and time.perf_counter() - self.started > self.time_budget_s
@@ -113,7 +120,7 @@ def _reference(opts: Options, group: str, model64, atoms, label: int, device, st
 
 def _mp_model(atoms: int):
     """The float64 mace-torch model of the MACE and training groups, its average neighbour count that
-    of the Cu crystal of ``atoms`` atoms."""
+    of the Cu crystal of ``atoms`` atoms (1,008 for every group, whichever sizes run)."""
     first = MC.cu_atoms(atoms)
     return MC.mace_model(MC.graph(first, 6.0, MC.Z_ALL, torch.float64, "cpu")["edge_index"].shape[1] / len(first))
 
@@ -228,13 +235,13 @@ def run_conv(opts: Options, device, cells: List[dict]) -> None:
 
 
 def run_mace(opts: Options, device, cells: List[dict]) -> None:
-    systems = (1008,) if opts.quick else (1008, 10192)
+    systems = opts.atom_counts()
     dtypes = ("float32",) if opts.quick else ("float32", "float64")
     modes = (("E+F", False),) if opts.quick else (("E+F", False), ("E+F+S", True))
     impls = [MACE_NAMES[i] for i in ALL_IMPLS if i in opts.impls]
     ids = lambda dn, a: [f"mace/{dn}/{a}atoms/{m}" for m, _ in modes]  # noqa: E731
     try:
-        ref64 = _mp_model(systems[0])
+        ref64 = _mp_model(1008)
     except Exception as exc:
         fail = _failed(exc)
         for dn in dtypes:
@@ -283,7 +290,7 @@ def run_mace(opts: Options, device, cells: List[dict]) -> None:
 
 
 def run_md(opts: Options, device, cells: List[dict]) -> None:
-    systems = (1008,) if opts.quick else (1008, 10192)
+    systems = opts.atom_counts()
     dn = "float32"
     impls = [MACE_NAMES[i] for i in ALL_IMPLS if i in opts.impls and MACE_NAMES[i] in MD.CALCULATORS]
     ids = {a: f"md/{dn}/{a}atoms/step" for a in systems}
@@ -317,14 +324,14 @@ def run_md(opts: Options, device, cells: List[dict]) -> None:
 
 
 def run_train(opts: Options, device, cells: List[dict]) -> None:
-    systems = (1008,) if opts.quick else (1008, 10192)
+    systems = opts.atom_counts()
     modes = (("E+F", False),) if opts.quick else (("E+F", False), ("E+F+S", True))
     variants = [("fp32", MACE_NAMES[i]) for i in ALL_IMPLS if i in opts.impls]
     if "equikernels" in opts.impls:
         variants.append(("bf16-mixed", "equikernels"))
     ids = lambda p, a: [f"train/{p}/{a}atoms/{m}" for m, _ in modes]  # noqa: E731
     try:
-        ref64 = _mp_model(systems[0])
+        ref64 = _mp_model(1008)
         ref_dev = MC.build("mace-e3nn", ref64, torch.float64, device)
     except Exception as exc:
         fail = _failed(exc)
@@ -400,7 +407,8 @@ def run_suite(opts: Options, device: torch.device) -> dict:
     opts.started = time.perf_counter()
     data = {"schema": SCHEMA, "gpu_kind": gpu_kind(device), "quick": opts.quick, "env": env_info(device),
             "copy": T.copy_bandwidth(device), "host_probe": T.host_probe(device), "cells": [],
-            "scope": {"groups": list(opts.groups) + (["model"] if opts.model else []), "problems": list(opts.problems)}}
+            "scope": {"groups": list(opts.groups) + (["model"] if opts.model else []), "problems": list(opts.problems),
+                      "atoms": list(opts.atom_counts())}}
     opts.log(f"{data['env'].get('gpu')}: device-to-device copy {data['copy']['gbps_median']:.0f} GB/s")
     runners = {"tp": run_tp, "conv": run_conv, "mace": run_mace, "md": run_md, "train": run_train}
     try:

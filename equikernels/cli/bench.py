@@ -9,9 +9,9 @@ result against e3nn in float64 and writes ``<gpu-kind>.json``, ``<gpu-kind>.md``
 
 ``--check BASELINE.json`` compares the run with a stored run of the same GPU kind and exits with
 status 1 when a cell is slower than ``baseline x (1 + margin) + slack`` (default margin 10 %, slack
-0.05 ms; see ``equikernels.bench.compare``); a run of some groups or problems is compared on those
-only. ``--results RUN.json --check BASELINE.json`` compares two stored runs without measuring (no
-GPU needed). ``--merge RUN.json ...`` joins runs of one GPU kind (the suite measured group by group)
+0.05 ms; see ``equikernels.bench.compare``); a run of some groups, problems or ``--atoms`` sizes
+is compared on those only. ``--results RUN.json --check BASELINE.json`` compares two stored runs
+without measuring (no GPU needed). ``--merge RUN.json ...`` joins runs of one GPU kind (the suite measured group by group)
 into one result in ``--out``, e.g. a new baseline. Stopped by Ctrl-C or SIGTERM (``timeout``), a run
 still writes the cells it finished (marked ``interrupted``) and exits with status 130.
 """
@@ -41,6 +41,8 @@ def register(sub) -> None:
                    "(default all)")
     p.add_argument("--impls", default="equikernels,e3nn,cuequivariance,openequivariance",
                    help="implementations to run (default: all; absent ones are reported as absent)")
+    p.add_argument("--atoms", default=None, help="comma-separated system sizes of the mace, md and train "
+                   "groups, of 1008,10192 (default both; 1008 with --quick)")
     p.add_argument("--model", default=None, help="also time this model file (mace-torch .model or ours)")
     p.add_argument("--target-ms", type=float, default=200.0, help="timed work per cell (default 200 ms)")
     p.add_argument("--time-budget-s", type=float, default=None,
@@ -112,6 +114,7 @@ def run(args) -> int:
     else:
         problems = _list(args.problems, names, "--problems")
     impls, groups = _list(args.impls, suite.ALL_IMPLS, "--impls"), _list(args.groups, GROUPS, "--groups")
+    systems = None if args.atoms in (None, "") else [int(a) for a in _list(args.atoms, ("1008", "10192"), "--atoms")]
     if args.model and not Path(args.model).is_file():
         raise FileNotFoundError(f"--model: {args.model!r} is not a file")
     if not torch.cuda.is_available():
@@ -124,7 +127,7 @@ def run(args) -> int:
             raise GPUKindMismatch(f"--check: {args.check} was measured on {base['gpu_kind']!r}, this GPU is "
                                   f"{gpu_kind(device)!r}; timings of different GPU kinds are not comparable")
     opts = suite.Options(quick=args.quick, problems=problems, model=args.model, target_ms=args.target_ms,
-                         impls=impls, groups=groups, time_budget_s=args.time_budget_s,
+                         impls=impls, groups=groups, time_budget_s=args.time_budget_s, systems=systems,
                          log=lambda s: print(s, flush=True))
     with interrupt_on_sigterm():
         data = suite.run_suite(opts, device)

@@ -221,3 +221,28 @@ def test_host_probe_measures_issue_time():
     from equikernels.bench.timing import host_probe
     p = host_probe(torch.device("cpu"), ops=200, batches=4)
     assert 0 < p["us_per_op_min"] <= p["us_per_op"] < 1e4 and p["ops"] == 200
+
+
+def test_a_run_of_some_system_sizes_is_compared_on_those():
+    from equikernels.bench.compare import merge
+    base = _run(**BASE, **{"mace/float64/1008atoms/E+F": 8.0, "train/fp32/1008atoms/E+F": 40.0,
+                           "train/fp32/10192atoms/E+F": 90.0})
+    cur = _only(base, "mace", "train")
+    cur["cells"] = [c for c in cur["cells"] if "/10192atoms/" in c["id"]]
+    cur["scope"]["atoms"] = [10192]
+    res = compare(base, cur)
+    assert res.ok and res.compared == 2 and res.findings == []
+    # a size the run measured is still missed when absent, and a slower one flagged
+    gone = copy.deepcopy(cur)
+    gone["cells"] = [c for c in gone["cells"] if c["id"] != "train/fp32/10192atoms/E+F"]
+    assert [f.kind for f in compare(base, gone).findings] == ["missing"]
+    assert [f.kind for f in compare(base, _slower(cur, "train/fp32/10192atoms/E+F", 1.3)).findings] == ["slower"]
+    # without "atoms" every size is in scope
+    del cur["scope"]["atoms"]
+    assert sorted(f.kind for f in compare(base, cur).findings) == ["missing", "missing"]
+    # merged scopes: sizes united; one run of every size leaves the merge unrestricted
+    small = copy.deepcopy(cur)
+    small["scope"]["atoms"] = [1008]
+    cur["scope"]["atoms"] = [10192]
+    assert merge([small, cur])["scope"]["atoms"] == [1008, 10192]
+    assert "atoms" not in merge([small, _only(base, "mace")])["scope"]

@@ -84,3 +84,31 @@ def test_full_suite_adds_stress_loss_cells(monkeypatch):
     assert all(float(ref["stress"]) == 1.0 for _, ref, _ in checked)
     assert sorted(out["loss_stress"] for out, _, _ in checked) == [False] * 4 + [True] * 4
     assert all(out["loss_stress"] == stress for out, _, stress in checked)
+
+
+def test_atoms_option_restricts_the_systems(monkeypatch):
+    sizes = []
+    monkeypatch.setattr(MC, "mace_model", lambda avg: "ref")
+    monkeypatch.setattr(MC, "cu_atoms", lambda n: sizes.append(n) or ["atom"] * 3)
+    monkeypatch.setattr(MC, "graph", lambda *a, **k: {"edge_index": torch.zeros(2, 7, dtype=torch.long)})
+    monkeypatch.setattr(MC, "build", lambda impl, ref, dtype, device: "ref64")
+    monkeypatch.setattr(MC, "step", lambda model, data, stress: {})
+    monkeypatch.setattr(MC, "errors", lambda out, ref, stress: {"forces": 1e-6})
+    monkeypatch.setattr(TR, "train_model", lambda impl, ref64, precision, device: (precision, impl))
+    monkeypatch.setattr(TR, "forward", lambda model, data, stress: {})
+    monkeypatch.setattr(TR, "step_call", lambda model, data, stress: model)
+    monkeypatch.setattr(suite, "_timed", lambda call, device, target_ms: {
+        "ms": 1.0, "ms_p20": 1.0, "ms_p80": 1.0, "n": 5, "peak_gib": None})
+    opts = suite.Options(quick=False, impls=("equikernels",), groups=("train",), mace_rounds=1, systems=(10192,),
+                         log=lambda s: None)
+    cells = []
+    suite.run_train(opts, torch.device("cpu"), cells)
+    assert {c["atoms"] for c in cells} == {10192}
+    assert 10192 in sizes and sizes.count(1008) == 1  # the model's neighbour count still from 1,008 atoms
+
+
+def test_atoms_option_names_a_bad_size(capsys):
+    from equikernels.cli import main
+    rc = main(["bench", "--atoms", "1008,500", "--groups", "train"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "--atoms" in err and "500" in err and "Traceback" not in err

@@ -69,10 +69,11 @@ def test_where_torch_runs(device):
     assert not MM.kernel_available(x, w.requires_grad_())  # automatic: constant weights only
     assert MM.kernel_available(x, w, "triton")
     w = w.detach()
-    x, w = x.cpu(), w.cpu()
-    assert not MM.kernel_available(torch.randn(10, 8), torch.randn(8, 32), "triton")  # K below tl.dot's 16
+    narrow = torch.randn(10, 8, device=device), torch.randn(8, 32, device=device)
+    assert not MM.kernel_available(*narrow, "triton")  # K below tl.dot's 16
     assert not MM.kernel_available(x.half(), w.half(), "triton")
     assert not MM.kernel_available(x, w.double(), "triton")
+    x, w = x.cpu(), w.cpu()  # automatic on the CPU: torch's product
     assert MM.matmul(x, w).grad_fn is None and torch.equal(MM.matmul(x, w), x @ w)
     assert torch.equal(MM.matmul(x, w, act="silu"), torch.nn.functional.silu(x) @ w)
     with pytest.raises(ValueError, match="act"):
