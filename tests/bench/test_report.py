@@ -21,3 +21,18 @@ def test_tp_group_runs_checks_and_reports_absent_libraries():
     assert set(sp[0]["speedup"]) == {"e3nn"}
     md = markdown(data)
     assert "| nequip-water/float32/16/fwd |" in md and "absent" in md
+
+
+def test_mixed_precision_training_rows_compare_with_the_baselines_float32_step():
+    def cell(cid, impl, ms):
+        return {"id": cid, "group": "train", "impl": impl, "status": "ok", "ms": ms, "err": 1e-5}
+    data = {"env": {}, "copy": {"gbps_median": 1.0}, "cells": [
+        cell("train/fp32/10192atoms/E+F", "equikernels", 80.0), cell("train/fp32/10192atoms/E+F", "mace-cueq", 120.0),
+        cell("train/fp32/10192atoms/E+F", "mace-oeq", 400.0), cell("train/bf16-mixed/10192atoms/E+F", "equikernels", 40.0),
+        cell("train/bf16-mixed/1008atoms/E+F", "equikernels", 30.0)]}
+    md = markdown(data)
+    assert "| fp32/10192atoms/E+F | 80.00 | 120.0 | 400.0 | 1.50x | 1.0e-05 |" in md
+    assert "| bf16-mixed/10192atoms/E+F | 40.00 | – | – | 3.00x† | 1.0e-05 |" in md
+    assert "† against the other libraries' float32 step" in md
+    # no float32 row of that size: nothing to compare with
+    assert "| bf16-mixed/1008atoms/E+F | 30.00 | – | – | – | 1.0e-05 |" in md
