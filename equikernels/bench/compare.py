@@ -83,7 +83,8 @@ class Comparison:
         if self.new_cells:
             lines.append(f"  {len(self.new_cells)} cells not in the baseline (not compared)")
         if self.out_of_scope:
-            lines.append(f"  {self.out_of_scope} baseline cells outside this run's groups, problems and sizes (not compared)")
+            lines.append(f"  {self.out_of_scope} baseline cells outside this run's groups, problems and sizes "
+                         "(not compared)")
         if self.ok:
             lines.append("OK: no regression")
         else:

@@ -11,9 +11,10 @@ result against e3nn in float64 and writes ``<gpu-kind>.json``, ``<gpu-kind>.md``
 status 1 when a cell is slower than ``baseline x (1 + margin) + slack`` (default margin 10 %, slack
 0.05 ms; see ``equikernels.bench.compare``); a run of some groups, problems or ``--atoms`` sizes
 is compared on those only. ``--results RUN.json --check BASELINE.json`` compares two stored runs
-without measuring (no GPU needed). ``--merge RUN.json ...`` joins runs of one GPU kind (the suite measured group by group)
-into one result in ``--out``, e.g. a new baseline. Stopped by Ctrl-C or SIGTERM (``timeout``), a run
-still writes the cells it finished (marked ``interrupted``) and exits with status 130.
+without measuring (no GPU needed). ``--merge RUN.json ...`` joins runs of one GPU kind (the suite
+measured group by group) into one result in ``--out``, e.g. a new baseline. Stopped by Ctrl-C or
+SIGTERM (``timeout``), a run still writes the cells it finished (marked ``interrupted``) and exits
+with status 130.
 """
 from __future__ import annotations
 

@@ -28,7 +28,8 @@ def test_mixed_precision_training_rows_compare_with_the_baselines_float32_step()
         return {"id": cid, "group": "train", "impl": impl, "status": "ok", "ms": ms, "err": 1e-5}
     data = {"env": {}, "copy": {"gbps_median": 1.0}, "cells": [
         cell("train/fp32/10192atoms/E+F", "equikernels", 80.0), cell("train/fp32/10192atoms/E+F", "mace-cueq", 120.0),
-        cell("train/fp32/10192atoms/E+F", "mace-oeq", 400.0), cell("train/bf16-mixed/10192atoms/E+F", "equikernels", 40.0),
+        cell("train/fp32/10192atoms/E+F", "mace-oeq", 400.0),
+        cell("train/bf16-mixed/10192atoms/E+F", "equikernels", 40.0),
         cell("train/bf16-mixed/1008atoms/E+F", "equikernels", 30.0)]}
     md = markdown(data)
     assert "| fp32/10192atoms/E+F | 80.00 | 120.0 | 400.0 | 1.50x | 1.0e-05 |" in md
