@@ -40,6 +40,7 @@ from .environment import env_info, gpu_kind
 FULL_PROBLEMS = ("mace-mp-medium-L2", "mace-large", "mace-medium", "nequip-water", "nequip-lips", "diffdock-L2",
                  "tetris-poly-1")
 QUICK_PROBLEMS = ("mace-mp-medium-L2", "nequip-water", "tetris-poly-1")
+SYSTEMS = (1008, 10192)  # atom counts of the mace, md and train groups; the model's neighbour count is 1,008's
 TOL = {"float32": 1e-4, "float64": 1e-9}  # relative error against e3nn in float64
 MACE_TOL = {"float32": 1e-4, "float64": 1e-8}
 BF16_TOL = 5e-2  # bf16-mixed MACE forces against float64 (relative; bf16 keeps 8 mantissa bits)
@@ -73,7 +74,7 @@ class Options:
         """System sizes of the mace, md and train groups."""
         if self.systems is not None:
             return tuple(self.systems)
-        return (1008,) if self.quick else (1008, 10192)
+        return SYSTEMS[:1] if self.quick else SYSTEMS
 
     def out_of_time(self) -> bool:
         return self.time_budget_s is not None and time.perf_counter() - self.started > self.time_budget_s
@@ -118,10 +119,10 @@ def _reference(opts: Options, group: str, model64, atoms, label: int, device, st
         T.free_memory(device)
 
 
-def _mp_model(atoms: int):
+def _mp_model():
     """The float64 mace-torch model of the MACE and training groups, its average neighbour count that
-    of the Cu crystal of ``atoms`` atoms (1,008 for every group, whichever sizes run)."""
-    first = MC.cu_atoms(atoms)
+    of the Cu crystal of ``SYSTEMS[0]`` atoms, whichever sizes run."""
+    first = MC.cu_atoms(SYSTEMS[0])
     return MC.mace_model(MC.graph(first, 6.0, MC.Z_ALL, torch.float64, "cpu")["edge_index"].shape[1] / len(first))
 
 
@@ -241,7 +242,7 @@ def run_mace(opts: Options, device, cells: List[dict]) -> None:
     impls = [MACE_NAMES[i] for i in ALL_IMPLS if i in opts.impls]
     ids = lambda dn, a: [f"mace/{dn}/{a}atoms/{m}" for m, _ in modes]  # noqa: E731
     try:
-        ref64 = _mp_model(1008)
+        ref64 = _mp_model()
     except Exception as exc:
         fail = _failed(exc)
         for dn in dtypes:
@@ -331,7 +332,7 @@ def run_train(opts: Options, device, cells: List[dict]) -> None:
         variants.append(("bf16-mixed", "equikernels"))
     ids = lambda p, a: [f"train/{p}/{a}atoms/{m}" for m, _ in modes]  # noqa: E731
     try:
-        ref64 = _mp_model(1008)
+        ref64 = _mp_model()
         ref_dev = MC.build("mace-e3nn", ref64, torch.float64, device)
     except Exception as exc:
         fail = _failed(exc)

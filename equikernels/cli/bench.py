@@ -115,7 +115,8 @@ def run(args) -> int:
     else:
         problems = _list(args.problems, names, "--problems")
     impls, groups = _list(args.impls, suite.ALL_IMPLS, "--impls"), _list(args.groups, GROUPS, "--groups")
-    systems = None if args.atoms in (None, "") else [int(a) for a in _list(args.atoms, ("1008", "10192"), "--atoms")]
+    sizes = [str(a) for a in suite.SYSTEMS]
+    systems = None if args.atoms in (None, "") else [int(a) for a in _list(args.atoms, sizes, "--atoms")]
     if args.model and not Path(args.model).is_file():
         raise FileNotFoundError(f"--model: {args.model!r} is not a file")
     if not torch.cuda.is_available():
