@@ -196,6 +196,19 @@ def test_merge_keeps_measured_cells_over_skipped_ones_and_every_run_listed(tmp_p
     assert "Joined from 3 runs" in md and all(f"equikernels {k}" in md for k in ("aaa", "bbb", "ccc"))
 
 
+def test_cells_of_several_rounds_are_judged_against_the_slowest_baseline_round():
+    """A host-bound cell whose baseline rounds read 9.2 and 6.4 ms (kept: 6.4): 8.6 ms is inside the
+    baseline's own spread, 10.4 ms beyond it; a cell of one round is judged against its ms alone."""
+    cid = "mace/float64/1008atoms/E+F"
+    base = _run(**BASE, **{cid: 6.4})
+    next(c for c in base["cells"] if c["id"] == cid)["ms_rounds"] = [9.2, 6.4]
+    assert compare(base, _slower(base, cid, 8.6 / 6.4)).ok
+    res = compare(base, _slower(base, cid, 10.4 / 6.4))
+    assert [(f.cell, f.kind) for f in res.findings] == [(cid, "slower")] and "limit 10.17 ms" in res.findings[0].detail
+    del next(c for c in base["cells"] if c["id"] == cid)["ms_rounds"]
+    assert [f.cell for f in compare(base, _slower(base, cid, 8.6 / 6.4)).findings] == [cid]
+
+
 def test_host_probe_ratio_is_reported_not_judged():
     """Cells carrying their run's host probe: a slower finding names current / baseline, the summary
     the median ratio; the verdict is the same with or without the probe."""
@@ -207,7 +220,7 @@ def test_host_probe_ratio_is_reported_not_judged():
         c["host_us"] = 6.0
     res = compare(base, cur)
     assert [f.kind for f in res.findings] == ["slower"] and "host probe 1.50x" in res.findings[0].detail
-    assert "1.50x as slowly" in res.summary()
+    assert "took 1.50x the baseline's time" in res.summary()
     del cur["cells"][0]["host_us"]  # a cell of an older run: no ratio for it
     assert len(compare(base, cur).host_ratios) == res.compared - 1
     for c in base["cells"]:
