@@ -18,9 +18,16 @@ the normal path (rare: offset views), so a kernel compiled with alignment hints 
 Normal path always: under the interpreter (``TRITON_INTERPRET=1``: the kernel is not a
 JITFunction), with ``EQUIKERNELS_FAST_LAUNCH=0`` (default on for Triton 3.6 only) (read at import; ``set_enabled`` toggles), while
 a launch hook is installed (profilers), and for a kernel with pre-run hooks.
+
+A first launch (on the fast path: each new specialisation; otherwise the launcher's first call)
+that is still building after ``BUILD_NOTICE_S`` seconds warns, so that a build of minutes does not
+look like a hang.
 """
 from __future__ import annotations
 
+import contextlib
+import threading
+import warnings
 from typing import Dict, Sequence
 
 import torch
@@ -108,6 +115,24 @@ def register_cap(n_regs: int, num_warps: int):
 
 
 SPILL_LIMIT = 16  # bytes per thread a capped build may spill (a few local loads)
+BUILD_NOTICE_S = 20.0  # a first launch still building after this long is announced (high orders: minutes)
+
+
+@contextlib.contextmanager
+def build_notice(name: str):
+    """Warn once if the body (a kernel's first launch, which builds it) runs past ``BUILD_NOTICE_S``.
+    A timer thread warns on time: Triton releases the GIL while it compiles."""
+    after = BUILD_NOTICE_S
+    timer = threading.Timer(after, lambda: warnings.warn(
+        f"equikernels: building the kernel {name} for this GPU has taken over {after:g} s; products of high "
+        "orders can take minutes the first time, then the build is cached on disk (TRITON_CACHE_DIR)",
+        stacklevel=1))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def cap_dtypes(fp32: bool):
@@ -133,18 +158,24 @@ class FastLaunch:
     """``launch(grid, tensors, ints, consts, num_warps, num_stages)`` runs
     ``fn[grid](*tensors, *ints, *consts, num_warps=..., num_stages=...)``."""
 
-    __slots__ = ("fn", "fast", "hits", "cap_fp32", "cap")
+    __slots__ = ("fn", "fast", "hits", "cap_fp32", "cap", "launched")
 
     def __init__(self, fn, cap_fp32: bool = False, cap: bool = True):
         self.fn = fn
         self.cap_fp32 = cap_fp32
         self.cap = cap  # False: never the register-capped build (kernels not tuned for it)
-        self.fast = _JIT is not None and isinstance(fn, _JIT)
+        self.fast = _JIT is not None and isinstance(fn, _JIT)  # a compiled kernel (not the interpreter)
         self.hits: Dict[tuple, tuple] = {}  # key -> (launcher, CUfunction, packed metadata, CompiledKernel)
+        self.launched = False
 
     def __call__(self, grid, tensors: Sequence, ints: Sequence, consts: tuple, num_warps: int, num_stages: int):
         if not (ENABLED and self.fast) or _hooked():
-            self.fn[grid](*tensors, *ints, *consts, num_warps=num_warps, num_stages=num_stages)
+            if self.launched or not self.fast:
+                self.fn[grid](*tensors, *ints, *consts, num_warps=num_warps, num_stages=num_stages)
+                return
+            with build_notice(self._name()):
+                self.fn[grid](*tensors, *ints, *consts, num_warps=num_warps, num_stages=num_stages)
+            self.launched = True
             return
         key = spec_key(tensors, ints, consts, num_warps, num_stages)
         if key is None:
@@ -161,6 +192,12 @@ class FastLaunch:
             # the launcher takes every parameter (constexprs too, it skips them); no launch hooks
             run(grid[0], g1, g2, _stream(key[0]), function, meta, None, None, None, *tensors, *ints, *consts)
             return
+        with build_notice(self._name()):
+            self._first(key, grid, tensors, ints, consts, num_warps, num_stages)
+        self.launched = True
+
+    def _first(self, key, grid, tensors, ints, consts, num_warps, num_stages):
+        """The normal launch (building the kernel), its CompiledKernel kept under ``key``."""
         compiled = self.fn[grid](*tensors, *ints, *consts, num_warps=num_warps, num_stages=num_stages)
         # async compiles (a future, not a kernel) and kernels with pre-run hooks are not kept
         if (isinstance(compiled, _Compiled) and not self.fn.pre_run_hooks
@@ -174,6 +211,9 @@ class FastLaunch:
                 if getattr(build, "n_spills", SPILL_LIMIT + 1) <= SPILL_LIMIT:
                     compiled = build
             self.hits[key] = (compiled.run, compiled.function, compiled.packed_metadata, compiled)
+
+    def _name(self) -> str:
+        return getattr(self.fn, "__name__", None) or type(self.fn).__name__
 
 
 class Pinned:

@@ -2,6 +2,8 @@
 own, the cache logic with a stand-in kernel, the fallbacks, and TP results through it (the
 interpreter on CPU: normal path; a real GPU with -m gpu: fast path against the normal one)."""
 import os
+import time
+import warnings
 
 import pytest
 import torch
@@ -746,3 +748,45 @@ def test_gpu_half_register_cap_same_numbers(monkeypatch, tmp_path):
     for a, b, r in zip(first, second, ref):
         assert torch.equal(a, b)
         assert ((a.double() - r).norm() / r.norm()).item() < 1e-2
+
+
+class _SlowJit(_Jit):
+    """A stand-in whose launches take ``delay`` seconds (a build)."""
+
+    def __init__(self, delay):
+        super().__init__()
+        self.delay = delay
+
+    def __getitem__(self, grid):
+        run = super().__getitem__(grid)
+
+        def slow(*args, **kw):
+            time.sleep(self.delay)
+            return run(*args, **kw)
+        return slow
+
+
+def _notices(fl, args, calls):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(calls):
+            fl(*args)
+        time.sleep(0.1)  # a timer that was not cancelled has fired by now
+    return [str(w.message) for w in seen if "building the kernel" in str(w.message)]
+
+
+@pytest.mark.parametrize("enabled", (True, False))
+def test_a_slow_first_build_is_announced_once(fake, monkeypatch, enabled):
+    """A first launch still building after BUILD_NOTICE_S warns, naming the kernel; a quick first
+    launch and later launches do not (fast path and normal path alike)."""
+    monkeypatch.setattr(launch, "BUILD_NOTICE_S", 0.05)
+    monkeypatch.setattr(launch, "ENABLED", enabled)
+    args = ((4,), [torch.zeros(64), torch.zeros(64)], [20, 5], (4, "DT", "ieee"), 4, 1)
+    slow = launch.FastLaunch(_SlowJit(0.3))
+    slow.fast = True
+    (msg,) = _notices(slow, args, 3)
+    assert "_SlowJit" in msg and "taken over 0.05 s" in msg
+    assert len(slow.fn.normal) == (1 if enabled else 3)
+    quick = launch.FastLaunch(_SlowJit(0.0))
+    quick.fast = True
+    assert _notices(quick, args, 2) == []
