@@ -19,6 +19,7 @@ from .. import settings
 # sub-command modules, in the order `equikernels --help` lists them
 COMMAND_MODULES = (
     "equikernels.cli.md",           # md
+    "equikernels.cli.evaluate",     # eval
     "equikernels.cli.fine_tune",    # fine-tune
     "equikernels.cli.convert",      # convert
     "equikernels.cli.tune",         # tune

@@ -27,6 +27,8 @@ _KEYS = {"energy_key": "energy", "forces_key": "forces", "stress_key": "stress",
 
 
 def register(subparsers) -> None:
+    from ..training.config import DataKeys
+
     p = subparsers.add_parser(
         "fine-tune", help="fine-tune (or train) a MACE potential on ASE-readable data",
         description="Fine-tune a MACE model (mace-torch .model or equikernels) on labelled structures. "
@@ -77,8 +79,10 @@ def register(subparsers) -> None:
     a("--dtype", choices=("float32", "float64"), help="training precision (default: the model's)")
     a("--backend", choices=("auto", "equikernels", "mace"),
       help="model implementation to train (default auto: equikernels' when available)")
-    for flag in _KEYS:
-        a("--" + flag.replace("_", "-"), help=f"label key for {_KEYS[flag]} (default REF_{_KEYS[flag]})")
+    defaults = DataKeys()
+    for flag, prop in _KEYS.items():
+        what = "info key of a frame's head" if prop == "head" else f"label key for {prop}"
+        a("--" + flag.replace("_", "-"), help=f"{what} (default {getattr(defaults, prop)})")
     a("--no-progress", action="store_true", help="no progress bar")
     a("--no-plot", action="store_true", help="no training.png")
     p.set_defaults(func=run)

@@ -6,6 +6,7 @@ otherwise impossible to find. Units are ASE's (eV, Å, eV/Å^3); stress follows 
 convention (the same as mace-torch's ``stress`` output)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
@@ -157,21 +158,33 @@ def config_from_atoms(atoms, keys: DataKeys, where: str) -> Config:
                   available=_available_keys(atoms))
 
 
-def read_configs(path: str, keys: DataKeys, *, index: str = ":") -> List[Config]:
-    """Every frame of an ASE-readable file, checked."""
+def read_frames(path: str, *, index: str = ":") -> list:
+    """The ASE ``Atoms`` of an ASE-readable file (at least one)."""
     import ase.io
 
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path} is a directory; expected a structure file (extxyz or any ASE-readable format)")
     try:
         frames = ase.io.read(path, index=index)
     except FileNotFoundError:
-        raise FileNotFoundError(f"training data file {path!r} does not exist") from None
+        raise FileNotFoundError(f"structure file {path!r} does not exist") from None
     except Exception as exc:  # ASE raises many types for unreadable files
         raise DataError(f"{path}: cannot be read by ase.io.read ({type(exc).__name__}: {exc})") from exc
     if not isinstance(frames, list):
         frames = [frames]
     if not frames:
         raise DataError(f"{path}: contains no structures")
+    return frames
+
+
+def configs_from_frames(frames: Sequence, keys: DataKeys, path: str) -> List[Config]:
+    """The checked configs of the frames ``read_frames(path)`` returned."""
     return [config_from_atoms(a, keys, _where(path, i)) for i, a in enumerate(frames)]
+
+
+def read_configs(path: str, keys: DataKeys, *, index: str = ":") -> List[Config]:
+    """Every frame of an ASE-readable file, checked."""
+    return configs_from_frames(read_frames(path, index=index), keys, path)
 
 
 def check_labels(configs: Sequence[Config], path: str, *, need_energy: bool, need_forces: bool,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from typing import Optional
 
-import numpy as np
 import torch
 
 _GATES = {"silu": torch.nn.functional.silu, "tanh": torch.tanh, "abs": torch.abs, "None": None}

@@ -38,6 +38,7 @@ from .config import TrainConfig
 from .data import (Config, GraphDataset, build_dataset, check_labels, collate, label_sources, read_configs,
                    split_train_valid)
 from .ema import EMA
+from .evaluate import forward, metrics_lines, predict
 from .loss import error_sums, local_counts, loss_terms, metrics_from_sums, reduce_sums
 from .statistics import avg_num_neighbors, average_e0s, parse_given_e0s, scale_shift
 
@@ -77,20 +78,6 @@ def epoch_batches(n: int, batch_size: int, epoch: int, seed: int, rank: int = 0,
             break
         out.append(np.array_split(np.array(chunk), world)[rank].tolist())
     return out
-
-
-def model_context(device: torch.device):
-    """How the model runs in training and evaluation: on CPU with TorchScript's graph optimiser
-    off, so that every call (the first one of a process included) takes the same arithmetic path."""
-    if torch.device(device).type == "cpu":
-        return torch.jit.optimized_execution(False)
-    return contextlib.nullcontext()
-
-
-def forward(model, batch: Dict[str, torch.Tensor], *, training: bool, stress: bool):
-    device = batch["positions"].device
-    with model_context(device):
-        return model(dict(batch), training=training, compute_force=True, compute_stress=stress)
 
 
 def backward_step(model, batch: Dict[str, torch.Tensor], cfg: TrainConfig, stop: bool = False):
@@ -192,7 +179,7 @@ class Trainer:
             mf.set_e0s(model, table)
         model = model.to(device=self.device, dtype=dtype)
         self.model, self.dtype = model, dtype
-        replay = self._label_replay(self.replay_configs, z_table, cutoff, head_names)
+        replay = self._label_replay(self.replay_configs)
         train = [self._weighted(c, cfg.head_weights.get(c.head, 1.0)) for c in self.train_configs]
         train += [self._weighted(c, cfg.replay_weight * cfg.head_weights.get(c.head, 1.0)) for c in replay]
         self.train_set = build_dataset(train, z_table, cutoff, head_names)
@@ -211,31 +198,21 @@ class Trainer:
     def _weighted(c: Config, factor: float) -> Config:
         return c if factor == 1.0 else dataclasses.replace(c, weight=c.weight * factor)
 
-    def _label_replay(self, configs: List[Config], z_table, cutoff, head_names) -> List[Config]:
+    def _label_replay(self, configs: List[Config]) -> List[Config]:
         """Replay frames as given; those without an energy or forces label get the starting
         model's predictions for the missing ones (and its stress, for periodic frames)."""
         missing = [i for i, c in enumerate(configs) if c.energy is None or c.forces is None]
         if not missing:
             return configs
         out = list(configs)
-        dataset = build_dataset([configs[i] for i in missing], z_table, cutoff, head_names)
-        self.model.eval()
-        bs = self.cfg.batch_size
-        for k in range(0, len(missing), bs):
-            idx = missing[k:k + bs]
-            batch = collate(dataset.graphs[k:k + bs], self.dtype, self.device)
-            pred = forward(self.model, batch, training=False, stress=True)
-            ptr = batch["ptr"].tolist()
-            for j, i in enumerate(idx):
-                c = configs[i]
-                stress = c.stress
-                if stress is None and c.pbc.all() and pred.get("stress") is not None:
-                    stress = pred["stress"][j].detach().double().cpu().numpy()
-                forces = pred["forces"][ptr[j]:ptr[j + 1]].detach().double().cpu().numpy()
-                out[i] = dataclasses.replace(
-                    c, energy=c.energy if c.energy is not None else float(pred["energy"][j].detach()),
-                    forces=c.forces if c.forces is not None else forces, stress=stress)
-        self.model.train()
+        preds, _ = predict(self.model, [configs[i] for i in missing], dtype=self.dtype, device=self.device,
+                           batch_size=self.cfg.batch_size)
+        for i, p in zip(missing, preds):
+            c = configs[i]
+            out[i] = dataclasses.replace(
+                c, energy=c.energy if c.energy is not None else p.energy,
+                forces=c.forces if c.forces is not None else p.forces,
+                stress=c.stress if c.stress is not None else p.stress)
         self._say(f"{self.cfg.replay_file}: {len(missing)} of {len(configs)} replay frames labelled by the "
                   "starting model")
         return out
@@ -441,7 +418,6 @@ class Trainer:
 
     # ---- the loop -----------------------------------------------------------------------------
     def fit(self, resume: bool = False) -> Dict:
-        cfg = self.cfg
         dist_utils.on_main(self._prepare_out_dir)
         if resume and not self.resume():
             self._say(f"no checkpoint in {self.ckpt_dir}; starting from the beginning")
@@ -616,22 +592,12 @@ def _format_metrics(m: Dict[str, float]) -> str:
 def metrics_table(summary: Dict) -> str:
     """The closing table: the starting and the saved model on the validation set (and the last
     weights when the saved ones are the best epoch's), and the saved model on the training set."""
-    cols = [("rmse_energy_per_atom", "RMSE E/atom"), ("mae_energy_per_atom", "MAE E/atom"),
-            ("rmse_forces", "RMSE F"), ("mae_forces", "MAE F"), ("rmse_stress", "RMSE stress"),
-            ("mae_stress", "MAE stress")]
     saved = summary.get("saved", "last")
     which = (f"best validation epoch ({summary.get('best_epoch')})" if saved == "best"
              else "last weights")
     rows = [("valid_start", "valid, starting model"), ("valid", f"valid, saved = {which}"),
             ("valid_last", "valid, last weights"), ("train", "train, saved model")]
-    width = max(len(label) for _, label in rows) + 2
-    lines = ["energies meV/atom, forces meV/Å, stress meV/Å³",
-             f"{'':<{width}}" + "".join(f"{name:>13}" for _, name in cols)]
-    for key, label in rows:
-        if key in summary and summary[key]:
-            m = summary[key]
-            lines.append(f"{label:<{width}}" + "".join(
-                f"{1000 * m[k]:>13.3f}" if k in m else f"{'-':>13}" for k, _ in cols))
+    lines = metrics_lines([(label, summary.get(key)) for key, label in rows])
     if "model_path" in summary:
         lines.append(f"saved: {summary['model_path']} ({which})"
                      + (f", {summary['model_last_path']} (last weights)" if "model_last_path" in summary else "")

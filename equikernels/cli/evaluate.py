@@ -1,0 +1,119 @@
+"""``equikernels eval``: a model's energies, forces and stresses for every frame of a structure file,
+written to an extxyz file under mace-torch's ``MACE_*`` keys, and its errors where the frames carry
+reference labels."""
+from __future__ import annotations
+
+import argparse
+import os
+
+# label flag -> DataKeys field (as fine-tune's)
+_KEYS = {"energy_key": "energy", "forces_key": "forces", "stress_key": "stress", "virials_key": "virials",
+         "head_key": "head"}
+
+
+def register(subparsers) -> None:
+    from ..training.config import DataKeys
+
+    p = subparsers.add_parser(
+        "eval", help="predict energies, forces and stresses for a structure file (and the errors against its labels)",
+        description="Evaluate a MACE model on every frame of a structure file (extxyz or anything ASE reads). "
+                    "Writes an extxyz file with the frames as read plus the predictions under PREFIX"
+                    "energy (eV), PREFIXforces (eV/Å) and, for frames periodic in all three directions, "
+                    "PREFIXstress (3x3, eV/Å³, ASE's sign convention); the default prefix MACE_ gives the keys "
+                    "mace-torch's evaluation script writes. Frames with reference labels (the REF_* keys, or "
+                    "the calculator results ASE writes) are compared: RMSE and MAE per property.")
+    a = p.add_argument
+    a("structures", help="structure file: extxyz or any format ASE reads; every frame is evaluated")
+    a("--model", default=None,
+      help="model file or directory (ours, as `equikernels convert` writes, or a mace-torch .model); "
+           "default: the bundled default model")
+    a("--out", default=None, help="output extxyz file (default: <structures file name>_eval.xyz here)")
+    a("--prefix", default="MACE_", help="prefix of the prediction keys (default MACE_)")
+    a("--batch-size", type=int, default=8, help="structures per model call (default 8)")
+    a("--head", default=None, help="head of a multi-head model for every frame (default: a frame's own "
+                                   "head key, else the model's only or 'default' head)")
+    a("--no-stress", action="store_true", help="do not predict stresses")
+    a("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    a("--dtype", choices=("float64", "float32"), default=None, help="model precision (default: the model's own)")
+    defaults = DataKeys()
+    for flag, prop in _KEYS.items():
+        what = "info key of a frame's head" if prop == "head" else f"key of the reference {prop}"
+        a("--" + flag.replace("_", "-"), default=None, help=f"{what} (default {getattr(defaults, prop)})")
+    a("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def default_out(structures: str) -> str:
+    stem = os.path.splitext(os.path.basename(structures.rstrip(os.sep)))[0] or "structures"
+    return f"{stem}_eval.xyz"
+
+
+def run(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    import ase.io
+    from tqdm.auto import tqdm
+
+    from ..calculators.loading import default_model_path, model_heads, resolve_device, resolve_dtype, \
+        resolve_head, resolve_model
+    from ..training.config import DataKeys
+    from ..training.data import configs_from_frames, label_sources, read_frames
+    from ..training.evaluate import metrics_lines, predict
+
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be a positive integer, got {args.batch_size}")
+    out = args.out or default_out(args.structures)
+    if os.path.isdir(out):
+        raise IsADirectoryError(f"--out {out!r} is a directory; expected an extxyz file name")
+    if os.path.exists(out) and os.path.exists(args.structures) and os.path.samefile(out, args.structures):
+        raise ValueError(f"--out {out!r} is the structures file itself; name another file")
+    keys = DataKeys(**{prop: getattr(args, flag) for flag, prop in _KEYS.items() if getattr(args, flag) is not None})
+    frames = read_frames(args.structures)
+    configs = configs_from_frames(frames, keys, args.structures)
+
+    device = resolve_device(args.device)
+    model = resolve_model(args.model, device)
+    dtype = resolve_dtype(args.dtype, model)
+    model = model.to(device=device, dtype=dtype)
+    heads = model_heads(model)
+    given = heads[resolve_head(args.head, heads)] if args.head is not None else None
+    for i, f in enumerate(frames):
+        head = given if given is not None else f.info.get(keys.head)
+        if head is None:
+            try:
+                head = heads[resolve_head(None, heads)]
+            except ValueError:
+                raise ValueError(f"{configs[i].source}: no {keys.head!r} key, and the model has several heads "
+                                 f"{heads}, none called 'default': pass --head") from None
+        configs[i] = dataclasses.replace(configs[i], head=str(head))
+
+    atoms = sum(c.num_atoms for c in configs)
+    name = args.model if args.model is not None else default_model_path()
+    print(f"equikernels eval: {len(configs)} structure{'s' if len(configs) != 1 else ''} ({atoms} atoms) from "
+          f"{args.structures}, model {name} on {device} ({str(dtype).replace('torch.', '')})", flush=True)
+    with tqdm(total=len(configs), unit="structure", disable=args.no_progress, leave=False) as bar:
+        preds, metrics = predict(model, configs, dtype=dtype, device=device, batch_size=args.batch_size,
+                                 stress=not args.no_stress, on_batch=bar.update)
+
+    for f, p in zip(frames, preds):
+        f.info[args.prefix + "energy"] = p.energy
+        f.arrays[args.prefix + "forces"] = p.forces
+        if p.stress is not None:
+            f.info[args.prefix + "stress"] = p.stress
+    tmp = out + ".part"
+    try:
+        ase.io.write(tmp, frames, format="extxyz")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    written = [args.prefix + "energy", args.prefix + "forces"]
+    if any(p.stress is not None for p in preds):
+        written.append(args.prefix + "stress")
+    print(f"  wrote {out} ({', '.join(written)})")
+    if metrics:
+        print(f"  against the labels: {label_sources(configs)}")
+        print("\n".join("  " + line for line in metrics_lines([("model", metrics)])))
+    else:
+        print("  no reference labels in the file: nothing to compare")
+    return 0

@@ -1,0 +1,34 @@
+"""``training.evaluate.predict``: its errors are those of the labels the configs carry (unlabelled
+values left out), computed by hand from its predictions."""
+import numpy as np
+import pytest
+import torch
+
+from equikernels.training import DataKeys, read_configs
+from equikernels.training.evaluate import predict
+from emt_data import write_emt_dataset
+
+
+def test_errors_are_those_of_the_labels(tmp_path):
+    from equikernels.calculators.loading import resolve_model
+
+    path = write_emt_dataset(str(tmp_path / "emt.xyz"), 5, seed=7, elements=("Cu", "Ni"), max_atoms=4)
+    configs = read_configs(path, DataKeys())
+    configs[2].energy = None  # an unlabelled energy does not count
+    model = resolve_model(None, torch.device("cpu"))
+    preds, metrics = predict(model, configs, dtype=torch.float64, device="cpu", batch_size=2)
+    de = np.array([(p.energy - c.energy) / c.num_atoms for p, c in zip(preds, configs) if c.energy is not None])
+    df = np.concatenate([(p.forces - c.forces).ravel() for p, c in zip(preds, configs)])
+    ds = np.concatenate([(p.stress - c.stress).ravel() for p, c in zip(preds, configs)])
+    assert len(de) == 4
+    assert metrics["rmse_energy_per_atom"] == pytest.approx(np.sqrt(np.mean(de ** 2)), rel=1e-10)
+    assert metrics["mae_forces"] == pytest.approx(np.mean(np.abs(df)), rel=1e-10)
+    assert metrics["rmse_stress"] == pytest.approx(np.sqrt(np.mean(ds ** 2)), rel=1e-10)
+    assert metrics["rmse_forces"] > 1e-4  # the model is not the labels: the comparison is not trivially 0
+
+
+def test_batch_size_is_checked():
+    from equikernels.calculators.loading import resolve_model
+
+    with pytest.raises(ValueError, match="batch_size: expected a positive number"):
+        predict(resolve_model(None, torch.device("cpu")), [], dtype=torch.float64, device="cpu", batch_size=0)
