@@ -173,6 +173,24 @@ def test_buckets_are_reused_and_changed(model):
     _close(g(od), _direct(model, od, False))
 
 
+@pytest.mark.parametrize("stress", [False, True])
+def test_smaller_systems_in_the_same_bucket_leave_no_stale_atoms(model, stress):
+    r_max = float(model.r_max)
+    g = GraphedModel(model, capture=False)
+    small = bulk("Cu", "fcc", a=3.61, cubic=True)  # 8 atoms, then 4, 2 and 8 again
+    small.rattle(0.05, seed=4)
+    two = bulk("Cu", "fcc", a=3.61).repeat((2, 1, 1))
+    two.rattle(0.05, seed=5)
+    kept, last = [], None
+    for atoms in (crystal(), small, two, crystal(3)):
+        data = atoms_to_data(atoms, r_max, ELEMENTS, dtype=torch.float64)
+        shapes = g.num_shapes
+        _close(g(data, compute_stress=stress), _direct(model, data, stress))
+        kept.append(g.num_shapes == shapes and last is not None and len(atoms) < last)
+        last = len(atoms)
+    assert any(kept)  # a smaller system did reuse the buffers
+
+
 def _md(calc, atoms, steps):
     atoms = atoms.copy()
     atoms.calc = calc
@@ -201,6 +219,23 @@ def test_calculator_padded_mode_matches_eager_over_md(model):
     s1 = a.get_stress()
     a.calc = eager
     np.testing.assert_allclose(s1, a.get_stress(), rtol=0, atol=1e-10)
+
+
+def test_calculator_padded_mode_over_different_structures(model):
+    """One calculator evaluating a list of structures in turn (a data set, several relaxations)."""
+    padded = MACECalculator(copy.deepcopy(model), device="cpu", cuda_graph=False)
+    padded._enable_graphs(capture=False)
+    eager = MACECalculator(copy.deepcopy(model), device="cpu", cuda_graph=False)
+    cubic = bulk("Cu", "fcc", a=3.61, cubic=True)
+    frames = [crystal(), cubic, bulk("Cu", "fcc", a=3.6), crystal(5), molecule("CH3OH"), molecule("H2O")]
+    for k, atoms in enumerate(frames):
+        atoms.rattle(0.03, seed=k)
+        got, ref = atoms.copy(), atoms.copy()
+        got.calc, ref.calc = padded, eager
+        assert got.get_potential_energy() == pytest.approx(ref.get_potential_energy(), abs=1e-9), k
+        np.testing.assert_allclose(got.get_forces(), ref.get_forces(), rtol=0, atol=1e-9)
+        if atoms.pbc.all():
+            np.testing.assert_allclose(got.get_stress(), ref.get_stress(), rtol=0, atol=1e-10)
 
 
 def test_cuda_graph_option(model, monkeypatch):
