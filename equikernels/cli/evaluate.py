@@ -6,14 +6,10 @@ from __future__ import annotations
 import argparse
 import os
 
-# label flag -> DataKeys field (as fine-tune's)
-_KEYS = {"energy_key": "energy", "forces_key": "forces", "stress_key": "stress", "virials_key": "virials",
-         "head_key": "head"}
+from . import label_keys
 
 
 def register(subparsers) -> None:
-    from ..training.config import DataKeys
-
     p = subparsers.add_parser(
         "eval", help="predict energies, forces and stresses for a structure file (and the errors against its labels)",
         description="Evaluate a MACE model on every frame of a structure file (extxyz or anything ASE reads). "
@@ -35,10 +31,7 @@ def register(subparsers) -> None:
     a("--no-stress", action="store_true", help="do not predict stresses")
     a("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     a("--dtype", choices=("float64", "float32"), default=None, help="model precision (default: the model's own)")
-    defaults = DataKeys()
-    for flag, prop in _KEYS.items():
-        what = "info key of a frame's head" if prop == "head" else f"key of the reference {prop}"
-        a("--" + flag.replace("_", "-"), default=None, help=f"{what} (default {getattr(defaults, prop)})")
+    label_keys.add_flags(p)
     a("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -67,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         raise IsADirectoryError(f"--out {out!r} is a directory; expected an extxyz file name")
     if os.path.exists(out) and os.path.exists(args.structures) and os.path.samefile(out, args.structures):
         raise ValueError(f"--out {out!r} is the structures file itself; name another file")
-    keys = DataKeys(**{prop: getattr(args, flag) for flag, prop in _KEYS.items() if getattr(args, flag) is not None})
+    keys = DataKeys(**label_keys.given(args))
     frames = read_frames(args.structures)
     configs = configs_from_frames(frames, keys, args.structures)
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 
+from . import label_keys
+
 # flag -> TrainConfig field, for the plain one-value options
 _SIMPLE = {
     "model": "model", "train": "train_file", "valid": "valid_file", "valid_fraction": "valid_fraction",
@@ -22,13 +24,9 @@ _SIMPLE = {
     "seed": "seed", "device": "device", "dtype": "dtype", "backend": "model_backend",
     "replay": "replay_file", "replay_weight": "replay_weight",
 }
-_KEYS = {"energy_key": "energy", "forces_key": "forces", "stress_key": "stress",
-         "virials_key": "virials", "head_key": "head"}
 
 
 def register(subparsers) -> None:
-    from ..training.config import DataKeys
-
     p = subparsers.add_parser(
         "fine-tune", help="fine-tune (or train) a MACE potential on ASE-readable data",
         description="Fine-tune a MACE model (mace-torch .model or equikernels) on labelled structures. "
@@ -79,10 +77,7 @@ def register(subparsers) -> None:
     a("--dtype", choices=("float32", "float64"), help="training precision (default: the model's)")
     a("--backend", choices=("auto", "equikernels", "mace"),
       help="model implementation to train (default auto: equikernels' when available)")
-    defaults = DataKeys()
-    for flag, prop in _KEYS.items():
-        what = "info key of a frame's head" if prop == "head" else f"label key for {prop}"
-        a("--" + flag.replace("_", "-"), help=f"{what} (default {getattr(defaults, prop)})")
+    label_keys.add_flags(p)
     a("--no-progress", action="store_true", help="no progress bar")
     a("--no-plot", action="store_true", help="no training.png")
     p.set_defaults(func=run)
@@ -98,9 +93,7 @@ def config_from_args(args: argparse.Namespace):
         if getattr(args, flag, None) is not None:
             values[name] = getattr(args, flag)
     keys = dict(values.get("keys") or {})
-    for flag, name in _KEYS.items():
-        if getattr(args, flag, None) is not None:
-            keys[name] = getattr(args, flag)
+    keys.update(label_keys.given(args))
     if keys:
         values["keys"] = keys
     if args.e0s is not None:

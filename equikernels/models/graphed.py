@@ -92,7 +92,6 @@ class GraphedModel:
         self._capacity: Optional[int] = None  # edges the model sees (the first after the partition)
         self._count: Optional[torch.Tensor] = None  # candidates within the cutoff, at the last call
         self._host: Optional[torch.Tensor] = None  # pinned copy of the packed results
-        self._atoms: Optional[int] = None  # real atoms in the static buffers
 
     # --- shapes and buffers ------------------------------------------------------------------
     def _fits(self, n: int, e: int, key) -> bool:
@@ -133,7 +132,6 @@ class GraphedModel:
         self._capacity = None
         self._headroom = self.edge_headroom
         self._count = torch.zeros((), dtype=torch.int64, device=dev)
-        self._atoms = None
 
     def _pad_edges(self, e: int, n: int) -> None:
         s = self._static
@@ -173,7 +171,8 @@ class GraphedModel:
                 else:  # node_attrs, batch, head: the structure
                     dst = s[k][:g] if k == "head" else s[k][:n]
                     src_ = src.reshape(-1).expand(g) if k == "head" else src
-                    if not (old is not None and torch.equal(dst, src_.to(dst.dtype))):
+                    # another atom count reloads too: the earlier system's last atoms become padding
+                    if not (old is not None and old[2] == n and torch.equal(dst, src_.to(dst.dtype))):
                         atoms_changed = atoms_changed or old is not None
                         dst.copy_(src_)
                         if k == "node_attrs":
@@ -184,14 +183,6 @@ class GraphedModel:
                 self._seen[k] = ident
             if "unit_shifts" not in data or data.get("unit_shifts") is None:
                 s["unit_shifts"][:e] = 0.0
-            if self._atoms is not None and n < self._atoms:
-                # the previous system's last atoms become padding again: its rows of node_attrs and
-                # batch can equal the new one's first n, which then are not copied above
-                s["node_attrs"][n:] = 0
-                s["node_attrs"][n:, 0] = 1
-                s["batch"][n:] = g
-                atoms_changed = True
-            self._atoms = n
         return atoms_changed
 
     def _set_capacity(self, count: int) -> None:

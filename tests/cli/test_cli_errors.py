@@ -17,6 +17,7 @@ from ase.io import write
 
 from equikernels.cli import main
 from equikernels.models import io as model_io
+from cli_checks import one_line_error
 
 
 @pytest.fixture(scope="module")
@@ -34,15 +35,6 @@ def cu_file(tmp_path):
     path = tmp_path / "cu.extxyz"
     write(str(path), bulk("Cu", "fcc", a=3.61, cubic=True))
     return str(path)
-
-
-def _one_line_error(capsys, *needles):
-    err = capsys.readouterr().err
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert "Traceback" not in err and len(lines) == 1, err
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
 
 
 def _md(*args):
@@ -65,9 +57,9 @@ def test_bad_model_files(cu_model, cu_file, tmp_path, capsys, kind):
     bad = tmp_path / f"{kind}.model"
     bad.write_bytes(content)
     assert _md(cu_file, "--model", str(bad), "--out", str(tmp_path / "run")) == 2
-    _one_line_error(capsys, str(bad), "expected")
+    one_line_error(capsys, str(bad), "expected")
     assert main(["convert", str(bad), str(tmp_path / "x.model")]) == 2
-    _one_line_error(capsys, str(bad), "expected")
+    one_line_error(capsys, str(bad), "expected")
 
 
 def test_bad_model_file_traceback_with_debug(tmp_path, cu_file):
@@ -79,29 +71,29 @@ def test_bad_model_file_traceback_with_debug(tmp_path, cu_file):
 
 def test_convert_missing_input_and_missing_output_folder(cu_model, tmp_path, capsys):
     assert main(["convert", str(tmp_path / "nope.model"), str(tmp_path / "out.model")]) == 2
-    _one_line_error(capsys, "nope.model", "expected")
+    one_line_error(capsys, "nope.model", "expected")
     assert main(["convert", cu_model, str(tmp_path / "missing" / "out.model")]) == 2
-    _one_line_error(capsys, "missing", "does not exist")
+    one_line_error(capsys, "missing", "does not exist")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without a usable CUDA device")
 def test_cuda_device_without_cuda(cu_model, cu_file, tmp_path, capsys):
     assert main(["md", cu_file, "--model", cu_model, "--device", "cuda", "--out", str(tmp_path)]) == 2
-    _one_line_error(capsys, "device 'cuda'", "cpu")
+    one_line_error(capsys, "device 'cuda'", "cpu")
 
 
 def test_periodic_structure_without_a_cell(cu_model, tmp_path, capsys):
     path = tmp_path / "nocell.extxyz"
     write(str(path), Atoms("Cu2", positions=[[0, 0, 0], [2.5, 0, 0]], cell=np.zeros((3, 3)), pbc=True))
     assert _md(str(path), "--model", cu_model, "--out", str(tmp_path / "run")) == 2
-    _one_line_error(capsys, "periodic", "cell")
+    one_line_error(capsys, "periodic", "cell")
 
 
 def test_unreadable_structure_file(cu_model, tmp_path, capsys):
     path = tmp_path / "garbage.xyz"
     path.write_bytes(b"\x00\x01garbage")
     assert _md(str(path), "--model", cu_model, "--out", str(tmp_path / "run")) == 2
-    _one_line_error(capsys, "garbage.xyz", "expected a structure file")
+    one_line_error(capsys, "garbage.xyz", "expected a structure file")
 
 
 def test_pickle_only_after_the_format_check_and_a_warning(tmp_path, monkeypatch):
@@ -133,14 +125,13 @@ def test_pickle_only_after_the_format_check_and_a_warning(tmp_path, monkeypatch)
     assert full_loads == [str(pickled)] * 2
 
 
-
 def test_md_arguments_checked_before_the_run(cu_model, cu_file, tmp_path, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
     assert _md(cu_file, "--model", cu_model, "--out", str(blocker)) == 2
-    _one_line_error(capsys, "--out", "expected a directory")
+    one_line_error(capsys, "--out", "expected a directory")
     assert _md(cu_file, "--model", cu_model, "--threads", "0", "--out", str(tmp_path / "run")) == 2
-    _one_line_error(capsys, "--threads")
+    one_line_error(capsys, "--threads")
 
 
 def test_malformed_setting_is_one_line(monkeypatch, capsys):
@@ -150,7 +141,7 @@ def test_malformed_setting_is_one_line(monkeypatch, capsys):
     settings.reload()
     try:
         assert main(["md", "--steps", "1"]) == 2
-        _one_line_error(capsys, "EQUIKERNELS_AUTOTUNE", "expected 0 or 1", "'banana'")
+        one_line_error(capsys, "EQUIKERNELS_AUTOTUNE", "expected 0 or 1", "'banana'")
         with pytest.raises(settings.SettingsError):
             main(["--debug", "md", "--steps", "1"])
     finally:
@@ -165,7 +156,7 @@ def test_debug_after_the_command(tmp_path):
 
 def test_md_errors_name_the_flag(cu_model, cu_file, tmp_path, capsys):
     assert _md(cu_file, "--model", cu_model, "--timestep", "-1", "--out", str(tmp_path / "run")) == 2
-    line = _one_line_error(capsys, "--timestep must be positive")
+    line = one_line_error(capsys, "--timestep must be positive")
     assert "timestep_fs" not in line
 
 
@@ -178,31 +169,31 @@ def test_fine_tune_bad_config_and_flags(cu_model, cu_file, tmp_path, capsys, mon
     bad = tmp_path / "bad.yaml"
     bad.write_text("epochs: [1\n")
     assert _fine_tune("--config", str(bad), *common) == 2
-    _one_line_error(capsys, "bad.yaml", "not valid YAML")
+    one_line_error(capsys, "bad.yaml", "not valid YAML")
     assert _fine_tune("--config", str(tmp_path / "none.yaml"), *common) == 2
-    _one_line_error(capsys, "none.yaml", "no such file")
+    one_line_error(capsys, "none.yaml", "no such file")
     assert _fine_tune("--config", str(tmp_path), *common) == 2
-    _one_line_error(capsys, "is a directory")
+    one_line_error(capsys, "is a directory")
     assert _fine_tune("--e0s", "{Cu: -3.5", *common) == 2
-    _one_line_error(capsys, "--e0s", "YAML mapping")
+    one_line_error(capsys, "--e0s", "YAML mapping")
     for text, needle in (("epochs: one\n", "epochs must be an integer"), ("lr: fast\n", "lr must be a number"),
                          ("batch_size: 2.5\n", "batch_size must be an integer")):
         bad.write_text(text)
         assert _fine_tune("--config", str(bad), *common) == 2
-        _one_line_error(capsys, needle)
+        one_line_error(capsys, needle)
     assert _fine_tune(*common, "--valid", str(tmp_path / "v.xyz")) == 2
-    _one_line_error(capsys, "valid_file", "no such file")
+    one_line_error(capsys, "valid_file", "no such file")
     assert _fine_tune(*common, "--replay", str(tmp_path / "r.xyz")) == 2
-    _one_line_error(capsys, "replay_file", "no such file")
+    one_line_error(capsys, "replay_file", "no such file")
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
     assert _fine_tune("--model", cu_model, "--train", cu_file, "--out", str(blocker)) == 2
-    _one_line_error(capsys, "out_dir", "not a directory")
+    one_line_error(capsys, "out_dir", "not a directory")
     assert _fine_tune(*common, "--valid-fraction", "1.5") == 2
-    _one_line_error(capsys, "valid_fraction must be in [0, 1)")
+    one_line_error(capsys, "valid_fraction must be in [0, 1)")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert _fine_tune(*common, "--device", "cuda") == 2
-    _one_line_error(capsys, "device", "no CUDA device")
+    one_line_error(capsys, "device", "no CUDA device")
 
 
 def test_training_options_from_yaml_numbers(cu_model, cu_file):
@@ -217,7 +208,7 @@ def test_export_lammps_to_a_directory(cu_model, tmp_path, capsys):
     out = tmp_path / "adir"
     out.mkdir()
     assert main(["export-lammps", cu_model, str(out)]) == 2
-    _one_line_error(capsys, "is a directory", "model-mliap.pt")
+    one_line_error(capsys, "is a directory", "model-mliap.pt")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"]  # no temporary file left behind
 
 
@@ -243,6 +234,6 @@ def test_negative_number_in_exponent_form_is_a_value(tmp_path, capsys):
     """``--pressure -1e9``: argparse alone reads ``-1e9`` as an unknown option ("expected one argument")."""
     missing = str(tmp_path / "absent.xyz")
     assert _md(missing, "--ensemble", "npt", "--pressure", "-1e9") == 2
-    _one_line_error(capsys, "absent.xyz")
+    one_line_error(capsys, "absent.xyz")
     assert _md(missing, "--pressure", "-2.5E-3") == 2
-    _one_line_error(capsys, "absent.xyz")
+    one_line_error(capsys, "absent.xyz")

@@ -15,6 +15,7 @@ from equikernels.cli import main
 from equikernels.training import DataKeys, read_configs
 from equikernels.training.evaluate import predict
 from emt_data import write_emt_dataset
+from cli_checks import one_line_error
 
 
 def _frames():
@@ -91,14 +92,6 @@ def test_unlabelled_file_and_default_output_name(tmp_path, capsys, monkeypatch):
     assert "EK_energy" in a.info and a.arrays["EK_forces"].shape == (1, 3) and "EK_stress" not in a.info
 
 
-def _one_line_error(capsys, *needles):
-    err = capsys.readouterr().err
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert "Traceback" not in err and len(lines) == 1, err
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-
-
 @pytest.mark.parametrize("case", ["missing", "same-file", "unknown-element", "bad-head", "batch-size"])
 def test_bad_input_is_one_line(case, tmp_path, capsys):
     src = str(tmp_path / "in.xyz")
@@ -115,7 +108,7 @@ def test_bad_input_is_one_line(case, tmp_path, capsys):
     needles = {"missing": ("nope.xyz", "does not exist"), "same-file": ("--out", "structures file itself"),
                "unknown-element": ("h2o.xyz, frame 0", "H (Z=1)"), "bad-head": ("'nope'", "heads"),
                "batch-size": ("--batch-size",)}[case]
-    _one_line_error(capsys, *needles)
+    one_line_error(capsys, *needles)
     assert open(src).read() == before
     assert not os.path.exists(str(tmp_path / "in_eval.xyz"))
 

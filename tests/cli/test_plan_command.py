@@ -10,6 +10,7 @@ from equikernels.default_model import default_model_path
 from equikernels.models import load
 from equikernels.plan import conv_plan_for, plan_for
 from equikernels.problem import TPProblem
+from cli_checks import one_line_error
 
 
 def test_prints_a_standard_problem_plan(capsys, tmp_path):
@@ -62,13 +63,6 @@ def test_prints_a_standard_problem_conv_plan(argv, flow, capsys, tmp_path):
     assert out.count("1 edge(s) x 2 warps per program step") == 2
 
 
-def _one_line_error(capsys, *needles):
-    err = capsys.readouterr().err
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert "Traceback" not in err and len(lines) == 1, err
-    assert all(n in lines[0] for n in needles), lines[0]
-
-
 @pytest.mark.parametrize("argv, needles", [
     (["no-such-problem"], ["problem: expected one of", "mace-large", "'no-such-problem'"]),
     (["--model", "/no/such/file.model"], ["/no/such/file.model"]),
@@ -78,4 +72,4 @@ def _one_line_error(capsys, *needles):
 ])
 def test_bad_input_is_one_line(argv, needles, capsys):
     assert main(["plan", *argv]) == 2
-    _one_line_error(capsys, *needles)
+    one_line_error(capsys, *needles)

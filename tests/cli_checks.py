@@ -1,0 +1,11 @@
+"""Shared check of the command-line tests."""
+
+
+def one_line_error(capsys, *needles):
+    """The captured stderr is one line holding every needle, with no traceback; returns the line."""
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert "Traceback" not in err and len(lines) == 1, err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
