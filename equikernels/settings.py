@@ -261,6 +261,11 @@ class Settings:
                                             "Edge-loop pipelining; backward only", empty=True)
     conv_prefetch_dbwd: Optional[str] = _var(None, _Choice("", "idx", "all"),
                                              "Edge-loop pipelining; double backward only", empty=True)
+    conv_stages: Optional[int] = _var(None, _Int(0), "Edge-loop stages of Triton's pipeliner in node-parallel "
+                                      "kernels: loads copied into shared memory ahead of use (0: none)")
+    conv_stages_fwd: Optional[int] = _var(None, _Int(0), "Pipeliner stages; forward only")
+    conv_stages_bwd: Optional[int] = _var(None, _Int(0), "Pipeliner stages; backward only")
+    conv_stages_dbwd: Optional[int] = _var(None, _Int(0), "Pipeliner stages; double backward only")
     conv_atomic: Optional[str] = _var(None, _Choice("nodes", "edges"),
                                       "Atomic dataflow: walk destinations (nodes, default) or scatter per edge")
     conv_atomic_fwd: Optional[str] = _var(None, _Choice("nodes", "edges"), "Atomic arrangement; forward only")

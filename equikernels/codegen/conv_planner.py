@@ -30,6 +30,8 @@ DST_SIDE = ("out", "g", "dg")
 # whose reductions and carried sums stay inside the warp
 CONV_WARPS_F64 = {"fwd": 4, "bwd": 1, "dbwd": 2}
 PARTIAL_PROGRAMS_PER_SM = 4  # edge-parallel programs per multiprocessor writing row partials
+STAGES = 3  # pipeliner stages of the float32 forward and backward edge loops (conv_stages)
+STAGED_BYTES_MAX = 48 * 1024  # shared memory the staged edge rows of one program may take
 
 
 # --- heuristics and settings ----------------------------------------------------------------------
@@ -52,14 +54,30 @@ def conv_config(kind: str, mode: str, dtype: torch.dtype) -> LaunchConfig:
     return LaunchConfig(rows=rows, num_warps=s.conv_warps or warps, tf32=s.tf32)
 
 
-def conv_prefetch(kind: str, math: torch.dtype = torch.float32) -> str:
+def conv_prefetch(kind: str, math: torch.dtype = torch.float32, staged: bool = False) -> str:
     """Edge-loop pipelining (emit.Rowing.prefetch) of the node-parallel kernels: '', 'idx' or 'all'.
     The one-warp float32 gradient kernels are latency bound: they issue the next edge's loads early
-    ('all'); float64 would spill, it and the forward keep ''. EQUIKERNELS_CONV_PREFETCH[_<KIND>]."""
-    v = conv_knob("PREFETCH", kind, "" if kind == "fwd" or math == torch.float64 else "all")
+    ('all') unless their loop is ``staged`` (conv_stages: the pipeliner does not stage loads carried
+    in registers); float64 would spill, it and the forward keep ''. EQUIKERNELS_CONV_PREFETCH[_<KIND>]."""
+    v = conv_knob("PREFETCH", kind, "" if kind == "fwd" or math == torch.float64 or staged else "all")
     if v not in ("", "idx", "all"):
         raise ValueError(f"EQUIKERNELS_CONV_PREFETCH: expected '', 'idx' or 'all', got {v!r}")
     return v
+
+
+def conv_stages(problem, kind: str, math: torch.dtype = torch.float32) -> int:
+    """Stages of Triton's loop pipeliner on a node-parallel kernel's edge loop (emit.Rowing.stages;
+    0: a plain loop): the next edges' rows are copied into shared memory while this one computes.
+    Default: STAGES in the float32 forward and backward where the staged rows (STAGES - 1 buffers of
+    x, y and per-edge weights) fit STAGED_BYTES_MAX; none in the double backward (slower staged than
+    with its early loads into registers) and in float64 (not measured). EQUIKERNELS_CONV_STAGES[_<KIND>]."""
+    v = settings.get().per_kind("conv_stages", kind)
+    if v is not None:
+        return v
+    if kind == "dbwd" or math == torch.float64:
+        return 0
+    row = problem.dim_in1 + problem.dim_in2 + (0 if problem.shared_weights else problem.weight_numel)
+    return STAGES if (STAGES - 1) * row * 4 <= STAGED_BYTES_MAX else 0
 
 
 def conv_hoist(kind: str, math: torch.dtype) -> bool:
@@ -144,7 +162,7 @@ def _channelwise_layout(problem) -> str:
 
 
 def rowing(mode: str, operands, owner: Optional[str] = None, sections: str = "segment", hoist: bool = True,
-           scatter_src: bool = False, prefetch: str = "", adds=()) -> Rowing:
+           scatter_src: bool = False, prefetch: str = "", adds=(), stages: int = 0) -> Rowing:
     """How a convolution kernel's rows map to edges and nodes: operands of the owner's side are
     addressed by the owned node, the others through src[e] / dst[e]; node outputs of edge-parallel
     kernels (and with ``scatter_src`` the source-side gradients) are added with atomics, and so are
@@ -166,7 +184,7 @@ def rowing(mode: str, operands, owner: Optional[str] = None, sections: str = "se
     scatter = tuple(n for n in operands if (mode == "edges" and n in ("out", "dg", "gx", "dx"))
                     or (scatter_src and n in ("gx", "dx")) or n in adds)
     r = Rowing(mode, sections, rowvar, index, scatter, hoist)
-    r.prefetch = prefetch
+    r.prefetch, r.stages = prefetch, stages
     return r
 
 
@@ -333,19 +351,20 @@ class ConvPlanner:
         # (g) are re-read per edge from cache instead of held in registers
         hoist = conv_hoist(kind, math) if nodes else kind != "dbwd"
         share = conv_in1_outer(self.problem, kind, math, nodes)
-        prefetch = conv_prefetch(kind, math) if nodes else ""
+        stages = conv_stages(self.problem, kind, math) if nodes else 0
+        prefetch = conv_prefetch(kind, math, stages > 0) if nodes else ""
         maxnreg = int(conv_knob("MAXNREG", kind, "0")) if nodes else 0
         scatter_src = nodes_atomic and nodes
         # the float64 backward's later parts keep their measured read-add-store
         adds = (tuple(sorted(g.out_ptr for g in groups if g.accumulate and not g.reduce_rows))
                 if nodes and kind == "dbwd" else ())
         merged = kind == "dbwd" and settings.get().dbwd_merge
-        kkey = (tag, mode, owner, sections, hoist, share, prefetch, maxnreg, scatter_src, adds, merged)
+        kkey = (tag, mode, owner, sections, hoist, share, prefetch, stages, maxnreg, scatter_src, adds, merged)
         ops = set()
         for g in groups:
             ops.add(g.out_ptr)
             ops.update(o.name for o in g.table.operands if o.name != g.table.output)
-        rw = rowing(mode, ops, owner, sections, hoist, scatter_src, prefetch, adds)
+        rw = rowing(mode, ops, owner, sections, hoist, scatter_src, prefetch, adds, stages)
         choice = KernelChoice(row_operands=self.row_operands(), in1_major=self.in1_major(), in1_outer=share,
                               merge=merged)
         k = self._kernel(kkey, tag, groups, rw, choice)
@@ -361,4 +380,4 @@ class ConvPlanner:
             kkey, k.name, k.describe, tuple(ns), mode, owner, sections, hoist, prefetch, k.rowing.scatter,
             choice, cfg, maxnreg, tuple(k.meta.inputs), tuple(k.meta.outputs), k.rowing.args,
             zero, frozenset(added), partials, PARTIAL_PROGRAMS_PER_SM if partials else 0, per_edge,
-            k.meta.min_rows, k.body, channels)
+            k.meta.min_rows, k.body, channels, stages=stages)

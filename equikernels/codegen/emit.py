@@ -77,6 +77,14 @@ class Rowing:
     # "all": also every per-edge load of the next step is issued before this step's arithmetic
     # (more bytes in flight per warp, more registers). See KernelBuilder._pipelined.
     prefetch: str = ""
+    # nodes mode: stages of Triton's loop pipeliner on the edge loop (tl.range num_stages: loads
+    # copied asynchronously into shared memory ahead of use, no registers held); 0: a plain loop
+    stages: int = 0
+
+    @property
+    def edge_range(self) -> str:
+        """The node's edge loop: ``for k0 in <this>:``."""
+        return f"tl.range(e0, e1, ROWS, num_stages={self.stages})" if self.stages else "range(e0, e1, ROWS)"
 
     @property
     def args(self) -> Tuple[str, ...]:
@@ -907,7 +915,7 @@ class KernelBuilder:
             # N nodes; node n's edges are perm[nptr[n]:nptr[n+1]] (r64 = edge id in the loop)
             src += ["    for node in range(pid, N, nprog):", "        noderow = tl.full([1], 0, tl.int64) + node",
                     "        e0 = tl.load(nptr_ptr + node)", "        e1 = tl.load(nptr_ptr + node + 1)"]
-            inner = ["        for k0 in range(e0, e1, ROWS):", "            r = k0 + rr", "            rmask = r < e1",
+            inner = [f"        for k0 in {self.rowing.edge_range}:", "            r = k0 + rr", "            rmask = r < e1",
                      "            r64 = tl.load(perm_ptr + r, mask=rmask, other=0).to(tl.int64)"]
             inner += self.rowing.prologue("            ")
             if main:  # sections == "one": carried accumulators initialised per node, stored after
@@ -963,7 +971,7 @@ class KernelBuilder:
             src += at(self.rowing.prologue(""), j, o)
         for j in range(d):
             src += at(index + fetch, j, o)
-        src += [f"{o}for k0 in range(e0, e1, ROWS):", f"{i}rmask = (k0 + rr) < e1"] + ids_at(ids, "k0", i)
+        src += [f"{o}for k0 in {self.rowing.edge_range}:", f"{i}rmask = (k0 + rr) < e1"] + ids_at(ids, "k0", i)
         src += [f"{i}rmask__{gathered} = (k0 + {gathered} * ROWS + rr) < e1"] + at(self.rowing.prologue(""), gathered, i)
         if d:
             src += [f"{i}rmask__{d} = (k0 + {d} * ROWS + rr) < e1"] + at(index + fetch, d, i) + at(index, 0, i)

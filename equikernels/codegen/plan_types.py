@@ -167,6 +167,7 @@ class ConvKernelStep:
     body: str = field(repr=False, compare=False)
     channels: Tuple[int, int] = (0, 0)  # channel slice [lo, hi) of a channel part; (0, 0): every channel
     continues: Tuple[str, ...] = ()     # outputs an earlier step (channel part) allocated; written into
+    stages: int = 0                     # edge-loop stages of Triton's pipeliner (emit.Rowing.stages)
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,13 @@ def test_grad_single_loop(layout, dtype, second):
                second_order=second)
 
 
-@pytest.mark.parametrize("prefetch", ["", "idx", "all"])
-def test_edge_loop_pipelining(monkeypatch, prefetch):
-    """Every edge-loop pipelining mode (emit.Rowing.prefetch; defaults: 'all' for the gradient
-    kernels, '' for the forward) in every direction, here with one loop per kernel."""
+@pytest.mark.parametrize("prefetch,stages", [("", "0"), ("idx", "0"), ("all", "0"), ("", "3")])
+def test_edge_loop_pipelining(monkeypatch, prefetch, stages):
+    """Every edge-loop pipelining mode (emit.Rowing.prefetch and .stages; defaults: staged float32
+    forward and backward, 'all' in the double backward) in every direction, here with one loop per
+    kernel."""
     monkeypatch.setenv("EQUIKERNELS_CONV_PREFETCH", prefetch)
+    monkeypatch.setenv("EQUIKERNELS_CONV_STAGES", stages)
     check_conv(channelwise("3x0e+2x1o", "0e+1o+2e", "0e+1o+1e+2e"), "deterministic", torch.float64, "ir_mul",
                second_order=True)
 

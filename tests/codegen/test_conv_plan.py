@@ -22,25 +22,27 @@ def _tables():
 
 def _decisions(plan: ConvPlan):
     return [(s.names, s.mode, s.owner, s.sections, s.launch.rows, s.launch.num_warps, s.maxnreg, s.hoist,
-             s.prefetch, s.choice.in1_outer, s.scatter, s.zero_filled, s.per_edge) for s in plan.steps]
+             s.prefetch, s.choice.in1_outer, s.scatter, s.zero_filled, s.per_edge, s.stages) for s in plan.steps]
 
 
 # (direction, need, have, math) -> decisions of the deterministic dataflow (node-parallel kernels owning
-# destinations; gx / dx per edge, summed per source). float64: 4 warps forward, 1 backward with shared
-# inner sums, 2 double backward, nothing prefetched or held across the edge loop in the gradients
+# destinations; gx / dx per edge, summed per source). float32: forward and backward edge loops staged
+# in 3 pipeliner stages, the double backward's next edge loaded into registers. float64: 4 warps
+# forward, 1 backward with shared inner sums, 2 double backward, nothing prefetched, staged or held
+# across the edge loop in the gradients
 PINNED = {
-    ("fwd", 0, "", torch.float32): [(("out",), "nodes", "dst", "in1", 1, 1, 0, True, "", False, (), (), None)],
-    ("fwd", 0, "", torch.float64): [(("out",), "nodes", "dst", "in1", 1, 4, 0, True, "", False, (), (), None)],
-    ("bwd", XYW, "", torch.float32): [(("x", "y", "w"), "nodes", "dst", "in1all", 1, 1, 0, True, "all", False,
-                                       (), (), "gx")],
+    ("fwd", 0, "", torch.float32): [(("out",), "nodes", "dst", "in1", 1, 1, 0, True, "", False, (), (), None, 3)],
+    ("fwd", 0, "", torch.float64): [(("out",), "nodes", "dst", "in1", 1, 4, 0, True, "", False, (), (), None, 0)],
+    ("bwd", XYW, "", torch.float32): [(("x", "y", "w"), "nodes", "dst", "in1all", 1, 1, 0, True, "", False,
+                                       (), (), "gx", 3)],
     ("bwd", XYW, "", torch.float64): [(("x", "y", "w"), "nodes", "dst", "in1all", 1, 1, 0, False, "", True,
-                                       (), (), "gx")],
+                                       (), (), "gx", 0)],
     ("dbwd", XYWG, "abc", torch.float32): [
-        (("g",), "nodes", "dst", "in1", 1, 1, 0, False, "all", True, (), (), None),
-        (("x", "y", "w"), "nodes", "dst", "in1all", 1, 1, 0, False, "all", True, (), (), "dx")],
+        (("g",), "nodes", "dst", "in1", 1, 1, 0, False, "all", True, (), (), None, 0),
+        (("x", "y", "w"), "nodes", "dst", "in1all", 1, 1, 0, False, "all", True, (), (), "dx", 0)],
     ("dbwd", XYWG, "abc", torch.float64): [
-        (("g",), "nodes", "dst", "in1", 1, 2, 0, False, "", True, (), (), None),
-        (("x", "y", "w"), "nodes", "dst", "in1all", 1, 2, 0, False, "", True, (), (), "dx")],
+        (("g",), "nodes", "dst", "in1", 1, 2, 0, False, "", True, (), (), None, 0),
+        (("x", "y", "w"), "nodes", "dst", "in1all", 1, 2, 0, False, "", True, (), (), "dx", 0)],
 }
 
 
@@ -58,7 +60,8 @@ def test_decisions_pinned(key):
         xo = d.per_edge
         assert a.per_edge is None and a.scatter == ((xo,) if xo else ())
         assert a.zero_filled == ((xo,) if xo else ()) and a.acc_outputs == frozenset(a.scatter)
-        assert (a.launch, a.hoist, a.prefetch, a.choice) == (d.launch, d.hoist, d.prefetch, d.choice)
+        assert (a.launch, a.hoist, a.prefetch, a.stages, a.choice) == (d.launch, d.hoist, d.prefetch, d.stages, d.choice)
+        assert ("num_stages=3" in d.body) == (d.stages == 3) and ("tl.range(" in d.body) == bool(d.stages)
     assert planner.plan("deterministic", direction, need, have, math) is planner.plan(
         "deterministic", direction, need, have, math)
 
