@@ -27,6 +27,7 @@ from ..models.graphed import GraphedModel
 from ..models.data import PAIRED_KEY, pair_edges
 from ..models.mace import MACE, trusted_inputs
 from .checks import MIN_VOLUME, check_finite, check_stress_cell, check_structure
+from .descriptors import descriptor_columns, layer_irreps
 from .graph import ElementTable, single_graph
 from .loading import model_heads, resolve_device, resolve_dtype, resolve_head, resolve_model
 from .neighbors import DEFAULT_SKIN, SkinNeighborList, pbc_tensor, vesin_pairs
@@ -235,6 +236,22 @@ class MACECalculator(Calculator):
             results = _results(out, [len(atoms)], compute_stress)[0]
         check_finite(results, atoms)
         self.results = results
+
+    def get_descriptors(self, atoms: Optional[Atoms] = None, invariants_only: bool = True,
+                        num_layers: int = -1) -> np.ndarray:
+        """Per-atom descriptors [num_atoms, features], as mace-torch's calculator gives them: the node
+        features of the first ``num_layers`` interaction layers (-1: all) in mace-torch's layout,
+        only their invariant (0e) channels with ``invariants_only``. ``atoms``: default the last
+        structure calculated."""
+        atoms = self.atoms if atoms is None else atoms
+        if atoms is None:
+            raise ValueError("atoms: no structure to describe (pass atoms, or calculate one first)")
+        cols = descriptor_columns(layer_irreps(self.model), invariants_only, num_layers)
+        check_structure(atoms)
+        with trusted_inputs():
+            out = self.model(self._graph(atoms), compute_force=False, training=False)
+        feats = out["node_feats"].detach()
+        return feats[:, cols.to(feats.device)].to(self.dtype).cpu().numpy()
 
     # ---- many structures in one model call -------------------------------------------------
     def batch_evaluate(self, atoms_list: Sequence[Atoms], properties: Sequence[str] = ("energy", "forces"),

@@ -203,3 +203,25 @@ def test_model_file_and_dtype(model, tmp_path):
     ref = calc(model, default_dtype="float32")
     atoms = ethanol()
     assert c.get_potential_energy(atoms) == pytest.approx(ref.get_potential_energy(atoms), rel=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["mace-torch", "equikernels"])
+def test_descriptors_identical_to_mace_calculator(model, backend):
+    """``get_descriptors`` of our calculator (the mace-torch model itself, or converted) against
+    mace-torch's, invariant channels or every feature, of all layers or the first."""
+    from mace.calculators import MACECalculator as MaceTorchCalculator
+
+    if backend == "equikernels":
+        from equikernels.models import from_mace
+        from equikernels.calculators import MACECalculator
+        ours = MACECalculator(from_mace(copy.deepcopy(model)), device="cpu", default_dtype="float64")
+    else:
+        ours = calc(model, default_dtype="float64")
+    theirs = MaceTorchCalculator(models=copy.deepcopy(model), device="cpu", default_dtype="float64")
+    atoms = crystal()
+    for invariants_only in (True, False):
+        for num_layers in (-1, 1):
+            want = theirs.get_descriptors(atoms, invariants_only=invariants_only, num_layers=num_layers)
+            got = ours.get_descriptors(atoms, invariants_only=invariants_only, num_layers=num_layers)
+            assert got.shape == want.shape and np.abs(want).max() > 1e-3
+            np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12 * np.abs(want).max())
