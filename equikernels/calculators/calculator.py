@@ -237,6 +237,19 @@ class MACECalculator(Calculator):
         check_finite(results, atoms)
         self.results = results
 
+    def get_hessian(self, atoms: Optional[Atoms] = None) -> np.ndarray:
+        """The Hessian of the energy with respect to the positions, as mace-torch's calculator gives it:
+        [3N, N, 3] in eV/A^2, row k the gradient of -forces.flat[k] (reshape to [3N, 3N] for a
+        matrix). One backward pass per row: for vibrations of molecules and small cells. ``atoms``:
+        default the last structure calculated."""
+        atoms = self.atoms if atoms is None else atoms
+        if atoms is None:
+            raise ValueError("atoms: no structure for the Hessian (pass atoms, or calculate one first)")
+        check_structure(atoms)
+        with trusted_inputs(node_feats=False):
+            out = self.model(self._graph(atoms), compute_force=True, compute_hessian=True, training=False)
+        return out["hessian"].detach().to(self.dtype).cpu().numpy()
+
     def get_descriptors(self, atoms: Optional[Atoms] = None, invariants_only: bool = True,
                         num_layers: int = -1) -> np.ndarray:
         """Per-atom descriptors [num_atoms, features], as mace-torch's calculator gives them: the node

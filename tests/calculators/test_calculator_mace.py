@@ -225,3 +225,20 @@ def test_descriptors_identical_to_mace_calculator(model, backend):
             got = ours.get_descriptors(atoms, invariants_only=invariants_only, num_layers=num_layers)
             assert got.shape == want.shape and np.abs(want).max() > 1e-3
             np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("backend", ["mace-torch", "equikernels"])
+def test_hessian_identical_to_mace_calculator(model, backend):
+    from mace.calculators import MACECalculator as MaceTorchCalculator
+
+    if backend == "equikernels":
+        from equikernels.models import from_mace
+        from equikernels.calculators import MACECalculator
+        ours = MACECalculator(from_mace(copy.deepcopy(model)), device="cpu", default_dtype="float64")
+    else:
+        ours = calc(model, default_dtype="float64")
+    theirs = MaceTorchCalculator(models=copy.deepcopy(model), device="cpu", default_dtype="float64")
+    atoms = ethanol()
+    want, got = theirs.get_hessian(atoms), ours.get_hessian(atoms)
+    assert got.shape == want.shape == (3 * len(atoms), len(atoms), 3)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-10 * np.abs(want).max())

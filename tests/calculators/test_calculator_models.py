@@ -1,5 +1,5 @@
-"""MACECalculator with equikernels' own models (random weights, built without mace-torch): forces
-and stress against finite differences, per-atom energies, batching and a short NVE run. These
+"""MACECalculator with equikernels' own models (random weights, built without mace-torch): forces,
+stress and the Hessian against finite differences, per-atom energies, batching and a short NVE run. These
 run in CI's main stage, where mace-torch is absent."""
 import copy
 
@@ -166,3 +166,29 @@ def test_paired_edges_by_default(model, graphs):
         assert seen == {edges // 2}
     for k in ("energy", "forces", "stress"):
         np.testing.assert_allclose(calc.results[k], full.results[k], rtol=1e-10, atol=1e-10)
+
+
+def test_hessian_is_the_derivative_of_minus_forces(model):
+    """[3N, N, 3], row k = d(-F_k)/dx, against central differences of the forces; symmetric."""
+    calc = MACECalculator(copy.deepcopy(model), device="cpu")
+    atoms = molecule("CH3CH2OH")
+    atoms.rattle(0.05, seed=5)
+    n = len(atoms)
+    hessian = calc.get_hessian(atoms)
+    assert hessian.shape == (3 * n, n, 3)
+    h, step = hessian.reshape(3 * n, 3 * n), 1e-5
+    for k in (0, 4, 3 * n - 1):
+        displaced = []
+        for sign in (1, -1):
+            moved = atoms.copy()
+            moved.positions.reshape(-1)[k] += sign * step
+            displaced.append(calc.get_forces(moved).reshape(-1))
+        column = -(displaced[0] - displaced[1]) / (2 * step)
+        np.testing.assert_allclose(h[:, k], column, rtol=1e-5, atol=1e-7 * np.abs(h).max())
+    np.testing.assert_allclose(h, h.T, atol=1e-9 * np.abs(h).max())
+    assert np.abs(h).max() > 1e-2
+
+
+def test_hessian_without_structure(model):
+    with pytest.raises(ValueError, match="atoms: no structure for the Hessian"):
+        MACECalculator(copy.deepcopy(model), device="cpu").get_hessian()

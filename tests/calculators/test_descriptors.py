@@ -90,3 +90,4 @@ def test_mixed_precision_gives_float32():
                           precision="bf16-mixed")
     out = calc.get_descriptors(ethanol())
     assert out.dtype == np.float32 and np.isfinite(out).all()
+
