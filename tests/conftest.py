@@ -39,6 +39,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
     config.addinivalue_line("markers", "slow: long-running test")
     config.addinivalue_line("markers", "mace: needs mace-torch")
+    config.addinivalue_line("markers", "sevenn: needs SevenNet")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -3,8 +3,8 @@ namespace, in a temporary working directory), and each ``equikernels ...`` comma
 ``bash`` block is parsed by the real command-line parser, so a renamed option fails here.
 
 A block preceded by ``<!-- example: gpu -->`` needs a CUDA device, ``<!-- example: mace -->`` needs
-mace-torch (the working directory then holds ``mace.model``, a small mace-torch model); they skip
-cleanly elsewhere.
+mace-torch (the working directory then holds ``mace.model``, a small mace-torch model),
+``<!-- example: sevenn -->`` needs SevenNet; they skip cleanly elsewhere.
 """
 import re
 import shlex
@@ -18,7 +18,7 @@ from random_models import small_random_mace_model
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
 FENCE = re.compile(r"(?:<!-- example: (?P<tag>[a-z-]+) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)\n```", re.S)
-TAGS = {"gpu", "mace"}
+TAGS = {"gpu", "mace", "sevenn"}
 # blocks that show how to run the repository itself, not an example
 NOT_EXAMPLES = ("<!-- run-command -->", "<!-- test-command -->")
 
@@ -42,9 +42,9 @@ def _blocks(lang):
     return out
 
 
-def _have_mace():
+def _have(module: str) -> bool:
     try:
-        import mace  # noqa: F401
+        __import__(module)
         return True
     except Exception:
         return False
@@ -55,8 +55,10 @@ def test_python_example(path, line, tag, code, tmp_path, monkeypatch):
     if tag == "gpu" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     monkeypatch.chdir(tmp_path)
+    if tag == "sevenn" and not _have("sevenn.calculator"):
+        pytest.skip("needs SevenNet")
     if tag == "mace":
-        if not _have_mace():
+        if not _have("mace"):
             pytest.skip("needs mace-torch")
         torch.save(small_random_mace_model([13, 28, 29, 46, 47, 78, 79]), "mace.model")
     torch.manual_seed(0)
