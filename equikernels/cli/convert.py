@@ -24,8 +24,10 @@ def register(subparsers) -> None:
 
 
 def _convert(args: argparse.Namespace) -> int:
+    from ..models.foundations import foundation_checkpoint  # noqa: PLC0415
     from ..models.io import load, save  # noqa: PLC0415 (keeps `equikernels --help` light)
 
+    args.input = foundation_checkpoint(args.input) or args.input  # "medium", "small_off", ...
     if not os.path.exists(args.input):
         raise FileNotFoundError(f"IN {args.input!r}: no such file or directory; expected a mace-torch .model file "
                                 "or an equikernels model")

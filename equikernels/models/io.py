@@ -24,6 +24,7 @@ import torch
 from .._compat import default_dtype  # importing _compat also lets torch.load read e3nn objects
 from .._files import atomic_write, remove_stale_temps
 from .blocks import INTERACTIONS
+from .foundations import foundation_checkpoint
 from .mace import CONFIG_VERSION, MACE, PRECISIONS, ScaleShiftMACE, resolve_precision
 
 FORMAT = "equikernels.models.MACE"
@@ -287,7 +288,9 @@ class CodeExecutionWarning(UserWarning):
 def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] = None,
          dtype: Optional[torch.dtype] = None, precision=None) -> MACE:
     """Load our format (a file, or a directory with ``config.json`` + ``weights.pt``; no mace-torch
-    needed) or a mace-torch ``.model`` file (needs mace-torch).
+    needed) or a mace-torch ``.model`` file (needs mace-torch), or a foundation model by the name
+    mace-torch knows it by ("medium", "small_off", ...; ``models.foundations``), downloaded into
+    mace-torch's cache the first time.
 
     Every file is checked first: anything that is not a ``torch.save`` archive (empty, truncated,
     text, random bytes) is refused with a ``ValueError`` naming the file and what was expected.
@@ -303,10 +306,12 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
             raise ValueError(f"dtype={dtype} and precision={precision!r} disagree (that precision keeps "
                              f"{PRECISIONS[precision][0]} parameters); give one of them")
     path = os.fspath(path)
+    path = foundation_checkpoint(path) or path  # "medium", "small_off", ...: mace-torch's foundation models
     if os.path.isdir(path):
         model = _load_directory(path)
     elif not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such model file or directory")
+        raise FileNotFoundError(f"{path}: no such model file or directory (nor a foundation-model name "
+                                "mace-torch knows, such as 'medium' or 'small_off')")
     else:
         remove_stale_temps(path)
         obj = _torch_load_safe(path, "an equikernels model file or a mace-torch .model file")

@@ -17,6 +17,7 @@ import torch
 
 from .._compat import o3
 from ..models import builder as model_builder
+from ..models.foundations import foundation_checkpoint
 
 # hyper-parameters of a small MACE trained from scratch (overridden by TrainConfig.new_model)
 DEFAULT_NEW_MODEL: Dict[str, Any] = dict(
@@ -65,7 +66,9 @@ def _mace_torch_load(path: str) -> torch.nn.Module:
 
 def load_model(path: str, backend: str = "auto") -> torch.nn.Module:
     """A foundation model from a file, as ``backend``: 'equikernels' reads our format and
-    mace-torch ``.model`` files (converted); 'mace' needs a mace-torch ``.model`` file."""
+    mace-torch ``.model`` files (converted); 'mace' needs a mace-torch ``.model`` file. A
+    foundation-model name ("medium", "small_off", ...) stands for its file (``models.foundations``)."""
+    path = foundation_checkpoint(path) or path
     if not os.path.exists(path):
         raise FileNotFoundError(f"model file {path!r} does not exist")
     backend = resolve_backend(backend)

@@ -1,0 +1,85 @@
+"""Foundation-model names as mace-torch knows them: MACE-MP ("small", "medium", "medium-mpa-0", ...;
+mace-torch's table) and MACE-OFF ("small", "medium", "large"; "small_off" etc. where one name
+must tell them apart, as mace-torch's training script takes them), resolved to local files in
+mace-torch's download cache (downloaded the first time, by mace-torch's rules for MACE-MP)."""
+from __future__ import annotations
+
+import os
+import urllib.request
+from typing import Optional
+
+
+def _foundations(fn: str, model):
+    try:
+        from mace.calculators import foundations_models  # noqa: PLC0415
+    except ImportError as exc:
+        raise ImportError(f"{fn}(model={model!r}): named foundation models are found through mace-torch "
+                          "(pip install mace-torch); or pass the path of a .model file") from exc
+    return foundations_models
+
+
+def _local(fn: str, model) -> str:
+    path = os.fspath(model)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{fn}: model {path!r} is neither a model name nor a model file")
+    return path
+
+
+def _given_file(fn: str, model, names: str):
+    """``model`` as a local file, or None where mace-torch resolves it (None, an https URL, a name
+    in mace-torch's table ``names``)."""
+    if model is None or str(model).startswith("https:"):
+        return None
+    try:
+        table = getattr(_foundations(fn, model), names)
+    except ImportError as exc:
+        if os.path.isfile(os.fspath(model)):
+            return os.fspath(model)
+        raise ImportError(f"{fn}(model={model!r}): not a model file, and named foundation models are found "
+                          "through mace-torch (pip install mace-torch)") from exc
+    return None if model in table else _local(fn, model)
+
+
+def mace_mp_checkpoint(model=None) -> str:
+    """The local file of MACE-MP model ``model``: None (mace-torch's default), a name such as
+    "small", "medium", "medium-mpa-0" or an https URL, downloaded by mace-torch into its cache the
+    first time; any other value is a path to a model file."""
+    path = _given_file("mace_mp", model, "mace_mp_names")
+    return path if path is not None else _foundations("mace_mp", model).download_mace_mp_checkpoint(model)
+
+
+def mace_off_checkpoint(model=None) -> str:
+    """The local file of MACE-OFF model ``model``: None ("medium"), "small", "medium", "large" or an
+    https URL, downloaded into mace-torch's cache the first time (the MACE-OFF models are distributed
+    under the Academic Software License); any other value is a path to a model file."""
+    path = _given_file("mace_off", model, "mace_off_urls")
+    if path is not None:
+        return path
+    fm = _foundations("mace_off", model)
+    url = fm.mace_off_urls["medium"] if model is None else fm.mace_off_urls.get(model, model)
+    cache = fm.get_cache_dir()
+    path = os.path.join(cache, os.path.basename(url).split("?")[0])
+    if not os.path.isfile(path):
+        os.makedirs(cache, exist_ok=True)
+        print(f"downloading {url} to {path} (Academic Software License: https://github.com/gabor1/ASL)")
+        partial = path + ".part"
+        urllib.request.urlretrieve(url, partial)
+        os.replace(partial, path)  # an interrupted download leaves no file that looks complete
+    return path
+
+
+def foundation_checkpoint(name) -> Optional[str]:
+    """The local file of a foundation-model name given where a model file is expected (a MACE-MP
+    name, or a MACE-OFF one with the suffix "_off"), downloading it the first time; None when
+    ``name`` is no such name (or mace-torch, which knows the names, is not installed)."""
+    if not isinstance(name, str) or os.path.exists(name):
+        return None
+    try:
+        from mace.calculators import foundations_models as fm  # noqa: PLC0415
+    except ImportError:
+        return None
+    if name in fm.mace_mp_names:
+        return mace_mp_checkpoint(name)
+    if name.endswith("_off") and name[:-len("_off")] in fm.mace_off_urls:
+        return mace_off_checkpoint(name[:-len("_off")])
+    return None
