@@ -15,7 +15,8 @@ def register(subparsers) -> None:
                                           "into equikernels' format (config JSON + weights), which loads without "
                                           "mace-torch. OUT is a file, or a directory to hold config.json and "
                                           "weights.pt.")
-    p.add_argument("input", metavar="IN", help="mace-torch .model file (or an equikernels model file)")
+    p.add_argument("input", metavar="IN", help="mace-torch .model file (or an equikernels model file), or a "
+                                               "foundation-model name (medium, small_off, ...)")
     p.add_argument("output", metavar="OUT", help="output file, or an existing directory")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="convert the weights to this dtype")
     p.add_argument("--to", choices=("equikernels", "mace"), default="equikernels",

@@ -21,7 +21,8 @@ def register(subparsers) -> None:
     a = p.add_argument
     a("structures", help="structure file: extxyz or any format ASE reads; every frame is evaluated")
     a("--model", default=None,
-      help="model file or directory (ours, as `equikernels convert` writes, or a mace-torch .model); "
+      help="model file or directory (ours, as `equikernels convert` writes, or a mace-torch .model), "
+           "or a foundation-model name (medium, small_off, ...; needs mace-torch); "
            "default: the bundled default model")
     a("--out", default=None, help="output extxyz file (default: <structures file name>_eval.xyz here)")
     a("--prefix", default="MACE_", help="prefix of the prediction keys (default MACE_)")

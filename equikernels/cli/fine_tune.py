@@ -39,7 +39,8 @@ def register(subparsers) -> None:
                     "--resume continues. Multi-GPU: torchrun --nproc_per_node N -m equikernels.cli fine-tune ...")
     a = p.add_argument
     a("--config", help="YAML file of training options")
-    a("--model", help="model file to fine-tune (default: the bundled default model)")
+    a("--model", help="model file to fine-tune, or a foundation-model name (medium, small_off, ...; needs "
+                       "mace-torch); default: the bundled default model")
     a("--train", help="training structures (extxyz or any ASE-readable file)")
     a("--valid", help="validation structures (default: a random --valid-fraction of --train)")
     a("--valid-fraction", type=float, help="fraction of --train held out for validation, 0 for none (default 0.1)")

@@ -34,7 +34,8 @@ def register(subparsers) -> None:
     p.add_argument("--supercell", type=int, nargs=3, metavar=("NA", "NB", "NC"), default=None,
                    help="repeat the structure NA x NB x NC times")
     p.add_argument("--model", default=None,
-                   help="model file or directory (ours, as `equikernels convert` writes, or a mace-torch .model); "
+                   help="model file or directory (ours, as `equikernels convert` writes, or a mace-torch .model), "
+                        "or a foundation-model name (medium, small_off, ...; needs mace-torch); "
                         "default: the bundled default model")
     p.add_argument("--head", default=None, help="head of a multi-head model")
     p.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
@@ -94,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     from ..calculators.loading import default_model_path
     from ..calculators.md import Interrupted, MDSettings, run_md, time_one_step
     from ..calculators.neighbors import DEFAULT_SKIN
+    from ..models.foundations import foundation_checkpoint
 
     atoms, structure = load_structure(args.structure)
     if args.supercell:
@@ -106,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--threads must be a positive integer, got {args.threads}")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise NotADirectoryError(f"--out {args.out!r} is a file; expected a directory (it is created if missing)")
+    if args.model is not None:  # a foundation-model name: its file, so the summary records where it is
+        args.model = foundation_checkpoint(args.model) or args.model
     calc = MACECalculator(args.model, device=args.device, default_dtype=args.dtype, head=args.head,
                           skin=DEFAULT_SKIN if args.skin is None else args.skin, num_threads=args.threads)
     device_kind = "cuda" if calc.device.type == "cuda" else "cpu"
