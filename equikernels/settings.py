@@ -253,8 +253,8 @@ class Settings:
                                           "Gradient kernels: one edge loop, or one per first-input segment "
                                           "(in1all, default)")
     conv_prefetch: Optional[str] = _var(None, _Choice("", "idx", "all"),
-                                        "Edge-loop pipelining: '' (none), idx, all (default: '' forward and float64, "
-                                        "all otherwise); empty is a value here", empty=True)
+                                        "Edge-loop pipelining: '' (none), idx, all (default: '' in staged loops and "
+                                        "float64, all otherwise); empty is a value here", empty=True)
     conv_prefetch_fwd: Optional[str] = _var(None, _Choice("", "idx", "all"),
                                             "Edge-loop pipelining; forward only", empty=True)
     conv_prefetch_bwd: Optional[str] = _var(None, _Choice("", "idx", "all"),
