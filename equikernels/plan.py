@@ -155,7 +155,7 @@ def conv_text(plan: ConvPlan, dtype: torch.dtype, problem: str = "") -> str:
                      f"register cap {st.maxnreg or 'none'}")
         lines.append(f"     visit by {'first-input' if c.in1_major else 'output'} segment; in1-outer "
                      f"{_onoff(c.in1_outer)}; hoist {_onoff(st.hoist)}; prefetch {st.prefetch or 'off'}; "
-                     f"atomics {', '.join(st.scatter) or 'none'}")
+                     f"edge loop staged {st.stages or 'off'}; atomics {', '.join(st.scatter) or 'none'}")
         extra = []
         if st.channels != (0, 0):
             extra.append(f"channels {st.channels[0]}:{st.channels[1]}"

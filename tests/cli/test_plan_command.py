@@ -61,6 +61,13 @@ def test_prints_a_standard_problem_conv_plan(argv, flow, capsys, tmp_path):
     listed = [ln.split()[1] for ln in out.splitlines() if ln.split()[0] in {f"{i}." for i in range(1, 10)}]
     assert listed == [s.name for s in plan.steps] and len(listed) == 2
     assert out.count("1 edge(s) x 2 warps per program step") == 2
+    assert out.count("edge loop staged off") == 2  # float64: not staged
+
+
+def test_conv_plan_says_where_the_edge_loop_is_staged(capsys, tmp_path):
+    with settings.override(cache_dir=str(tmp_path), autotune=False):
+        assert main(["plan", "nequip-water", "--direction", "bwd", "--dtype", "float32", "--conv"]) == 0
+    assert "prefetch off; edge loop staged 3;" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, needles", [
