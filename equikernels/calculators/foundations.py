@@ -17,7 +17,8 @@ def mace_mp(model=None, device=None, default_dtype: str = "float32", dispersion:
     in our calculator (``MACECalculator`` keywords in ``kwargs``), float32 by default as there. With
     ``dispersion``, D3 (torch-dftd's ``TorchDFTD3Calculator``: ``damping``, ``dispersion_xc``,
     ``dispersion_cutoff``) is added through ASE's ``SumCalculator``. ``return_raw_model``: the
-    converted model instead of a calculator."""
+    converted model instead of a calculator. ``device`` "" or None: CUDA when available (mace-torch's "")."""
+    device = device or None
     path = mace_mp_checkpoint(model)
     if return_raw_model:
         return _raw(path, device)
@@ -29,7 +30,8 @@ def mace_mp(model=None, device=None, default_dtype: str = "float32", dispersion:
 
 def mace_off(model=None, device=None, default_dtype: str = "float64", return_raw_model: bool = False, **kwargs):
     """``mace.calculators.mace_off`` on equikernels: a MACE-OFF foundation model
-    (``mace_off_checkpoint``) in our calculator, float64 by default as there."""
+    (``mace_off_checkpoint``) in our calculator, float64 by default as there; ``device`` as ``mace_mp``'s."""
+    device = device or None
     path = mace_off_checkpoint(model)
     if return_raw_model:
         return _raw(path, device)

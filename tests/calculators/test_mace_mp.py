@@ -73,6 +73,7 @@ def test_mace_mp_name_resolved_by_mace_torch(model_file, monkeypatch):
     np.testing.assert_allclose(ours.results["forces"], theirs.results["forces"], rtol=1e-9,
                                atol=1e-10 * np.abs(theirs.results["forces"]).max())
     assert mace_mp(None, device="cpu").dtype == torch.float32 and asked[-1] is None  # mace-torch's default, fp32
+    assert mace_mp(model_file, device="").device == MACECalculator(device=None).device  # mace-torch's "" = auto
     raw = mace_mp(model_file, return_raw_model=True, device="cpu")
     assert isinstance(raw, MACE) and asked[-1] is None  # a local path is not sent to the resolver
 
