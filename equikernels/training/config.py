@@ -9,6 +9,8 @@ from typing import Any, Dict, List, Optional, Union
 
 import yaml
 
+from .mace_options import from_mace_options
+
 LR_SCHEDULES = ("cosine", "plateau", "constant")
 E0_MODES = ("foundation", "average")  # or a {symbol or Z: energy} mapping
 LOSSES = ("mse", "huber")
@@ -174,6 +176,8 @@ def _check_types(cfg: "TrainConfig") -> None:
 
 
 def load_yaml(path: str) -> Dict[str, Any]:
+    """The training options of a YAML file; mace-torch's training-script names are translated
+    (``mace_options``)."""
     try:
         with open(path) as fh:
             values = yaml.safe_load(fh) or {}
@@ -187,4 +191,4 @@ def load_yaml(path: str) -> Dict[str, Any]:
         raise ValueError(f"config file {path!r}: not valid YAML{at} ({getattr(exc, 'problem', None) or exc})") from None
     if not isinstance(values, dict):
         raise ValueError(f"{path}: expected a mapping of training options, got {type(values).__name__}")
-    return values
+    return from_mace_options(values, path)  # a YAML written for mace-torch's training script reads too

@@ -1,0 +1,92 @@
+"""A fine-tuning YAML written for mace-torch's training script: its options that mean what an option
+here means are renamed to it, the foundation model's architecture and the script's output and
+logging options are set aside with one warning (the model file fixes the architecture, ``out_dir``
+holds every output), and the rest stay as given, so the trainer's own check names what it does
+not know."""
+from __future__ import annotations
+
+import ast
+import warnings
+from typing import Any, Dict
+
+RENAMES = {"foundation_model": "model", "max_num_epochs": "epochs", "default_dtype": "dtype",
+           "clip_grad": "clip_grad_norm", "scheduler_patience": "plateau_patience", "lr_factor": "plateau_factor",
+           "eval_interval": "eval_every_epochs", "work_dir": "out_dir"}
+KEYS = {"energy_key": "energy", "forces_key": "forces", "stress_key": "stress", "virials_key": "virials",
+        "head_key": "head"}
+ARCHITECTURES = {"MACE", "ScaleShiftMACE", "ScaleShiftBOTNet", "BOTNet", "AtomicDipolesMACE", "EnergyDipolesMACE"}
+SET_ASIDE = {
+    # the foundation model's architecture and statistics (read from the model file)
+    "r_max", "radial_type", "num_radial_basis", "num_cutoff_basis", "pair_repulsion", "distance_transform",
+    "apply_cutoff", "interaction", "interaction_first", "max_ell", "correlation", "num_interactions", "MLP_irreps",
+    "radial_MLP", "hidden_irreps", "num_channels", "max_L", "gate", "scaling", "avg_num_neighbors",
+    "compute_avg_num_neighbors", "atomic_numbers", "mean", "std", "compute_forces", "compute_stress",
+    # where and how mace-torch's script writes and logs
+    "name", "log_dir", "model_dir", "checkpoints_dir", "results_dir", "downloads_dir", "log_level", "error_table",
+    "save_cpu", "plot_frequency", "wandb", "wandb_dir", "wandb_project", "wandb_entity", "wandb_name",
+    "wandb_log_hypers",
+    # data loading and kernel backends of mace-torch's script
+    "num_workers", "pin_memory", "valid_batch_size", "enable_cueq", "enable_oeq", "only_cueq", "distributed",
+    "launcher",
+}
+
+
+def from_mace_options(values: Dict[str, Any], source: str = "config") -> Dict[str, Any]:
+    """``values`` with mace-torch's option names translated (module docstring); options already
+    named as here are kept. Raises ``ValueError`` naming the option where a mace-torch value has no
+    counterpart here."""
+    out = dict(values)
+
+    def take(name):
+        return out.pop(name)
+
+    aside = [k for k in out if k in SET_ASIDE]
+    for k in aside:
+        take(k)
+    if out.get("model") in ARCHITECTURES:
+        if "foundation_model" not in out:
+            raise ValueError(f"{source}: model: {out['model']!r} is a mace-torch architecture; give the model "
+                             "file to fine-tune (model, or mace-torch's foundation_model)")
+        aside.append("model")
+        take("model")
+    for old, new in RENAMES.items():
+        if old in out:
+            if new in out:
+                raise ValueError(f"{source}: {old} (mace-torch's name) and {new} mean the same option; give one")
+            out[new] = take(old)
+    if "E0s" in out:
+        out["e0s"] = _e0s(take("E0s"), source)
+    keys = {KEYS[k]: take(k) for k in list(out) if k in KEYS}
+    if keys:
+        out["keys"] = {**keys, **dict(out.get("keys") or {})}
+    if "ema" in out:
+        if not isinstance(out["ema"], bool):
+            raise ValueError(f"{source}: ema: expected true or false, got {out['ema']!r}")
+        if not take("ema"):
+            out["ema_decay"] = None
+    if "scheduler" in out:
+        s = take("scheduler")
+        if s != "ReduceLROnPlateau":
+            raise ValueError(f"{source}: scheduler: only mace-torch's 'ReduceLROnPlateau' has a counterpart here "
+                             f"(lr_schedule: plateau; also cosine, constant), got {s!r}")
+        out["lr_schedule"] = "plateau"
+    if "freeze" in out and not isinstance(out["freeze"], list):
+        raise ValueError(f"{source}: freeze: expected a list of parameter-name prefixes (mace-torch's layer "
+                         f"count has no counterpart here), got {out['freeze']!r}")
+    if aside:
+        warnings.warn(f"{source}: mace-torch options set aside (the model file fixes the architecture, out_dir "
+                      f"holds the outputs): {', '.join(sorted(aside))}", UserWarning, stacklevel=2)
+    return out
+
+
+def _e0s(value, source: str):
+    if isinstance(value, str) and value.strip().startswith("{"):
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            raise ValueError(f"{source}: E0s: expected 'average', 'foundation' or a mapping such as "
+                             f"{{29: -3.5}}, got {value!r}") from None
+    if value == "estimated":
+        raise ValueError(f"{source}: E0s: mace-torch's 'estimated' has no counterpart here; use 'average' "
+                         "(least squares on the training set), 'foundation' or a mapping")
+    return value

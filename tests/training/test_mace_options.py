@@ -1,0 +1,75 @@
+"""A fine-tuning YAML written for mace-torch's training script: renamed options land on ours, the
+foundation model's architecture and the script's output options are set aside with one warning,
+values without a counterpart are refused by name; then it fine-tunes end to end."""
+import argparse
+import json
+
+import pytest
+import yaml
+
+from emt_data import write_emt_dataset
+from equikernels.cli import fine_tune, main
+from equikernels.cli.fine_tune import config_from_args
+from equikernels.default_model import default_model_path
+from equikernels.training.mace_options import from_mace_options
+
+
+def mace_yaml(tmp_path, **extra):
+    train = write_emt_dataset(str(tmp_path / "train.xyz"), 4, seed=11, elements=("Cu", "Ni"), max_atoms=3)
+    values = {"name": "ft", "model": "MACE", "foundation_model": default_model_path(), "train_file": train,
+              "valid_fraction": 0.25, "energy_key": "REF_energy", "forces_key": "REF_forces", "E0s": "average",
+              "max_num_epochs": 1, "batch_size": 2, "lr": 0.01, "default_dtype": "float64", "ema": False,
+              "scheduler": "ReduceLROnPlateau", "scheduler_patience": 3, "lr_factor": 0.5, "clip_grad": 5.0,
+              "hidden_irreps": "32x0e", "r_max": 5.0, "work_dir": str(tmp_path / "out"), "device": "cpu",
+              "seed": 3, **extra}
+    path = tmp_path / "mace.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return str(path)
+
+
+def parsed(path, *flags):
+    parser = argparse.ArgumentParser()
+    fine_tune.register(parser.add_subparsers())
+    return config_from_args(parser.parse_args(["fine-tune", "--config", path, *flags]))
+
+
+def test_mace_names_land_on_ours(tmp_path):
+    with pytest.warns(UserWarning, match=r"mace-torch options set aside .*: hidden_irreps, model, name, r_max"):
+        cfg = parsed(mace_yaml(tmp_path), "--lr", "0.002")
+    assert (cfg.model, cfg.epochs, cfg.dtype, cfg.e0s, cfg.ema_decay) == (default_model_path(), 1, "float64", "average",
+                                                                          None)
+    assert (cfg.lr_schedule, cfg.plateau_patience, cfg.plateau_factor, cfg.clip_grad_norm) == ("plateau", 3, 0.5, 5.0)
+    assert (cfg.keys.energy, cfg.keys.forces, cfg.out_dir, cfg.seed) == ("REF_energy", "REF_forces",
+                                                                        str(tmp_path / "out"), 3)
+    assert cfg.lr == 0.002  # a command-line flag still wins
+
+
+def test_e0s_written_as_a_string_mapping():
+    assert from_mace_options({"E0s": "{29: -3.5, 28: -4.1}"})["e0s"] == {29: -3.5, 28: -4.1}
+
+
+@pytest.mark.parametrize("values, needle", [
+    ({"model": "MACE"}, r"model: 'MACE' is a mace-torch architecture; give the model file"),
+    ({"E0s": "estimated"}, r"E0s: mace-torch's 'estimated' has no counterpart here"),
+    ({"E0s": "{29: -3.5"}, r"E0s: expected 'average', 'foundation' or a mapping"),
+    ({"scheduler": "ExponentialLR"}, r"scheduler: only mace-torch's 'ReduceLROnPlateau'"),
+    ({"freeze": 3}, r"freeze: expected a list of parameter-name prefixes"),
+    ({"max_num_epochs": 2, "epochs": 3}, r"max_num_epochs \(mace-torch's name\) and epochs mean the same option"),
+    ({"ema": "yes"}, r"ema: expected true or false"),
+])
+def test_values_without_a_counterpart_are_refused(values, needle):
+    with pytest.raises(ValueError, match=rf"^cfg.yaml: {needle}"):
+        from_mace_options(values, "cfg.yaml")
+
+
+def test_other_mace_options_are_named_by_the_trainer(tmp_path):
+    with pytest.warns(UserWarning):
+        with pytest.raises(ValueError, match=r"unknown training option\(s\) \['swa'\]"):
+            parsed(mace_yaml(tmp_path, swa=True))
+
+
+def test_fine_tunes_from_a_mace_yaml(tmp_path, capsys, single_thread):
+    with pytest.warns(UserWarning):
+        assert main(["fine-tune", "--config", mace_yaml(tmp_path), "--no-progress", "--no-plot"]) == 0
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics and (tmp_path / "out" / "model.pt").is_file()
