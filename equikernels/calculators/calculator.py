@@ -42,16 +42,21 @@ CUDA_GRAPH_MAX_ATOMS = 16384  # "auto": graphs up to this size (no host syncs or
 ASE_KEYWORDS = frozenset({"restart", "ignore_bad_restart_file", "label", "atoms", "directory"})
 
 
-def _model_from_paths(model, model_paths):
-    """``model``, or the one file of mace-torch's ``model_paths`` (a path or a list of one)."""
-    if model_paths is None:
+def _model_from_paths(model, model_paths, models=None):
+    """``model``, or the one file of mace-torch's ``model_paths`` (a path or a list of one), or the
+    one module of its ``models`` (a module or a list of one)."""
+    given = [(name, v) for name, v in (("model", model), ("model_paths", model_paths), ("models", models))
+             if v is not None]
+    if len(given) > 1:
+        raise ValueError(f"{' and '.join(n for n, _ in given)}: give one of them")
+    if not given or given[0][0] == "model":
         return model
-    if model is not None:
-        raise ValueError("model and model_paths: give one of them")
-    paths = [model_paths] if isinstance(model_paths, (str, os.PathLike)) else list(model_paths)
-    if len(paths) != 1:
-        raise ValueError(f"model_paths: expected one model file, got {len(paths)} (committees are not supported)")
-    return paths[0]
+    name, value = given[0]
+    single = isinstance(value, (str, os.PathLike, torch.nn.Module))
+    items = [value] if single else list(value)
+    if len(items) != 1:
+        raise ValueError(f"{name}: expected one model, got {len(items)} (committees are not supported)")
+    return items[0]
 
 
 class MACECalculator(Calculator):
@@ -72,7 +77,9 @@ class MACECalculator(Calculator):
         precision: None (the dtype above), or "fp64", "fp32", "bf16-mixed", "fp16-mixed" (equikernels
             MACE models; ``MACE.set_precision``). A mixed precision keeps float32 parameters,
             positions, energies and forces, so it excludes default_dtype="float64".
-        model_paths: mace-torch's name for ``model``: a model file, or a list of one.
+        model_paths: mace-torch's name for ``model``: a model file, or a list of one; ``models`` (a
+            module or a list of one), ``model_type="MACE"`` and ``enable_cueq`` / ``enable_oeq`` (no
+            effect: equikernels' kernels run) are taken as mace-torch's calculator takes them.
         num_threads: torch CPU threads (``torch.set_num_threads``, process-wide) when the device is
             the CPU; None chooses ``threads.default_threads()`` unless ``OMP_NUM_THREADS`` is set
             or the process already chose a count; ignored on other devices.
@@ -90,12 +97,20 @@ class MACECalculator(Calculator):
                  default_dtype: Optional[str] = None, head: Optional[str] = None, skin: float = DEFAULT_SKIN,
                  cuda_graph: Union[None, bool, str] = None, precision: Union[None, str, torch.dtype] = None,
                  num_threads: Optional[int] = None, model_paths=None, **kwargs):
+        models = kwargs.pop("models", None)
+        model_type = kwargs.pop("model_type", "MACE")
+        if model_type != "MACE":
+            raise ValueError(f"model_type: only 'MACE' (energy, forces, stress) is supported, got {model_type!r}")
+        for flag in ("enable_cueq", "enable_oeq"):  # mace-torch's kernel switches: equikernels' kernels run instead
+            kwargs.pop(flag, None)
         unknown = sorted(set(kwargs) - ASE_KEYWORDS)
         if unknown:
             raise TypeError(f"MACECalculator: unexpected keyword argument {unknown[0]!r} (expected model, device, "
-                            "default_dtype, head, skin, cuda_graph, precision, num_threads, model_paths or "
-                            f"ASE's {', '.join(sorted(ASE_KEYWORDS))})")
-        model = _model_from_paths(model, model_paths)
+                            "default_dtype, head, skin, cuda_graph, precision, num_threads, mace-torch's "
+                            f"model_paths, models, model_type, enable_cueq, enable_oeq or ASE's "
+                            f"{', '.join(sorted(ASE_KEYWORDS))})")
+        model = _model_from_paths(model, model_paths, models)
+        default_dtype = default_dtype or None  # mace-torch's "": the model's own
         Calculator.__init__(self, **kwargs)
         self.device = resolve_device(device)
         self.num_threads = apply_threads(self.device, num_threads)

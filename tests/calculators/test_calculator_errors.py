@@ -50,17 +50,26 @@ def test_unknown_keywords_and_model_paths(tmp_path):
     # a misspelt or foreign keyword must not leave the bundled default model running silently
     with pytest.raises(TypeError, match="unexpected keyword argument 'defualt_dtype'"):
         MACECalculator(StandIn(), device="cpu", defualt_dtype="float32")
-    with pytest.raises(TypeError, match="'enable_cueq'"):
-        MACECalculator(StandIn(), device="cpu", enable_cueq=True)
-    # mace-torch's model_paths names the model file, alone or as a list of one
+    with pytest.raises(TypeError, match="'compile_mode'"):
+        MACECalculator(StandIn(), device="cpu", compile_mode="default")
+    # mace-torch's model_paths names the model file, alone or as a list of one; models the module
     missing = str(tmp_path / "missing.model")
     for paths in (missing, [missing]):
         with pytest.raises(FileNotFoundError, match="no such model file"):
             MACECalculator(model_paths=paths, device="cpu")
-    with pytest.raises(ValueError, match="expected one model file, got 2"):
+    with pytest.raises(ValueError, match="model_paths: expected one model, got 2"):
         MACECalculator(model_paths=[missing, missing], device="cpu")
-    with pytest.raises(ValueError, match="give one of them"):
+    with pytest.raises(ValueError, match="models: expected one model, got 2"):
+        MACECalculator(models=[StandIn(), StandIn()], device="cpu")
+    with pytest.raises(ValueError, match="model and model_paths: give one of them"):
         MACECalculator(StandIn(), model_paths=missing, device="cpu")
+    with pytest.raises(ValueError, match="model_type: only 'MACE'"):
+        MACECalculator(StandIn(), device="cpu", model_type="DipoleMACE")
+    # the rest of mace-torch's calculator call reads as there (its kernel switches have no effect)
+    stand_in = StandIn()
+    calc = MACECalculator(models=[stand_in], device="cpu", default_dtype="", model_type="MACE", enable_cueq=True,
+                          enable_oeq=False)
+    assert calc.model is stand_in
     assert MACECalculator(StandIn(), device="cpu", label="run", directory=str(tmp_path)).label.endswith("run")
 
 
