@@ -36,36 +36,32 @@ def from_mace_options(values: Dict[str, Any], source: str = "config") -> Dict[st
     named as here are kept. Raises ``ValueError`` naming the option where a mace-torch value has no
     counterpart here."""
     out = dict(values)
-
-    def take(name):
-        return out.pop(name)
-
     aside = [k for k in out if k in SET_ASIDE]
     for k in aside:
-        take(k)
+        out.pop(k)
     if out.get("model") in ARCHITECTURES:
         if "foundation_model" not in out:
             raise ValueError(f"{source}: model: {out['model']!r} is a mace-torch architecture; give the model "
                              "file to fine-tune (model, or mace-torch's foundation_model)")
         aside.append("model")
-        take("model")
+        out.pop("model")
     for old, new in RENAMES.items():
         if old in out:
             if new in out:
                 raise ValueError(f"{source}: {old} (mace-torch's name) and {new} mean the same option; give one")
-            out[new] = take(old)
+            out[new] = out.pop(old)
     if "E0s" in out:
-        out["e0s"] = _e0s(take("E0s"), source)
-    keys = {KEYS[k]: take(k) for k in list(out) if k in KEYS}
+        out["e0s"] = _e0s(out.pop("E0s"), source)
+    keys = {KEYS[k]: out.pop(k) for k in list(out) if k in KEYS}
     if keys:
         out["keys"] = {**keys, **dict(out.get("keys") or {})}
     if "ema" in out:
         if not isinstance(out["ema"], bool):
             raise ValueError(f"{source}: ema: expected true or false, got {out['ema']!r}")
-        if not take("ema"):
+        if not out.pop("ema"):
             out["ema_decay"] = None
     if "scheduler" in out:
-        s = take("scheduler")
+        s = out.pop("scheduler")
         if s != "ReduceLROnPlateau":
             raise ValueError(f"{source}: scheduler: only mace-torch's 'ReduceLROnPlateau' has a counterpart here "
                              f"(lr_schedule: plateau; also cosine, constant), got {s!r}")
