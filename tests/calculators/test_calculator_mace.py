@@ -59,6 +59,20 @@ def _one_thread(single_thread):
     yield
 
 
+def calculators(model, backend, dtype):
+    """(ours, mace-torch's) calculators of ``model``: ours running the mace-torch model itself
+    (``backend="mace-torch"``) or its conversion to equikernels.models ("equikernels")."""
+    from mace.calculators import MACECalculator as MaceTorchCalculator
+
+    if backend == "equikernels":
+        from equikernels.models import from_mace
+        from equikernels.calculators import MACECalculator
+        ours = MACECalculator(from_mace(copy.deepcopy(model)), device="cpu", default_dtype=dtype)
+    else:
+        ours = calc(model, default_dtype=dtype)
+    return ours, MaceTorchCalculator(models=copy.deepcopy(model), device="cpu", default_dtype=dtype)
+
+
 def energy_at(calculator, atoms, positions=None, cell=None):
     displaced = atoms.copy()
     if cell is not None:
@@ -111,18 +125,10 @@ def test_stress_is_strain_derivative(model, name):
 def test_identical_to_mace_calculator(model, name, dtype, rtol, backend):
     """Our calculator running the mace-torch model itself, or it converted to equikernels.models,
     against mace-torch's calculator running the mace-torch model."""
-    from mace.calculators import MACECalculator as MaceTorchCalculator
-
     atoms = STRUCTURES[name]()
     periodic = atoms.pbc.all()
     props = ["energy", "forces", "energies"] + (["stress"] if periodic else [])
-    if backend == "equikernels":
-        from equikernels.models import from_mace
-        from equikernels.calculators import MACECalculator
-        ours = MACECalculator(from_mace(copy.deepcopy(model)), device="cpu", default_dtype=dtype)
-    else:
-        ours = calc(model, default_dtype=dtype)
-    theirs = MaceTorchCalculator(models=copy.deepcopy(model), device="cpu", default_dtype=dtype)
+    ours, theirs = calculators(model, backend, dtype)
     # two steps: the second reuses our cached neighbour list and device state
     for step in range(2):
         atoms.positions += 0.02 * step
@@ -209,15 +215,7 @@ def test_model_file_and_dtype(model, tmp_path):
 def test_descriptors_identical_to_mace_calculator(model, backend):
     """``get_descriptors`` of our calculator (the mace-torch model itself, or converted) against
     mace-torch's, invariant channels or every feature, of all layers or the first."""
-    from mace.calculators import MACECalculator as MaceTorchCalculator
-
-    if backend == "equikernels":
-        from equikernels.models import from_mace
-        from equikernels.calculators import MACECalculator
-        ours = MACECalculator(from_mace(copy.deepcopy(model)), device="cpu", default_dtype="float64")
-    else:
-        ours = calc(model, default_dtype="float64")
-    theirs = MaceTorchCalculator(models=copy.deepcopy(model), device="cpu", default_dtype="float64")
+    ours, theirs = calculators(model, backend, "float64")
     atoms = crystal()
     for invariants_only in (True, False):
         for num_layers in (-1, 1):
@@ -229,15 +227,7 @@ def test_descriptors_identical_to_mace_calculator(model, backend):
 
 @pytest.mark.parametrize("backend", ["mace-torch", "equikernels"])
 def test_hessian_identical_to_mace_calculator(model, backend):
-    from mace.calculators import MACECalculator as MaceTorchCalculator
-
-    if backend == "equikernels":
-        from equikernels.models import from_mace
-        from equikernels.calculators import MACECalculator
-        ours = MACECalculator(from_mace(copy.deepcopy(model)), device="cpu", default_dtype="float64")
-    else:
-        ours = calc(model, default_dtype="float64")
-    theirs = MaceTorchCalculator(models=copy.deepcopy(model), device="cpu", default_dtype="float64")
+    ours, theirs = calculators(model, backend, "float64")
     atoms = ethanol()
     want, got = theirs.get_hessian(atoms), ours.get_hessian(atoms)
     assert got.shape == want.shape == (3 * len(atoms), len(atoms), 3)
