@@ -36,3 +36,12 @@ def test_atomic_kernels(monkeypatch, atomic):
     monkeypatch.setenv("EQUIKERNELS_CONV_ATOMIC", atomic)
     check_conv(channelwise("3x0e+2x1o", "0e+1o+2e", "0e+1o+1e+2e"), "atomic", torch.float64, "ir_mul",
                second_order=True)
+
+
+def test_node_kernels_two_edges_per_step(monkeypatch):
+    """Node-parallel kernels visiting two edges per step (EQUIKERNELS_CONV_ROWS=2): a node with an
+    odd number of edges ends on a step whose second edge is not its own; that row's loads must be
+    masked (with one edge per step they need none)."""
+    monkeypatch.setenv("EQUIKERNELS_CONV_ROWS", "2")
+    check_conv(channelwise("3x0e+2x1o", "0e+1o+2e", "0e+1o+1e+2e"), "atomic", torch.float64, "ir_mul",
+               second_order=True)
