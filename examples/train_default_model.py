@@ -81,7 +81,7 @@ def main() -> None:
         out_dir=args.out, checkpoint_every=100, device=args.device)
     trainer = Trainer(cfg)
     t1 = time.time()
-    summary = trainer.fit()
+    summary = trainer.fit(overwrite=True)  # --out is this script's own folder: a rerun trains afresh
     t_train = time.time() - t1
 
     # a held-out test set, never used for model selection

@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 import ase
 import numpy as np
@@ -251,9 +251,17 @@ def _finite_or_none(x) -> Optional[float]:
     return float(x) if x is not None and math.isfinite(float(x)) else None
 
 
+MD_FILES = ("md.traj", "md.log", "summary.json")
+
+
+def earlier_md_run(out_dir: str) -> List[str]:
+    """The files of an earlier run in ``out_dir`` that a run there would replace."""
+    return [n for n in MD_FILES if os.path.isfile(os.path.join(out_dir, n))]
+
+
 def run_md(atoms: Atoms, settings: MDSettings, out_dir: Optional[str] = None, progress: bool = True,
            init_velocities: bool = True, info: Optional[Dict] = None,
-           on_ready: Optional[Callable[[], None]] = None) -> Dict:
+           on_ready: Optional[Callable[[], None]] = None, overwrite: bool = False) -> Dict:
     """Run ``settings.steps`` of MD on ``atoms`` (its calculator must be set). With ``out_dir``,
     writes ``md.traj`` (ASE trajectory), ``md.log`` and ``summary.json``; ``info`` (e.g. model and
     structure names) is recorded in the summary. The first energy/forces evaluation happens before
@@ -263,10 +271,14 @@ def run_md(atoms: Atoms, settings: MDSettings, out_dir: Optional[str] = None, pr
 
     ``summary.json`` is written however the run ends; ``status`` is "completed", "interrupted"
     (SIGINT/SIGTERM: ``Interrupted``, a ``KeyboardInterrupt``, is raised after writing) or
-    "failed" (the error is raised after writing)."""
+    "failed" (the error is raised after writing). An ``out_dir`` holding an earlier run's files is
+    refused unless ``overwrite``."""
     if atoms.calc is None:
         raise ValueError("atoms has no calculator: set atoms.calc = MACECalculator(...) first")
     settings.validate()
+    if out_dir is not None and not overwrite and earlier_md_run(out_dir):
+        raise FileExistsError(f"out_dir {out_dir!r} holds an earlier run ({', '.join(earlier_md_run(out_dir))}); "
+                              "overwrite=True replaces it, or choose another out_dir")
     if init_velocities:
         initialise_velocities(atoms, settings.temperature_K, settings.seed)
     else:

@@ -48,6 +48,8 @@ def register(subparsers) -> None:
     a("--max-steps", type=int, help="stop after this many optimiser steps in total")
     a("--out", help="output directory: checkpoints, model.pt, metrics.json, training.png (default fine_tune_out)")
     a("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    a("--overwrite", action="store_true", help="replace an earlier run in --out (its models, metrics and "
+                                              "checkpoints); without --resume or this, such an --out is refused")
     a("--lr", type=float, help="AdamW learning rate (default 1e-3)")
     a("--batch-size", type=int, help="structures per device and step (default 4)")
     a("--energy-weight", type=float, help="loss weight of energy per atom (default 1)")
@@ -134,12 +136,13 @@ def run(args: argparse.Namespace) -> int:
 
     import torch.distributed as dist
 
-    from ..training import distributed, fine_tune
+    from ..training import distributed, fine_tune, outputs
     from ..training.trainer import TrainingInterrupted
 
     cfg = config_from_args(args)
+    outputs.check(cfg.out_dir, args.resume, args.overwrite, "--resume", "--overwrite", "--out")
     try:
-        fine_tune(cfg, resume=args.resume)
+        fine_tune(cfg, resume=args.resume, overwrite=args.overwrite)
         distributed.barrier()  # every rank done before any closes its connections (gloo aborts a peer mid-read)
     except TrainingInterrupted as stop:  # its one line is printed; checkpoint and metrics are written
         return 128 + int(stop.signum)

@@ -46,6 +46,11 @@ def register(subparsers) -> None:
                         f"at most {DEFAULT_MAX_THREADS})")
     p.add_argument("--skin", type=float, default=None, help="neighbour-list skin in Angstrom (default 0.5)")
     p.add_argument("--out", default="md_out", help="output directory (default md_out)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier run's md.traj, md.log and summary.json in --out (refused otherwise)")
+    p.add_argument("--keep-velocities", action="store_true",
+                   help="start from the velocities stored in the structure file (e.g. the last frame of an "
+                        "earlier run's md.traj) instead of drawing them at --temperature")
     p.add_argument("--log-interval", type=int, default=10, help="steps between log lines (0: no log; default 10)")
     p.add_argument("--traj-interval", type=int, default=10, help="steps between trajectory frames (0: none; default 10)")
     p.add_argument("--seed", type=int, default=0, help="random seed for velocities and the thermostat (default 0)")
@@ -93,7 +98,7 @@ def _seconds(s: float) -> str:
 def run(args: argparse.Namespace) -> int:
     from ..calculators.calculator import MACECalculator
     from ..calculators.loading import default_model_path
-    from ..calculators.md import Interrupted, MDSettings, run_md, time_one_step
+    from ..calculators.md import Interrupted, MDSettings, earlier_md_run, run_md, time_one_step
     from ..calculators.neighbors import DEFAULT_SKIN
     from ..models.foundations import foundation_checkpoint
 
@@ -108,6 +113,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--threads must be a positive integer, got {args.threads}")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise NotADirectoryError(f"--out {args.out!r} is a file; expected a directory (it is created if missing)")
+    earlier = earlier_md_run(args.out)
+    if earlier and not args.overwrite:
+        raise FileExistsError(f"--out {args.out!r} holds an earlier run ({', '.join(earlier)}); --overwrite "
+                              "replaces it, or choose another --out")
+    if args.keep_velocities and not atoms.has("momenta"):
+        raise ValueError(f"--keep-velocities: {structure} holds no velocities (expected a trajectory or extxyz "
+                         "file with momenta, such as an earlier run's md.traj)")
     if args.model is not None:  # a foundation-model name: its file, so the summary records where it is
         args.model = foundation_checkpoint(args.model) or args.model
     calc = MACECalculator(args.model, device=args.device, default_dtype=args.dtype, head=args.head,
@@ -139,9 +151,11 @@ def run(args: argparse.Namespace) -> int:
     step_s = time_one_step(atoms, settings)  # fails here, before the run, for structures the model cannot run
     print(f"  {step_s:.3g} s per step: estimated {_seconds(step_s * steps)} for {steps} steps; output in {args.out}",
           flush=True)
-    info = {"model": os.path.abspath(args.model if args.model else default_model_path()), "structure": structure}
+    info = {"model": os.path.abspath(args.model if args.model else default_model_path()), "structure": structure,
+            "velocities": "from the structure" if args.keep_velocities else "drawn at the temperature"}
     try:
-        summary = run_md(atoms, settings, out_dir=args.out, progress=not args.no_progress, info=info)
+        summary = run_md(atoms, settings, out_dir=args.out, progress=not args.no_progress, info=info,
+                         init_velocities=not args.keep_velocities, overwrite=args.overwrite)
     except Interrupted as exc:
         print(f"equikernels md: {exc}; summary written to {os.path.join(args.out, 'summary.json')}", file=sys.stderr)
         return 128 + exc.signum

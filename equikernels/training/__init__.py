@@ -19,11 +19,14 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def fine_tune(cfg: TrainConfig, resume: bool = False, **kwargs):
-    """Train according to ``cfg``; returns the final metrics summary."""
+def fine_tune(cfg: TrainConfig, resume: bool = False, overwrite: bool = False, **kwargs):
+    """Train according to ``cfg``; returns the final metrics summary. An ``out_dir`` holding an
+    earlier run is refused unless ``resume`` (continue it) or ``overwrite`` (replace it)."""
+    from .outputs import check
     from .trainer import Trainer
 
-    return Trainer(cfg, **kwargs).fit(resume=resume)
+    check(cfg.out_dir, resume, overwrite)  # before the data and the model are loaded
+    return Trainer(cfg, **kwargs).fit(resume=resume, overwrite=overwrite)
 
 
 __all__ = ["Config", "DataError", "DataKeys", "TrainConfig", "Trainer", "fine_tune", "read_configs"]

@@ -60,6 +60,12 @@ def list_checkpoints(directory: str):
     return sorted(found, key=lambda p: int(_PATTERN.search(p).group(1)))
 
 
+def checkpoint_step(path: str) -> Optional[int]:
+    """The step of a checkpoint file's name, None for other names."""
+    m = _PATTERN.search(path)
+    return int(m.group(1)) if m else None
+
+
 def latest(directory: str) -> Optional[str]:
     found = list_checkpoints(directory)
     return found[-1] if found else None

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from . import checkpoint as ckpt
 from . import distributed as dist_utils
 from . import model_factory as mf
+from . import outputs
 from .config import TrainConfig
 from .data import (Config, GraphDataset, build_dataset, check_labels, collate, label_sources, read_configs,
                    split_train_valid)
@@ -122,6 +123,7 @@ class Trainer:
         self.history: Dict[str, List] = {"train": [], "valid": []}
         self.best = {"loss": math.inf, "step": None, "epoch": None, "state": None, "bad_evals": 0}
         self.stopped_early = False
+        self.resumed = False  # a checkpoint was loaded (resume): fit continues that run
 
     # ---- setup --------------------------------------------------------------------------------
     def _read(self, path: str) -> List[Config]:
@@ -254,7 +256,7 @@ class Trainer:
     # ---- state --------------------------------------------------------------------------------
     @property
     def ckpt_dir(self) -> str:
-        return os.path.join(self.cfg.out_dir, "checkpoints")
+        return outputs.checkpoint_dir(self.cfg.out_dir)
 
     def state_dict(self) -> Dict:
         return {
@@ -327,6 +329,7 @@ class Trainer:
         if path is None:
             return False
         self.load_state_dict(ckpt.load(path))
+        self.resumed = True
         self._say(f"resumed from {path} (step {self.step}, epoch {self.epoch})")
         return True
 
@@ -417,7 +420,14 @@ class Trainer:
         raise TrainingInterrupted(signum, msg)
 
     # ---- the loop -----------------------------------------------------------------------------
-    def fit(self, resume: bool = False) -> Dict:
+    def fit(self, resume: bool = False, overwrite: bool = False) -> Dict:
+        """Train; ``resume`` continues from the newest checkpoint in out_dir, ``overwrite`` replaces an
+        earlier run there (without either, an out_dir holding one is refused: outputs.check)."""
+        outputs.check(self.cfg.out_dir, resume or self.resumed, overwrite)
+        if overwrite:
+            removed = dist_utils.on_main(lambda: outputs.clear(self.cfg.out_dir))
+            if removed:
+                self._say(f"removed the earlier run in {self.cfg.out_dir}: {outputs.describe(removed)}")
         dist_utils.on_main(self._prepare_out_dir)
         if resume and not self.resume():
             self._say(f"no checkpoint in {self.ckpt_dir}; starting from the beginning")

@@ -146,3 +146,55 @@ def test_npt_evaluates_once_per_step_and_reuses_the_neighbour_list(cu_model, sin
     assert summary["status"] == "completed"
     assert len(calls) <= steps + 2 and all(calls[1:])  # one call per step, stress included
     assert summary["neighbor_list_builds"] <= 2
+
+
+def _md(structure, model, out, *extra):
+    return main(["md", structure, "--model", model, "--steps", "4", "--traj-interval", "2", "--log-interval", "2",
+                 "--out", str(out), "--no-progress", "--device", "cpu", *extra])
+
+
+def test_an_earlier_run_is_not_replaced_unless_asked(cu_model, cu_file, tmp_path, capsys, single_thread):
+    out = tmp_path / "run"
+    assert _md(cu_file, cu_model, out) == 0
+    before = {n: (out / n).read_bytes() for n in ("md.traj", "md.log", "summary.json")}
+    capsys.readouterr()
+    assert _md(cu_file, cu_model, out, "--seed", "1") == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "holds an earlier run (md.traj, md.log, summary.json)" in err and "--overwrite" in err
+    assert {n: (out / n).read_bytes() for n in before} == before
+    # the earlier trajectory as the structure, replaced by the run that reads it
+    assert _md(str(out / "md.traj"), cu_model, out, "--seed", "1", "--overwrite") == 0
+    assert (out / "md.traj").read_bytes() != before["md.traj"]
+    assert _strict_json(out / "summary.json")["structure"] == str(out / "md.traj")
+
+
+def test_run_md_refuses_an_earlier_run(cu_model, tmp_path, single_thread):
+    from equikernels.calculators import MACECalculator
+
+    atoms = bulk("Cu", "fcc", a=3.61, cubic=True)
+    atoms.calc = MACECalculator(cu_model, device="cpu")
+    settings = md_module.MDSettings(steps=2, log_interval=1, traj_interval=1)
+    md_module.run_md(atoms, settings, out_dir=str(tmp_path), progress=False)
+    log = (tmp_path / "md.log").read_bytes()
+    with pytest.raises(FileExistsError, match="holds an earlier run .*overwrite=True"):
+        md_module.run_md(atoms, settings, out_dir=str(tmp_path), progress=False)
+    assert (tmp_path / "md.log").read_bytes() == log
+    assert md_module.run_md(atoms, settings, out_dir=str(tmp_path), progress=False, overwrite=True)["status"] == "completed"
+
+
+def test_keep_velocities_continues_a_run(cu_model, cu_file, tmp_path, capsys, single_thread):
+    first, second, fresh = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    assert _md(cu_file, cu_model, first, "--ensemble", "nve") == 0
+    last = read(str(first / "md.traj"), -1)
+    assert _md(str(first / "md.traj"), cu_model, second, "--ensemble", "nve", "--keep-velocities") == 0
+    start = read(str(second / "md.traj"), 0)
+    np.testing.assert_array_equal(start.positions, last.positions)
+    np.testing.assert_array_equal(start.get_momenta(), last.get_momenta())
+    assert _strict_json(second / "summary.json")["velocities"] == "from the structure"
+    # without the flag the velocities are drawn again at --temperature
+    assert _md(str(first / "md.traj"), cu_model, fresh, "--ensemble", "nve", "--seed", "3") == 0
+    assert not np.allclose(read(str(fresh / "md.traj"), 0).get_momenta(), last.get_momenta())
+    capsys.readouterr()
+    assert _md(cu_file, cu_model, tmp_path / "d", "--keep-velocities") == 2
+    err = capsys.readouterr().err
+    assert "--keep-velocities" in err and "holds no velocities" in err and "Traceback" not in err

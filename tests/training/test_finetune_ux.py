@@ -141,3 +141,46 @@ def test_fine_tune_help_documents_replay_and_head_weights(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for flag in ("--replay FILE", "--replay-weight", "--head-weight HEAD=W", "model_last.pt", "calculator"):
         assert flag in text
+
+
+def _cli_fine_tune(files, out, *extra):
+    from equikernels.cli import main
+
+    return main(["fine-tune", "--train", files[0], "--valid", files[1], "--out", str(out), "--epochs", "1",
+                 "--batch-size", "2", "--device", "cpu", "--no-progress", "--no-plot", *extra])
+
+
+def test_an_earlier_run_is_kept_unless_resumed_or_replaced(files, tmp_path, capsys, single_thread):
+    from equikernels.training import fine_tune
+
+    out = tmp_path / "run"
+    assert _cli_fine_tune(files, out, "--epochs", "2") == 0
+    kept = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    assert out / "checkpoints" / "checkpoint-000000004.pt" in kept
+    capsys.readouterr()
+    assert _cli_fine_tune(files, out) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "holds an earlier run (model.pt" in err and "1 checkpoint)" in err
+    assert "--resume continues it, --overwrite replaces it" in err and "Traceback" not in err
+    with pytest.raises(FileExistsError, match="resume=True continues it, overwrite=True replaces it"):
+        fine_tune(_cfg(files, out))
+    assert _cli_fine_tune(files, out, "--resume", "--overwrite") == 2
+    assert "give one" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == kept
+    # replaced: none of the earlier run's checkpoints is left for a later --resume to take
+    assert _cli_fine_tune(files, out, "--overwrite") == 0
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["checkpoint-000000002.pt"]
+    assert (out / "model.pt").read_bytes() != kept[out / "model.pt"]
+
+
+def test_resume_without_a_checkpoint_keeps_the_earlier_results(files, tmp_path, single_thread):
+    from equikernels.training import fine_tune
+
+    out = tmp_path / "run"
+    fine_tune(_cfg(files, out, epochs=1))
+    for p in (out / "checkpoints").iterdir():
+        p.unlink()
+    model = (out / "model.pt").read_bytes()
+    with pytest.raises(FileExistsError, match="no checkpoint to continue from; overwrite=True replaces them"):
+        fine_tune(_cfg(files, out, epochs=1), resume=True)
+    assert (out / "model.pt").read_bytes() == model
