@@ -92,6 +92,10 @@ def config_from_args(args: argparse.Namespace):
     from ..training.config import TrainConfig, load_yaml
 
     values = load_yaml(args.config) if args.config else {}
+    resume = values.pop("resume", False)  # a run option, not a training one (mace-torch's restart_latest)
+    if not isinstance(resume, bool):
+        raise ValueError(f"{args.config}: restart_latest: expected true or false, got {resume!r}")
+    args.resume = args.resume or resume
     for flag, name in _SIMPLE.items():
         if getattr(args, flag, None) is not None:
             values[name] = getattr(args, flag)

@@ -11,7 +11,7 @@ from typing import Any, Dict
 
 RENAMES = {"foundation_model": "model", "max_num_epochs": "epochs", "default_dtype": "dtype",
            "clip_grad": "clip_grad_norm", "scheduler_patience": "plateau_patience", "lr_factor": "plateau_factor",
-           "eval_interval": "eval_every_epochs", "work_dir": "out_dir"}
+           "eval_interval": "eval_every_epochs", "work_dir": "out_dir", "restart_latest": "resume"}
 KEYS = {"energy_key": "energy", "forces_key": "forces", "stress_key": "stress", "virials_key": "virials",
         "head_key": "head"}
 ARCHITECTURES = {"MACE", "ScaleShiftMACE", "ScaleShiftBOTNet", "BOTNet", "AtomicDipolesMACE", "EnergyDipolesMACE"}

@@ -73,3 +73,17 @@ def test_fine_tunes_from_a_mace_yaml(tmp_path, capsys, single_thread):
         assert main(["fine-tune", "--config", mace_yaml(tmp_path), "--no-progress", "--no-plot"]) == 0
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics and (tmp_path / "out" / "model.pt").is_file()
+
+
+def test_restart_latest_continues_the_run(tmp_path, capsys, single_thread):
+    with pytest.warns(UserWarning):
+        assert main(["fine-tune", "--config", mace_yaml(tmp_path), "--no-progress", "--no-plot"]) == 0
+    capsys.readouterr()
+    with pytest.warns(UserWarning):
+        assert main(["fine-tune", "--config", mace_yaml(tmp_path, restart_latest=True, max_num_epochs=2),
+                     "--no-progress", "--no-plot"]) == 0
+    assert "resumed from" in capsys.readouterr().out
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["summary"]["epochs_completed"] == 2 and metrics["history"]["valid"][-1]["epoch"] == 2
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match=r"restart_latest: expected true or false"):
+        parsed(mace_yaml(tmp_path, restart_latest="yes"))
