@@ -91,7 +91,7 @@ class MACECalculator(Calculator):
     A NaN or infinite result raises ``checks.NonFiniteError`` naming the cause (e.g. coincident atoms).
     """
 
-    implemented_properties = ["energy", "free_energy", "energies", "forces", "stress"]
+    implemented_properties = ["energy", "free_energy", "energies", "node_energy", "forces", "stress"]
 
     def __init__(self, model: Union[None, str, os.PathLike, torch.nn.Module] = None, device=None,
                  default_dtype: Optional[str] = None, head: Optional[str] = None, skin: float = DEFAULT_SKIN,
@@ -139,6 +139,7 @@ class MACECalculator(Calculator):
         self.head = self.heads[resolve_head(head, self.heads)]
         self._head = torch.tensor([self.heads.index(self.head)], dtype=torch.int64, device=self.device)
         self.elements = ElementTable([int(z) for z in model.atomic_numbers], self.device)
+        self._e0 = _head_e0(model, self.heads.index(self.head))
         # equikernels MACE runs its radial MLPs once per pair on paired edges (an edge and its reverse)
         self.neighbors = SkinNeighborList(self.r_max, skin, paired=isinstance(model, MACE))
         self._graphed = None
@@ -250,7 +251,14 @@ class MACECalculator(Calculator):
                 out = self.model(data, compute_force=True, compute_stress=compute_stress, training=False)
             results = _results(out, [len(atoms)], compute_stress)[0]
         check_finite(results, atoms)
+        self._add_node_energy(results, atoms)
         self.results = results
+
+    def _add_node_energy(self, results: Dict, atoms: Atoms) -> None:
+        """``node_energy``, as mace-torch's calculator gives it: each atom's energy less its
+        element's isolated-atom energy E0 (of the calculator's head)."""
+        if self._e0 is not None:
+            results["node_energy"] = results["energies"] - self._e0[self.elements.index(atoms.numbers)]
 
     def get_hessian(self, atoms: Optional[Atoms] = None) -> np.ndarray:
         """The Hessian of the energy with respect to the positions, as mace-torch's calculator gives it:
@@ -325,7 +333,20 @@ class MACECalculator(Calculator):
             results.extend(_results(out, [len(a) for a in chunk], compute_stress))
         for k, (atoms, res) in enumerate(zip(atoms_list, results)):
             check_finite(res, atoms, f"atoms_list[{k}]")
+            self._add_node_energy(res, atoms)
         return results
+
+
+def _head_e0(model: torch.nn.Module, head: int) -> Optional[np.ndarray]:
+    """The model's isolated-atom energies E0 per element for head ``head`` (float64, host); None for
+    a model that holds none where ours and mace-torch's do."""
+    e0 = getattr(model, "atomic_energies", None)
+    if e0 is None:
+        e0 = getattr(getattr(model, "atomic_energies_fn", None), "atomic_energies", None)
+    if not isinstance(e0, torch.Tensor):
+        return None
+    e0 = e0.detach().to("cpu", torch.float64)
+    return (e0[head] if e0.dim() == 2 else e0).numpy()
 
 
 def _chunks(atoms_list: List[Atoms], max_atoms: Optional[int]):

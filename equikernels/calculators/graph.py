@@ -34,6 +34,10 @@ class ElementTable:
             raise ValueError(f"the structure contains elements the model does not know: {', '.join(names)} "
                              f"(atomic numbers {unknown}); the model knows {', '.join(known)}")
 
+    def index(self, numbers: np.ndarray) -> np.ndarray:
+        """Each atom's position in the model's element list; ``numbers`` must have passed :meth:`check`."""
+        return self._lookup_np[np.asarray(numbers, dtype=np.int64)]
+
     def one_hot(self, numbers: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         """``numbers`` must have passed :meth:`check`."""
         z = torch.as_tensor(np.asarray(numbers, dtype=np.int64)).to(self._lookup.device)

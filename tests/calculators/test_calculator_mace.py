@@ -140,6 +140,8 @@ def test_identical_to_mace_calculator(model, name, dtype, rtol, backend):
         np.testing.assert_allclose(ours.results["forces"], theirs.results["forces"], rtol=rtol, atol=rtol * scale)
         np.testing.assert_allclose(ours.results["energies"], theirs.results["energies"], rtol=rtol,
                                    atol=rtol * np.abs(theirs.results["energies"]).max())
+        np.testing.assert_allclose(ours.results["node_energy"], theirs.results["node_energy"], rtol=rtol,
+                                   atol=rtol * np.abs(theirs.results["energies"]).max())
         if periodic:
             np.testing.assert_allclose(ours.results["stress"], theirs.results["stress"], rtol=rtol,
                                        atol=rtol * np.abs(theirs.results["stress"]).max())
@@ -170,7 +172,7 @@ def test_batch_evaluate_equals_single(model):
     assert len(batched) == len(chunked) == len(structures)
     for atoms, res, res_chunked in zip(structures, batched, chunked):
         c.calculate(atoms, ["energy", "forces"])
-        for key in ("energy", "free_energy", "forces", "energies"):
+        for key in ("energy", "free_energy", "forces", "energies", "node_energy"):
             np.testing.assert_allclose(res[key], c.results[key], rtol=1e-10, atol=1e-12)
             np.testing.assert_allclose(res_chunked[key], c.results[key], rtol=1e-10, atol=1e-12)
     periodic = [s for s in structures if s.pbc.all()]

@@ -52,6 +52,26 @@ def slab():
     return atoms
 
 
+def test_node_energy_leaves_out_the_isolated_atom_energies(model):
+    """mace-torch's ``node_energy``: per-atom energies without E0. Shifting a model's E0s moves
+    ``energies`` (and the total) by the shift and leaves ``node_energy`` where it was."""
+    atoms = molecule("CH3OH")
+    shifted = copy.deepcopy(model)
+    e0_shift = torch.tensor([-1.0, -2.0, -3.0, -4.0], dtype=shifted.atomic_energies.dtype)  # H, C, O, Cu
+    shifted.atomic_energies.add_(e0_shift)
+    runs = []
+    for m in (model, shifted):
+        calc = MACECalculator(m, device="cpu")
+        runs.append({"single": calc.get_property("node_energy", atoms).copy(),
+                     "energies": calc.get_property("energies", atoms).copy(),
+                     "batched": calc.batch_evaluate([atoms])[0]["node_energy"]})
+    per_atom = e0_shift.numpy()[[ELEMENTS.index(z) for z in atoms.numbers]]
+    np.testing.assert_allclose(runs[1]["energies"] - runs[0]["energies"], per_atom, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(runs[1]["single"], runs[0]["single"], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(runs[0]["batched"], runs[0]["single"], rtol=1e-12, atol=1e-12)
+    assert np.abs(runs[0]["energies"] - runs[0]["single"]).min() > 0  # the model's E0s are not zero
+
+
 @pytest.mark.parametrize("make", [crystal, slab, lambda: molecule("CH3OH")], ids=["crystal", "slab", "molecule"])
 def test_forces_and_energies(model, make):
     atoms = make()
