@@ -30,6 +30,8 @@ from .checks import MIN_VOLUME, check_finite, check_stress_cell, check_structure
 from .descriptors import descriptor_columns, layer_irreps
 from .graph import ElementTable, single_graph
 from .loading import model_heads, resolve_device, resolve_dtype, resolve_head, resolve_model
+from .mace_args import NAMES as MACE_TORCH_NAMES
+from .mace_args import take_mace_torch_arguments
 from .neighbors import DEFAULT_SKIN, SkinNeighborList, pbc_tensor, vesin_pairs
 from .state import changes
 from .threads import apply_threads
@@ -97,19 +99,16 @@ class MACECalculator(Calculator):
                  default_dtype: Optional[str] = None, head: Optional[str] = None, skin: float = DEFAULT_SKIN,
                  cuda_graph: Union[None, bool, str] = None, precision: Union[None, str, torch.dtype] = None,
                  num_threads: Optional[int] = None, model_paths=None, **kwargs):
-        models = kwargs.pop("models", None)
-        model_type = kwargs.pop("model_type", "MACE")
-        if model_type != "MACE":
-            raise ValueError(f"model_type: only 'MACE' (energy, forces, stress) is supported, got {model_type!r}")
-        for flag in ("enable_cueq", "enable_oeq"):  # mace-torch's kernel switches: equikernels' kernels run instead
-            kwargs.pop(flag, None)
+        mace_torch = take_mace_torch_arguments(kwargs)
         unknown = sorted(set(kwargs) - ASE_KEYWORDS)
         if unknown:
             raise TypeError(f"MACECalculator: unexpected keyword argument {unknown[0]!r} (expected model, device, "
                             "default_dtype, head, skin, cuda_graph, precision, num_threads, mace-torch's "
-                            f"model_paths, models, model_type, enable_cueq, enable_oeq or ASE's "
+                            f"{', '.join(n for n in MACE_TORCH_NAMES if n != 'model_path')} or ASE's "
                             f"{', '.join(sorted(ASE_KEYWORDS))})")
-        model = _model_from_paths(model, model_paths, models)
+        if model_paths is None:
+            model_paths = mace_torch["model_path"]
+        model = _model_from_paths(model, model_paths, mace_torch["models"])
         default_dtype = default_dtype or None  # mace-torch's "": the model's own
         Calculator.__init__(self, **kwargs)
         self.device = resolve_device(device)

@@ -50,8 +50,8 @@ def test_unknown_keywords_and_model_paths(tmp_path):
     # a misspelt or foreign keyword must not leave the bundled default model running silently
     with pytest.raises(TypeError, match="unexpected keyword argument 'defualt_dtype'"):
         MACECalculator(StandIn(), device="cpu", defualt_dtype="float32")
-    with pytest.raises(TypeError, match="'compile_mode'"):
-        MACECalculator(StandIn(), device="cpu", compile_mode="default")
+    with pytest.raises(TypeError, match="'compile'"):
+        MACECalculator(StandIn(), device="cpu", compile="default")
     # mace-torch's model_paths names the model file, alone or as a list of one; models the module
     missing = str(tmp_path / "missing.model")
     for paths in (missing, [missing]):
@@ -65,10 +65,19 @@ def test_unknown_keywords_and_model_paths(tmp_path):
         MACECalculator(StandIn(), model_paths=missing, device="cpu")
     with pytest.raises(ValueError, match="model_type: only 'MACE'"):
         MACECalculator(StandIn(), device="cpu", model_type="DipoleMACE")
-    # the rest of mace-torch's calculator call reads as there (its kernel switches have no effect)
+    with pytest.raises(ValueError, match=r"energy_units_to_eV: only 1.0 is supported .*got 0.0433"):
+        MACECalculator(StandIn(), device="cpu", energy_units_to_eV=0.0433)
+    with pytest.raises(ValueError, match="compute_atomic_stresses: per-atom stresses"):
+        MACECalculator(StandIn(), device="cpu", compute_atomic_stresses=True)
+    with pytest.raises(FileNotFoundError, match="no such model file"):
+        MACECalculator(model_path=missing, device="cpu")  # mace-torch's older name of model_paths
+    # the rest of mace-torch's calculator call reads as there (its kernel, compilation and input-key
+    # arguments have no effect)
     stand_in = StandIn()
     calc = MACECalculator(models=[stand_in], device="cpu", default_dtype="", model_type="MACE", enable_cueq=True,
-                          enable_oeq=False)
+                          enable_oeq=False, compile_mode="default", fullgraph=True, energy_units_to_eV=1.0,
+                          length_units_to_A=1.0, charges_key="Qs", info_keys=None, arrays_keys=None,
+                          compute_atomic_stresses=False, pad_num_atoms=0, pad_num_edges=0, warmup=False)
     assert calc.model is stand_in
     assert MACECalculator(StandIn(), device="cpu", label="run", directory=str(tmp_path)).label.endswith("run")
 

@@ -1,0 +1,30 @@
+"""mace-torch's ``MACECalculator`` arguments, so that a script written for it runs with ours: the
+ones with a meaning here are returned, the ones about its own kernels, compilation and input keys
+are taken without effect (ours runs compiled kernels, and a MACE energy model reads no charges),
+and values that cannot be honoured are refused by name."""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+NO_EFFECT = ("enable_cueq", "enable_oeq", "compile_mode", "fullgraph", "pad_num_atoms", "pad_num_edges", "warmup",
+             "charges_key", "info_keys", "arrays_keys")
+NAMES = ("model_paths", "model_path", "models", "model_type", "energy_units_to_eV", "length_units_to_A",
+         "compute_atomic_stresses") + NO_EFFECT
+
+
+def take_mace_torch_arguments(kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """Remove mace-torch's calculator arguments from ``kwargs``; returns ``models`` and
+    ``model_path`` (its older name of ``model_paths``)."""
+    taken = {"models": kwargs.pop("models", None), "model_path": kwargs.pop("model_path", None)}
+    model_type = kwargs.pop("model_type", "MACE")
+    if model_type != "MACE":
+        raise ValueError(f"model_type: only 'MACE' (energy, forces, stress) is supported, got {model_type!r}")
+    for name in ("energy_units_to_eV", "length_units_to_A"):
+        value = kwargs.pop(name, 1.0)
+        if value != 1.0:
+            raise ValueError(f"{name}: only 1.0 is supported (a model in eV and Angstrom), got {value!r}")
+    if kwargs.pop("compute_atomic_stresses", False):
+        raise ValueError("compute_atomic_stresses: per-atom stresses and virials are not available; leave it False")
+    for name in NO_EFFECT:
+        kwargs.pop(name, None)
+    return taken
