@@ -23,7 +23,7 @@ from tqdm import tqdm
 from .._files import atomic_write
 from .._version import __version__
 
-ENSEMBLES = ("nve", "nvt-langevin", "npt")
+ENSEMBLES = ("nve", "nvt-langevin", "nvt-nose-hoover", "nvt-bussi", "npt")
 
 
 @dataclass
@@ -34,7 +34,7 @@ class MDSettings:
     ensemble: str = "nvt-langevin"
     pressure_bar: float = 1.0            # npt only
     friction_per_ps: float = 10.0        # nvt-langevin only
-    tdamp_fs: Optional[float] = None     # npt thermostat time constant; default 100 timesteps
+    tdamp_fs: Optional[float] = None     # nose-hoover, bussi and npt thermostat time constant; default 100 timesteps
     pdamp_fs: Optional[float] = None     # npt barostat time constant; default 1000 timesteps
     seed: int = 0
     log_interval: int = 10
@@ -51,6 +51,10 @@ class MDSettings:
         for name in ("timestep_fs", "friction_per_ps"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        for name in ("tdamp_fs", "pdamp_fs"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number of fs, got {value!r}")
         if not self.temperature_K >= 0:
             raise ValueError(f"temperature_K must be >= 0, got {self.temperature_K!r}")
         if self.ensemble != "nve" and not self.temperature_K > 0:
@@ -113,9 +117,11 @@ def check_momenta(atoms: Atoms, what: str) -> None:
 
 def make_dynamics(atoms: Atoms, settings: MDSettings):
     """The ASE integrator for ``settings.ensemble``: velocity Verlet (nve), Langevin
-    (nvt-langevin), or isotropic Martyna-Tobias-Klein Nose-Hoover-chain NPT (npt)."""
+    (nvt-langevin), a Nose-Hoover chain (nvt-nose-hoover), Bussi's stochastic velocity rescaling
+    (nvt-bussi), or isotropic Martyna-Tobias-Klein Nose-Hoover-chain NPT (npt)."""
     settings.validate()
     dt = settings.timestep_fs * units.fs
+    tdamp = (settings.tdamp_fs or 100 * settings.timestep_fs) * units.fs
     if settings.ensemble == "nve":
         from ase.md.verlet import VelocityVerlet
         return VelocityVerlet(atoms, timestep=dt)
@@ -124,10 +130,16 @@ def make_dynamics(atoms: Atoms, settings: MDSettings):
         return Langevin(atoms, timestep=dt, temperature_K=settings.temperature_K,
                         friction=settings.friction_per_ps / (1000.0 * units.fs), fixcm=False,
                         rng=np.random.default_rng(settings.seed))
+    if settings.ensemble == "nvt-nose-hoover":
+        from ase.md.nose_hoover_chain import NoseHooverChainNVT
+        return NoseHooverChainNVT(atoms, timestep=dt, temperature_K=settings.temperature_K, tdamp=tdamp)
+    if settings.ensemble == "nvt-bussi":
+        from ase.md.bussi import Bussi
+        return Bussi(atoms, timestep=dt, temperature_K=settings.temperature_K, taut=tdamp,
+                     rng=np.random.default_rng(settings.seed))
     if not atoms.pbc.all() or abs(atoms.cell.volume) < 1e-8:
         raise ValueError("ensemble 'npt' needs a periodic structure with a 3-D cell (pbc=True in all directions)")
     from ase.md.nose_hoover_chain import IsotropicMTKNPT
-    tdamp = (settings.tdamp_fs or 100 * settings.timestep_fs) * units.fs
     pdamp = (settings.pdamp_fs or 1000 * settings.timestep_fs) * units.fs
     return IsotropicMTKNPT(atoms, timestep=dt, temperature_K=settings.temperature_K,
                            pressure_au=settings.pressure_bar * units.bar, tdamp=tdamp, pdamp=pdamp)

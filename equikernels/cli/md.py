@@ -31,6 +31,9 @@ def register(subparsers) -> None:
     p.add_argument("--ensemble", choices=ENSEMBLES, default="nvt-langevin", help="default nvt-langevin")
     p.add_argument("--pressure", type=float, default=1.0, help="npt pressure in bar (default 1.0)")
     p.add_argument("--friction", type=float, default=10.0, help="Langevin friction in 1/ps (default 10)")
+    p.add_argument("--tdamp", type=float, default=None,
+                   help="thermostat time constant in fs of nvt-nose-hoover, nvt-bussi and npt (default 100 timesteps)")
+    p.add_argument("--pdamp", type=float, default=None, help="npt barostat time constant in fs (default 1000 timesteps)")
     p.add_argument("--supercell", type=int, nargs=3, metavar=("NA", "NB", "NC"), default=None,
                    help="repeat the structure NA x NB x NC times")
     p.add_argument("--model", default=None,
@@ -88,7 +91,8 @@ def load_structure(spec):
 # MDSettings field -> the flag that sets it
 MD_FLAGS = {"timestep_fs": "--timestep", "temperature_K": "--temperature", "ensemble": "--ensemble",
             "pressure_bar": "--pressure", "friction_per_ps": "--friction", "steps": "--steps",
-            "log_interval": "--log-interval", "traj_interval": "--traj-interval", "seed": "--seed"}
+            "log_interval": "--log-interval", "traj_interval": "--traj-interval", "seed": "--seed",
+            "tdamp_fs": "--tdamp", "pdamp_fs": "--pdamp"}
 
 
 def _seconds(s: float) -> str:
@@ -132,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
         steps_note = f" (the {device_kind.upper()} default; --steps N for more)"
     settings = MDSettings(steps=steps, timestep_fs=args.timestep, temperature_K=args.temperature,
                           ensemble=args.ensemble, pressure_bar=args.pressure, friction_per_ps=args.friction,
+                          tdamp_fs=args.tdamp, pdamp_fs=args.pdamp,
                           seed=args.seed, log_interval=args.log_interval, traj_interval=args.traj_interval)
     try:
         settings.validate()

@@ -198,3 +198,40 @@ def test_keep_velocities_continues_a_run(cu_model, cu_file, tmp_path, capsys, si
     assert _md(cu_file, cu_model, tmp_path / "d", "--keep-velocities") == 2
     err = capsys.readouterr().err
     assert "--keep-velocities" in err and "holds no velocities" in err and "Traceback" not in err
+
+
+def _mean_temperature(cu_model, ensemble, steps=300, **settings):
+    """Mean temperature over the second half of a run started hot (1,000 K) with a 100 K target."""
+    from equikernels.calculators import MACECalculator
+
+    atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 2, 1))
+    atoms.calc = MACECalculator(cu_model, device="cpu")
+    md_module.initialise_velocities(atoms, 1000.0, seed=0)
+    cfg = md_module.MDSettings(steps=steps, temperature_K=100.0, ensemble=ensemble, log_interval=0,
+                               traj_interval=0, **settings)
+    dyn = md_module.make_dynamics(atoms, cfg)
+    seen = []
+    dyn.attach(lambda: seen.append(atoms.get_temperature()), interval=1)
+    dyn.run(steps)
+    return float(np.mean(seen[len(seen) // 2:]))
+
+
+@pytest.mark.parametrize("ensemble", ["nvt-nose-hoover", "nvt-bussi"])
+def test_deterministic_and_stochastic_thermostats_cool_a_hot_start(cu_model, ensemble, single_thread):
+    """Nose-Hoover chains and Bussi's velocity rescaling bring a run started at 1,000 K to about its
+    100 K target within a few of their time constants; NVE from the same start stays hot."""
+    hot = _mean_temperature(cu_model, "nve")
+    cooled = _mean_temperature(cu_model, ensemble, tdamp_fs=20.0)
+    assert hot > 300.0 and cooled < 200.0, (hot, cooled)
+    with pytest.raises(ValueError, match="tdamp_fs must be a positive number of fs"):
+        md_module.MDSettings(ensemble=ensemble, tdamp_fs=0.0).validate()
+
+
+def test_thermostat_flags_reach_the_run(cu_model, cu_file, tmp_path, capsys, single_thread):
+    assert _md(cu_file, cu_model, tmp_path / "nh", "--ensemble", "nvt-nose-hoover", "--tdamp", "25") == 0
+    settings = _strict_json(tmp_path / "nh" / "summary.json")["settings"]
+    assert (settings["ensemble"], settings["tdamp_fs"], settings["pdamp_fs"]) == ("nvt-nose-hoover", 25.0, None)
+    capsys.readouterr()
+    assert _md(cu_file, cu_model, tmp_path / "npt", "--ensemble", "npt", "--pdamp", "-1") == 2
+    err = capsys.readouterr().err
+    assert "--pdamp must be a positive number of fs, got -1.0" in err and "Traceback" not in err
