@@ -284,13 +284,16 @@ def run_md(atoms: Atoms, settings: MDSettings, out_dir: Optional[str] = None, pr
     ``summary.json`` is written however the run ends; ``status`` is "completed", "interrupted"
     (SIGINT/SIGTERM: ``Interrupted``, a ``KeyboardInterrupt``, is raised after writing) or
     "failed" (the error is raised after writing). An ``out_dir`` holding an earlier run's files is
-    refused unless ``overwrite``."""
+    refused unless ``overwrite`` (which deletes them first)."""
     if atoms.calc is None:
         raise ValueError("atoms has no calculator: set atoms.calc = MACECalculator(...) first")
     settings.validate()
-    if out_dir is not None and not overwrite and earlier_md_run(out_dir):
-        raise FileExistsError(f"out_dir {out_dir!r} holds an earlier run ({', '.join(earlier_md_run(out_dir))}); "
+    earlier = earlier_md_run(out_dir) if out_dir is not None else []
+    if earlier and not overwrite:
+        raise FileExistsError(f"out_dir {out_dir!r} holds an earlier run ({', '.join(earlier)}); "
                               "overwrite=True replaces it, or choose another out_dir")
+    for name in earlier:  # replaced as a whole: none of its files is left beside this run's
+        os.remove(os.path.join(out_dir, name))
     if init_velocities:
         initialise_velocities(atoms, settings.temperature_K, settings.seed)
     else:

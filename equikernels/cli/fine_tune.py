@@ -94,7 +94,7 @@ def config_from_args(args: argparse.Namespace):
     values = load_yaml(args.config) if args.config else {}
     resume = values.pop("resume", False)  # a run option, not a training one (mace-torch's restart_latest)
     if not isinstance(resume, bool):
-        raise ValueError(f"{args.config}: restart_latest: expected true or false, got {resume!r}")
+        raise ValueError(f"{args.config}: resume (mace-torch's restart_latest): expected true or false, got {resume!r}")
     args.resume = args.resume or resume
     for flag, name in _SIMPLE.items():
         if getattr(args, flag, None) is not None:

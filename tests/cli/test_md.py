@@ -166,6 +166,9 @@ def test_an_earlier_run_is_not_replaced_unless_asked(cu_model, cu_file, tmp_path
     assert _md(str(out / "md.traj"), cu_model, out, "--seed", "1", "--overwrite") == 0
     assert (out / "md.traj").read_bytes() != before["md.traj"]
     assert _strict_json(out / "summary.json")["structure"] == str(out / "md.traj")
+    # replaced as a whole: a run writing no trajectory leaves none of the earlier one's
+    assert _md(cu_file, cu_model, out, "--overwrite", "--traj-interval", "0") == 0
+    assert sorted(p.name for p in out.iterdir()) == ["md.log", "summary.json"]
 
 
 def test_run_md_refuses_an_earlier_run(cu_model, tmp_path, single_thread):

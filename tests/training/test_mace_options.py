@@ -85,5 +85,6 @@ def test_restart_latest_continues_the_run(tmp_path, capsys, single_thread):
     assert "resumed from" in capsys.readouterr().out
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["summary"]["epochs_completed"] == 2 and metrics["history"]["valid"][-1]["epoch"] == 2
-    with pytest.warns(UserWarning), pytest.raises(ValueError, match=r"restart_latest: expected true or false"):
+    refused = r"resume \(mace-torch's restart_latest\): expected true or false"
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match=refused):
         parsed(mace_yaml(tmp_path, restart_latest="yes"))
