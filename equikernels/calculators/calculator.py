@@ -27,6 +27,7 @@ from ..models.graphed import GraphedModel
 from ..models.data import PAIRED_KEY, pair_edges
 from ..models.mace import MACE, trusted_inputs
 from .checks import MIN_VOLUME, check_finite, check_stress_cell, check_structure
+from .committee import committee_properties, committee_results
 from .descriptors import descriptor_columns, layer_irreps
 from .graph import ElementTable, single_graph
 from .loading import model_heads, resolve_device, resolve_dtype, resolve_head, resolve_model
@@ -44,21 +45,21 @@ CUDA_GRAPH_MAX_ATOMS = 16384  # "auto": graphs up to this size (no host syncs or
 ASE_KEYWORDS = frozenset({"restart", "ignore_bad_restart_file", "label", "atoms", "directory"})
 
 
-def _model_from_paths(model, model_paths, models=None):
-    """``model``, or the one file of mace-torch's ``model_paths`` (a path or a list of one), or the
-    one module of its ``models`` (a module or a list of one)."""
+def _models_from_paths(model, model_paths, models=None) -> list:
+    """``[model]``, or the files of mace-torch's ``model_paths`` (a path or a list), or the modules
+    of its ``models`` (a module or a list); more than one make a committee."""
     given = [(name, v) for name, v in (("model", model), ("model_paths", model_paths), ("models", models))
              if v is not None]
     if len(given) > 1:
         raise ValueError(f"{' and '.join(n for n, _ in given)}: give one of them")
     if not given or given[0][0] == "model":
-        return model
+        return [model]
     name, value = given[0]
     single = isinstance(value, (str, os.PathLike, torch.nn.Module))
     items = [value] if single else list(value)
-    if len(items) != 1:
-        raise ValueError(f"{name}: expected one model, got {len(items)} (committees are not supported)")
-    return items[0]
+    if not items:
+        raise ValueError(f"{name}: expected at least one model, got none")
+    return items
 
 
 class MACECalculator(Calculator):
@@ -79,9 +80,10 @@ class MACECalculator(Calculator):
         precision: None (the dtype above), or "fp64", "fp32", "bf16-mixed", "fp16-mixed" (equikernels
             MACE models; ``MACE.set_precision``). A mixed precision keeps float32 parameters,
             positions, energies and forces, so it excludes default_dtype="float64".
-        model_paths: mace-torch's name for ``model``: a model file, or a list of one; ``models`` (a
-            module or a list of one), ``model_type="MACE"`` and ``enable_cueq`` / ``enable_oeq`` (no
-            effect: equikernels' kernels run) are taken as mace-torch's calculator takes them.
+        model_paths: mace-torch's name for ``model``: a model file, or a list of them; ``models`` (a
+            module or a list of them) and mace-torch's other arguments (``mace_args``) are taken as
+            its calculator takes them. Several models make a committee (``committee.py``): mean
+            results, and per model (``energy_comm``, ...) and their variance (``energy_var``, ...).
         num_threads: torch CPU threads (``torch.set_num_threads``, process-wide) when the device is
             the CPU; None chooses ``threads.default_threads()`` unless ``OMP_NUM_THREADS`` is set
             or the process already chose a count; ignored on other devices.
@@ -108,9 +110,21 @@ class MACECalculator(Calculator):
                             f"{', '.join(sorted(ASE_KEYWORDS))})")
         if model_paths is None:
             model_paths = mace_torch["model_path"]
-        model = _model_from_paths(model, model_paths, mace_torch["models"])
+        models = _models_from_paths(model, model_paths, mace_torch["models"])
         default_dtype = default_dtype or None  # mace-torch's "": the model's own
         Calculator.__init__(self, **kwargs)
+        self.members: List["MACECalculator"] = []
+        if len(models) > 1:  # a committee: one calculator per model, results combined in calculate
+            self.members = [MACECalculator(m, device=device, default_dtype=default_dtype, head=head, skin=skin,
+                                           cuda_graph=cuda_graph, precision=precision, num_threads=num_threads)
+                            for m in models]
+            first = self.members[0]
+            self.device, self.num_threads, self.dtype, self.model = first.device, first.num_threads, first.dtype, first.model
+            self.r_max, self.heads, self.head, self.elements, self._e0 = (first.r_max, first.heads, first.head,
+                                                                        first.elements, first._e0)
+            self.implemented_properties = committee_properties(MACECalculator.implemented_properties)
+            return
+        model = models[0]
         self.device = resolve_device(device)
         self.num_threads = apply_threads(self.device, num_threads)
         model = resolve_model(model, self.device)
@@ -203,7 +217,9 @@ class MACECalculator(Calculator):
             self._pbc_np = pbc.copy()
 
     def graph(self, atoms: Atoms) -> Dict[str, torch.Tensor]:
-        """The model input for ``atoms`` (updates the cached neighbour list)."""
+        """The model input for ``atoms`` (updates the cached neighbour list; a committee's first model's)."""
+        if self.members:
+            return self.members[0].graph(atoms)
         check_structure(atoms)
         return self._graph(atoms)
 
@@ -228,6 +244,13 @@ class MACECalculator(Calculator):
         atoms = self.atoms
         if atoms is None:
             raise ValueError("atoms: no structure to calculate (pass atoms, or attach this calculator to an Atoms)")
+        if self.members:
+            base = [p for p in properties if p in MACECalculator.implemented_properties] or ["energy"]
+            for member in self.members:
+                member.calculate(atoms, base, system_changes)
+            e0 = self._e0[self.elements.index(atoms.numbers)] if self._e0 is not None else None
+            self.results = committee_results([m.results for m in self.members], e0)
+            return
         check_structure(atoms, cell=self._cell_np is None or not np.array_equal(atoms.cell.array, self._cell_np)
                         or not np.array_equal(atoms.pbc, self._pbc_np))  # the cell only when it changed
         if "stress" in properties:
@@ -267,6 +290,8 @@ class MACECalculator(Calculator):
         atoms = self.atoms if atoms is None else atoms
         if atoms is None:
             raise ValueError("atoms: no structure for the Hessian (pass atoms, or calculate one first)")
+        if self.members:  # a committee: one per model, as mace-torch's calculator gives them
+            return [m.get_hessian(atoms) for m in self.members]
         check_structure(atoms)
         with trusted_inputs(node_feats=False):
             out = self.model(self._graph(atoms), compute_force=True, compute_hessian=True, training=False)
@@ -281,6 +306,8 @@ class MACECalculator(Calculator):
         atoms = self.atoms if atoms is None else atoms
         if atoms is None:
             raise ValueError("atoms: no structure to describe (pass atoms, or calculate one first)")
+        if self.members:  # a committee: one per model, as mace-torch's calculator gives them
+            return [m.get_descriptors(atoms, invariants_only, num_layers) for m in self.members]
         cols = descriptor_columns(layer_irreps(self.model), invariants_only, num_layers)
         check_structure(atoms)
         with trusted_inputs():
@@ -300,6 +327,12 @@ class MACECalculator(Calculator):
         atoms_list = list(atoms_list)
         if not atoms_list:
             return []
+        if self.members:
+            base = [p for p in properties if p in MACECalculator.implemented_properties]
+            each = [m.batch_evaluate(atoms_list, base, max_atoms_per_batch) for m in self.members]
+            return [committee_results([e[k] for e in each], None if self._e0 is None else
+                                      self._e0[self.elements.index(atoms.numbers)])
+                    for k, atoms in enumerate(atoms_list)]
         if max_atoms_per_batch is not None and max_atoms_per_batch < 1:
             raise ValueError(f"max_atoms_per_batch must be a positive integer or None, got {max_atoms_per_batch!r}")
         unknown = set(properties) - set(self.implemented_properties)

@@ -57,10 +57,8 @@ def test_unknown_keywords_and_model_paths(tmp_path):
     for paths in (missing, [missing]):
         with pytest.raises(FileNotFoundError, match="no such model file"):
             MACECalculator(model_paths=paths, device="cpu")
-    with pytest.raises(ValueError, match="model_paths: expected one model, got 2"):
-        MACECalculator(model_paths=[missing, missing], device="cpu")
-    with pytest.raises(ValueError, match="models: expected one model, got 2"):
-        MACECalculator(models=[StandIn(), StandIn()], device="cpu")
+    with pytest.raises(ValueError, match="models: expected at least one model, got none"):
+        MACECalculator(models=[], device="cpu")
     with pytest.raises(ValueError, match="model and model_paths: give one of them"):
         MACECalculator(StandIn(), model_paths=missing, device="cpu")
     with pytest.raises(ValueError, match="model_type: only 'MACE'"):

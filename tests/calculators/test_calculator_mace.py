@@ -234,3 +234,31 @@ def test_hessian_identical_to_mace_calculator(model, backend):
     want, got = theirs.get_hessian(atoms), ours.get_hessian(atoms)
     assert got.shape == want.shape == (3 * len(atoms), len(atoms), 3)
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-10 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("backend", ["mace-torch", "equikernels"])
+def test_committee_identical_to_mace_calculator(model, backend):
+    """Two models: every result mace-torch's calculator gives a committee (means, ``*_comm``,
+    ``*_var``, ``node_energy`` against the first model's E0s)."""
+    from mace.calculators import MACECalculator as MaceTorchCalculator
+
+    from equikernels.calculators import MACECalculator
+
+    other = small_random_mace_model(ELEMENTS, seed=2)
+    theirs = MaceTorchCalculator(models=[copy.deepcopy(model), copy.deepcopy(other)], device="cpu",
+                                 default_dtype="float64")
+    mine = [copy.deepcopy(m) for m in (model, other)]
+    if backend == "equikernels":
+        from equikernels.models import from_mace
+        mine = [from_mace(m) for m in mine]
+    ours = MACECalculator(models=mine, device="cpu", default_dtype="float64")
+    atoms = crystal()
+    ours.calculate(atoms, ["energy", "forces", "stress"])
+    theirs.calculate(atoms, ["energy", "forces", "stress"])
+    keys = ("energy", "free_energy", "energies", "node_energy", "forces", "stress", "energy_comm", "energy_var",
+            "forces_comm", "forces_var", "stress_comm", "stress_var")
+    assert set(keys) <= set(theirs.results)
+    for key in keys:
+        want = np.asarray(theirs.results[key], dtype=np.float64)
+        np.testing.assert_allclose(ours.results[key], want, rtol=1e-9, atol=1e-9 * max(np.abs(want).max(), 1e-3),
+                                   err_msg=key)

@@ -212,3 +212,43 @@ def test_hessian_is_the_derivative_of_minus_forces(model):
 def test_hessian_without_structure(model):
     with pytest.raises(ValueError, match="atoms: no structure for the Hessian"):
         MACECalculator(copy.deepcopy(model), device="cpu").get_hessian()
+
+
+def test_committee_of_two_models():
+    """Several models make a committee, as mace-torch's calculator has them: mean results, each
+    model's energy, forces and stress (3x3) and their population variance."""
+    from ase.stress import voigt_6_to_full_3x3_stress
+
+    model_a = small_random_model(ELEMENTS, seed=3, backend="equikernels")
+    other = small_random_model(ELEMENTS, seed=5, backend="equikernels")
+    atoms = crystal()
+    atoms.numbers[:2] = [8, 1]
+    alone = []
+    for m in (model_a, other):
+        c = MACECalculator(m, device="cpu")
+        c.calculate(atoms, ["energy", "forces", "stress"])
+        alone.append(dict(c.results))
+    committee = MACECalculator(models=[model_a, other], device="cpu")
+    committee.calculate(atoms, ["energy", "forces", "stress"])
+    r = committee.results
+    energies = np.array([a["energy"] for a in alone])
+    assert r["energy"] == pytest.approx(energies.mean(), rel=1e-12) and r["free_energy"] == r["energy"]
+    np.testing.assert_allclose(r["energy_comm"], energies, rtol=1e-12)
+    assert r["energy_var"] == pytest.approx(((energies - energies.mean()) ** 2).mean(), rel=1e-9)
+    forces = np.stack([a["forces"] for a in alone])
+    np.testing.assert_allclose(r["forces"], forces.mean(0), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(r["forces_var"], forces.var(0), rtol=1e-9, atol=1e-16)
+    stress = np.stack([voigt_6_to_full_3x3_stress(a["stress"]) for a in alone])
+    np.testing.assert_allclose(r["stress_comm"], stress, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(r["stress"], alone[0]["stress"] / 2 + alone[1]["stress"] / 2, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(r["node_energy"], np.mean([a["energies"] for a in alone], 0) - alone[0]["energies"]
+                               + alone[0]["node_energy"], rtol=1e-12, atol=1e-12)  # the first model's E0
+    assert r["energy_var"] > 0 and committee.get_property("energy_var", atoms) == r["energy_var"]
+    batched = committee.batch_evaluate([atoms], ("energy", "forces", "stress"))[0]
+    for key in ("energy", "energy_var", "forces", "forces_comm", "stress_var", "node_energy"):
+        np.testing.assert_allclose(batched[key], r[key], rtol=1e-10, atol=1e-12)
+    hessians = committee.get_hessian(atoms)
+    assert len(hessians) == 2 and not np.allclose(hessians[0], hessians[1])
+    same = MACECalculator(models=[model_a, model_a], device="cpu")
+    same.calculate(atoms, ["energy", "forces"])
+    assert same.results["energy_var"] == 0 and not same.results["forces_var"].any()

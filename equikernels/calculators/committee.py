@@ -1,0 +1,35 @@
+"""Results of a committee of models, as mace-torch's calculator gives them for several models: the
+mean of each property, and for energy, forces and stress each model's value (``<name>_comm``) and
+the population variance across models (``<name>_var``), stresses there as 3x3 matrices."""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import numpy as np
+from ase.stress import full_3x3_to_voigt_6_stress, voigt_6_to_full_3x3_stress
+
+SPREAD = ("energy", "forces", "stress")  # the properties given per model and as a variance
+
+
+def committee_properties(base: List[str]) -> List[str]:
+    return list(base) + [f"{name}_{kind}" for name in SPREAD for kind in ("comm", "var")]
+
+
+def committee_results(members: List[Dict[str, object]], e0: Optional[np.ndarray]) -> Dict[str, object]:
+    """The committee's results from its members' (same structure, same properties); ``e0``: the
+    first model's isolated-atom energy of each atom (``node_energy`` is the mean per-atom energy
+    less it, as mace-torch's calculator has it; None: no ``node_energy``)."""
+    out: Dict[str, object] = {}
+    energy = np.array([float(r["energy"]) for r in members])
+    out["energy"] = out["free_energy"] = float(energy.mean())
+    out["energy_comm"], out["energy_var"] = energy, float(energy.var())
+    out["energies"] = np.mean([r["energies"] for r in members], axis=0)
+    if e0 is not None:
+        out["node_energy"] = out["energies"] - e0
+    forces = np.stack([r["forces"] for r in members])
+    out["forces"], out["forces_comm"], out["forces_var"] = forces.mean(0), forces, forces.var(0)
+    if all("stress" in r for r in members):
+        stress = np.stack([voigt_6_to_full_3x3_stress(r["stress"]) for r in members])
+        out["stress"] = full_3x3_to_voigt_6_stress(stress.mean(0))
+        out["stress_comm"], out["stress_var"] = stress, stress.var(0)
+    return out
