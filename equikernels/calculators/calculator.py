@@ -158,6 +158,7 @@ class MACECalculator(Calculator):
         self._graphed = None
         self.cuda_graph = self._resolve_cuda_graph(cuda_graph)
         self._numbers: Optional[np.ndarray] = None   # cached per-structure device state
+        self._atom_e0: Optional[np.ndarray] = None
         self._stress_wanted = False  # stress was asked for: compute it with every evaluation
         self._cell_np: Optional[np.ndarray] = None
         self._pbc_np: Optional[np.ndarray] = None
@@ -206,6 +207,7 @@ class MACECalculator(Calculator):
             self._batch = torch.zeros(n, dtype=torch.int64, device=self.device)
             self._ptr = torch.tensor([0, n], dtype=torch.int64, device=self.device)
             self._numbers = numbers.copy()
+            self._atom_e0 = self._node_e0(numbers)
             self.neighbors.reset()
         cell = atoms.cell.array
         if self._cell_np is None or not np.array_equal(cell, self._cell_np):
@@ -248,8 +250,7 @@ class MACECalculator(Calculator):
             base = [p for p in properties if p in MACECalculator.implemented_properties] or ["energy"]
             for member in self.members:
                 member.calculate(atoms, base, system_changes)
-            e0 = self._e0[self.elements.index(atoms.numbers)] if self._e0 is not None else None
-            self.results = committee_results([m.results for m in self.members], e0)
+            self.results = committee_results([m.results for m in self.members], self._node_e0(atoms.numbers))
             return
         check_structure(atoms, cell=self._cell_np is None or not np.array_equal(atoms.cell.array, self._cell_np)
                         or not np.array_equal(atoms.pbc, self._pbc_np))  # the cell only when it changed
@@ -273,14 +274,14 @@ class MACECalculator(Calculator):
                 out = self.model(data, compute_force=True, compute_stress=compute_stress, training=False)
             results = _results(out, [len(atoms)], compute_stress)[0]
         check_finite(results, atoms)
-        self._add_node_energy(results, atoms)
+        if self._atom_e0 is not None:
+            results["node_energy"] = results["energies"] - self._atom_e0
         self.results = results
 
-    def _add_node_energy(self, results: Dict, atoms: Atoms) -> None:
-        """``node_energy``, as mace-torch's calculator gives it: each atom's energy less its
-        element's isolated-atom energy E0 (of the calculator's head)."""
-        if self._e0 is not None:
-            results["node_energy"] = results["energies"] - self._e0[self.elements.index(atoms.numbers)]
+    def _node_e0(self, numbers: np.ndarray) -> Optional[np.ndarray]:
+        """Each atom's isolated-atom energy E0 (the calculator's head), which ``node_energy`` leaves
+        out of its energy as mace-torch's calculator does; None for a model without E0s."""
+        return None if self._e0 is None else self._e0[self.elements.index(numbers)]
 
     def get_hessian(self, atoms: Optional[Atoms] = None) -> np.ndarray:
         """The Hessian of the energy with respect to the positions, as mace-torch's calculator gives it:
@@ -330,8 +331,7 @@ class MACECalculator(Calculator):
         if self.members:
             base = [p for p in properties if p in MACECalculator.implemented_properties]
             each = [m.batch_evaluate(atoms_list, base, max_atoms_per_batch) for m in self.members]
-            return [committee_results([e[k] for e in each], None if self._e0 is None else
-                                      self._e0[self.elements.index(atoms.numbers)])
+            return [committee_results([e[k] for e in each], self._node_e0(atoms.numbers))
                     for k, atoms in enumerate(atoms_list)]
         if max_atoms_per_batch is not None and max_atoms_per_batch < 1:
             raise ValueError(f"max_atoms_per_batch must be a positive integer or None, got {max_atoms_per_batch!r}")
@@ -365,7 +365,9 @@ class MACECalculator(Calculator):
             results.extend(_results(out, [len(a) for a in chunk], compute_stress))
         for k, (atoms, res) in enumerate(zip(atoms_list, results)):
             check_finite(res, atoms, f"atoms_list[{k}]")
-            self._add_node_energy(res, atoms)
+            e0 = self._node_e0(atoms.numbers)
+            if e0 is not None:
+                res["node_energy"] = res["energies"] - e0
         return results
 
 

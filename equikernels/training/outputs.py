@@ -7,7 +7,11 @@ from typing import List
 
 from . import checkpoint as ckpt
 
-RUN_FILES = ("model.pt", "model_last.pt", "mace.model", "mace_last.model", "metrics.json", "training.png")
+# the files a run writes into out_dir (the trainer names them from here)
+MODEL, MACE_MODEL = "model.pt", "mace.model"              # the saved (best or last) weights
+MODEL_LAST, MACE_MODEL_LAST = "model_last.pt", "mace_last.model"  # the last weights, when they differ
+METRICS, PLOT = "metrics.json", "training.png"
+RUN_FILES = (MODEL, MODEL_LAST, MACE_MODEL, MACE_MODEL_LAST, METRICS, PLOT)
 
 
 def checkpoint_dir(out_dir: str) -> str:

@@ -532,11 +532,11 @@ class Trainer:
             summary["valid_start"] = self.history["valid_start"]
         summary.update(step=self.step, epochs_completed=self.epoch, stopped_early=self.stopped_early,
                        best_step=self.best["step"], best_epoch=self.best.get("epoch"), saved=saved)
-        summary.update(dist_utils.on_main(lambda: self._save_models(final, "model.pt", "mace.model")))
+        summary.update(dist_utils.on_main(lambda: self._save_models(final, outputs.MODEL, outputs.MACE_MODEL)))
         if saved == "best":  # keep the last weights as well
             self.model.load_state_dict(last)
             summary["valid_last"] = self.evaluate(self.valid_set)
-            paths = dist_utils.on_main(lambda: self._save_models(self.model, "model_last.pt", "mace_last.model"))
+            paths = dist_utils.on_main(lambda: self._save_models(self.model, outputs.MODEL_LAST, outputs.MACE_MODEL_LAST))
             summary.update({k.replace("_path", "_last_path"): v for k, v in paths.items()})
             self.model.load_state_dict(self.best["state"])
         summary.update(dist_utils.on_main(lambda: self._report(summary)))
@@ -554,7 +554,7 @@ class Trainer:
         return out
 
     def _write_metrics(self, summary: Dict) -> str:
-        path = os.path.join(self.cfg.out_dir, "metrics.json")
+        path = os.path.join(self.cfg.out_dir, outputs.METRICS)
         tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "w") as fh:
             json.dump({"summary": summary, "history": self.history}, fh, indent=1)
@@ -568,7 +568,7 @@ class Trainer:
         if cfg.plot and self.history["train"]:
             from .plot import plot_history
 
-            out["plot_path"] = plot_history(self.history, os.path.join(cfg.out_dir, "training.png"))
+            out["plot_path"] = plot_history(self.history, os.path.join(cfg.out_dir, outputs.PLOT))
         self._say(metrics_table({**summary, **out}))
         return out
 

@@ -70,6 +70,11 @@ def test_node_energy_leaves_out_the_isolated_atom_energies(model):
     np.testing.assert_allclose(runs[1]["single"], runs[0]["single"], rtol=0, atol=1e-12)
     np.testing.assert_allclose(runs[0]["batched"], runs[0]["single"], rtol=1e-12, atol=1e-12)
     assert np.abs(runs[0]["energies"] - runs[0]["single"]).min() > 0  # the model's E0s are not zero
+    # the same calculator on other elements in the same number of atoms: its cached E0s follow them
+    other = atoms.copy()
+    other.numbers = other.numbers[::-1]
+    np.testing.assert_allclose(calc.get_property("node_energy", other), calc.batch_evaluate([other])[0]["node_energy"],
+                               rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("make", [crystal, slab, lambda: molecule("CH3OH")], ids=["crystal", "slab", "molecule"])
