@@ -42,6 +42,7 @@ CUDA_GRAPH_DEFAULT = "auto"
 CUDA_GRAPH_MAX_ATOMS = 16384  # "auto": graphs up to this size (no host syncs or launches; bigger steps fill the GPU)
 
 
+ATOMIC_PROPERTIES = ["stresses", "virials"]  # with compute_atomic_stresses=True
 ASE_KEYWORDS = frozenset({"restart", "ignore_bad_restart_file", "label", "atoms", "directory"})
 
 
@@ -84,6 +85,10 @@ class MACECalculator(Calculator):
             module or a list of them) and mace-torch's other arguments (``mace_args``) are taken as
             its calculator takes them. Several models make a committee (``committee.py``): mean
             results, and per model (``energy_comm``, ...) and their variance (``energy_var``, ...).
+        compute_atomic_stresses: mace-torch's argument: every evaluation also gives per-atom virials
+            (``virials`` [N, 3, 3], eV; they sum to the cell's virial) and, for a structure with a 3-D
+            cell, per-atom stresses (``stresses`` [N, 6], Voigt, eV/A^3: the virials over the
+            cell's volume, ``atoms.get_stresses()``); evaluation is then eager (no CUDA graphs).
         num_threads: torch CPU threads (``torch.set_num_threads``, process-wide) when the device is
             the CPU; None chooses ``threads.default_threads()`` unless ``OMP_NUM_THREADS`` is set
             or the process already chose a count; ignored on other devices.
@@ -114,15 +119,19 @@ class MACECalculator(Calculator):
         default_dtype = default_dtype or None  # mace-torch's "": the model's own
         Calculator.__init__(self, **kwargs)
         self.members: List["MACECalculator"] = []
+        self.compute_atomic_stresses = mace_torch["compute_atomic_stresses"]
+        base = MACECalculator.implemented_properties + (ATOMIC_PROPERTIES if self.compute_atomic_stresses else [])
+        self.implemented_properties = list(base)
         if len(models) > 1:  # a committee: one calculator per model, results combined in calculate
             self.members = [MACECalculator(m, device=device, default_dtype=default_dtype, head=head, skin=skin,
-                                           cuda_graph=cuda_graph, precision=precision, num_threads=num_threads)
+                                           cuda_graph=cuda_graph, precision=precision, num_threads=num_threads,
+                                           compute_atomic_stresses=self.compute_atomic_stresses)
                             for m in models]
             first = self.members[0]
             self.device, self.num_threads, self.dtype, self.model = first.device, first.num_threads, first.dtype, first.model
             self.r_max, self.heads, self.head, self.elements, self._e0 = (first.r_max, first.heads, first.head,
                                                                         first.elements, first._e0)
-            self.implemented_properties = committee_properties(MACECalculator.implemented_properties)
+            self.implemented_properties = committee_properties(base)
             return
         model = models[0]
         self.device = resolve_device(device)
@@ -191,6 +200,8 @@ class MACECalculator(Calculator):
         self.cuda_graph = True
 
     def _use_graphs(self, num_atoms: int) -> bool:
+        if self.compute_atomic_stresses:  # edge forces are not among the graphed step's outputs
+            return False
         if self.cuda_graph is False or (self.cuda_graph == "auto" and num_atoms > CUDA_GRAPH_MAX_ATOMS):
             return False
         if self._graphed is None:
@@ -247,7 +258,7 @@ class MACECalculator(Calculator):
         if atoms is None:
             raise ValueError("atoms: no structure to calculate (pass atoms, or attach this calculator to an Atoms)")
         if self.members:
-            base = [p for p in properties if p in MACECalculator.implemented_properties] or ["energy"]
+            base = [p for p in properties if p in self.members[0].implemented_properties] or ["energy"]
             for member in self.members:
                 member.calculate(atoms, base, system_changes)
             self.results = committee_results([m.results for m in self.members], self._node_e0(atoms.numbers))
@@ -257,6 +268,8 @@ class MACECalculator(Calculator):
         if "stress" in properties:
             check_stress_cell(atoms)
             self._stress_wanted = True
+        if "stresses" in properties:
+            check_stress_cell(atoms, prop="per-atom stress ('stresses')")
         # asked for: always; once asked for, with every later evaluation of a 3-D periodic cell
         compute_stress = "stress" in properties or (
             self._stress_wanted and bool(np.all(atoms.pbc)) and abs(atoms.cell.volume) >= MIN_VOLUME)
@@ -271,12 +284,19 @@ class MACECalculator(Calculator):
         else:
             data = self._graph(atoms)
             with trusted_inputs(node_feats=False):  # edges valid by construction: no index-check sync
-                out = self.model(data, compute_force=True, compute_stress=compute_stress, training=False)
-            results = _results(out, [len(atoms)], compute_stress)[0]
+                out = self.model(data, compute_force=True, compute_stress=compute_stress, training=False,
+                                 **self._atomic_kwargs())
+            results = _results(out, [len(atoms)], compute_stress, self.compute_atomic_stresses)[0]
         check_finite(results, atoms)
+        _drop_volumeless_stresses(results, atoms)
         if self._atom_e0 is not None:
             results["node_energy"] = results["energies"] - self._atom_e0
         self.results = results
+
+    def _atomic_kwargs(self) -> Dict[str, bool]:
+        """The model arguments of per-atom stresses and virials (none unless asked for: a model
+        without them still runs)."""
+        return {"compute_edge_forces": True, "compute_atomic_stresses": True} if self.compute_atomic_stresses else {}
 
     def _node_e0(self, numbers: np.ndarray) -> Optional[np.ndarray]:
         """Each atom's isolated-atom energy E0 (the calculator's head), which ``node_energy`` leaves
@@ -329,7 +349,7 @@ class MACECalculator(Calculator):
         if not atoms_list:
             return []
         if self.members:
-            base = [p for p in properties if p in MACECalculator.implemented_properties]
+            base = [p for p in properties if p in self.members[0].implemented_properties]
             each = [m.batch_evaluate(atoms_list, base, max_atoms_per_batch) for m in self.members]
             return [committee_results([e[k] for e in each], self._node_e0(atoms.numbers))
                     for k, atoms in enumerate(atoms_list)]
@@ -344,6 +364,8 @@ class MACECalculator(Calculator):
             self.elements.check(atoms.numbers)
             if compute_stress:
                 check_stress_cell(atoms, f"atoms_list[{k}]")
+            if "stresses" in properties:
+                check_stress_cell(atoms, f"atoms_list[{k}]", "per-atom stress ('stresses')")
 
         results: List[Dict[str, np.ndarray]] = []
         for chunk in _chunks(atoms_list, max_atoms_per_batch):
@@ -361,10 +383,12 @@ class MACECalculator(Calculator):
                                                 "cell", "batch", "ptr", "head")}
             if self.neighbors.paired:  # the radial MLPs once per pair, as in ``calculate``
                 data = pair_edges(data)
-            out = self.model(data, compute_force=True, compute_stress=compute_stress, training=False)
-            results.extend(_results(out, [len(a) for a in chunk], compute_stress))
+            out = self.model(data, compute_force=True, compute_stress=compute_stress, training=False,
+                             **self._atomic_kwargs())
+            results.extend(_results(out, [len(a) for a in chunk], compute_stress, self.compute_atomic_stresses))
         for k, (atoms, res) in enumerate(zip(atoms_list, results)):
             check_finite(res, atoms, f"atoms_list[{k}]")
+            _drop_volumeless_stresses(res, atoms)
             e0 = self._node_e0(atoms.numbers)
             if e0 is not None:
                 res["node_energy"] = res["energies"] - e0
@@ -383,6 +407,12 @@ def _head_e0(model: torch.nn.Module, head: int) -> Optional[np.ndarray]:
     return (e0[head] if e0.dim() == 2 else e0).numpy()
 
 
+def _drop_volumeless_stresses(results: Dict[str, object], atoms: Atoms) -> None:
+    """Per-atom stresses are virials over the cell's volume: none without one (the virials stay)."""
+    if "stresses" in results and abs(atoms.cell.volume) < MIN_VOLUME:
+        del results["stresses"]
+
+
 def _chunks(atoms_list: List[Atoms], max_atoms: Optional[int]):
     if max_atoms is None:
         yield atoms_list
@@ -397,11 +427,15 @@ def _chunks(atoms_list: List[Atoms], max_atoms: Optional[int]):
     yield chunk
 
 
-def _results(out: Dict[str, torch.Tensor], sizes: List[int], compute_stress: bool) -> List[Dict[str, np.ndarray]]:
-    """Split a (batched) model output into per-structure ASE results, with one device->host copy."""
+def _results(out: Dict[str, torch.Tensor], sizes: List[int], compute_stress: bool,
+             atomic: bool = False) -> List[Dict[str, np.ndarray]]:
+    """Split a (batched) model output into per-structure ASE results, with one device->host copy;
+    ``atomic``: with per-atom stresses and virials."""
     pieces = [out["energy"].reshape(-1), out["node_energy"].reshape(-1), out["forces"].reshape(-1)]
     if compute_stress:
         pieces.append(out["stress"].reshape(-1))
+    if atomic:
+        pieces += [out["atomic_stresses"].reshape(-1), out["atomic_virials"].reshape(-1)]
     flat = torch.cat([p.detach().to(torch.float64) for p in pieces]).cpu().numpy()
     num_graphs, num_atoms = len(sizes), sum(sizes)
     energy, flat = flat[:num_graphs], flat[num_graphs:]
@@ -409,19 +443,26 @@ def _results(out: Dict[str, torch.Tensor], sizes: List[int], compute_stress: boo
     forces, flat = flat[:3 * num_atoms].reshape(num_atoms, 3), flat[3 * num_atoms:]
     host = {"energy": energy, "node_energy": node_energy, "forces": forces}
     if compute_stress:
-        host["stress"] = flat.reshape(num_graphs, 3, 3)
+        host["stress"], flat = flat[:9 * num_graphs].reshape(num_graphs, 3, 3), flat[9 * num_graphs:]
+    if atomic:
+        host["stresses"] = flat[:9 * num_atoms].reshape(num_atoms, 3, 3)
+        host["virials"] = flat[9 * num_atoms:].reshape(num_atoms, 3, 3)
     return _split(host, sizes, compute_stress)
 
 
 def _split(host: Dict[str, np.ndarray], sizes: List[int], compute_stress: bool) -> List[Dict[str, np.ndarray]]:
     """Per-structure ASE results from host arrays of G graphs (energy [G], node_energy [N], forces
-    [N, 3], stress [G, 3, 3])."""
+    [N, 3], stress [G, 3, 3]; per-atom stresses and virials [N, 3, 3] when present: ``stresses``
+    in Voigt form [n, 6], ``virials`` [n, 3, 3], as mace-torch's calculator gives them)."""
     results, start = [], 0
     for g, n in enumerate(sizes):
         res = {"energy": float(host["energy"][g]), "free_energy": float(host["energy"][g]),
                "energies": host["node_energy"][start:start + n].copy(), "forces": host["forces"][start:start + n].copy()}
         if compute_stress:
             res["stress"] = full_3x3_to_voigt_6_stress(host["stress"][g])
+        if "stresses" in host:
+            res["stresses"] = np.array([full_3x3_to_voigt_6_stress(a) for a in host["stresses"][start:start + n]])
+            res["virials"] = host["virials"][start:start + n].copy()
         results.append(res)
         start += n
     return results

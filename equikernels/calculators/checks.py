@@ -44,10 +44,10 @@ def check_structure(atoms, what: str = "atoms", cell: bool = True) -> None:
                              "or pbc=False for a molecule")
 
 
-def check_stress_cell(atoms: Atoms, what: str = "atoms") -> None:
+def check_stress_cell(atoms: Atoms, what: str = "atoms", prop: str = "stress") -> None:
     if abs(atoms.cell.volume) < MIN_VOLUME:
-        raise ValueError(f"stress was requested but {what} has a cell without volume ({atoms.cell.array.tolist()}); "
-                         "stress needs a 3-D cell (set atoms.cell, or do not ask for stress)")
+        raise ValueError(f"{prop} was requested but {what} has a cell without volume ({atoms.cell.array.tolist()}); "
+                         f"{prop} needs a 3-D cell (set atoms.cell, or do not ask for {prop})")
 
 
 def close_pairs(atoms: Atoms, cutoff: float = CLOSE_DISTANCE, limit: int = 5) -> List[tuple]:

@@ -28,6 +28,9 @@ def committee_results(members: List[Dict[str, object]], e0: Optional[np.ndarray]
         out["node_energy"] = out["energies"] - e0
     forces = np.stack([r["forces"] for r in members])
     out["forces"], out["forces_comm"], out["forces_var"] = forces.mean(0), forces, forces.var(0)
+    for name in ("stresses", "virials"):  # per-atom, with compute_atomic_stresses: the mean only
+        if all(name in r for r in members):
+            out[name] = np.mean([r[name] for r in members], axis=0)
     if all("stress" in r for r in members):
         stress = np.stack([voigt_6_to_full_3x3_stress(r["stress"]) for r in members])
         out["stress"] = full_3x3_to_voigt_6_stress(stress.mean(0))

@@ -13,9 +13,10 @@ NAMES = ("model_paths", "model_path", "models", "model_type", "energy_units_to_e
 
 
 def take_mace_torch_arguments(kwargs: Dict[str, Any]) -> Dict[str, Any]:
-    """Remove mace-torch's calculator arguments from ``kwargs``; returns ``models`` and
-    ``model_path`` (its older name of ``model_paths``)."""
-    taken = {"models": kwargs.pop("models", None), "model_path": kwargs.pop("model_path", None)}
+    """Remove mace-torch's calculator arguments from ``kwargs``; returns ``models``, ``model_path``
+    (its older name of ``model_paths``) and ``compute_atomic_stresses``."""
+    taken = {"models": kwargs.pop("models", None), "model_path": kwargs.pop("model_path", None),
+             "compute_atomic_stresses": bool(kwargs.pop("compute_atomic_stresses", False))}
     model_type = kwargs.pop("model_type", "MACE")
     if model_type != "MACE":
         raise ValueError(f"model_type: only 'MACE' (energy, forces, stress) is supported, got {model_type!r}")
@@ -23,8 +24,6 @@ def take_mace_torch_arguments(kwargs: Dict[str, Any]) -> Dict[str, Any]:
         value = kwargs.pop(name, 1.0)
         if value != 1.0:
             raise ValueError(f"{name}: only 1.0 is supported (a model in eV and Angstrom), got {value!r}")
-    if kwargs.pop("compute_atomic_stresses", False):
-        raise ValueError("compute_atomic_stresses: per-atom stresses and virials are not available; leave it False")
     for name in NO_EFFECT:
         kwargs.pop(name, None)
     return taken

@@ -65,8 +65,6 @@ def test_unknown_keywords_and_model_paths(tmp_path):
         MACECalculator(StandIn(), device="cpu", model_type="DipoleMACE")
     with pytest.raises(ValueError, match=r"energy_units_to_eV: only 1.0 is supported .*got 0.0433"):
         MACECalculator(StandIn(), device="cpu", energy_units_to_eV=0.0433)
-    with pytest.raises(ValueError, match="compute_atomic_stresses: per-atom stresses"):
-        MACECalculator(StandIn(), device="cpu", compute_atomic_stresses=True)
     with pytest.raises(FileNotFoundError, match="no such model file"):
         MACECalculator(model_path=missing, device="cpu")  # mace-torch's older name of model_paths
     # the rest of mace-torch's calculator call reads as there (its kernel, compilation and input-key

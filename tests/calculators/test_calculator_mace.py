@@ -262,3 +262,62 @@ def test_committee_identical_to_mace_calculator(model, backend):
         want = np.asarray(theirs.results[key], dtype=np.float64)
         np.testing.assert_allclose(ours.results[key], want, rtol=1e-9, atol=1e-9 * max(np.abs(want).max(), 1e-3),
                                    err_msg=key)
+
+
+
+
+@pytest.mark.parametrize("backend", ["mace-torch", "equikernels"])
+def test_atomic_stresses_identical_to_mace_calculator(model, backend):
+    """``compute_atomic_stresses=True``, one model and two: per-atom virials equal mace-torch's
+    calculator's for a crystal, a slab and a molecule; per-atom stresses (``stresses``, Voigt) equal
+    on the crystal and sum to its stress (ASE's ``get_stresses``). mace-torch divides by the volume
+    of a cell it enlarges along non-periodic directions, we by the structure's own (as for the
+    stress): on the slab the two agree as virials; a molecule has no per-atom stresses."""
+    from mace.calculators import MACECalculator as MaceTorchCalculator
+    from mace.data.neighborhood import get_neighborhood
+
+    from equikernels.calculators import MACECalculator
+
+    other = small_random_mace_model(ELEMENTS, seed=2)
+    for members in ([model], [model, other]):
+        mine = [copy.deepcopy(m) for m in members]
+        if backend == "equikernels":
+            from equikernels.models import from_mace
+            mine = [from_mace(m) for m in mine]
+        ours = MACECalculator(models=mine, device="cpu", default_dtype="float64", compute_atomic_stresses=True)
+        theirs = MaceTorchCalculator(models=[copy.deepcopy(m) for m in members], device="cpu",
+                                     default_dtype="float64", compute_atomic_stresses=True)
+        assert {"stresses", "virials"} <= set(ours.implemented_properties)
+        for name, make in STRUCTURES.items():
+            atoms = make()
+            ours.calculate(atoms, ["energy", "forces"])
+            theirs.calculate(atoms, ["energy", "forces"])
+            want = theirs.results["virials"]
+            assert ours.results["virials"].shape == want.shape == (len(atoms), 3, 3)
+            assert np.abs(want).max() > 1e-4
+            np.testing.assert_allclose(ours.results["virials"], want, rtol=1e-9, atol=1e-10 * np.abs(want).max(),
+                                       err_msg=f"{name} virials")
+            if name == "molecule":
+                assert "stresses" not in ours.results
+                with pytest.raises(ValueError, match="per-atom stress .* cell without volume"):
+                    ours.calculate(atoms, ["stresses"])
+                continue
+            cell = get_neighborhood(atoms.positions, ours.r_max, tuple(bool(p) for p in atoms.pbc),
+                                    atoms.cell.array.copy())[3]
+            ratio = abs(np.linalg.det(cell)) / atoms.get_volume()  # 1 for the crystal
+            want = theirs.results["stresses"] * ratio
+            assert ours.results["stresses"].shape == want.shape == (len(atoms), 6)
+            np.testing.assert_allclose(ours.results["stresses"], want, rtol=1e-9, atol=1e-10 * np.abs(want).max(),
+                                       err_msg=f"{name} stresses")
+            atoms.calc = ours
+            np.testing.assert_allclose(atoms.get_stresses().sum(0), atoms.get_stress(), rtol=1e-9,
+                                       atol=1e-9 * np.abs(atoms.get_stress()).max())
+        # many structures in one call: the same per-atom results, none for the molecule
+        structures = [make() for make in STRUCTURES.values()]
+        for atoms, res in zip(structures, ours.batch_evaluate(structures, ["energy", "forces", "virials"])):
+            ours.calculate(atoms, ["energy", "forces"])
+            assert ("stresses" in res) == ("stresses" in ours.results)
+            for key in ("stresses", "virials"):
+                if key in res:
+                    np.testing.assert_allclose(res[key], ours.results[key], rtol=1e-9,
+                                               atol=1e-12 * np.abs(ours.results[key]).max())
