@@ -128,7 +128,8 @@ class MACECalculator(Calculator):
                                            compute_atomic_stresses=self.compute_atomic_stresses)
                             for m in models]
             first = self.members[0]
-            self.device, self.num_threads, self.dtype, self.model = first.device, first.num_threads, first.dtype, first.model
+            self.device, self.num_threads = first.device, first.num_threads
+            self.dtype, self.model = first.dtype, first.model
             self.r_max, self.heads, self.head, self.elements, self._e0 = (first.r_max, first.heads, first.head,
                                                                         first.elements, first._e0)
             self.implemented_properties = committee_properties(base)
@@ -461,7 +462,7 @@ def _split(host: Dict[str, np.ndarray], sizes: List[int], compute_stress: bool) 
         if compute_stress:
             res["stress"] = full_3x3_to_voigt_6_stress(host["stress"][g])
         if "stresses" in host:
-            res["stresses"] = np.array([full_3x3_to_voigt_6_stress(a) for a in host["stresses"][start:start + n]])
+            res["stresses"] = full_3x3_to_voigt_6_stress(host["stresses"][start:start + n])  # [n, 6]
             res["virials"] = host["virials"][start:start + n].copy()
         results.append(res)
         start += n

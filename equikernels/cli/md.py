@@ -33,7 +33,8 @@ def register(subparsers) -> None:
     p.add_argument("--friction", type=float, default=10.0, help="Langevin friction in 1/ps (default 10)")
     p.add_argument("--tdamp", type=float, default=None,
                    help="thermostat time constant in fs of nvt-nose-hoover, nvt-bussi and npt (default 100 timesteps)")
-    p.add_argument("--pdamp", type=float, default=None, help="npt barostat time constant in fs (default 1000 timesteps)")
+    p.add_argument("--pdamp", type=float, default=None,
+                   help="npt barostat time constant in fs (default 1000 timesteps)")
     p.add_argument("--supercell", type=int, nargs=3, metavar=("NA", "NB", "NC"), default=None,
                    help="repeat the structure NA x NB x NC times")
     p.add_argument("--model", default=None,

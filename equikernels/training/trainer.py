@@ -536,7 +536,8 @@ class Trainer:
         if saved == "best":  # keep the last weights as well
             self.model.load_state_dict(last)
             summary["valid_last"] = self.evaluate(self.valid_set)
-            paths = dist_utils.on_main(lambda: self._save_models(self.model, outputs.MODEL_LAST, outputs.MACE_MODEL_LAST))
+            paths = dist_utils.on_main(
+                lambda: self._save_models(self.model, outputs.MODEL_LAST, outputs.MACE_MODEL_LAST))
             summary.update({k.replace("_path", "_last_path"): v for k, v in paths.items()})
             self.model.load_state_dict(self.best["state"])
         summary.update(dist_utils.on_main(lambda: self._report(summary)))

@@ -182,7 +182,8 @@ def test_run_md_refuses_an_earlier_run(cu_model, tmp_path, single_thread):
     with pytest.raises(FileExistsError, match="holds an earlier run .*overwrite=True"):
         md_module.run_md(atoms, settings, out_dir=str(tmp_path), progress=False)
     assert (tmp_path / "md.log").read_bytes() == log
-    assert md_module.run_md(atoms, settings, out_dir=str(tmp_path), progress=False, overwrite=True)["status"] == "completed"
+    summary = md_module.run_md(atoms, settings, out_dir=str(tmp_path), progress=False, overwrite=True)
+    assert summary["status"] == "completed"
 
 
 def test_keep_velocities_continues_a_run(cu_model, cu_file, tmp_path, capsys, single_thread):
