@@ -4,11 +4,17 @@ and the call signature stay the original's.
 
 The subclasses are importable from this module by a generated name, so models holding them
 pickle (``torch.save(model)``) and unpickle; private state (attributes starting with ``_ek_``)
-is not pickled and is rebuilt on the next call.
+is not pickled and is rebuilt on the next call, or on unpickling where the overrides give an
+``_ek_restore(module)`` function.
+
+TorchScript: the private state is hidden from ``torch.jit.script``, and every subclass has the
+original class's forward as the method ``_ek_script_forward``, so an overriding forward starting
+with ``if torch.jit.is_scripting(): return self._ek_script_forward(...)`` scripts as the original.
 """
 from __future__ import annotations
 
 import importlib
+import types
 from typing import Callable, Dict, Tuple
 
 # adapter name -> function(original class) -> dict of overriding methods
@@ -31,6 +37,27 @@ def _getstate(self):
     return state
 
 
+def _setstate_with(cls: type, restore: Callable):
+    def __setstate__(self, state):
+        cls.__setstate__(self, state)
+        restore(self)
+    return __setstate__
+
+
+def _script_copy(fn):
+    """``fn`` under the name ``_ek_script_forward`` (TorchScript names a compiled method after its function)."""
+    out = types.FunctionType(fn.__code__, fn.__globals__, "_ek_script_forward", fn.__defaults__, fn.__closure__)
+    out.__kwdefaults__, out.__annotations__ = fn.__kwdefaults__, dict(getattr(fn, "__annotations__", {}))
+    out.__qualname__, out.__module__ = fn.__qualname__, fn.__module__
+    return out
+
+
+def _jit_ignored(base: type):
+    listed = list(getattr(base, "__jit_ignored_attributes__", []))
+    # private state (dicts keyed by device and dtype, plans) has no TorchScript type
+    return property(lambda self: listed + [k for k in self.__dict__ if k.startswith("_ek_")])
+
+
 def accelerated_class(adapter: str, cls: type) -> type:
     """The subclass of ``cls`` with ``adapter``'s overrides (one per adapter and class)."""
     if getattr(cls, "_ek_adapter", None) is not None:
@@ -38,8 +65,16 @@ def accelerated_class(adapter: str, cls: type) -> type:
     key = (adapter, cls)
     if key not in _MADE:
         ns = dict(_OVERRIDES[adapter](cls))
+        restore = ns.pop("_ek_restore", None)
+        if restore is not None:
+            ns["__setstate__"] = _setstate_with(cls, restore)
+        if isinstance(getattr(cls, "forward", None), types.FunctionType):
+            ns["_ek_script_forward"] = _script_copy(cls.forward)
+        unused = list(getattr(cls, "__jit_unused_properties__", []))
         ns.update(_ek_adapter=adapter, _ek_base=cls, __getstate__=_getstate, __module__=__name__,
-                  __qualname__=_name(adapter, cls), __doc__=cls.__doc__)
+                  __qualname__=_name(adapter, cls), __doc__=cls.__doc__,
+                  __jit_ignored_attributes__=_jit_ignored(cls),
+                  __jit_unused_properties__=unused + ["__jit_ignored_attributes__"])
         _MADE[key] = type(cls.__name__, (cls,), ns)
     return _MADE[key]
 

@@ -118,11 +118,18 @@ def _fused(gate: nn.Module, features: torch.Tensor) -> torch.Tensor:
 
 
 def _overrides(cls: type) -> dict:
-    def forward(self, features):
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():  # TorchScript compiles e3nn's own forward
+            return self._ek_script_forward(features)
         return _fused(self, features)
 
+    def restore(gate: nn.Module) -> None:
+        # built here rather than on the next call, which may be traced by torch.compile (it cannot
+        # read e3nn's Irreps)
+        gate.__dict__["_ek_gate"] = _GatePlan(gate)
+
     forward.__doc__ = "e3nn's Gate: the same values, extracted by slices and gated by one multiplication."
-    return {"forward": forward}
+    return {"forward": forward, "_ek_restore": restore}
 
 
 register_overrides(GATE, _overrides)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import operator
+import warnings
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
@@ -209,8 +210,10 @@ def _overrides(cls: type) -> dict:
         fn = self.__dict__.get("_ek_forward")
         if fn is None:  # after unpickling: trace again
             fn, _, why = rewrite(self)
-            if fn is None:
-                raise RuntimeError(f"{type(self).__name__}: the fused forward could not be rebuilt ({why})")
+            if fn is None:  # e.g. its submodules were since replaced (e3nn.util.jit.compile scripts them)
+                warnings.warn(f"{type(self).__name__}: the fused forward could not be rebuilt ({why}); "
+                              "running the layer's own forward", stacklevel=2)
+                fn = cls.forward
             self.__dict__["_ek_forward"] = fn
         return fn(self, *args, **kwargs)
 

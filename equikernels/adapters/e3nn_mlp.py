@@ -67,30 +67,42 @@ def _frozen_weights(net: nn.Module) -> Optional[List[torch.Tensor]]:
     return cached[1]
 
 
+def _forward(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    if "_ek_mlp" not in net.__dict__:
+        net.__dict__["_ek_mlp"] = _factors(net)
+    scales, gates, tail = net.__dict__["_ek_mlp"]
+    frozen = _frozen_weights(net)
+    if frozen is None:  # the scale as the product's alpha: one operation, no scaled copy per call
+        zeros = net.__dict__.setdefault("_ek_zero", {})  # addmm's ignored input, kept per device and dtype
+        zero = zeros.get((x.device, x.dtype))
+        if zero is None:
+            zero = zeros[(x.device, x.dtype)] = x.new_zeros(())
+        lead = x.shape[:-1]  # e3nn's matmul takes any leading dimensions, addmm two-dimensional ones
+        x = x.reshape(-1, x.shape[-1])
+        for layer, s, gate in zip(_layers(net), scales, gates):
+            x = torch.addmm(zero, x, layer.weight, beta=0, alpha=s)
+            if gate is not None:
+                x = gate(x)
+        x = x.reshape(lead + x.shape[-1:])
+    else:
+        for w, gate in zip(frozen, gates):
+            x = x @ w
+            if gate is not None:
+                x = gate(x)
+    return x if tail == 1.0 else x * tail
+
+
 def _overrides(cls: type) -> dict:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if "_ek_mlp" not in self.__dict__:  # after unpickling
-            self.__dict__["_ek_mlp"] = _factors(self)
-        scales, gates, tail = self.__dict__["_ek_mlp"]
-        frozen = _frozen_weights(self)
-        if frozen is None:  # the scale as the product's alpha: one operation, no scaled copy per call
-            zeros = self.__dict__.setdefault("_ek_zero", {})  # addmm's ignored input, kept per device and dtype
-            zero = zeros.get((x.device, x.dtype))
-            if zero is None:
-                zero = zeros[(x.device, x.dtype)] = x.new_zeros(())
-            for layer, s, gate in zip(_layers(self), scales, gates):
-                x = torch.addmm(zero, x, layer.weight, beta=0, alpha=s)
-                if gate is not None:
-                    x = gate(x)
-        else:
-            for w, gate in zip(frozen, gates):
-                x = x @ w
-                if gate is not None:
-                    x = gate(x)
-        return x if tail == 1.0 else x * tail
+        if torch.jit.is_scripting():  # TorchScript compiles e3nn's own forward
+            return self._ek_script_forward(x)
+        return _forward(self, x)
+
+    def restore(net: nn.Module) -> None:
+        net.__dict__["_ek_mlp"] = _factors(net)
 
     forward.__doc__ = "e3nn's FullyConnectedNet forward, its constants folded into the weights."
-    return {"forward": forward}
+    return {"forward": forward, "_ek_restore": restore}
 
 
 register_overrides(MLP, _overrides)

@@ -24,7 +24,8 @@ def message_passing(tp: TensorProduct, x: torch.Tensor, y: torch.Tensor, weight,
     as the unfused layer, through ``tensor_product_conv`` on the graph shared by every layer. On
     the CPU backend no fused kernel runs, so the layer gathers and scatters as the original did,
     without sorting a graph."""
-    if resolve_backend(tp.backend, x.device) == "cpu":
+    if not isinstance(tp, TensorProduct) or resolve_backend(tp.backend, x.device) == "cpu":
+        # (a product replaced since the layer was fused, e.g. by a scripted one: computed as it was)
         msg = tp(x.index_select(0, src), y, weight)
         return msg.new_zeros(int(num_nodes), msg.shape[1]).index_add_(0, dst, msg)
     graph = shared_graph(src, dst, num_nodes)

@@ -1,11 +1,12 @@
 """Adapters that accelerate whole layers of known model families, registered in one place.
 
 An adapter recognises a layer (``matches``) and rewires it in place (``apply``), keeping its class
-name, parameters, ``state_dict`` keys and call signature; ``apply`` returns what it did or raises
-``NotFused`` with the reason. An adapter with a ``child`` attribute name rewires that submodule of
-the layers it matches (reported under the submodule's name), alongside whichever layer adapter
-applies. ``accelerate_layers`` runs every adapter over a model (after the module-by-module
-conversion of ``equikernels.nn.convert``) and records the outcome in the report.
+name, parameters, ``state_dict`` keys and call signature; ``apply`` returns what it did ("" for a
+layer it rewired in an earlier call) or raises ``NotFused`` with the reason. An adapter with a
+``child`` attribute name rewires that submodule of the layers it matches (reported under the
+submodule's name), alongside whichever layer adapter applies. ``accelerate_layers`` runs every
+adapter over a model (after the module-by-module conversion of ``equikernels.nn.convert``) and
+records the outcome in the report.
 """
 from __future__ import annotations
 
@@ -78,4 +79,5 @@ def _apply(adapter: Adapter, name: str, module: nn.Module, report) -> None:
         return
     if what:
         report.fused.append((name, type(module).__name__, what))
-        report.left_alone[:] = [e for e in report.left_alone if e[0] != name]
+    # also "" (rewired by an earlier call): then neither fused now nor an e3nn module left alone
+    report.left_alone[:] = [e for e in report.left_alone if e[0] != name]

@@ -12,7 +12,9 @@ is the one mirrored here (its source is checked) and the layer is not in LAMMPS 
 from __future__ import annotations
 
 import inspect
+from typing import Dict
 
+import torch
 from torch import nn
 
 from .classes import accelerated_class, original_class, register_overrides
@@ -29,7 +31,9 @@ _EXPECTED = ("weight = self.weight_nn(data[self.key_weight_input])", "x = data[s
 
 
 def _overrides(cls: type) -> dict:
-    def forward(self, data):
+    def forward(self, data: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        if torch.jit.is_scripting():  # TorchScript (sevenn's deploy) compiles sevenn's own forward
+            return self._ek_script_forward(data)
         weight = self.weight_nn(data[self.key_weight_input])
         x = data[self.key_x]
         edge_index = data[self.key_edge_idx]

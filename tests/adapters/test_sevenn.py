@@ -66,3 +66,30 @@ def test_sevenn_self_connection_runs_per_element(monkeypatch, single_thread):
     monkeypatch.setattr(base, "forward", original)
     for a, b in zip(fast, second_order(plain)):
         assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_accelerated_convolution_scripts_as_sevenn_deploy_does(single_thread):
+    """sevenn's deploy scripts the model with e3nn.util.jit.script: an accelerated IrrepsConvolution
+    scripts as sevenn's own forward and gives the same numbers."""
+    import e3nn.util.jit  # noqa: PLC0415
+    import sevenn._keys as KEY  # noqa: PLC0415
+    from e3nn.o3 import Irreps  # noqa: PLC0415
+    from sevenn.nn.convolution import IrrepsConvolution  # noqa: PLC0415
+
+    def build():  # (its activation is a scripted function: the layer does not deepcopy)
+        return IrrepsConvolution(Irreps("3x0e+1x1o"), Irreps("0e+1o"), Irreps("3x0e+1x1o"), [4, 8],
+                                 lazy_layer_instantiate=False)
+
+    torch.manual_seed(0)
+    conv, acc, copied = build(), build(), build()
+    acc.load_state_dict(conv.state_dict())
+    copied.load_state_dict(conv.state_dict())
+    assert "" in ek.accelerate(acc).fused_names and "" in ek.accelerate(copied).fused_names
+    n = 4
+    edges = torch.tensor([[1, 0, 3, 1, 2], [0, 1, 2, 2, 3]])
+    data = {KEY.NODE_FEATURE: torch.randn(n, 6), KEY.EDGE_ATTR: torch.randn(5, 4),
+            KEY.EDGE_EMBEDDING: torch.randn(5, 4), KEY.EDGE_IDX: edges}
+    want = conv(dict(data))[KEY.NODE_FEATURE]
+    scripted = e3nn.util.jit.script(copied)
+    torch.testing.assert_close(scripted(dict(data))[KEY.NODE_FEATURE], want)
+    torch.testing.assert_close(acc(dict(data))[KEY.NODE_FEATURE], want)
