@@ -59,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or default_out(args.structures)
     if os.path.isdir(out):
         raise IsADirectoryError(f"--out {out!r} is a directory; expected an extxyz file name")
+    parent = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(parent):  # checked before the (slow) evaluation
+        raise FileNotFoundError(f"--out {out!r}: folder {parent} does not exist; create it first")
     if os.path.exists(out) and os.path.exists(args.structures) and os.path.samefile(out, args.structures):
         raise ValueError(f"--out {out!r} is the structures file itself; name another file")
     keys = DataKeys(**label_keys.given(args))

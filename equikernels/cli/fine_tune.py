@@ -32,7 +32,9 @@ def register(subparsers) -> None:
         description="Fine-tune a MACE model (mace-torch .model or equikernels) on labelled structures. "
                     "Options come from --config (YAML, keys as in equikernels.training.TrainConfig) "
                     "and are overridden by flags. Labels are read from the REF_* keys, or from the calculator "
-                    "results ASE writes (energy, forces, stress) when those are absent. The closing table shows "
+                    "results ASE writes (energy, forces, stress) when those are absent; a frame without a "
+                    "label leaves it out of its loss (config_weight and config_energy/forces/stress_weight "
+                    "scale it, as in mace-torch). The closing table shows "
                     "the starting and the fine-tuned model on the validation set; model.pt is the best "
                     "validation epoch's weights and model_last.pt the last ones when they differ (plus mace-torch .model "
                     "files when mace-torch is installed). Ctrl-C/SIGTERM: checkpoint, metrics, exit; "
@@ -65,7 +67,9 @@ def register(subparsers) -> None:
     a("--checkpoint-every", type=int, help="optimiser steps between checkpoints (default 100)")
     a("--patience", type=int, help="early stopping after this many evaluations without improvement (default: none)")
     a("--e0s", help="'foundation' (keep the model's), 'average' (least squares on --train) or "
-                     "a YAML mapping such as '{Cu: -3.5, Ni: -4.1}'")
+                     "a YAML mapping such as '{Cu: -3.5, Ni: -4.1}'; as in mace-torch, single-atom frames of "
+                     "--train with config_type=IsolatedAtom are not trained on and give their element's E0 "
+                     "(a mapping still wins)")
     a("--freeze", action="append", metavar="PREFIX",
       help="keep parameters whose name starts with PREFIX fixed (repeatable), e.g. interactions.0")
     a("--replay", metavar="FILE",

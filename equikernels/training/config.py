@@ -49,6 +49,8 @@ class TrainConfig:
     dtype: Optional[str] = None   # "float32" | "float64"; default: the model's own
     device: Optional[str] = None  # default: cuda:LOCAL_RANK when available, else cpu
     freeze: List[str] = field(default_factory=list)  # parameter-name prefixes kept fixed
+    # isolated-atom frames of train_file (config_type=IsolatedAtom) override the E0s of "foundation" and
+    # "average" for their elements, as in mace-torch; a mapping wins over them
     e0s: Union[str, Dict[Any, float]] = "foundation"
     # loss
     loss: str = "mse"

@@ -34,6 +34,8 @@ class Config:
     stress: Optional[np.ndarray] = None  # [3, 3], ASE sign convention
     weight: float = 1.0
     head: str = "Default"
+    config_type: str = "Default"        # mace-torch's ``config_type`` info key
+    property_weights: Dict[str, float] = field(default_factory=dict)  # mace-torch's config_<prop>_weight
     source: str = ""                    # "file, frame i" for error messages
     label_keys: Dict[str, str] = field(default_factory=dict)  # property -> where its label was found
     available: str = ""                 # the frame's label-like keys, for "label not found" messages
@@ -151,9 +153,20 @@ def config_from_atoms(atoms, keys: DataKeys, where: str) -> Config:
     if weight < 0:
         raise DataError(f"{where}: weight '{keys.weight}' is {weight}; expected >= 0")
     head = str(atoms.info.get(keys.head, "Default"))
+    config_type = str(atoms.info.get("config_type", "Default"))
+    property_weights = {}
+    from_virials = used["stress"] == f"{keys.virials!r} (virials)"
+    for prop in ("energy", "forces", "stress"):
+        name = f"config_{'virials' if prop == 'stress' and from_virials else prop}_weight"
+        if name in atoms.info:
+            w = float(_as_float_array(atoms.info[name], f"weight '{name}'", where).reshape(-1)[0])
+            if w < 0:
+                raise DataError(f"{where}: weight '{name}' is {w}; expected >= 0")
+            property_weights[prop] = w
     return Config(atomic_numbers=np.asarray(atoms.get_atomic_numbers(), dtype=np.int64),
                   positions=positions, cell=cell, pbc=pbc, energy=energy, forces=forces,
-                  stress=stress, weight=weight, head=head, source=where,
+                  stress=stress, weight=weight, head=head, config_type=config_type,
+                  property_weights=property_weights, source=where,
                   label_keys={k: v for k, v in used.items() if v is not None},
                   available=_available_keys(atoms))
 
@@ -189,24 +202,38 @@ def read_configs(path: str, keys: DataKeys, *, index: str = ":") -> List[Config]
 
 def check_labels(configs: Sequence[Config], path: str, *, need_energy: bool, need_forces: bool,
                  need_stress: bool, keys: Optional[DataKeys] = None) -> None:
-    """Labels the loss needs must be there. Energy and forces: in every frame; stress: in at least
-    one periodic frame (molecules in a mixed set have none)."""
-    if need_energy:
-        for c in configs:
-            if c.energy is None:
-                raise DataError(f"{c.source}: no energy label (looked for {_wanted(keys, 'energy')}); "
-                                f"the frame has {c.available}; set the energy key (--energy-key) "
-                                "or energy_weight: 0")
-    if need_forces:
-        for c in configs:
-            if c.forces is None:
-                raise DataError(f"{c.source}: no forces label (looked for {_wanted(keys, 'forces')}); "
-                                f"the frame has {c.available}; set the forces key (--forces-key) "
-                                "or forces_weight: 0")
-    if need_stress and configs and all(c.stress is None for c in configs):
+    """Labels the loss needs must be there, in at least one frame (as in mace-torch, a frame without
+    a label only leaves that label out of its loss; a key found in no frame is a wrong key). Stress:
+    in at least one periodic frame, unless ``keys`` are given and hold the default stress and virials
+    keys: then data without any stress (molecules, energy and forces only) trains without that term."""
+    for prop, needed in (("energy", need_energy), ("forces", need_forces)):
+        if needed and configs and all(getattr(c, prop) is None for c in configs):
+            c = configs[0]
+            raise DataError(f"{c.source}: no {prop} label (looked for {_wanted(keys, prop)}), nor in any other "
+                            f"frame; the frame has {c.available}; set the {prop} key (--{prop}-key) "
+                            f"or {prop}_weight: 0")
+    chosen = keys is None or keys.stress != DataKeys().stress or keys.virials != DataKeys().virials
+    if need_stress and chosen and configs and all(c.stress is None for c in configs):
         raise DataError(f"{path}: no frame has a stress or virials label (and a periodic cell), "
                         "but the stress loss weight is nonzero; set the stress/virials key or "
                         "stress_weight: 0")
+
+
+def isolated_atom_e0s(configs: Sequence[Config]) -> Dict[int, float]:
+    """E0s (element -> energy) from the frames mace-torch takes for isolated atoms: one atom,
+    ``config_type=IsolatedAtom``, with an energy label."""
+    e0s = {}
+    for c in configs:
+        if is_isolated_atom(c):
+            if c.energy is None:
+                raise DataError(f"{c.source}: marked config_type=IsolatedAtom but has no energy label; "
+                                "give its energy or remove the frame")
+            e0s[int(c.atomic_numbers[0])] = c.energy
+    return e0s
+
+
+def is_isolated_atom(config: Config) -> bool:
+    return config.num_atoms == 1 and config.config_type == "IsolatedAtom"
 
 
 def _wanted(keys: Optional[DataKeys], prop: str) -> str:
@@ -309,10 +336,15 @@ def config_to_data(config: Config, z_table: Sequence[int], cutoff: float, heads:
         energy=torch.tensor(config.energy if config.energy is not None else 0.0, **f64),
         forces=torch.tensor(config.forces if config.forces is not None else np.zeros((n, 3)), **f64),
         stress=torch.tensor(config.stress if config.stress is not None else np.zeros((3, 3)), **f64).unsqueeze(0),
-        energy_weight=torch.tensor(float(config.energy is not None), **f64),
-        forces_weight=torch.tensor(float(config.forces is not None), **f64),
-        stress_weight=torch.tensor(float(config.stress is not None), **f64),
+        energy_weight=torch.tensor(_label_weight(config, "energy"), **f64),
+        forces_weight=torch.tensor(_label_weight(config, "forces"), **f64),
+        stress_weight=torch.tensor(_label_weight(config, "stress"), **f64),
     )
+
+
+def _label_weight(config: Config, prop: str) -> float:
+    """A label's weight in its frame's loss: 0 where the frame has none, else its config_<prop>_weight."""
+    return 0.0 if getattr(config, prop) is None else config.property_weights.get(prop, 1.0)
 
 
 @dataclass
@@ -348,7 +380,8 @@ def split_train_valid(configs: List[Config], fraction: float, seed: int):
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"valid_fraction must be in (0, 1), got {fraction}")
     if len(configs) < 2:
-        raise ValueError(f"cannot split {len(configs)} structure(s) into training and validation sets")
+        raise ValueError(f"valid_fraction {fraction}: cannot split {len(configs)} structure(s) into training and "
+                         "validation sets; give a validation file (--valid) or valid_fraction 0 (--valid-fraction 0)")
     perm = np.random.default_rng(seed).permutation(len(configs))
     n_valid = min(max(1, int(round(fraction * len(configs)))), len(configs) - 1)
     valid_idx = set(perm[:n_valid].tolist())

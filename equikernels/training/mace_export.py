@@ -7,7 +7,9 @@ reader ``equikernels.models.from_mace`` uses and must equal ours, and every weig
 copied through the same key map, in the opposite direction."""
 from __future__ import annotations
 
+import importlib
 import json
+import warnings
 from typing import Optional
 
 import torch
@@ -56,7 +58,9 @@ def _build(model) -> torch.nn.Module:
         distance_transform=cfg["distance_transform"], radial_MLP=list(inters[0]["radial_mlp"]),
         radial_type=cfg["radial_type"], heads=heads)
     dtype = model.atomic_energies.dtype
-    with default_dtype(dtype):
+    with default_dtype(dtype), warnings.catch_warnings():
+        # e3nn's scripted modules make TorchScript warn once per module about annotations, harmlessly
+        warnings.filterwarnings("ignore", message=".*TorchScript type system", category=UserWarning)
         if cfg["model"] == "ScaleShiftMACE":
             scale = model.scale.detach().cpu().double().numpy()
             shift = model.shift.detach().cpu().double().numpy()
@@ -84,7 +88,7 @@ def to_mace(model, template: Optional[str] = None) -> torch.nn.Module:
     structure to fill in (e.g. the foundation model a fine-tuning started from); used when its
     structure matches, else the model is built from the config. Needs mace-torch."""
     try:
-        import mace  # noqa: F401
+        importlib.import_module("mace")
     except ImportError:
         raise ImportError("writing a mace-torch model file needs mace-torch (pip install mace-torch)") from None
     from ..models.io import config_from_mace, mace_key_map

@@ -1,8 +1,10 @@
 """A fine-tuning YAML written for mace-torch's training script: its options that mean what an option
 here means are renamed to it, the foundation model's architecture and the script's output and
 logging options are set aside with one warning (the model file fixes the architecture, ``out_dir``
-holds every output), and the rest stay as given, so the trainer's own check names what it does
-not know."""
+holds every output), switches such as ``swa: false`` are accepted with the value that is what
+fine-tuning here does, mace-torch's losses map onto ours (``weighted`` -> mse without stress,
+``stress`` -> mse, ``huber``, ``forces_only``), and the rest stay as given, so the trainer's own
+check names what it does not know."""
 from __future__ import annotations
 
 import ast
@@ -66,6 +68,18 @@ def from_mace_options(values: Dict[str, Any], source: str = "config") -> Dict[st
             raise ValueError(f"{source}: scheduler: only mace-torch's 'ReduceLROnPlateau' has a counterpart here "
                              f"(lr_schedule: plateau; also cosine, constant), got {s!r}")
         out["lr_schedule"] = "plateau"
+    for name, value in SAME_WHEN.items():
+        if name in out:
+            if out[name] is not value:
+                raise ValueError(f"{source}: {name}: {out[name]!r} has no counterpart here (only {value!r}, "
+                                 f"what fine-tuning here does){HINTS.get(name, '')}")
+            out.pop(name)
+    for name in ("test_file", "test_dir"):
+        if name in out:
+            raise ValueError(f"{source}: {name}: no counterpart here; evaluate the fine-tuned model afterwards "
+                             "with `equikernels eval FILE --model OUT_DIR/model.pt`")
+    if "loss" in out:
+        out.update(_loss(out.pop("loss"), source))
     if "freeze" in out and not isinstance(out["freeze"], list):
         raise ValueError(f"{source}: freeze: expected a list of parameter-name prefixes (mace-torch's layer "
                          f"count has no counterpart here), got {out['freeze']!r}")
@@ -73,6 +87,25 @@ def from_mace_options(values: Dict[str, Any], source: str = "config") -> Dict[st
         warnings.warn(f"{source}: mace-torch options set aside (the model file fixes the architecture, out_dir "
                       f"holds the outputs): {', '.join(sorted(aside))}", UserWarning, stacklevel=2)
     return out
+
+
+# mace-torch switches accepted only with the value that is what fine-tuning here does
+SAME_WHEN = {"swa": False, "stage_two": False, "multiheads_finetuning": False, "keep_isolated_atoms": False}
+HINTS = {"multiheads_finetuning": "; against forgetting use replay_file (--replay) with a sample of the foundation "
+                                  "model's training data",
+         "keep_isolated_atoms": "; isolated-atom frames (config_type=IsolatedAtom) give E0s and are not trained on"}
+# mace-torch losses -> ours: "weighted" has no stress term, "forces_only" only the forces term
+LOSSES = {"weighted": {"loss": "mse", "stress_weight": 0.0}, "stress": {"loss": "mse"}, "huber": {"loss": "huber"},
+          "forces_only": {"loss": "mse", "energy_weight": 0.0, "stress_weight": 0.0}}
+
+
+def _loss(value, source: str) -> Dict[str, Any]:
+    if value in ("mse", "huber"):  # already ours
+        return {"loss": value}
+    if value not in LOSSES:
+        raise ValueError(f"{source}: loss: mace-torch's {value!r} has no counterpart here; mace-torch's "
+                         f"{', '.join(repr(k) for k in LOSSES)} do (or ours: 'mse', 'huber')")
+    return dict(LOSSES[value])
 
 
 def _e0s(value, source: str):

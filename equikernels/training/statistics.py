@@ -2,7 +2,7 @@
 neighbours, and the scale/shift of the interaction energy."""
 from __future__ import annotations
 
-from typing import Dict, Mapping, Sequence
+from typing import Dict, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -18,16 +18,22 @@ def _composition(configs: Sequence[Config], z_table: Sequence[int]) -> np.ndarra
     return counts
 
 
-def average_e0s(configs: Sequence[Config], z_table: Sequence[int]) -> Dict[int, float]:
-    """Least-squares E0 per element, E_total ≈ Σ_elements count·E0, for the elements present."""
+def average_e0s(configs: Sequence[Config], z_table: Sequence[int],
+                fixed: Optional[Mapping[int, float]] = None) -> Dict[int, float]:
+    """Least-squares E0 per element, E_total ≈ Σ_elements count·E0, for the elements present;
+    the elements in ``fixed`` keep their given E0 (returned too) and only the others are fitted."""
+    fixed = {int(z): float(e) for z, e in (fixed or {}).items()}
     labelled = [c for c in configs if c.energy is not None]
+    counts = _composition(labelled, z_table)
+    free = [k for k in np.flatnonzero(counts.sum(axis=0) > 0) if int(z_table[k]) not in fixed]
+    if not free:
+        return fixed
     if not labelled:
         raise ValueError("e0s 'average' needs structures with energy labels")
-    counts = _composition(labelled, z_table)
-    present = np.flatnonzero(counts.sum(axis=0) > 0)
-    energies = np.array([c.energy for c in labelled])
-    sol, *_ = np.linalg.lstsq(counts[:, present], energies, rcond=None)
-    return {int(z_table[k]): float(e) for k, e in zip(present, sol)}
+    known = np.array([fixed.get(int(z), 0.0) for z in z_table])
+    energies = np.array([c.energy for c in labelled]) - counts @ known
+    sol, *_ = np.linalg.lstsq(counts[:, free], energies, rcond=None)
+    return {**fixed, **{int(z_table[k]): float(e) for k, e in zip(free, sol)}}
 
 
 def parse_given_e0s(values: Mapping, z_table: Sequence[int]) -> Dict[int, float]:

@@ -36,8 +36,8 @@ from . import distributed as dist_utils
 from . import model_factory as mf
 from . import outputs
 from .config import TrainConfig
-from .data import (Config, GraphDataset, build_dataset, check_labels, collate, label_sources, read_configs,
-                   split_train_valid)
+from .data import (Config, DataError, GraphDataset, build_dataset, check_elements, check_labels, collate,
+                   is_isolated_atom, isolated_atom_e0s, label_sources, read_configs, split_train_valid)
 from .ema import EMA
 from .evaluate import forward, metrics_lines, predict
 from .loss import error_sums, local_counts, loss_terms, metrics_from_sums, reduce_sums
@@ -134,6 +134,14 @@ class Trainer:
     def _load_data(self, train_configs, valid_configs):
         cfg = self.cfg
         train = list(train_configs) if train_configs is not None else self._read(cfg.train_file)
+        # as mace-torch: isolated-atom frames of the training data give E0s and are not trained on
+        self.isolated_e0s = isolated_atom_e0s(train)
+        self.isolated_configs = [c for c in train if is_isolated_atom(c)]
+        if self.isolated_configs:
+            train = [c for c in train if not is_isolated_atom(c)]
+            if not train:
+                raise DataError(f"{cfg.train_file}: holds only isolated-atom frames (config_type=IsolatedAtom), "
+                                "which give E0s; add structures to train on")
         if valid_configs is not None:
             valid = list(valid_configs)
         elif cfg.valid_file:
@@ -147,6 +155,9 @@ class Trainer:
         check_labels(train, cfg.train_file, **need)
         if valid:
             check_labels(valid, cfg.valid_file or cfg.train_file, **{**need, "need_stress": False})
+        if cfg.stress_weight > 0 and all(c.stress is None for c in train):
+            self._say(f"{cfg.train_file}: no frame has a stress label (and a periodic cell): training on "
+                      "energies and forces only")
         self.replay_configs = self._read(cfg.replay_file) if cfg.replay_file else []
         self.train_configs, self.valid_configs = train, valid
 
@@ -157,7 +168,7 @@ class Trainer:
             z_table = mf.atomic_numbers(model)
         else:
             zs = sorted({int(z) for c in self.train_configs + self.valid_configs + self.replay_configs
-                         for z in c.atomic_numbers})
+                         + self.isolated_configs for z in c.atomic_numbers})
             z_table, model = zs, None
         dtype = _DTYPES[cfg.dtype] if cfg.dtype else (mf.model_dtype(model) if model is not None else torch.float64)
         cutoff = mf.r_max(model) if model is not None else float((cfg.new_model or {}).get("r_max", mf.DEFAULT_NEW_MODEL["r_max"]))
@@ -222,11 +233,18 @@ class Trainer:
     def _e0s(self, model, z_table) -> Dict[int, float]:
         """Elements -> E0 to write into the model ({} = keep the model's own)."""
         mode = self.cfg.e0s
-        if isinstance(mode, dict):
-            return parse_given_e0s(mode, z_table)
+        check_elements(self.isolated_configs, z_table)
+        isolated = self.isolated_e0s
+        if isolated:
+            from ase.data import chemical_symbols
+
+            self._say("E0s from the isolated-atom frames (config_type=IsolatedAtom): "
+                      + ", ".join(f"{chemical_symbols[z]} {e:.6g} eV" for z, e in sorted(isolated.items())))
+        if isinstance(mode, dict):  # given values win over the isolated-atom frames
+            return {**isolated, **parse_given_e0s(mode, z_table)}
         if mode == "average" or model is None:  # a new model has no E0s to keep
-            return average_e0s(self.train_configs, z_table)
-        return {}
+            return average_e0s(self.train_configs, z_table, fixed=isolated)
+        return dict(isolated)
 
     def _schedule_factor(self, step: int) -> float:
         cfg = self.cfg

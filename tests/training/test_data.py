@@ -51,7 +51,6 @@ def test_virials_become_stress(tmp_path, frames):
 @pytest.mark.parametrize("breakage, message", [
     ("nan_forces", "NaN"),
     ("short_forces", "expected (4, 3)"),
-    ("no_energy", "no energy label"),
     ("bad_stress", "expected 6 (Voigt) or 9"),
 ])
 def test_bad_frames_name_file_and_frame(tmp_path, frames, breakage, message):
@@ -63,8 +62,6 @@ def test_bad_frames_name_file_and_frame(tmp_path, frames, breakage, message):
     elif breakage == "short_forces":
         del bad.arrays["REF_forces"]
         bad.info["REF_forces"] = np.zeros(9)
-    elif breakage == "no_energy":
-        del bad.info["REF_energy"]
     elif breakage == "bad_stress":
         bad.info["REF_stress"] = np.zeros(4)
     path = _write(tmp_path, frames)

@@ -56,3 +56,18 @@ def test_fine_tune_writes_a_mace_torch_model_beside_ours(tmp_path, single_thread
                                   device="cpu"), log=None).fit()
     theirs = torch.load(summary["mace_model_path"], map_location="cpu", weights_only=False)
     _same(models.load(summary["model_path"]), theirs)
+
+
+def test_to_mace_is_quiet(single_thread):
+    pytest.importorskip("mace")
+    import warnings
+
+    from equikernels import models
+    from equikernels.default_model import default_model_path
+    from equikernels.training.mace_export import to_mace
+
+    model = models.load(default_model_path())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        to_mace(model)
+    assert not [w for w in caught if "TorchScript" in str(w.message)]

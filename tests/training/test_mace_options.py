@@ -64,8 +64,35 @@ def test_values_without_a_counterpart_are_refused(values, needle):
 
 def test_other_mace_options_are_named_by_the_trainer(tmp_path):
     with pytest.warns(UserWarning):
-        with pytest.raises(ValueError, match=r"unknown training option\(s\) \['swa'\]"):
-            parsed(mace_yaml(tmp_path, swa=True))
+        with pytest.raises(ValueError, match=r"unknown training option\(s\) \['config_type_weights'\]"):
+            parsed(mace_yaml(tmp_path, config_type_weights="{'Default': 1.0}"))
+
+
+def test_switches_with_the_value_that_is_ours_are_accepted():
+    values = {"swa": False, "stage_two": False, "multiheads_finetuning": False, "keep_isolated_atoms": False}
+    assert from_mace_options(values) == {}
+
+
+@pytest.mark.parametrize("values, needle", [
+    ({"swa": True}, r"swa: True has no counterpart here \(only False"),
+    ({"multiheads_finetuning": True}, r"multiheads_finetuning: True .*use replay_file \(--replay\)"),
+    ({"loss": "universal"}, r"loss: mace-torch's 'universal' has no counterpart here"),
+    ({"test_file": "test.xyz"}, r"test_file: no counterpart here; evaluate .* with `equikernels eval"),
+])
+def test_mace_switches_and_losses_without_a_counterpart_are_refused(values, needle):
+    with pytest.raises(ValueError, match=rf"^cfg.yaml: {needle}"):
+        from_mace_options(values, "cfg.yaml")
+
+
+@pytest.mark.parametrize("loss, ours", [
+    ("weighted", {"loss": "mse", "stress_weight": 0.0}),  # mace-torch's default: energy and forces only
+    ("stress", {"loss": "mse", "stress_weight": 2.0}),
+    ("huber", {"loss": "huber", "stress_weight": 2.0}),
+    ("forces_only", {"loss": "mse", "energy_weight": 0.0, "stress_weight": 0.0}),
+])
+def test_mace_losses_map_onto_ours(loss, ours):
+    out = from_mace_options({"loss": loss, "stress_weight": 2.0})
+    assert {k: out[k] for k in ours} == ours
 
 
 def test_fine_tunes_from_a_mace_yaml(tmp_path, capsys, single_thread):

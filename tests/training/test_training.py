@@ -15,11 +15,9 @@ TINY = dict(hidden_irreps="4x0e+4x1o", MLP_irreps="4x0e", max_ell=1, correlation
 
 
 def _have_mace():
-    try:
-        import mace  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    import importlib.util
+
+    return importlib.util.find_spec("mace") is not None
 
 
 @pytest.fixture(scope="module")
