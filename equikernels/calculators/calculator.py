@@ -91,7 +91,8 @@ class MACECalculator(Calculator):
             cell's volume, ``atoms.get_stresses()``); evaluation is then eager (no CUDA graphs).
         num_threads: torch CPU threads (``torch.set_num_threads``, process-wide) when the device is
             the CPU; None chooses ``threads.default_threads()`` unless ``OMP_NUM_THREADS`` is set
-            or the process already chose a count; ignored on other devices.
+            (a count set earlier with ``torch.set_num_threads`` is replaced: pass it here to keep
+            it); ignored on other devices.
 
     ``energies`` are per-atom energies (including the isolated-atom reference energies E0),
     ``stress`` is Voigt (xx, yy, zz, yz, xz, xy) in eV/A^3. Stress is computed when asked for, and
@@ -246,6 +247,22 @@ class MACECalculator(Calculator):
             data[PAIRED_KEY] = True
         return data
 
+    # ---- mace-torch's calculator attributes, for scripts written for it --------------------
+    @property
+    def models(self) -> List[torch.nn.Module]:
+        """The models evaluated, one per committee member (``[self.model]`` for one), as mace-torch's
+        calculator lists them."""
+        return [m.model for m in self.members] if self.members else [self.model]
+
+    @property
+    def num_models(self) -> int:
+        return len(self.models)
+
+    @property
+    def available_heads(self) -> List[str]:
+        """The model's heads (mace-torch's name of ``heads``)."""
+        return list(self.heads)
+
     # ---- ASE interface ---------------------------------------------------------------------
     def check_state(self, atoms, tol=1e-15):
         """ASE's check, its tolerance test run only on the properties that are not exactly equal (the
@@ -346,6 +363,8 @@ class MACECalculator(Calculator):
         atoms per model call (device memory); by default everything goes in one call."""
         from torch_geometric.data import Batch, Data
 
+        if isinstance(atoms_list, Atoms):  # iterating it would give its Atom objects
+            raise TypeError("atoms_list must be a sequence of ase.Atoms, got one Atoms (pass [atoms])")
         atoms_list = list(atoms_list)
         if not atoms_list:
             return []
@@ -458,7 +477,8 @@ def _split(host: Dict[str, np.ndarray], sizes: List[int], compute_stress: bool) 
     results, start = [], 0
     for g, n in enumerate(sizes):
         res = {"energy": float(host["energy"][g]), "free_energy": float(host["energy"][g]),
-               "energies": host["node_energy"][start:start + n].copy(), "forces": host["forces"][start:start + n].copy()}
+               "energies": host["node_energy"][start:start + n].copy(),
+               "forces": host["forces"][start:start + n].copy()}
         if compute_stress:
             res["stress"] = full_3x3_to_voigt_6_stress(host["stress"][g])
         if "stresses" in host:

@@ -69,7 +69,7 @@ class MDSettings:
 BUILTIN_STRUCTURES = {
     "cu-fcc": "a 108-atom Cu crystal (3x3x3 cubic fcc cells)",
     "cu3au": "a 108-atom ordered Cu3Au alloy (L1_2, 3x3x3 cubic cells)",
-    "pt-surface": "a 36-atom Pt(111) slab, 4 layers, periodic in the surface plane, 10 A of vacuum",
+    "pt-surface": "a 36-atom Pt(111) slab, 4 layers, periodic in the surface plane only, 10 A of vacuum each side",
 }
 
 
@@ -84,7 +84,7 @@ def builtin_structure(name: str = "cu-fcc") -> Atoms:
         cell.symbols[0] = "Au"
         return cell.repeat((3, 3, 3))
     if name == "pt-surface":
-        return fcc111("Pt", size=(3, 3, 4), a=3.92, vacuum=10.0, periodic=True)
+        return fcc111("Pt", size=(3, 3, 4), a=3.92, vacuum=10.0)  # pbc (True, True, False)
     raise ValueError(f"unknown built-in structure {name!r}; choose one of {', '.join(BUILTIN_STRUCTURES)}")
 
 
@@ -115,6 +115,13 @@ def check_momenta(atoms: Atoms, what: str) -> None:
         raise ValueError(f"{what}: the velocities of atoms {bad[:8].tolist()} are not finite (NaN or infinite)")
 
 
+def thermostat_rng(seed: int) -> np.random.Generator:
+    """The random stream of the stochastic thermostats for ``seed``: independent of the stream
+    ``initialise_velocities`` draws from the same seed (were they one stream, the first Langevin
+    kicks would repeat the initial velocities and heat the start by about a quarter)."""
+    return np.random.default_rng([int(seed), 1])
+
+
 def make_dynamics(atoms: Atoms, settings: MDSettings):
     """The ASE integrator for ``settings.ensemble``: velocity Verlet (nve), Langevin
     (nvt-langevin), a Nose-Hoover chain (nvt-nose-hoover), Bussi's stochastic velocity rescaling
@@ -129,20 +136,26 @@ def make_dynamics(atoms: Atoms, settings: MDSettings):
         from ase.md.langevin import Langevin
         return Langevin(atoms, timestep=dt, temperature_K=settings.temperature_K,
                         friction=settings.friction_per_ps / (1000.0 * units.fs), fixcm=False,
-                        rng=np.random.default_rng(settings.seed))
+                        rng=thermostat_rng(settings.seed))
     if settings.ensemble == "nvt-nose-hoover":
         from ase.md.nose_hoover_chain import NoseHooverChainNVT
         return NoseHooverChainNVT(atoms, timestep=dt, temperature_K=settings.temperature_K, tdamp=tdamp)
     if settings.ensemble == "nvt-bussi":
         from ase.md.bussi import Bussi
         return Bussi(atoms, timestep=dt, temperature_K=settings.temperature_K, taut=tdamp,
-                     rng=np.random.default_rng(settings.seed))
-    if not atoms.pbc.all() or abs(atoms.cell.volume) < 1e-8:
-        raise ValueError("ensemble 'npt' needs a periodic structure with a 3-D cell (pbc=True in all directions)")
+                     rng=thermostat_rng(settings.seed))
+    check_ensemble(atoms, settings)
     from ase.md.nose_hoover_chain import IsotropicMTKNPT
     pdamp = (settings.pdamp_fs or 1000 * settings.timestep_fs) * units.fs
     return IsotropicMTKNPT(atoms, timestep=dt, temperature_K=settings.temperature_K,
                            pressure_au=settings.pressure_bar * units.bar, tdamp=tdamp, pdamp=pdamp)
+
+
+def check_ensemble(atoms: Atoms, settings: MDSettings) -> None:
+    """Raise ``ValueError`` when ``atoms`` cannot run ``settings.ensemble`` (npt needs a 3-D periodic cell)."""
+    if settings.ensemble == "npt" and (not atoms.pbc.all() or abs(atoms.cell.volume) < 1e-8):
+        raise ValueError(f"ensemble 'npt' needs a periodic structure with a 3-D cell (pbc=True in all directions); "
+                         f"this one has pbc={atoms.pbc.tolist()} and a cell of volume {abs(atoms.cell.volume):.4g} A^3")
 
 
 def evaluation_properties(settings: MDSettings):
@@ -158,6 +171,7 @@ def time_one_step(atoms: Atoms, settings: MDSettings) -> float:
 
     if atoms.calc is None:
         raise ValueError("atoms has no calculator: set atoms.calc = MACECalculator(...) first")
+    check_ensemble(atoms, settings)
     props = list(evaluation_properties(settings))
     atoms.calc.calculate(atoms, props, all_changes)
     t0 = time.perf_counter()
@@ -202,7 +216,7 @@ class _Progress:
 
 
 class _Log:
-    """md.log: one line per ``interval`` steps with energies to 1e-6 eV, enough to see drift."""
+    """md.log: one line per ``interval`` steps (and the last step) with energies to 1e-6 eV, enough to see drift."""
 
     def __init__(self, dyn, atoms: Atoms, path: str, stress: bool):
         self.dyn, self.atoms, self.stress = dyn, atoms, stress
@@ -275,7 +289,8 @@ def run_md(atoms: Atoms, settings: MDSettings, out_dir: Optional[str] = None, pr
            init_velocities: bool = True, info: Optional[Dict] = None,
            on_ready: Optional[Callable[[], None]] = None, overwrite: bool = False) -> Dict:
     """Run ``settings.steps`` of MD on ``atoms`` (its calculator must be set). With ``out_dir``,
-    writes ``md.traj`` (ASE trajectory), ``md.log`` and ``summary.json``; ``info`` (e.g. model and
+    writes ``md.traj`` (ASE trajectory), ``md.log`` and ``summary.json`` (a completed run's last step is
+    always in md.traj and md.log, whatever the intervals); ``info`` (e.g. model and
     structure names) is recorded in the summary. The first energy/forces evaluation happens before
     the progress bar starts (``on_ready`` is called after it), so a structure the model cannot run
     fails before the run. Returns the summary: ns/day (None with fewer than 2 steps), wall time,
@@ -284,7 +299,8 @@ def run_md(atoms: Atoms, settings: MDSettings, out_dir: Optional[str] = None, pr
     ``summary.json`` is written however the run ends; ``status`` is "completed", "interrupted"
     (SIGINT/SIGTERM: ``Interrupted``, a ``KeyboardInterrupt``, is raised after writing) or
     "failed" (the error is raised after writing). An ``out_dir`` holding an earlier run's files is
-    refused unless ``overwrite`` (which deletes them first)."""
+    refused unless ``overwrite``, which deletes them once the run can start (after the first
+    evaluation: a structure that cannot run leaves them in place)."""
     if atoms.calc is None:
         raise ValueError("atoms has no calculator: set atoms.calc = MACECalculator(...) first")
     settings.validate()
@@ -292,8 +308,6 @@ def run_md(atoms: Atoms, settings: MDSettings, out_dir: Optional[str] = None, pr
     if earlier and not overwrite:
         raise FileExistsError(f"out_dir {out_dir!r} holds an earlier run ({', '.join(earlier)}); "
                               "overwrite=True replaces it, or choose another out_dir")
-    for name in earlier:  # replaced as a whole: none of its files is left beside this run's
-        os.remove(os.path.join(out_dir, name))
     if init_velocities:
         initialise_velocities(atoms, settings.temperature_K, settings.seed)
     else:
@@ -302,25 +316,32 @@ def run_md(atoms: Atoms, settings: MDSettings, out_dir: Optional[str] = None, pr
     for prop in evaluation_properties(settings):  # a structure the model cannot run fails here, not mid-run
         atoms.calc.get_property(prop, atoms)
     e_start = atoms.get_potential_energy() + atoms.get_kinetic_energy()
+    # replaced as a whole, and only once this run can start: none of its files is left beside this run's
+    for name in earlier:
+        os.remove(os.path.join(out_dir, name))
     if on_ready is not None:
         on_ready()
     calc = atoms.calc
     summary = {"status": "running", "num_atoms": len(atoms), "formula": atoms.get_chemical_formula(),
                **(info or {}), "settings": asdict(settings),
-               "device": str(getattr(calc, "device", "")), "dtype": str(getattr(calc, "dtype", "")).replace("torch.", ""),
+               "device": str(getattr(calc, "device", "")),
+               "dtype": str(getattr(calc, "dtype", "")).replace("torch.", ""),
                "threads": getattr(calc, "num_threads", None), "versions": versions()}
     closers = []
+    finals = []  # (write, interval): the last step is recorded even when the interval does not divide the steps
     if out_dir is not None:
         os.makedirs(out_dir, exist_ok=True)
         if settings.traj_interval:
             from ase.io import Trajectory
             traj = Trajectory(os.path.join(out_dir, "md.traj"), "w", atoms)
             dyn.attach(traj.write, interval=settings.traj_interval)
+            finals.append((traj.write, settings.traj_interval))
             closers.append(traj.close)
             summary["trajectory"] = os.path.join(out_dir, "md.traj")
         if settings.log_interval:
             log = _Log(dyn, atoms, os.path.join(out_dir, "md.log"), stress=settings.ensemble == "npt")
             dyn.attach(log, interval=settings.log_interval)
+            finals.append((log, settings.log_interval))
             closers.append(log.close)
             summary["log"] = os.path.join(out_dir, "md.log")
     bar = _Progress(dyn, atoms, settings.steps, settings.timestep_fs, progress)
@@ -330,6 +351,9 @@ def run_md(atoms: Atoms, settings: MDSettings, out_dir: Optional[str] = None, pr
     try:
         with _Signals():
             dyn.run(settings.steps)
+            for write, interval in finals:  # a run continued from the trajectory starts at its last frame
+                if dyn.nsteps % interval:
+                    write()
         summary["status"] = "completed"
     except KeyboardInterrupt as exc:
         summary["status"], error = "interrupted", exc

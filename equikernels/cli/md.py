@@ -24,7 +24,8 @@ def register(subparsers) -> None:
                    help=f"structure file (any format ASE reads; the last frame is used) or a built-in example "
                         f"({', '.join(BUILTIN_STRUCTURES)}); default: cu-fcc")
     p.add_argument("--steps", type=int, default=None,
-                   help=f"number of MD steps (default {DEFAULT_STEPS['cuda']} on a GPU, {DEFAULT_STEPS['cpu']} on a CPU)")
+                   help=f"number of MD steps (default {DEFAULT_STEPS['cuda']} on a GPU, "
+                        f"{DEFAULT_STEPS['cpu']} on a CPU)")
     p.add_argument("--timestep", type=float, default=1.0, help="timestep in fs (default 1.0)")
     p.add_argument("--temperature", type=float, default=300.0,
                    help="temperature in K: initial velocities and thermostat (default 300)")
@@ -56,7 +57,8 @@ def register(subparsers) -> None:
                    help="start from the velocities stored in the structure file (e.g. the last frame of an "
                         "earlier run's md.traj) instead of drawing them at --temperature")
     p.add_argument("--log-interval", type=int, default=10, help="steps between log lines (0: no log; default 10)")
-    p.add_argument("--traj-interval", type=int, default=10, help="steps between trajectory frames (0: none; default 10)")
+    p.add_argument("--traj-interval", type=int, default=10,
+                   help="steps between trajectory frames (0: none; default 10); the last step is always written")
     p.add_argument("--seed", type=int, default=0, help="random seed for velocities and the thermostat (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -81,7 +83,8 @@ def load_structure(spec):
     except Exception as exc:  # noqa: BLE001 (ASE raises many kinds for unreadable files)
         text = str(exc).strip().splitlines()
         raise ValueError(f"structure {spec!r}: ASE cannot read it ({type(exc).__name__}: "
-                         f"{text[0] if text else ''}); expected a structure file such as .xyz, .extxyz, .cif, POSCAR") from None
+                         f"{text[0] if text else ''}); expected a structure file such as .xyz, .extxyz, .cif, "
+                         "POSCAR") from None
     if isinstance(atoms, list):
         if not atoms:
             raise ValueError(f"structure {spec!r} holds no structures")
@@ -126,7 +129,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--keep-velocities: {structure} holds no velocities (expected a trajectory or extxyz "
                          "file with momenta, such as an earlier run's md.traj)")
     if args.model is not None:  # a foundation-model name: its file, so the summary records where it is
-        args.model = foundation_checkpoint(args.model) or args.model
+        try:
+            args.model = foundation_checkpoint(args.model) or args.model
+        except OSError as exc:  # a download that failed (no network, a proxy): say which model and why
+            raise OSError(f"--model {args.model!r}: the foundation model could not be fetched ({type(exc).__name__}: "
+                          f"{exc}); check the network, or pass the path of a downloaded .model file") from exc
     calc = MACECalculator(args.model, device=args.device, default_dtype=args.dtype, head=args.head,
                           skin=DEFAULT_SKIN if args.skin is None else args.skin, num_threads=args.threads)
     device_kind = "cuda" if calc.device.type == "cuda" else "cpu"
@@ -150,8 +157,10 @@ def run(args: argparse.Namespace) -> int:
     model = args.model if args.model is not None else "the bundled default model"
     dtype = str(calc.dtype).replace("torch.", "")
     threads = f", {calc.num_threads} thread{'s' if calc.num_threads != 1 else ''}" if calc.device.type == "cpu" else ""
-    print(f"equikernels md: {len(atoms)} atom{'s' if len(atoms) != 1 else ''} ({atoms.get_chemical_formula()}, {structure}), {settings.ensemble} "
-          f"at {settings.temperature_K:g} K, {steps} steps of {settings.timestep_fs:g} fs{steps_note}", flush=True)
+    plural = "s" if len(atoms) != 1 else ""
+    print(f"equikernels md: {len(atoms)} atom{plural} ({atoms.get_chemical_formula()}, {structure}), "
+          f"{settings.ensemble} at {settings.temperature_K:g} K, {steps} steps of {settings.timestep_fs:g} fs"
+          f"{steps_note}", flush=True)
     compiles = " (the first evaluation compiles kernels)" if calc.device.type == "cuda" else ""
     print(f"  model {model} on {calc.device} ({dtype}{threads}){compiles}", flush=True)
     step_s = time_one_step(atoms, settings)  # fails here, before the run, for structures the model cannot run
