@@ -151,6 +151,8 @@ class Settings:
     fast_launch: Optional[bool] = _var(None, _FLAG, "Launch Triton kernels through the cached fast path "
                                                     "(default: on for Triton 3.6.x, off otherwise)",
                                        at_import=True)
+    ptxas_rescue: bool = _var(True, _FLAG, "Rebuild a kernel at ptxas -O1 when the default build collapses to a few "
+                                           "registers and kilobytes of stack per thread")
     cuda_graph: str = _var("auto", _Choice("auto", "0", "1", "true", "false", lower=True),
                            "Default of the ASE calculator's cuda_graph argument")
     edge_chunk: Union[str, int] = _var("auto", _AutoOrInt("'auto' or a non-negative integer (edges per chunk, "

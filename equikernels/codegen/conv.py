@@ -26,6 +26,7 @@ from .conv_planner import ConvPlanner, FLOWS
 from .plan_types import NEED_LETTERS, ConvKernelStep, ConvPlan, LaunchConfig, need_bits
 from .segment import segment_sum
 from .recipe import KERNEL_DT
+from .launch import rescue_options
 from .tp import _alloc, num_sms
 
 
@@ -54,6 +55,7 @@ class _ConvKernel:
         fn = getattr(self.module, step.name)
         self.fn = _Capped(fn, step.maxnreg) if step.maxnreg else fn
         self.source_path = self.module.__file__
+        self.opts = None  # compile options after the first launch (launch.rescue_options)
 
     def launch(self, tensors: Dict[str, torch.Tensor], outputs: Dict[str, torch.Tensor], graph, cfg: LaunchConfig,
                dtype: torch.dtype, programs: Optional[int] = None):
@@ -71,8 +73,10 @@ class _ConvKernel:
         args = [tensors[k] for k in st.inputs] + [outputs[k] for k in st.outputs]
         args += [idx[k] for k in st.index_args]
         prec = "tf32" if cfg.tf32 and dtype != torch.float64 else "ieee"
-        self.fn[grid](*args, n, triton.cdiv(n, cfg.rows), ROWS=cfg.rows, DT=KERNEL_DT[dtype], PREC=prec,
-                      num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        compiled = self.fn[grid](*args, n, triton.cdiv(n, cfg.rows), ROWS=cfg.rows, DT=KERNEL_DT[dtype], PREC=prec,
+                                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, **(self.opts or {}))
+        if self.opts is None:
+            self.opts = rescue_options(compiled)
 
 
 def _bits(kind: str, names) -> int:

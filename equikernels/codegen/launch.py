@@ -114,7 +114,28 @@ def register_cap(n_regs: int, num_warps: int):
     return cap if ok and 0 < n_regs - cap <= n_regs // 12 else None
 
 
-SPILL_LIMIT = 16  # bytes per thread a capped build may spill (a few local loads)
+SPILL_LIMIT = 16  # spilled 32-bit words per thread a capped build may have (a few local loads)
+RESCUE_PTXAS = "--opt-level 1"
+COLLAPSE_REGS, COLLAPSE_STACK = 40, 4096  # a collapsed build: at most this many registers, at least these stack bytes
+
+
+def collapsed(compiled) -> bool:
+    """Whether ptxas gave ``compiled`` (a launched CompiledKernel) the collapse it gives some very large
+    kernels at its default -O3: a minimal register count and kilobytes of stack per thread (the float64
+    backward of a 68-path product: 32 registers and 27 KB; built at -O1, 255 registers and 2.8 KB, and
+    6.6x faster). EQUIKERNELS_PTXAS_RESCUE=0 keeps such builds."""
+    if _Compiled is None or not isinstance(compiled, _Compiled) or not settings.get().ptxas_rescue:
+        return False
+    regs, words = getattr(compiled, "n_regs", None), getattr(compiled, "n_spills", None)
+    return regs is not None and words is not None and regs <= COLLAPSE_REGS and 4 * words >= COLLAPSE_STACK
+
+
+def rescue_options(compiled) -> dict:
+    """Launch options rebuilding a collapsed build at ptxas -O1 (after any PTXAS_OPTIONS); {} otherwise."""
+    if not collapsed(compiled):
+        return {}
+    given = _knobs.nvidia.ptxas_options if _knobs is not None else None
+    return {"ptx_options": f"{given} {RESCUE_PTXAS}" if given else RESCUE_PTXAS}
 BUILD_NOTICE_S = 20.0  # a first launch still building after this long is announced (high orders: minutes)
 
 
@@ -158,7 +179,7 @@ class FastLaunch:
     """``launch(grid, tensors, ints, consts, num_warps, num_stages)`` runs
     ``fn[grid](*tensors, *ints, *consts, num_warps=..., num_stages=...)``."""
 
-    __slots__ = ("fn", "fast", "hits", "cap_fp32", "cap", "launched")
+    __slots__ = ("fn", "fast", "hits", "cap_fp32", "cap", "launched", "opts")
 
     def __init__(self, fn, cap_fp32: bool = False, cap: bool = True):
         self.fn = fn
@@ -167,19 +188,21 @@ class FastLaunch:
         self.fast = _JIT is not None and isinstance(fn, _JIT)  # a compiled kernel (not the interpreter)
         self.hits: Dict[tuple, tuple] = {}  # key -> (launcher, CUfunction, packed metadata, CompiledKernel)
         self.launched = False
+        self.opts: dict = {}  # compile options of later normal-path launches (a collapsed build's rescue)
 
     def __call__(self, grid, tensors: Sequence, ints: Sequence, consts: tuple, num_warps: int, num_stages: int):
         if not (ENABLED and self.fast) or _hooked():
             if self.launched or not self.fast:
-                self.fn[grid](*tensors, *ints, *consts, num_warps=num_warps, num_stages=num_stages)
+                self.fn[grid](*tensors, *ints, *consts, num_warps=num_warps, num_stages=num_stages, **self.opts)
                 return
             with build_notice(self._name()):
-                self.fn[grid](*tensors, *ints, *consts, num_warps=num_warps, num_stages=num_stages)
+                compiled = self.fn[grid](*tensors, *ints, *consts, num_warps=num_warps, num_stages=num_stages)
+            self.opts = rescue_options(compiled)
             self.launched = True
             return
         key = spec_key(tensors, ints, consts, num_warps, num_stages)
         if key is None:
-            self.fn[grid](*tensors, *ints, *consts, num_warps=num_warps, num_stages=num_stages)
+            self.fn[grid](*tensors, *ints, *consts, num_warps=num_warps, num_stages=num_stages, **self.opts)
             return
         if _stream is None:
             _bind_driver()
@@ -202,7 +225,12 @@ class FastLaunch:
         # async compiles (a future, not a kernel) and kernels with pre-run hooks are not kept
         if (isinstance(compiled, _Compiled) and not self.fn.pre_run_hooks
                 and len(tensors) + len(ints) + len(consts) == len(self.fn.arg_names)):
-            capped = cap_dtypes(self.cap_fp32) if self.cap else ()
+            self.opts = rescue_options(compiled)
+            if self.opts:  # the rest of the launches run the -O1 build (no register cap: it would be -O3 again)
+                compiled = self.fn.warmup(*tensors, *ints, *consts, grid=grid, num_warps=num_warps,
+                                          num_stages=num_stages, **self.opts)
+                compiled.run  # noqa: B018 - loads the module now, not on the first timed launch
+            capped = cap_dtypes(self.cap_fp32) if self.cap and not self.opts else ()
             cap = register_cap(compiled.n_regs, num_warps) if any(t.dtype in capped for t in tensors) else None
             if cap is not None:  # later launches use a build capped at the occupancy step below
                 build = self.fn.warmup(*tensors, *ints, *consts, grid=grid, num_warps=num_warps,

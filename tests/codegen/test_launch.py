@@ -8,6 +8,7 @@ import warnings
 import pytest
 import torch
 
+from equikernels import settings
 from equikernels.catalog import problem as catalog_problem
 from equikernels.codegen import launch
 from equikernels.ops import tp as ops_tp
@@ -93,20 +94,22 @@ class _Jit:
     """Stands in for a JITFunction: fn[grid](*args, **kw) records the call, returns a 'kernel'."""
     arg_names = ["x_ptr", "out_ptr", "N", "NBLK", "ROWS", "DT", "PREC"]
 
-    def __init__(self, n_regs=96):
+    def __init__(self, n_regs=96, n_spills=0):
         self.normal, self.compiled, self.pre_run_hooks, self.warmed = [], [], [], []
-        self.n_regs = n_regs
+        self.n_regs, self.n_spills = n_regs, n_spills
         self.capped_spills = 0  # bytes the capped build spills
 
     def __getitem__(self, grid):
         def run(*args, **kw):
             self.normal.append((grid, args, kw))
-            self.compiled.append(_Compiled(self.n_regs))
+            self.compiled.append(_Compiled(255, 700) if "ptx_options" in kw else _Compiled(self.n_regs, self.n_spills))
             return self.compiled[-1]
         return run
 
     def warmup(self, *args, grid, **kw):  # compiles, launches nothing
         self.warmed.append((grid, args, kw))
+        if "ptx_options" in kw:  # the -O1 build of a collapsed kernel
+            return _Compiled(255, 700)
         return _Compiled(kw.get("maxnreg", self.n_regs), self.capped_spills if "maxnreg" in kw else 0)
 
 
@@ -171,6 +174,59 @@ def test_fast_launch_half_register_cap(fake, dtype, regs, capped, fp32, spills):
         assert jit.warmed[0][1] == (x, out, 20, 5, 4, "DT", "ieee") and not jit.compiled[0].calls
     else:  # not in the window, float32 not asked for, or the capped build spilled too much
         assert len(jit.warmed) == (spills > launch.SPILL_LIMIT) and len(jit.compiled[0].calls) == 1
+
+
+def test_collapse_signature():
+    """ptxas's collapse (a minimal register count, kilobytes of stack) and nothing else is rebuilt."""
+    c = lambda regs, words: launch.collapsed(_Real(regs, words))  # noqa: E731
+    assert c(32, 27000 // 4) and c(40, 1024)
+    assert not c(255, 700) and not c(41, 27000 // 4) and not c(32, 1023) and not c(168, 3088 // 4)
+    assert not launch.collapsed(None) and not launch.collapsed(object())
+    with settings.override(ptxas_rescue=False):
+        assert not c(32, 27000 // 4)
+
+
+class _Real(launch._Compiled or object):
+    """A CompiledKernel's register and spill counts, nothing else."""
+
+    def __init__(self, regs, words):
+        self.n_regs, self.n_spills = regs, words
+
+
+@pytest.mark.parametrize("regs,words,rescued", [(32, 6750, True), (255, 700, False), (32, 100, False)])
+def test_fast_launch_rebuilds_a_collapsed_build(fake, regs, words, rescued):
+    """A first build with ptxas's collapse runs once; later launches run its -O1 build (compiled by
+    warmup with ptx_options, nothing launched twice), and no register cap is tried on it."""
+    jit, fl = fake
+    jit.n_regs, jit.n_spills = regs, words
+    x, out = torch.zeros(256, dtype=torch.float64), torch.zeros(256, dtype=torch.float64)
+    args = ((5,), [x, out], [20, 5], (4, "DT", "ieee"), 4, 1)
+    fl(*args)
+    fl(*args)
+    assert len(jit.normal) == 1
+    if rescued:
+        assert [w[2] for w in jit.warmed] == [{"num_warps": 4, "num_stages": 1, "ptx_options": "--opt-level 1"}]
+        assert not jit.compiled[0].calls and fl.opts == {"ptx_options": "--opt-level 1"}
+    else:
+        assert not jit.warmed and len(jit.compiled[0].calls) == 1 and fl.opts == {}
+
+
+def test_normal_path_rebuilds_a_collapsed_build(fake, monkeypatch):
+    """Without the fast path the launches after a collapsed first build ask for the -O1 build, after any
+    PTXAS_OPTIONS given."""
+    jit, fl = fake
+    jit.n_regs, jit.n_spills = 32, 6750
+    monkeypatch.setattr(launch, "ENABLED", False)
+    x = torch.zeros(64, dtype=torch.float64)
+    args = ((4,), [x, x], [20, 5], (4, "DT", "ieee"), 4, 1)
+    fl(*args)
+    monkeypatch.setattr(launch._knobs.nvidia, "ptxas_options", "-v")
+    fl2 = launch.FastLaunch(jit)
+    fl2.fast = True
+    fl2(*args)
+    fl(*args)
+    fl2(*args)
+    assert [kw.get("ptx_options") for _, _, kw in jit.normal] == [None, None, "--opt-level 1", "-v --opt-level 1"]
 
 
 def test_fast_launch_fallbacks(fake, monkeypatch):
