@@ -58,14 +58,21 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
     return f"{_origin(filename)}: warning: {text[0] if text else category.__name__}\n"
 
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def _origin(filename: str) -> str:
-    """The package a warning comes from (its file under site-packages), so another library's warning
-    is not taken for ours."""
-    parts = os.path.normpath(str(filename)).split(os.sep)
+    """Who a warning comes from: equikernels for a file of this package, the package for a file under
+    site-packages, else "python" (the standard library, a script), so another's warning is not taken
+    for ours."""
+    path = os.path.abspath(str(filename))
+    if path.startswith(_PACKAGE + os.sep):
+        return "equikernels"
+    parts = os.path.normpath(path).split(os.sep)
     for marker in ("site-packages", "dist-packages"):
         if marker in parts[:-1]:
             return parts[parts.index(marker) + 1].split(".")[0]
-    return "equikernels"
+    return "python"
 
 
 # argparse takes "-1e9" for an option (its negative-number test knows no exponents)

@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     from ..calculators.loading import default_model_path
     from ..calculators.md import Interrupted, MDSettings, earlier_md_run, run_md, time_one_step
     from ..calculators.neighbors import DEFAULT_SKIN
-    from ..models.foundations import foundation_checkpoint
+    from ..models.foundations import DownloadError, foundation_checkpoint
 
     atoms, structure = load_structure(args.structure)
     if args.supercell:
@@ -131,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
     if args.model is not None:  # a foundation-model name: its file, so the summary records where it is
         try:
             args.model = foundation_checkpoint(args.model) or args.model
+        except DownloadError as exc:
+            raise DownloadError(f"--model {args.model!r}: {exc}") from exc
         except OSError as exc:  # a download that failed (no network, a proxy): say which model and why
             raise OSError(f"--model {args.model!r}: the foundation model could not be fetched ({type(exc).__name__}: "
                           f"{exc}); check the network, or pass the path of a downloaded .model file") from exc

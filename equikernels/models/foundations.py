@@ -40,12 +40,28 @@ def _given_file(fn: str, model, names: str):
     return None if model in table else _local(fn, model)
 
 
+class DownloadError(OSError):
+    """A foundation model could not be downloaded (no network, a proxy, a moved URL)."""
+
+
+def _fetched(model, download):
+    """``download()``, a failure named by the model asked for."""
+    try:
+        return download()
+    except (OSError, RuntimeError) as exc:  # urllib's URLError is an OSError; mace-torch raises RuntimeError
+        raise DownloadError(f"the foundation model {model!r} could not be fetched ({type(exc).__name__}: {exc}); "
+                            "check the network, or give the path of a downloaded .model file") from exc
+
+
 def mace_mp_checkpoint(model=None) -> str:
     """The local file of MACE-MP model ``model``: None (mace-torch's default), a name such as
     "small", "medium", "medium-mpa-0" or an https URL, downloaded by mace-torch into its cache the
     first time; any other value is a path to a model file."""
     path = _given_file("mace_mp", model, "mace_mp_names")
-    return path if path is not None else _foundations("mace_mp", model).download_mace_mp_checkpoint(model)
+    if path is not None:
+        return path
+    fm = _foundations("mace_mp", model)
+    return _fetched(model, lambda: fm.download_mace_mp_checkpoint(model))
 
 
 def mace_off_checkpoint(model=None) -> str:
@@ -63,7 +79,7 @@ def mace_off_checkpoint(model=None) -> str:
         os.makedirs(cache, exist_ok=True)
         print(f"downloading {url} to {path} (Academic Software License: https://github.com/gabor1/ASL)")
         partial = path + ".part"
-        urllib.request.urlretrieve(url, partial)
+        _fetched(model, lambda: urllib.request.urlretrieve(url, partial))
         os.replace(partial, path)  # an interrupted download leaves no file that looks complete
     return path
 

@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pickle
@@ -310,8 +311,10 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
     if os.path.isdir(path):
         model = _load_directory(path)
     elif not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such model file or directory (nor a foundation-model name "
-                                "mace-torch knows, such as 'medium' or 'small_off')")
+        names = ("nor a foundation-model name mace-torch knows, such as 'medium' or 'small_off'"
+                 if importlib.util.find_spec("mace") is not None else
+                 "foundation-model names such as 'medium' need mace-torch: pip install mace-torch")
+        raise FileNotFoundError(f"{path}: no such model file or directory ({names})")
     else:
         remove_stale_temps(path)
         obj = _torch_load_safe(path, "an equikernels model file or a mace-torch .model file")

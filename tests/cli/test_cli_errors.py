@@ -223,11 +223,12 @@ def test_warnings_name_the_library_they_come_from(cu_model, tmp_path, capsys, mo
         shown.append(warnings.formatwarning("foreign\nmore", UserWarning,
                                             "/env/lib/python3.12/site-packages/torch/jit/_script.py", 1))
         shown.append(warnings.formatwarning("ours", UserWarning, fine_tune.__file__, 1))
+        shown.append(warnings.formatwarning("stdlib", UserWarning, "/usr/lib/python3.12/ast.py", 1))
         raise ValueError("stop")
 
     monkeypatch.setattr(fine_tune, "config_from_args", warn_and_stop)
     assert main(["fine-tune", "--model", cu_model]) == 2
-    assert shown == ["torch: warning: foreign\n", "equikernels: warning: ours\n"]
+    assert shown == ["torch: warning: foreign\n", "equikernels: warning: ours\n", "python: warning: stdlib\n"]
 
 
 def test_negative_number_in_exponent_form_is_a_value(tmp_path, capsys):

@@ -17,11 +17,18 @@ def _one_thread(single_thread):
     yield
 
 
-def test_unknown_name_is_a_missing_file(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mace_torch", [True, False])
+def test_unknown_name_is_a_missing_file(tmp_path, monkeypatch, mace_torch):
+    """The message names what would have made it a model: a name mace-torch knows, or mace-torch itself."""
+    import importlib.util
     monkeypatch.chdir(tmp_path)
     assert foundation_checkpoint("no-such-model") is None
-    with pytest.raises(FileNotFoundError, match=r"no-such-model: no such model file or directory \(nor a "
-                                                r"foundation-model name mace-torch knows"):
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: (object() if mace_torch else None) if name == "mace" else find(name, *a))
+    hint = ("nor a foundation-model name mace-torch knows" if mace_torch
+            else "foundation-model names such as 'medium' need mace-torch: pip install mace-torch")
+    with pytest.raises(FileNotFoundError, match=r"no-such-model: no such model file or directory \(" + hint):
         load("no-such-model")
 
 
@@ -77,3 +84,22 @@ def test_fine_tuning_and_convert_take_names(stood_in, tmp_path):
     assert isinstance(load_model("medium", backend="equikernels"), MACE) and asked == [("mp", "medium")]
     assert main(["convert", "small_off", str(tmp_path / "off.pt")]) == 0
     assert isinstance(load(str(tmp_path / "off.pt")), MACE)
+
+
+@pytest.mark.mace
+@pytest.mark.parametrize("name", ["medium", "small_off"])
+def test_a_failed_download_names_the_model(stood_in, monkeypatch, name):
+    import urllib.error
+    import urllib.request
+
+    from mace.calculators import foundations_models as fm
+    from equikernels.models.foundations import DownloadError
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("Name or service not known")
+    monkeypatch.setattr(fm, "download_mace_mp_checkpoint", offline)
+    monkeypatch.setattr(fm, "get_cache_dir", lambda: str(stood_in[2] / "empty"))
+    monkeypatch.setattr(urllib.request, "urlretrieve", offline)
+    with pytest.raises(DownloadError, match=rf"foundation model '{name.split('_')[0]}' could not be fetched "
+                                            r"\(URLError: .*Name or service not known"):
+        load(name)
