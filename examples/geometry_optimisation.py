@@ -3,6 +3,7 @@ ASE's BFGS and FrechetCellFilter (forces and stress from the calculator), then a
 
     python examples/geometry_optimisation.py          # CPU, seconds
     python examples/geometry_optimisation.py --model my.model
+    python examples/geometry_optimisation.py --steps 3  # a quick look: 3 BFGS steps per relaxation
 """
 import argparse
 
@@ -19,7 +20,12 @@ def main():
     parser.add_argument("--model", default=None, help="model file (default: the bundled model)")
     parser.add_argument("--device", default=None)
     parser.add_argument("--fmax", type=float, default=0.01, help="force convergence, eV/A")
+    parser.add_argument("--steps", type=int, default=300, help="most BFGS steps per relaxation")
     args = parser.parse_args()
+    if args.steps < 0:
+        parser.error(f"--steps must be a non-negative integer, got {args.steps}")
+    if not args.fmax > 0:
+        parser.error(f"--fmax must be a positive force in eV/A, got {args.fmax}")
 
     crystal = bulk("Cu", "fcc", a=3.75, cubic=True).repeat(2)  # 4 % too large, and rattled
     crystal.rattle(0.05, seed=0)
@@ -29,7 +35,7 @@ def main():
     crystal.calc = calc
     e0 = crystal.get_potential_energy()
     opt = BFGS(FrechetCellFilter(crystal), logfile=None)
-    opt.run(fmax=args.fmax, steps=300)
+    opt.run(fmax=args.fmax, steps=args.steps)
     a = np.cbrt(crystal.get_volume() / len(crystal) * 4)
     print(f"bulk: {opt.nsteps} BFGS steps, energy {e0:.4f} -> {crystal.get_potential_energy():.4f} eV, "
           f"lattice constant 3.750 -> {a:.3f} A, "
@@ -42,7 +48,7 @@ def main():
     slab.rattle(0.05, seed=1)
     slab.calc = calc
     opt = BFGS(slab, logfile=None)
-    opt.run(fmax=args.fmax, steps=300)
+    opt.run(fmax=args.fmax, steps=args.steps)
     top = z0 > z0.max() - 0.1
     print(f"Cu(111) slab: {opt.nsteps} BFGS steps, top layer moved {np.mean(slab.positions[top, 2] - z0[top]):+.3f} A, "
           f"max force {np.abs(slab.get_forces()).max():.4f} eV/A")

@@ -12,6 +12,8 @@ No argument:      python examples/mace_convert.py
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import pickle
 import sys
 import tempfile
@@ -62,12 +64,10 @@ def mace_torch_module(path: str):
         return None
     except pickle.UnpicklingError:
         pass
-    try:
-        import mace  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("mace") is None:
         print("mace-torch is not installed: skipping the comparison with mace-torch")
         return None
-    from equikernels._compat import o3  # noqa: F401  (e3nn import that works on torch >= 2.6)
+    importlib.import_module("equikernels._compat")  # lets e3nn load its constants on torch >= 2.6 first
     print(f"unpickling {path} for mace-torch (this runs code stored in the file: only for files you trust)")
     return torch.load(path, map_location="cpu", weights_only=False).to(DTYPE)
 

@@ -24,6 +24,10 @@ def main():
     parser.add_argument("--timestep", type=float, default=2.0, help="fs")
     parser.add_argument("--device", default=None)
     args = parser.parse_args()
+    if args.steps < 0:
+        parser.error(f"--steps must be a non-negative integer, got {args.steps}")
+    if not args.timestep > 0:
+        parser.error(f"--timestep must be a positive number of fs, got {args.timestep}")
 
     atoms = Icosahedron("Cu", noshells=3, latticeconstant=3.61)
     rng = np.random.default_rng(0)

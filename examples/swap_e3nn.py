@@ -5,7 +5,9 @@ it, then (1) converts one module with ``equikernels.from_e3nn`` and (2) converts
 place with ``equikernels.accelerate``, checking the outputs agree and timing both versions.
 
     python examples/swap_e3nn.py          # CPU: the CPU path, a few seconds
+    python examples/swap_e3nn.py --rows 100000 --repeat 20   # on a GPU: enough work to time the kernels
 """
+import argparse
 import time
 
 import torch
@@ -34,19 +36,26 @@ def timed(fn, repeat=5):
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1000, help="inputs (rows) per forward")
+    parser.add_argument("--repeat", type=int, default=5, help="timed forwards per version")
+    args = parser.parse_args()
+    if args.rows < 1 or args.repeat < 1:
+        parser.error(f"--rows and --repeat must be positive integers, got {args.rows} and {args.repeat}")
+
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = Model().to(device)
-    features = o3.Irreps("16x0e+8x1o+4x2e").randn(1000, -1, device=device)
-    vectors = torch.randn(1000, 3, device=device)
+    features = o3.Irreps("16x0e+8x1o+4x2e").randn(args.rows, -1, device=device)
+    vectors = torch.randn(args.rows, 3, device=device)
 
     with torch.no_grad():
-        ref, t_e3nn = timed(lambda: model(features, vectors))
+        ref, t_e3nn = timed(lambda: model(features, vectors), args.repeat)
 
         # (1) one module: the converted module holds the very same weight Parameter
         tp = equikernels.from_e3nn(model.tp)
         assert tp.weight is model.tp.weight
-        print(f"from_e3nn: {model.tp} -> {tp}")
+        print(f"from_e3nn: e3nn's {model.tp}\n  -> equikernels.{type(tp).__name__}, holding the same weight Parameter")
         diff_tp = (tp(features, model.sh(vectors)) - model.tp(features, model.sh(vectors))).abs().max().item()
         print(f"  max |difference| of the tensor product: {diff_tp:.2e}")
 
@@ -55,7 +64,7 @@ def main():
         report = equikernels.accelerate(model)
         print(report)
         assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
-        out, t_ek = timed(lambda: model(features, vectors))
+        out, t_ek = timed(lambda: model(features, vectors), args.repeat)
 
     print(f"max |difference| of the model output: {(out - ref).abs().max().item():.2e} "
           f"(relative {((out - ref).norm() / ref.norm()).item():.1e})")

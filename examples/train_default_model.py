@@ -9,11 +9,12 @@ ScaleShiftMACE (16x0e+16x1o, max_ell 2, correlation 3, 2 interactions, r_max 5 �
 equikernels.training (AdamW, cosine schedule, EMA, energy/forces/stress loss).
 
     python examples/train_default_model.py                 # train and install into the package
-    python examples/train_default_model.py --no-install --epochs 1 --n-train 40 \\
-        --data /tmp/emt --out /tmp/run   # a quick look
+    python examples/train_default_model.py --no-install --epochs 1 --n-train 40 --n-valid 10 \\
+        --n-test 10 --data /tmp/emt --out /tmp/run   # a quick look
 
 Writes examples/data/emt_{train,valid,test}.xyz (kept if present), the run under --out, and,
-unless --no-install, equikernels/default_model/mace_emt_small.model + metrics.json.
+unless --no-install, equikernels/default_model/mace_emt_small.model + metrics.json. A data file
+kept from earlier must hold the --n-* structures asked for: other sizes go to another --data.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import shutil
 import sys
 import time
 
+import ase.io
 import torch
 
 from emt_data import write_emt_dataset  # the sibling module: this folder is sys.path[0] when run as a script
@@ -41,10 +43,17 @@ SMALL_MACE = dict(hidden_irreps="16x0e+16x1o", MLP_irreps="16x0e", max_ell=2, co
 
 
 def dataset(directory: str, split: str, n: int, regenerate: bool) -> str:
+    """The ``split`` file in ``directory``, written when absent or ``regenerate``; a kept file
+    must hold ``n`` structures (ValueError otherwise), so that --n-* is never silently ignored."""
     path = os.path.join(directory, f"emt_{split}.xyz")
     if regenerate or not os.path.isfile(path):
         os.makedirs(directory, exist_ok=True)
         write_emt_dataset(path, n, seed=SEEDS[split])
+        return path
+    kept = sum(1 for _ in ase.io.iread(path, index=":", format="extxyz"))
+    if kept != n:
+        raise ValueError(f"{path} holds {kept} structures, --n-{split} asks for {n}: pass --data DIR "
+                         f"for a data set of this size (or --regenerate to rewrite this file)")
     return path
 
 
@@ -65,10 +74,16 @@ def main() -> None:
     p.add_argument("--regenerate", action="store_true", help="rebuild the data files even if present")
     p.add_argument("--no-install", action="store_true", help="do not copy the model into the package")
     args = p.parse_args()
+    for split in SEEDS:
+        if getattr(args, f"n_{split}") < 1:
+            p.error(f"--n-{split} must be a positive integer, got {getattr(args, f'n_{split}')}")
     torch.set_num_threads(args.threads)
 
     t0 = time.time()
-    files = {s: dataset(args.data, s, getattr(args, f"n_{s}"), args.regenerate) for s in SEEDS}
+    try:
+        files = {s: dataset(args.data, s, getattr(args, f"n_{s}"), args.regenerate) for s in SEEDS}
+    except ValueError as exc:
+        p.error(str(exc))
     t_data = time.time() - t0
     # mace-torch's implementation is the faster one on CPU (ours runs its PyTorch reference
     # there); the result is saved in equikernels' format either way
@@ -77,8 +92,8 @@ def main() -> None:
         train_file=files["train"], valid_file=files["valid"], new_model=SMALL_MACE, e0s="average",
         model_backend=backend, dtype="float64", epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
         lr_schedule="cosine", warmup_steps=20, min_lr_ratio=0.02, ema_decay=0.99, clip_grad_norm=10.0,
-        energy_weight=args.energy_weight, forces_weight=args.forces_weight, stress_weight=10.0, weight_decay=5e-7, seed=7,
-        out_dir=args.out, checkpoint_every=100, device=args.device)
+        energy_weight=args.energy_weight, forces_weight=args.forces_weight, stress_weight=10.0, weight_decay=5e-7,
+        seed=7, out_dir=args.out, checkpoint_every=100, device=args.device)
     trainer = Trainer(cfg)
     t1 = time.time()
     summary = trainer.fit(overwrite=True)  # --out is this script's own folder: a rerun trains afresh
@@ -91,7 +106,8 @@ def main() -> None:
     live, trainer.model, trainer.dtype = trainer.model, final.to(trainer.device, torch.float64), torch.float64
     summary["test"] = trainer.evaluate(test_set)
     trainer.model = live
-    print("test  " + "  ".join(f"{k} {1000 * v:.2f}" for k, v in summary["test"].items() if k != "loss"))
+    print("test (meV/atom, meV/Å, meV/Å³)  "
+          + "  ".join(f"{k} {1000 * v:.2f}" for k, v in summary["test"].items() if k != "loss"))
 
     record = {
         "description": "small ScaleShiftMACE trained on EMT data (Cu Ni Al Ag Au Pd Pt) by "

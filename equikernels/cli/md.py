@@ -47,8 +47,8 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", choices=("float64", "float32"), default=None,
                    help="model precision (default: the model's own)")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: OMP_NUM_THREADS if set, else the physical cores, "
-                        f"at most {DEFAULT_MAX_THREADS})")
+                   help="torch CPU threads (default: OMP_NUM_THREADS if set, else "
+                        f"{DEFAULT_MAX_THREADS}: more threads rarely help small systems)")
     p.add_argument("--skin", type=float, default=None, help="neighbour-list skin in Angstrom (default 0.5)")
     p.add_argument("--out", default="md_out", help="output directory (default md_out)")
     p.add_argument("--overwrite", action="store_true",

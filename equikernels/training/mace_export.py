@@ -48,7 +48,8 @@ def _build(model) -> torch.nn.Module:
         interaction_cls=getattr(mm, inters[min(1, len(inters) - 1)]["type"]),
         interaction_cls_first=getattr(mm, inters[0]["type"]),
         num_interactions=len(inters), num_elements=int(cfg["num_elements"]),
-        hidden_irreps=o3.Irreps(inters[0]["hidden_irreps"]), MLP_irreps=mlp_irreps,
+        # the products hold the hidden irreps; a first interaction that is not residual outputs others
+        hidden_irreps=o3.Irreps(cfg["products"][0]["hidden_irreps"]), MLP_irreps=mlp_irreps,
         atomic_energies=model.atomic_energies.detach().cpu().double().numpy(),
         avg_num_neighbors=float(inters[0]["avg_num_neighbors"]),
         atomic_numbers=[int(z) for z in cfg["atomic_numbers"]],

@@ -71,3 +71,16 @@ def test_to_mace_is_quiet(single_thread):
         warnings.simplefilter("always")
         to_mace(model)
     assert not [w for w in caught if "TorchScript" in str(w.message)]
+
+
+def test_a_model_with_a_non_residual_first_interaction_goes_back_to_mace(single_thread):
+    """mace-torch's RealAgnosticInteractionBlock first: its output irreps are not the hidden irreps."""
+    pytest.importorskip("mace")
+    from equikernels.models import from_mace
+    from equikernels.training.mace_export import to_mace
+    from random_models import small_random_mace_model
+
+    m = small_random_mace_model([28, 29])
+    assert type(m.interactions[0]).__name__ == "RealAgnosticInteractionBlock"
+    ours = from_mace(m)
+    _same(ours, to_mace(ours))
