@@ -28,6 +28,7 @@ not change with it.
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -89,7 +90,7 @@ class Comparison:
             lines.append(f"  {len(self.new_cells)} cells not in the baseline (not compared)")
         if self.out_of_scope:
             lines.append(f"  {self.out_of_scope} baseline cells outside this run's groups, problems and sizes "
-                         "(not compared)")
+                         "or its --quick subset (not compared)")
         if self.ok:
             lines.append("OK: no regression")
         else:
@@ -101,21 +102,49 @@ class Comparison:
         return "\n".join(lines)
 
 
-def load_run(path: Union[str, Path]) -> dict:
-    """A benchmark JSON written by ``equikernels bench``; a clear error for anything else."""
+def load_run(path: Union[str, Path], what: str = "benchmark results file") -> dict:
+    """A benchmark JSON written by ``equikernels bench``; a clear error, naming ``what`` (the argument
+    that gave the path) and the file, for anything else."""
     p = Path(path)
+    where = f"{what} {str(p)!r}"
+    if p.is_dir():
+        raise IsADirectoryError(f"{where} is a folder; expected a JSON file written by 'equikernels bench' "
+                                "(<gpu-kind>.json)")
     try:
         data = json.loads(p.read_text())
     except FileNotFoundError:
-        raise FileNotFoundError(f"benchmark results file {str(p)!r} does not exist") from None
+        raise FileNotFoundError(f"{where} does not exist") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{where} is not JSON (not UTF-8 text)") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{str(p)!r} is not JSON ({exc.msg} at line {exc.lineno})") from None
+        raise ValueError(f"{where} is not JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("cells"), list):
-        raise ValueError(f"{str(p)!r} is not an 'equikernels bench' result (expected schema {SCHEMA!r} and a "
-                         "'cells' list)")
+        found = f"schema {data.get('schema')!r}" if isinstance(data, dict) else f"a JSON {type(data).__name__}"
+        raise ValueError(f"{where} is not an 'equikernels bench' result (expected schema {SCHEMA!r} and a "
+                         f"'cells' list; found {found})")
     if not data.get("gpu_kind"):
-        raise ValueError(f"{str(p)!r} does not say which GPU kind it was measured on ('gpu_kind')")
+        raise ValueError(f"{where} does not say which GPU kind it was measured on ('gpu_kind')")
+    for i, c in enumerate(data["cells"]):
+        problem = _cell_problem(c)
+        if problem:
+            raise ValueError(f"{where}: cells[{i}] {problem}")
     return data
+
+
+def _cell_problem(c) -> Optional[str]:
+    """What is wrong with one cell of a result file (None: usable by compare, merge and the report)."""
+    if not isinstance(c, dict):
+        return f"is not an object (found JSON {type(c).__name__})"
+    for key in ("id", "impl", "status"):
+        if not isinstance(c.get(key), str) or not c[key]:
+            return f"has no {key!r} string"
+    if "/" not in c["id"]:
+        return f"id {c['id']!r} is not '<group>/...'"
+    if c["status"] == "ok":
+        ms = c.get("ms")
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms) or ms <= 0:
+            return f"({c['id']}, {c['impl']}) has status 'ok' but 'ms' {ms!r}; expected a time > 0"
+    return None
 
 
 def _index(cells: Iterable[dict]) -> Dict[Tuple[str, str], dict]:
@@ -134,6 +163,28 @@ def in_scope(cell: dict, scope: Optional[dict]) -> bool:
         m = re.search(r"/(\d+)atoms/", cell["id"])
         return m is None or int(m.group(1)) in scope["atoms"]
     return group != "tp" or cell["id"].split("/")[1] in scope.get("problems", ())
+
+
+def _id_slots(cells: Iterable[dict]) -> Dict[Tuple[str, int, int], set]:
+    """(group, id length, position) -> the id segments found there among ``cells``."""
+    slots: Dict[Tuple[str, int, int], set] = {}
+    for c in cells:
+        parts = c["id"].split("/")
+        for i, part in enumerate(parts[1:], 1):
+            slots.setdefault((parts[0], len(parts), i), set()).add(part)
+    return slots
+
+
+def _quick_measures(cell: dict, slots: Dict[Tuple[str, int, int], set]) -> bool:
+    """Whether a ``--quick`` run whose cell ids gave ``slots`` measures a cell like ``cell`` of a full
+    run: each segment of its id (problem, dtype, rows or size, direction or mode) occurs at its place
+    in the run's ids of that group. A group of which the run has no cell at all counts as measured,
+    so that a vanished group is still reported."""
+    parts = cell["id"].split("/")
+    keys = [(parts[0], len(parts), i) for i in range(1, len(parts))]
+    if keys and keys[0] not in slots:
+        return True
+    return all(part in slots.get(k, ()) for k, part in zip(keys, parts[1:]))
 
 
 def merge(runs: Sequence[dict]) -> dict:
@@ -181,23 +232,28 @@ def compare(baseline: dict, current: dict, *, margin: float = DEFAULT_MARGIN, sl
     """Compare ``current`` with ``baseline`` (both as written by ``equikernels bench``).
 
     ``impls``: which implementations are guarded (default: equikernels only; None: all). Baseline
-    cells outside ``current``'s scope (groups, problems and system sizes it was asked to run) are not compared.
+    cells outside ``current``'s scope (groups, problems and system sizes it was asked to run) are not compared,
+    nor, for a ``--quick`` run against a full one, cells of rows, sizes, dtypes or modes it does not time.
     Raises ``GPUKindMismatch`` when the runs come from different GPU kinds."""
-    if margin < 0 or slack_ms < 0:
-        raise ValueError(f"margin and slack_ms must be >= 0, got {margin} and {slack_ms}")
+    for name, value in (("margin", margin), ("slack_ms", slack_ms)):
+        if not (math.isfinite(value) and value >= 0):  # NaN would pass every cell
+            raise ValueError(f"{name}: expected a finite number >= 0, got {value}")
     kb, kc = baseline.get("gpu_kind"), current.get("gpu_kind")
     if kb != kc:
         raise GPUKindMismatch(f"the baseline was measured on {kb!r} and this run on {kc!r}: timings of different "
                               "GPU kinds are not comparable (use benchmarks/baselines/<gpu-kind>.json of this GPU)")
     guarded = None if impls is None else set(impls)
     base, cur = _index(baseline["cells"]), _index(current["cells"])
+    # --quick measures other rows, sizes, dtypes and modes than a full run: compare what both measured
+    quick = _id_slots(current["cells"]) if current.get("quick") and not baseline.get("quick") else None
     res = Comparison(gpu_kind=str(kc), margin=margin, slack_ms=slack_ms)
     for key in sorted(set(base) | set(cur)):
         cid, impl = key
         if guarded is not None and impl not in guarded:
             continue
         b, c = base.get(key), cur.get(key)
-        if c is None and b is not None and not in_scope(b, current.get("scope")):
+        if c is None and b is not None and (not in_scope(b, current.get("scope"))
+                                            or (quick is not None and not _quick_measures(b, quick))):
             res.out_of_scope += 1
             continue
         if c is not None and c.get("status") == "ok" and c.get("err") is not None and c.get("tol") is not None \
@@ -229,8 +285,8 @@ def compare(baseline: dict, current: dict, *, margin: float = DEFAULT_MARGIN, sl
             res.host_ratios.append(host)
         if cm > limit:
             note = "" if host is None else f"; host probe {host:.2f}x the baseline's"
-            res.findings.append(Finding(cid, impl, "slower", bm, cm,
-                                        f"{cm:.4g} ms vs baseline {bm:.4g} ms ({cm / bm:.2f}x; limit {limit:.4g} ms{note})"))
+            res.findings.append(Finding(cid, impl, "slower", bm, cm, f"{cm:.4g} ms vs baseline {bm:.4g} ms "
+                                        f"({cm / bm:.2f}x; limit {limit:.4g} ms{note})"))
         elif cm < bm * (1 - margin) - slack_ms:
             res.faster.append((cid, impl, cm / bm))
     return res

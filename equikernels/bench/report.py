@@ -53,14 +53,25 @@ def _fmt_cell(c: Optional[dict]) -> str:
     return s
 
 
+def _group(cell: dict) -> str:
+    return cell.get("group") or cell["id"].split("/")[0]
+
+
+def _copy_gbps(data: dict) -> Optional[float]:
+    """The run's device-to-device copy bandwidth (absent from runs joined from files without it)."""
+    gbps = (data.get("copy") or {}).get("gbps_median")
+    return float(gbps) if isinstance(gbps, (int, float)) and gbps > 0 else None
+
+
 def markdown(data: dict) -> str:
-    env = data["env"]
+    env = data.get("env") or {}
+    copy = _copy_gbps(data)
     lines = [f"# equikernels bench: {env.get('gpu')}", "",
              f"{env.get('date_utc')}; torch {env.get('torch')} (CUDA {env.get('torch_cuda')}), triton "
              f"{env.get('triton')}, e3nn {env.get('e3nn')}, cuequivariance_torch {env.get('cuequivariance_torch')}, "
              f"openequivariance {env.get('openequivariance')}, mace-torch {env.get('mace_torch')}; equikernels "
-             f"{env.get('equikernels', {}).get('version')} ({env.get('equikernels', {}).get('git_commit')}). "
-             f"Device-to-device copy: {data['copy']['gbps_median']:.0f} GB/s.", "",
+             f"{(env.get('equikernels') or {}).get('version')} ({(env.get('equikernels') or {}).get('git_commit')})."
+             + ("" if copy is None else f" Device-to-device copy: {copy:.0f} GB/s."), "",
              "Milliseconds per call (median of CUDA-event timings, host work included); `absent`: library "
              "not installed; `err ...!`: error against e3nn in float64 above tolerance.", ""]
     if data.get("interrupted"):
@@ -72,7 +83,7 @@ def markdown(data: dict) -> str:
                   f"{(m.get('equikernels') or {}).get('git_commit')}" for m in data["merged"]] + [""]
     groups: "OrderedDict[str, List[dict]]" = OrderedDict()
     for c in data["cells"]:
-        groups.setdefault(c["group"], []).append(c)
+        groups.setdefault(_group(c), []).append(c)
     for g, cells in groups.items():
         impls = [i for i in IMPL_ORDER if any(c["impl"] == i for c in cells)]
         lines += [f"## {TITLES.get(g, g)}", "",
@@ -130,9 +141,9 @@ def plots(data: dict, out_dir: Path, stem: str) -> List[Path]:
         fig.savefig(p, dpi=120)
         plt.close(fig)
         written.append(p)
+    copy = _copy_gbps(data)
     bw = [c for c in data["cells"] if c["impl"] == "equikernels" and c.get("status") == "ok" and c.get("gbps")]
-    if bw:
-        copy = data["copy"]["gbps_median"]
+    if bw and copy is not None:
         fig, ax = plt.subplots(figsize=(10, max(3, 0.22 * len(bw) + 1)))
         ax.barh(range(len(bw)), [100 * c["gbps"] / copy for c in bw])
         ax.set_yticks(range(len(bw)))

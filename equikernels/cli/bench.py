@@ -9,21 +9,23 @@ result against e3nn in float64 and writes ``<gpu-kind>.json``, ``<gpu-kind>.md``
 
 ``--check BASELINE.json`` compares the run with a stored run of the same GPU kind and exits with
 status 1 when a cell is slower than ``baseline x (1 + margin) + slack`` (default margin 10 %, slack
-0.05 ms; see ``equikernels.bench.compare``); a run of some groups, problems or ``--atoms`` sizes
-is compared on those only. ``--results RUN.json --check BASELINE.json`` compares two stored runs
-without measuring (no GPU needed). ``--merge RUN.json ...`` joins runs of one GPU kind (the suite
-measured group by group) into one result in ``--out``, e.g. a new baseline. Stopped by Ctrl-C or
-SIGTERM (``timeout``), a run still writes the cells it finished (marked ``interrupted``) and exits
-with status 130.
+0.05 ms; see ``equikernels.bench.compare``); a run of some groups, problems or ``--atoms`` sizes,
+or a ``--quick`` run, is compared on the cells it measured. ``--results RUN.json --check
+BASELINE.json`` compares two stored runs without measuring (no GPU needed). ``--merge RUN.json ...``
+joins runs of one GPU kind (the suite measured group by group) into one result in ``--out``, e.g. a
+new baseline. Stopped by Ctrl-C or SIGTERM (``timeout``), a run still writes the cells it finished
+(marked ``interrupted``) and exits with status 130.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import math
 import signal
 import sys
 from pathlib import Path
+from typing import Optional
 
 GROUPS = ("conv", "mace", "md", "tp", "train")
 
@@ -69,37 +71,78 @@ def _list(value: str, allowed, what: str):
     return items
 
 
-def _check(args, current: dict) -> int:
-    from ..bench.compare import compare, load_run
-    res = compare(load_run(args.check), current, margin=args.margin, slack_ms=args.slack_ms)
+def _number(flag: str, value: float, positive: bool = False) -> None:
+    """A finite number >= 0 (> 0 with ``positive``) for ``flag``; NaN would silently pass every check."""
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{flag}: expected a finite number {'>' if positive else '>='} 0, got {value}")
+
+
+def _out_folder(out: str) -> Path:
+    """``--out`` as a folder that can be created; checked before anything is measured or written."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"--out: {out!r} is a file, expected a folder for the JSON, markdown and plots")
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise NotADirectoryError(f"--out: {str(parent)!r} is a file, so {out!r} cannot be a folder")
+            break
+    return path
+
+
+def _baseline(args, gpu_kind: Optional[str] = None) -> dict:
+    """The ``--check`` baseline, refused when ``gpu_kind`` is given and the baseline was measured on another."""
+    from ..bench.compare import load_run
+    base = load_run(args.check, "--check")
+    if gpu_kind is not None:
+        _same_kind(args, base, gpu_kind)
+    return base
+
+
+def _same_kind(args, base: dict, gpu_kind: str) -> None:
+    from ..bench.compare import GPUKindMismatch
+    if base["gpu_kind"] != gpu_kind:
+        raise GPUKindMismatch(f"--check: {args.check} was measured on {base['gpu_kind']!r}, this "
+                              f"{'run' if args.results or args.merge else 'GPU'} on {gpu_kind!r}; timings of "
+                              "different GPU kinds are not comparable")
+
+
+def _check(args, current: dict, base: dict) -> int:
+    from ..bench.compare import compare
+    res = compare(base, current, margin=args.margin, slack_ms=args.slack_ms)
     print(res.summary())
     return 0 if res.ok else 1
 
 
 def _write(data: dict, out: Path) -> list:
     from ..bench.report import markdown, plots
+    md = markdown(data)  # before any file: a result the report cannot show leaves none half-written
     out.mkdir(parents=True, exist_ok=True)
     stem = data["gpu_kind"]
     (out / f"{stem}.json").write_text(json.dumps(data, indent=1, default=str))
-    md = markdown(data)
     (out / f"{stem}.md").write_text(md)
     print("\n" + md)
     return [out / f"{stem}.json", out / f"{stem}.md"] + plots(data, out, stem)
 
 
 def run(args) -> int:
-    from ..bench.compare import GPUKindMismatch, load_run, merge
+    from ..bench.compare import load_run, merge
+    _number("--margin", args.margin)
+    _number("--slack-ms", args.slack_ms)
     if args.merge:
         if args.results:
             raise ValueError("--merge: not with --results (merge the runs, then --results MERGED --check BASE)")
-        data = merge([load_run(p) for p in args.merge])
-        written = _write(data, Path(args.out))
+        out = _out_folder(args.out)
+        data = merge([load_run(p, "--merge") for p in args.merge])
+        base = _baseline(args, data["gpu_kind"]) if args.check else None  # refused before anything is written
+        written = _write(data, out)
         print(f"merged {len(args.merge)} runs ({len(data['cells'])} cells); wrote " + ", ".join(map(str, written)))
-        return _check(args, data) if args.check else 0
+        return _check(args, data, base) if base is not None else 0
     if args.results:
         if not args.check:
             raise ValueError("--results: only with --check BASELINE.json (it compares two stored runs)")
-        return _check(args, load_run(args.results))
+        current = load_run(args.results, "--results")
+        return _check(args, current, _baseline(args, current["gpu_kind"]))
 
     import torch
     from ..bench import suite
@@ -119,23 +162,25 @@ def run(args) -> int:
     systems = None if args.atoms in (None, "") else [int(a) for a in _list(args.atoms, sizes, "--atoms")]
     if args.model and not Path(args.model).is_file():
         raise FileNotFoundError(f"--model: {args.model!r} is not a file")
+    _number("--target-ms", args.target_ms, positive=True)
+    if args.time_budget_s is not None:
+        _number("--time-budget-s", args.time_budget_s)
+    out = _out_folder(args.out)
+    base = _baseline(args) if args.check else None
     if not torch.cuda.is_available():
         raise RuntimeError("needs a CUDA GPU and none is visible (compare stored runs without one: "
                            "--results RUN.json --check BASELINE.json)")
     device = torch.device("cuda")
-    if args.check:  # fail before measuring when the baseline cannot be used
-        base = load_run(args.check)
-        if base["gpu_kind"] != gpu_kind(device):
-            raise GPUKindMismatch(f"--check: {args.check} was measured on {base['gpu_kind']!r}, this GPU is "
-                                  f"{gpu_kind(device)!r}; timings of different GPU kinds are not comparable")
+    if base is not None:  # fail before measuring when the baseline cannot be used
+        _same_kind(args, base, gpu_kind(device))
     opts = suite.Options(quick=args.quick, problems=problems, model=args.model, target_ms=args.target_ms,
                          impls=impls, groups=groups, time_budget_s=args.time_budget_s, systems=systems,
                          log=lambda s: print(s, flush=True))
     with interrupt_on_sigterm():
         data = suite.run_suite(opts, device)
-    written = _write(data, Path(args.out))
+    written = _write(data, out)
     print("wrote " + ", ".join(str(p) for p in written), f"({data['wall_s']} s)")
-    status = _check(args, data) if args.check else 0
+    status = _check(args, data, base) if base is not None else 0
     if data.get("interrupted"):
         print(f"interrupted after {data['interrupted']['after_s']} s: the files hold the cells measured before it "
               "(merge them with --merge; a later run's measured cells replace them)", file=sys.stderr)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import torch
 
@@ -46,22 +47,43 @@ def _problem_step(name: str, rows: int, dtype, layout: str, device) -> None:
     torch.autograd.grad(sum((g * torch.randn_like(g)).sum() for g in grads), (x, y, w))
 
 
-def _model_step(path: str, structure, atoms: int, dtype, device) -> None:
+def _structure(path, atoms: int):
+    """The structure a model is tuned on: ``path`` read by ASE, else a rattled Cu fcc crystal of about ``atoms``."""
     import ase.build
     import ase.io
 
-    from ..models import atoms_to_data, load
-    model = load(path, device=device, dtype=dtype)
-    if structure:
-        at = ase.io.read(structure)
-    else:
-        n = max(1, round((atoms / 4) ** (1 / 3)))
-        at = ase.build.bulk("Cu", "fcc", a=3.6, cubic=True).repeat((n, n, n))
-        at.rattle(0.05, seed=0)
+    if path:
+        try:
+            return ase.io.read(path)
+        except Exception as exc:  # ASE raises many kinds for a file it cannot parse
+            raise ValueError(f"--structure: cannot read {path!r} ({type(exc).__name__}: {exc})") from None
+    n = max(1, round((atoms / 4) ** (1 / 3)))
+    at = ase.build.bulk("Cu", "fcc", a=3.6, cubic=True).repeat((n, n, n))
+    at.rattle(0.05, seed=0)
+    return at
+
+
+def _model_step(model, at, dtype, device) -> None:
+    from ..models import atoms_to_data
+    model = model.to(device=device, dtype=dtype)
     data = atoms_to_data(at, float(model.r_max), model.atomic_numbers.tolist(), device=device, dtype=dtype)
     out = model(data, training=True, compute_force=True, compute_stress=bool(at.pbc.all()))
     loss = out["energy"].sum() + out["forces"].pow(2).sum()  # a force loss: needs the double backward
     loss.backward()
+
+
+def _device(value: str) -> torch.device:
+    """``--device`` as a CUDA device that exists here; the arguments are checked before this."""
+    try:
+        device = torch.device(value)
+    except RuntimeError:
+        raise ValueError(f"--device: {value!r} is not a device name; expected cuda or cuda:N") from None
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise ValueError(f"--device {value}: tuning needs a CUDA device (it times real GPU launches)")
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise ValueError(f"--device {value}: this machine has {count} CUDA device(s) (cuda:0 to cuda:{count - 1})")
+    return device
 
 
 def run(args) -> int:
@@ -69,16 +91,28 @@ def run(args) -> int:
 
     from .. import tune
     from ..catalog import standard_problems
-    device = torch.device(args.device)
-    if device.type != "cuda" or not torch.cuda.is_available():
-        raise ValueError(f"--device {args.device}: tuning needs a CUDA device (it times real GPU launches)")
-    dtype = getattr(torch, args.dtype)
+    # the arguments first: a mistyped one is named even where no GPU is visible
     names = list(standard_problems()) if args.problems == "all" else [n for n in args.problems.split(",") if n]
     unknown = [n for n in names if n not in standard_problems()]
     if unknown:
         raise ValueError(f"--problems: unknown {unknown}; known: {', '.join(standard_problems())}")
     if not names and not args.model:
         raise ValueError("give --problems and/or --model")
+    if names and args.rows < 1:
+        raise ValueError(f"--rows: expected a positive number of rows, got {args.rows}")
+    if args.model and args.structure is None and args.atoms < 1:
+        raise ValueError(f"--atoms: expected a positive number of atoms, got {args.atoms}")
+    if args.structure is not None:
+        if not args.model:
+            raise ValueError("--structure: only with --model (the named problems take --rows)")
+        if not Path(args.structure).is_file():
+            raise FileNotFoundError(f"--structure: {args.structure!r} is not a file")
+    model = at = None
+    if args.model:  # read here, on the CPU: a bad file or structure is named before the GPU is looked for
+        from ..models import load
+        model, at = load(args.model, device="cpu"), _structure(args.structure, args.atoms)
+    device = _device(args.device)
+    dtype = getattr(torch, args.dtype)
     before = set(tune.cache()._read())
     jobs = [("problem", n) for n in names] + ([("model", args.model)] if args.model else [])
     t0 = time.perf_counter()
@@ -87,7 +121,7 @@ def run(args) -> int:
             if kind == "problem":
                 _problem_step(what, args.rows, dtype, args.layout, device)
             else:
-                _model_step(what, args.structure, args.atoms, dtype, device)
+                _model_step(model, at, dtype, device)
     torch.cuda.synchronize()
     entries = tune.cache()._read()
     new = {k: v for k, v in entries.items() if k not in before}
@@ -98,5 +132,6 @@ def run(args) -> int:
         what = "|".join(k.split("|")[4:])
         d = v.get("default_ms")
         sp = f"{d / v['ms']:.2f}x" if d and v["ms"] else "-"
-        print(f"{what[:70]:70s} {str(v['config'])[:34]:34s} {v['ms']:8.3f} {d if d is None else round(d, 3)!s:>10s} {sp:>8s}")
+        default = "-" if d is None else f"{d:.3f}"
+        print(f"{what[:70]:70s} {str(v['config'])[:34]:34s} {v['ms']:8.3f} {default:>10s} {sp:>8s}")
     return 0

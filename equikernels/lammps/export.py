@@ -32,15 +32,17 @@ def export_mliap(model, path: Union[str, os.PathLike], dtype: Optional[str] = No
     mace-torch ``.model``, read through ``equikernels.models.io.load``) to ``path``; returns it."""
     from ..models.io import load  # noqa: PLC0415
 
-    if isinstance(model, (str, os.PathLike)):
-        model = load(model, device="cpu")
-    obj = EquikernelsMLIAP(model, head=head, dtype=dtype)
-    path = os.fspath(path)
+    path = os.fspath(path)  # checked before the model is read: converting a large model takes a while
+    if not path:
+        raise ValueError("path: empty, expected a file name such as model-mliap.pt")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise FileNotFoundError(f"path: the folder of {path!r} ({parent!r}) does not exist")
     if os.path.isdir(path):
         raise IsADirectoryError(f"path: {path!r} is a directory, expected a file name such as model-mliap.pt")
+    if isinstance(model, (str, os.PathLike)):
+        model = load(model, device="cpu")
+    obj = EquikernelsMLIAP(model, head=head, dtype=dtype)
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         if _is_torch_file(path):

@@ -53,7 +53,8 @@ def test_baseline_impls_are_not_guarded():
 def test_failed_missing_and_inaccurate_cells_regress():
     base = _run(**BASE)
     cur = copy.deepcopy(base)
-    cur["cells"] = [c for c in cur["cells"] if c["id"] != "tp/mace-large/float32/50000/fwd" or c["impl"] != "equikernels"]
+    cur["cells"] = [c for c in cur["cells"]
+                    if c["id"] != "tp/mace-large/float32/50000/fwd" or c["impl"] != "equikernels"]
     conv = next(c for c in cur["cells"] if c["id"].startswith("conv/"))
     conv.update(status="error", error="RuntimeError: boom")
     next(c for c in cur["cells"] if c["id"].startswith("mace/"))["err"] = 1e-2
@@ -259,3 +260,33 @@ def test_a_run_of_some_system_sizes_is_compared_on_those():
     cur["scope"]["atoms"] = [10192]
     assert merge([small, cur])["scope"]["atoms"] == [1008, 10192]
     assert "atoms" not in merge([small, _only(base, "mace")])["scope"]
+
+
+def test_a_quick_run_is_compared_on_what_it_measures():
+    """--quick times other rows, sizes, dtypes and modes than the full baseline: the cells both runs
+    measured are compared, the rest of the baseline is out of scope, and a cell the quick run should
+    have measured is still missed."""
+    full = {"tp/nequip-water/float32/50000/fwd": 0.5, "tp/nequip-water/float32/20000/dbwd": 0.9,
+            "conv/mace-mp-medium-L2/float32/10192atoms/fwd": 1.2, "mace/float32/1008atoms/E+F": 6.0,
+            "mace/float32/1008atoms/E+F+S": 7.0, "mace/float64/1008atoms/E+F": 9.0,
+            "md/float32/1008atoms/step": 4.0}
+    base = _run(**full)
+    quick = _run(**{"tp/nequip-water/float32/20000/fwd": 0.2, "tp/nequip-water/float32/20000/dbwd": 0.9,
+                    "tp/tetris-poly-1/float32/20000/dbwd": 0.1, "conv/mace-mp-medium-L2/float32/1008atoms/fwd": 0.3,
+                    "mace/float32/1008atoms/E+F": 6.0, "md/float32/1008atoms/step": 4.0})
+    quick["cells"] = [c for c in quick["cells"] if c["impl"] == "equikernels"]
+    quick.update(quick=True, scope={"groups": ["tp", "conv", "mace", "md"],
+                                    "problems": ["nequip-water", "tetris-poly-1"], "atoms": [1008]})
+    res = compare(base, quick)
+    assert res.ok and res.compared == 3 and res.out_of_scope == 4, res.summary()
+    assert "--quick" in res.summary()
+    slow = _slower(quick, "md/float32/1008atoms/step", 1.5)
+    assert [f.kind for f in compare(base, slow).findings] == ["slower"]
+    gone = copy.deepcopy(quick)
+    gone["cells"] = [c for c in gone["cells"] if c["id"] != "tp/nequip-water/float32/20000/dbwd"]
+    assert [(f.kind, f.cell) for f in compare(base, gone).findings] == [
+        ("missing", "tp/nequip-water/float32/20000/dbwd")]
+    # a group the quick run has no cell of at all is reported, not excused
+    no_md = copy.deepcopy(quick)
+    no_md["cells"] = [c for c in no_md["cells"] if c["group"] != "md"]
+    assert [f.cell for f in compare(base, no_md).findings] == ["md/float32/1008atoms/step"]

@@ -37,3 +37,12 @@ def test_mixed_precision_training_rows_compare_with_the_baselines_float32_step()
     assert "† against the other libraries' float32 step" in md
     # no float32 row of that size: nothing to compare with
     assert "| bf16-mixed/1008atoms/E+F | 30.00 | – | – | – | 1.0e-05 |" in md
+
+
+def test_report_of_a_run_without_copy_bandwidth_or_cell_groups(tmp_path):
+    from equikernels.bench.report import markdown, plots
+    data = {"gpu_kind": "x", "cells": [{"id": "tp/p/float32/20000/fwd", "impl": "equikernels", "status": "ok",
+                                        "ms": 1.0, "gbps": 100.0}]}
+    md = markdown(data)
+    assert "## Batched tensor product" in md and "| p/float32/20000/fwd | 1" in md
+    assert all(not p.name.endswith("_bandwidth.png") for p in plots(data, tmp_path, "x"))

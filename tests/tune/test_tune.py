@@ -8,7 +8,7 @@ import torch
 
 from equikernels import tune
 from equikernels.codegen.planner import candidates
-from equikernels.codegen.tp import LaunchConfig, TPKernels
+from equikernels.codegen.tp import LaunchConfig
 from equikernels.tune.cache import TuneCache
 
 
@@ -28,7 +28,8 @@ def _writer(path, i):
 
 def test_concurrent_writers_lose_nothing(tmp_path):
     path = tmp_path / "shared.json"
-    ctx = mp.get_context("spawn")
+    # fork: the writers only touch files, and spawned ones spent seconds each importing torch
+    ctx = mp.get_context("fork")
     procs = [ctx.Process(target=_writer, args=(path, i)) for i in range(4)]
     for p in procs:
         p.start()
@@ -121,7 +122,8 @@ def test_parallel_compile_pass_then_sequential_timing(monkeypatch):
     assert sorted(r for r, m in seen if not m) == [2, 3, 4]  # the parallel pass
     assert sorted(r for r, m in seen[1:] if m) == [2, 4]  # timed after it; r=3 not retried
     entry = tune.cache().get("kp")
-    assert [t["ms"] for t in entry["tried"]] == [5.0, 1.0, None, 2.0] and "out of resources" in entry["tried"][2]["error"]
+    assert [t["ms"] for t in entry["tried"]] == [5.0, 1.0, None, 2.0]
+    assert "out of resources" in entry["tried"][2]["error"]
 
 
 def test_no_parallel_pass_on_cpu_or_interpreter(monkeypatch):
@@ -264,3 +266,39 @@ def test_cached_config_outside_the_candidates_is_retuned():
     assert got == {"rows": 1} and calls
     tune._CACHE = None
     assert tune.cache().get(key)["config"] == {"rows": 1}  # the bad entry was replaced
+
+
+@pytest.mark.parametrize("argv, needles", [
+    ([], ["give --problems and/or --model"]),
+    (["--problems", "nequip-watr"], ["--problems", "nequip-watr"]),
+    (["--problems", "nequip-water", "--rows", "0"], ["--rows", "positive"]),
+    (["--model", "no-such.model"], ["no-such.model"]),
+    (["--model", "MODEL", "--atoms", "-4"], ["--atoms", "positive"]),
+    (["--model", "MODEL", "--structure", "no-such.xyz"], ["--structure", "no-such.xyz"]),
+    (["--problems", "nequip-water", "--structure", "STRUCTURE"], ["--structure", "only with --model"]),
+    (["--problems", "nequip-water", "--device", "gpu0"], ["--device", "gpu0"]),
+])
+def test_tune_arguments_are_named_before_the_missing_gpu(argv, needles, capsys, tmp_path, monkeypatch):
+    """Preparing a GPU run on a machine without one, a mistyped argument is named, not the missing GPU."""
+    from equikernels.cli import main
+    from equikernels.default_model import default_model_path
+    from cli_checks import one_line_error
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cu.xyz").write_text("1\n\nCu 0 0 0\n")
+    subst = {"MODEL": default_model_path(), "STRUCTURE": "cu.xyz"}
+    assert main(["tune", *[subst.get(a, a) for a in argv]]) == 2
+    one_line_error(capsys, *needles)
+
+
+def test_tune_reads_model_and_structure_then_names_the_missing_gpu(capsys, tmp_path, monkeypatch):
+    from equikernels.cli import main
+    from equikernels.default_model import default_model_path
+    from cli_checks import one_line_error
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    bad = tmp_path / "bad.xyz"
+    bad.write_text("not a structure\n")
+    assert main(["tune", "--model", default_model_path(), "--structure", str(bad)]) == 2
+    one_line_error(capsys, "--structure", "cannot read")
+    assert main(["tune", "--model", default_model_path()]) == 2
+    one_line_error(capsys, "--device cuda", "needs a CUDA device")
