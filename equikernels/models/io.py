@@ -53,8 +53,8 @@ def _check_plain_e3nn(model) -> None:
     for name, mod in model.named_modules():
         cls = type(mod)
         if cls.__module__.split(".")[0] in ("cuequivariance_torch", "cuequivariance", "openequivariance"):
-            raise ValueError(f"mace_model: module {name!r} is a {cls.__module__}.{cls.__name__}; convert the model back "
-                             "to e3nn first (mace.cli.convert_cueq_e3nn / convert_oeq_e3nn)")
+            raise ValueError(f"mace_model: module {name!r} is a {cls.__module__}.{cls.__name__}; convert the model "
+                             "back to e3nn first (mace.cli.convert_cueq_e3nn / convert_oeq_e3nn)")
 
 
 def config_from_mace(model) -> dict:
@@ -155,7 +155,8 @@ def _readout_config(r) -> dict:
     if kind == "NonLinearReadoutBlock":
         acts = list(r.non_linearity.acts)
         if len(acts) != 1 or any(ir.l != 0 for _, ir in r.linear_1.irreps_out):
-            raise ValueError(f"mace_model: readout MLP irreps {r.linear_1.irreps_out} must be a single block of scalars")
+            raise ValueError(f"mace_model: readout MLP irreps {r.linear_1.irreps_out} must be a single block of "
+                             "scalars")
         return {"type": "nonlinear", "irreps_in": _irreps(r.linear_1.irreps_in),
                 "mlp_irreps": _irreps(r.linear_1.irreps_out), "gate": _gate_name(acts[0]),
                 "irreps_out": _irreps(r.linear_2.irreps_out), "num_heads": int(getattr(r, "num_heads", 1))}
@@ -186,7 +187,8 @@ def mace_key_map(model, cfg: dict) -> Dict[str, str]:
     for k in ("p", "r_max"):
         take(f"radial_embedding.cutoff.{k}", f"radial_embedding.cutoff_fn.{k}")
     if cfg["distance_transform"] != "None":
-        keys = ("q", "p", "a", "covalent_radii") if cfg["distance_transform"] == "Agnesi" else ("alpha", "covalent_radii")
+        agnesi = cfg["distance_transform"] == "Agnesi"
+        keys = ("q", "p", "a", "covalent_radii") if agnesi else ("alpha", "covalent_radii")
         for k in keys:
             take(f"radial_embedding.transform.{k}", f"radial_embedding.distance_transform.{k}")
     if cfg["pair_repulsion"]:
@@ -319,9 +321,13 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
         remove_stale_temps(path)
         obj = _torch_load_safe(path, "an equikernels model file or a mace-torch .model file")
         if obj is _NEEDS_PICKLE:
-            model = from_mace(_load_mace_file(path))
+            model = _from_mace_file(path)
         elif isinstance(obj, dict) and obj.get("format") == FORMAT:
             model = _build_checked(path, obj.get("config"), obj.get("state_dict"))
+        elif _mace_state_dict(obj) is not None:
+            raise ValueError(f"{path}: {_mace_state_dict(obj)} (weights without the model's structure): expected the "
+                             "mace-torch .model file its training writes, or build the mace-torch model, "
+                             "load_state_dict into it and pass it to equikernels.models.from_mace")
         else:
             raise ValueError(f"{path}: a torch file holding {_describe(obj)}, not a model: expected an equikernels "
                              "model file (equikernels.models.save, equikernels convert) or a mace-torch .model file")
@@ -373,8 +379,13 @@ def check_torch_file(path: str, expected: str) -> None:
 
 def _torch_load_safe(path: str, expected: str):
     """``torch.load(weights_only=True)`` after ``check_torch_file``; ``_NEEDS_PICKLE`` when the file
-    is intact but holds objects only a full unpickle can build (a pickled module)."""
+    is intact but holds objects only a full unpickle can build (a pickled module). A TorchScript
+    archive is refused by name."""
     check_torch_file(path, expected)
+    if _is_torchscript(path):
+        raise ValueError(f"{path}: a TorchScript (compiled) model, which has lost the module structure a conversion "
+                         f"reads; expected {expected} (mace-torch's training writes the .model file beside "
+                         "its *_compiled.model)")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -383,6 +394,43 @@ def _torch_load_safe(path: str, expected: str):
         raise ValueError(f"{path}: damaged torch file ({_first_line(exc)}); expected {expected}") from None
     except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile) as exc:
         raise ValueError(f"{path}: damaged torch file ({_first_line(exc)}); expected {expected}") from None
+
+
+def _is_torchscript(path: str) -> bool:
+    """Whether ``path`` is a ``torch.jit.save`` archive (its zip holds the compiled code)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = zf.namelist()
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return False
+    return any(n.endswith("/constants.pkl") or "/code/__torch__" in n for n in names)
+
+
+_MACE_STATE_KEY = "atomic_energies_fn.atomic_energies"
+
+
+def _mace_state_dict(obj) -> Optional[str]:
+    """What a mace-torch state dict or training checkpoint ``obj`` is, in words; None for anything else."""
+    if not isinstance(obj, dict):
+        return None
+    if _MACE_STATE_KEY in obj:
+        return "a mace-torch state dict"
+    inner = obj.get("model")
+    if isinstance(inner, dict) and _MACE_STATE_KEY in inner:
+        return "a mace-torch training checkpoint"
+    return None
+
+
+def _from_mace_file(path: str) -> MACE:
+    """``from_mace`` of the module pickled in ``path``; a model it cannot convert is refused naming ``path``."""
+    module = _load_mace_file(path, stacklevel=4)  # the warning points at load's caller
+    try:
+        return from_mace(module)
+    except (TypeError, ValueError, KeyError) as exc:
+        text = str(exc.args[0]) if exc.args else type(exc).__name__
+        text = text.strip().splitlines()[0].removeprefix("mace_model: ") if text.strip() else type(exc).__name__
+        kind = TypeError if isinstance(exc, TypeError) else ValueError
+        raise kind(f"{path}: this mace-torch model cannot be converted: {text}") from exc
 
 
 def _load_directory(path: str) -> MACE:
@@ -439,9 +487,9 @@ def load_mace_module(path: Union[str, os.PathLike]) -> Optional[torch.nn.Module]
 _WARNED_PICKLES: set = set()
 
 
-def _load_mace_file(path: str):
+def _load_mace_file(path: str, stacklevel: int = 3):
     try:
-        import mace  # noqa: F401,PLC0415  (registers the classes the pickle refers to)
+        importlib.import_module("mace")  # registers the classes the pickle refers to
     except ImportError:
         raise ImportError(f"{path}: not an equikernels model file; loading a mace-torch .model file "
                           "needs mace-torch (pip install mace-torch)") from None
@@ -449,7 +497,7 @@ def _load_mace_file(path: str):
         _WARNED_PICKLES.add(os.path.realpath(path))
         warnings.warn(f"{path}: loading a pickled model, which runs code stored in the file; load only files you "
                       "trust (equikernels convert writes a copy that loads without running code)",
-                      CodeExecutionWarning, stacklevel=3)
+                      CodeExecutionWarning, stacklevel=stacklevel)
     try:
         obj = torch.load(path, map_location="cpu", weights_only=False)
     except (ModuleNotFoundError, AttributeError) as exc:
