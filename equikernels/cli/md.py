@@ -131,11 +131,8 @@ def run(args: argparse.Namespace) -> int:
     if args.model is not None:  # a foundation-model name: its file, so the summary records where it is
         try:
             args.model = foundation_checkpoint(args.model) or args.model
-        except DownloadError as exc:
+        except DownloadError as exc:  # it says which model and why
             raise DownloadError(f"--model {args.model!r}: {exc}") from exc
-        except OSError as exc:  # a download that failed (no network, a proxy): say which model and why
-            raise OSError(f"--model {args.model!r}: the foundation model could not be fetched ({type(exc).__name__}: "
-                          f"{exc}); check the network, or pass the path of a downloaded .model file") from exc
     calc = MACECalculator(args.model, device=args.device, default_dtype=args.dtype, head=args.head,
                           skin=DEFAULT_SKIN if args.skin is None else args.skin, num_threads=args.threads)
     device_kind = "cuda" if calc.device.type == "cuda" else "cpu"

@@ -24,12 +24,12 @@ def average_e0s(configs: Sequence[Config], z_table: Sequence[int],
     the elements in ``fixed`` keep their given E0 (returned too) and only the others are fitted."""
     fixed = {int(z): float(e) for z, e in (fixed or {}).items()}
     labelled = [c for c in configs if c.energy is not None]
+    if not labelled and not fixed:
+        raise ValueError("e0s 'average' needs structures with energy labels")
     counts = _composition(labelled, z_table)
     free = [k for k in np.flatnonzero(counts.sum(axis=0) > 0) if int(z_table[k]) not in fixed]
     if not free:
         return fixed
-    if not labelled:
-        raise ValueError("e0s 'average' needs structures with energy labels")
     known = np.array([fixed.get(int(z), 0.0) for z in z_table])
     energies = np.array([c.energy for c in labelled]) - counts @ known
     sol, *_ = np.linalg.lstsq(counts[:, free], energies, rcond=None)

@@ -67,9 +67,9 @@ def test_npt_of_a_molecule_names_the_ensemble(cu_model, tmp_path, capsys):
 def test_a_failed_foundation_download_names_the_model_flag(tmp_path, capsys, monkeypatch):
     from equikernels.models import foundations
 
-    def offline(name):
+    def offline():
         raise urllib.error.URLError("Name or service not known")
-    monkeypatch.setattr(foundations, "foundation_checkpoint", offline)
+    monkeypatch.setattr(foundations, "foundation_checkpoint", lambda name: foundations._fetched(name, offline))
     assert main(["md", "cu-fcc", "--model", "medium", "--steps", "1", "--out", str(tmp_path / "out"),
                  "--no-progress", "--device", "cpu"]) == 2
     err = capsys.readouterr().err

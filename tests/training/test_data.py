@@ -141,6 +141,10 @@ def test_average_e0s_least_squares():
     e0s = average_e0s(configs, [28, 29, 79])
     assert set(e0s) == {28, 29}
     assert e0s[28] == pytest.approx(-5.1) and e0s[29] == pytest.approx(-3.7)
+    unlabelled = [Config(atomic_numbers=c.atomic_numbers, positions=c.positions, cell=c.cell, pbc=c.pbc)
+                  for c in configs]
+    with pytest.raises(ValueError, match="needs structures with energy labels"):
+        average_e0s(unlabelled, [28, 29])
     assert parse_given_e0s({"Cu": -1.0, 28: -2.0}, [28, 29]) == {29: -1.0, 28: -2.0}
     with pytest.raises(ValueError, match="not one of the model's elements"):
         parse_given_e0s({"Au": 1.0}, [28, 29])
