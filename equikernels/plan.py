@@ -85,6 +85,15 @@ class _Tables:
         self.grad_tables = {n: grad_table(self.table, n) for n in ("x", "y", "w")}
 
 
+def check_direction_options(direction: str, need: Optional[str], have: Optional[str]) -> None:
+    """``ValueError`` for ``need`` given with the forward or ``have`` outside the double backward
+    (options of another direction would be dropped without a word)."""
+    if need is not None and direction == "fwd":
+        raise ValueError(f"need {need!r}: gradients are chosen for direction bwd or dbwd, not fwd")
+    if have is not None and direction != "dbwd":
+        raise ValueError(f"have {have!r}: cotangents are chosen for direction dbwd, not {direction}")
+
+
 def _need_have(problem: TPProblem, direction: str, dtype: torch.dtype, layout: str, need: Optional[str],
                have: Optional[str]) -> tuple:
     """(need, have) with their defaults, after checking every option."""
@@ -94,6 +103,7 @@ def _need_have(problem: TPProblem, direction: str, dtype: torch.dtype, layout: s
         raise ValueError(f"dtype: expected one of {tuple(DTYPES)}, got {dtype}")
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    check_direction_options(direction, need, have)
     weighted = problem.weight_numel > 0
     if direction == "fwd":
         return "", ""

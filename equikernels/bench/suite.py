@@ -4,7 +4,8 @@ Groups (each cell is one implementation of one measurement, all in one process):
 
 * ``tp``: the batched product, fwd / bwd / dbwd at 50,000 rows and dbwd at 20,000 rows, float32,
   on the standard problems of ``equikernels.catalog`` (nequip-revmd17-benzene only with
-  ``--problems all``: its kernels take minutes to compile cold);
+  ``--problems all``: its kernels take minutes to compile cold), and fwd / bwd / dbwd at 50,000 rows
+  in float64 for ``F64_PROBLEMS``;
 * ``conv``: the graph convolution at 10,192 Cu atoms (795,010 edges), fwd / bwd / dbwd, float32;
 * ``mace``: MACE-MP-medium-shaped E+F and E+F+S at 1,008 and 10,192 atoms, float32 and float64;
   each cell timed in ``mace_rounds`` rounds, the implementations taking turns, the fastest counting;
@@ -40,6 +41,9 @@ from .environment import env_info, gpu_kind
 FULL_PROBLEMS = ("mace-mp-medium-L2", "mace-large", "mace-medium", "nequip-water", "nequip-lips", "diffdock-L2",
                  "tetris-poly-1")
 QUICK_PROBLEMS = ("mace-mp-medium-L2", "nequip-water", "tetris-poly-1")
+# batched-product problems also timed in float64 (fwd / bwd / dbwd at the run's rows): the MACE-MP
+# shape, whose float64 builds MD and relaxations run
+F64_PROBLEMS = ("mace-mp-medium-L2",)
 SYSTEMS = tuple(sorted(MC.SYSTEMS))  # atom counts of the mace, md and train groups; the neighbour count is the first's
 TOL = {"float32": 1e-4, "float64": 1e-9}  # relative error against e3nn in float64
 MACE_TOL = {"float32": 1e-4, "float64": 1e-8}
@@ -160,36 +164,44 @@ def _rounds(opts: Options, group: str, jobs: Dict[Tuple[str, str], object], run_
 def run_tp(opts: Options, device, cells: List[dict]) -> None:
     kws = standard_problems()
     rows = opts.tp_rows or (20000 if opts.quick else 50000)
-    plan = [("fwd", rows), ("bwd", rows), ("dbwd", rows)] + ([] if opts.quick or opts.tp_rows else [("dbwd", 20000)])
-    dname, dtype = "float32", torch.float32
+    directions = [("fwd", rows), ("bwd", rows), ("dbwd", rows)]
+    plan32 = directions + ([] if opts.quick or opts.tp_rows else [("dbwd", 20000)])
     for name in opts.problems:
         spec = TP.Spec.create(name, kws[name])
         inp, ref = TP.reference(spec, opts.check_rows, device)
-        for impl in [i for i in TP.IMPLS if i in opts.impls]:
-            ids = [f"tp/{name}/{dname}/{r}/{d}" for d, r in plan]
-            if opts.out_of_time():
-                cells += [_cell(i, "tp", impl, "skipped", error="time budget spent") for i in ids]
-                continue
+        f64 = name in F64_PROBLEMS and not opts.quick
+        for dname, plan in [("float32", plan32)] + ([("float64", directions)] if f64 else []):
+            _run_tp_dtype(opts, device, cells, spec, inp, ref, dname, plan)
+
+
+def _run_tp_dtype(opts: Options, device, cells: List[dict], spec, inp, ref, dname: str, plan) -> None:
+    """The cells of one problem in one dtype: every implementation, each (direction, rows) of ``plan``."""
+    name, dtype = spec.name, DTYPES[dname]
+    for impl in [i for i in TP.IMPLS if i in opts.impls]:
+        ids = [f"tp/{name}/{dname}/{r}/{d}" for d, r in plan]
+        if opts.out_of_time():
+            cells += [_cell(i, "tp", impl, "skipped", error="time budget spent") for i in ids]
+            continue
+        try:
+            built = TP.build(impl, spec, dtype, device)
+            errs = TP.errors(spec, built, dtype, inp, ref)
+        except Exception as exc:
+            fail = _failed(exc)
+            cells += [_cell(i, "tp", impl, **fail) for i in ids]
+            opts.log(f"tp {name:<20} {dname:<8} {impl:<17} {fail['status']}: {fail['error'][:120]}")
+            continue
+        for (d, r), cid in zip(plan, ids):
             try:
-                built = TP.build(impl, spec, dtype, device)
-                errs = TP.errors(spec, built, dtype, inp, ref)
+                call, _, nbytes = TP.make_call(spec, built, d, r, dtype, device)
+                c = _cell(cid, "tp", impl, "ok", **_timed(call, device, opts.target_ms, nbytes, gpu_time=True),
+                          err=TP.direction_error(errs, d), tol=TOL[dname])
+                del call
             except Exception as exc:
-                fail = _failed(exc)
-                cells += [_cell(i, "tp", impl, **fail) for i in ids]
-                opts.log(f"tp {name:<20} {impl:<17} {fail['status']}: {fail['error'][:120]}")
-                continue
-            for (d, r), cid in zip(plan, ids):
-                try:
-                    call, _, nbytes = TP.make_call(spec, built, d, r, dtype, device)
-                    c = _cell(cid, "tp", impl, "ok", **_timed(call, device, opts.target_ms, nbytes, gpu_time=True),
-                              err=TP.direction_error(errs, d), tol=TOL[dname])
-                    del call
-                except Exception as exc:
-                    c = _cell(cid, "tp", impl, **_failed(exc))
-                cells.append(c)
-                opts.log(_line(c))
-            del built
-            T.free_memory(device)
+                c = _cell(cid, "tp", impl, **_failed(exc))
+            cells.append(c)
+            opts.log(_line(c))
+        del built
+        T.free_memory(device)
 
 
 def _conv_bytes(spec, n: int, e: int, direction: str, itemsize: int) -> int:

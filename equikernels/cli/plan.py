@@ -86,11 +86,7 @@ def model_text(path: str, args: argparse.Namespace) -> str:
 
 def run(args) -> int:
     from ..catalog import standard_problems
-    # options of another direction would be dropped without a word
-    if args.need is not None and args.direction == "fwd":
-        raise ValueError(f"--need {args.need}: gradients are chosen for --direction bwd or dbwd, not fwd")
-    if args.have is not None and args.direction != "dbwd":
-        raise ValueError(f"--have {args.have}: cotangents are chosen for --direction dbwd, not {args.direction}")
+    _plan.check_direction_options(args.direction, args.need, args.have)
     if args.model and args.problem:
         raise ValueError(f"give a problem name or --model, not both (got {args.problem!r} and --model {args.model})")
     if args.model:

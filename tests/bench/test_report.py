@@ -23,6 +23,19 @@ def test_tp_group_runs_checks_and_reports_absent_libraries():
     assert "| nequip-water/float32/16/fwd |" in md and "absent" in md
 
 
+def test_float64_cells_of_the_float64_problems_only(monkeypatch):
+    monkeypatch.setattr(suite, "F64_PROBLEMS", ("nequip-water",))
+    opts = suite.Options(problems=["nequip-water", "tetris-poly-1"], groups=["tp"], impls=["equikernels"],
+                         tp_rows=16, check_rows=16, target_ms=1.0, log=lambda s: None)
+    cells = {c["id"]: c for c in suite.run_suite(opts, torch.device("cpu"))["cells"]}
+    f64 = {cid: c for cid, c in cells.items() if "/float64/" in cid}
+    assert sorted(f64) == [f"tp/nequip-water/float64/16/{d}" for d in ("bwd", "dbwd", "fwd")]
+    # checked at the float64 tolerance, so a float32 computation would fail it
+    assert all(c["status"] == "ok" and c["tol"] == 1e-9 and c["err"] < 1e-12 for c in f64.values())
+    quick = suite.Options(**dict(vars(opts), quick=True, started=opts.started))
+    assert not any("/float64/" in c["id"] for c in suite.run_suite(quick, torch.device("cpu"))["cells"])
+
+
 def test_mixed_precision_training_rows_compare_with_the_baselines_float32_step():
     def cell(cid, impl, ms):
         return {"id": cid, "group": "train", "impl": impl, "status": "ok", "ms": ms, "err": 1e-5}

@@ -7,10 +7,10 @@ from cli_checks import one_line_error
 
 
 @pytest.mark.parametrize("argv, needles", [
-    (["--need", "q"], ["--need q", "bwd or dbwd", "not fwd"]),
-    (["--need", "x", "--conv"], ["--need x", "not fwd"]),
-    (["--direction", "bwd", "--have", "ab"], ["--have ab", "dbwd", "not bwd"]),
-    (["--have", "a"], ["--have a", "not fwd"]),
+    (["--need", "q"], ["need 'q'", "bwd or dbwd", "not fwd"]),
+    (["--need", "x", "--conv"], ["need 'x'", "not fwd"]),
+    (["--direction", "bwd", "--have", "ab"], ["have 'ab'", "dbwd", "not bwd"]),
+    (["--have", "a"], ["have 'a'", "not fwd"]),
 ])
 def test_options_of_another_direction_are_refused(argv, needles, capsys):
     assert main(["plan", "nequip-water", *argv]) == 2
