@@ -224,8 +224,9 @@ class Settings:
                                                              "and the kernels that ask)")
 
     # --- batched tensor product: kernel structure ---------------------------------------------------
-    max_paths: int = _var(40, _Int(1), "Forward paths per generated kernel (larger problems are split); "
-                                       "also the symmetric contraction's")
+    max_paths: int = _var(40, _Int(1), "Forward paths per generated kernel (larger problems are split; a "
+                                       "float64 forward split anyway runs parts of at most 12); also the "
+                                       "symmetric contraction's")
     visit: Optional[str] = _var(None, _Choice("out", "in1"), "Path order of generated kernels: by output or by "
                                                              "first-input segment")
     partial_sum: Optional[bool] = _var(None, _FLAG, "Per-thread partial channel sums in gradient kernels")
@@ -235,8 +236,9 @@ class Settings:
                                                     "segment (0: no split)")
     dbwd_channel_parts: Optional[int] = _var(None, _Int(1), "Channel parts of a channel-wise double backward run as "
                                              "one kernel per part (all four gradients over a slice of the "
-                                             "channels; default: 64 channels a part from 128 channels and "
-                                             "more than 12 paths, else 1)")
+                                             "channels; default in float32: 64 channels a part from 128 "
+                                             "channels and more than 12 paths, else 1; float64 halves the "
+                                             "part, down to 32 channels)")
     dbwd_merge: bool = _var(True, _FLAG, "Double backward: terms that differ only in one factor and the per-row "
                                          "weight evaluated once, over their weighted sum")
     uvw_rows: bool = _var(True, _FLAG, "Per-row uvw weights (DiffDock) use the uvw_rows kernels")

@@ -9,7 +9,7 @@ from typing import Dict, List, Optional
 from .timing import fmt_ms
 
 IMPL_ORDER = ("equikernels", "cuequivariance", "mace-cueq", "openequivariance", "mace-oeq", "e3nn", "mace-e3nn")
-TITLES = {"tp": "Batched tensor product (float32)", "conv": "Graph convolution (float32)",
+TITLES = {"tp": "Batched tensor product", "conv": "Graph convolution (float32)",
           "mace": "MACE-MP-medium shape, one model call",
           "md": "MD through ASE, MACE-MP-medium shape, float32 (milliseconds per step)",
           "train": "MACE training step, E+F loss, backward and Adam (milliseconds per step)", "model": "User model"}

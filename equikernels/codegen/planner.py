@@ -36,6 +36,9 @@ PREFETCH: Dict[str, int] = {"fwd": 4, "bwd": 4}  # kind -> loads ahead, wide cha
 DBWD_PREFETCH = 16  # channel-wise double backwards run as one kernel (_dbwd_prefetched)
 NARROW_PREFETCH = 16  # forward and backward of narrow channel-wise products
 L2_AHEAD: Dict[str, int] = {"bwd": 16}  # kind -> L2 prefetch distance, wide channel-wise products
+# float64 forwards split anyway (more paths than max_paths) run parts of this many paths: wider
+# float64 parts spill (benzene, 68 paths: 2 parts 3.79 ms, parts of 20 4.01, of 12 2.80 at 50k rows)
+F64_FWD_PART_PATHS = 12
 
 
 # --- problem classes the heuristics test ----------------------------------------------------------
@@ -290,22 +293,22 @@ class Planner:
         env = settings.get().partial_sum
         return env if env is not None else kind == "bwd" and wide_channelwise(self.problem)
 
-    def prefetch(self, kind: str) -> int:
+    def prefetch(self, kind: str, math: torch.dtype = torch.float32) -> int:
         """Loads issued this many loads early: double backwards run as one kernel, forward and
         backward of narrow and of wide channel-wise products. EQUIKERNELS_PREFETCH[_<KIND>] overrides."""
         env = settings.get().per_kind("prefetch", kind)
         if env is not None:
             return env
         if kind == "dbwd":
-            return DBWD_PREFETCH if self.dbwd_prefetched() else 0
+            return DBWD_PREFETCH if self.dbwd_prefetched(math) else 0
         if kind in ("fwd", "bwd") and narrow_channelwise(self.problem):
             return NARROW_PREFETCH  # small rows: 16 loads ahead keep enough in flight
         return PREFETCH.get(kind, 0) if wide_channelwise(self.problem) else 0
 
-    def dbwd_prefetched(self) -> bool:
+    def dbwd_prefetched(self, math: torch.dtype = torch.float32) -> bool:
         """Channel-wise per-row double backwards run as one kernel (or one split by first-input
         segment) wait on their loads: they issue them early (two-kernel ones gain nothing)."""
-        return channelwise_rows(self.problem) and not self.split_weight_grad() and self.dbwd_one()
+        return channelwise_rows(self.problem) and not self.split_weight_grad() and self.dbwd_one(math)
 
     def l2(self, kind: str) -> Optional[int]:
         """Half-precision row operands asked into L2 this many loads ahead in the backward of wide
@@ -344,7 +347,7 @@ class Planner:
         p = self.problem
         return 6 if len(p.instructions) > 12 and narrow_channelwise(p) and self.in1_major() else None
 
-    def dbwd_one(self) -> bool:
+    def dbwd_one(self, math: torch.dtype = torch.float32) -> bool:
         """One double-backward kernel for a channel-wise per-row product with few paths (or one split
         by first-input segment or by channels); many paths put the fused kernel at the register cap.
         EQUIKERNELS_DBWD_ONE=1|0 overrides."""
@@ -352,14 +355,15 @@ class Planner:
         if env is not None:
             return env
         return (len(self.problem.instructions) <= 12 or self.dbwd_part_paths() is not None
-                or self.dbwd_channel_parts() > 1)
+                or self.dbwd_channel_parts(math) > 1)
 
-    def dbwd_channel_parts(self) -> int:
+    def dbwd_channel_parts(self, math: torch.dtype = torch.float32) -> int:
         """Channel parts of the one-kernel double backward of a channel-wise per-row product (each
         kernel computes dx, dy, dw, dg over a slice of the channels: half the live registers at two
-        parts, and the weights and their cotangents read once). Default: 64 channels a part for
-        products of 128 or more channels with more than 12 paths (mace-large), whose one kernel over
-        all channels is at the register cap; one part elsewhere.
+        parts, and the weights and their cotangents read once). Default in float32: 64 channels a
+        part for products of 128 or more channels with more than 12 paths (mace-large), whose one
+        kernel over all channels is at the register cap; one part elsewhere. float64 values take two
+        registers: half the channels of a float32 part, down to 32.
         EQUIKERNELS_DBWD_CHANNEL_PARTS=N overrides where N divides the channels."""
         p = self.problem
         m = channel_mul(p) if channelwise_rows(p) and not self._uvw else None
@@ -367,18 +371,23 @@ class Planner:
             return 1
         v = settings.get().dbwd_channel_parts
         if v is None:
-            v = m // 64 if m >= 128 and m % 64 == 0 and len(p.instructions) > 12 else 1
+            width = 64 if m >= 128 and m % 64 == 0 and len(p.instructions) > 12 else m
+            if math == torch.float64 and width >= 64 and width % 2 == 0:
+                width //= 2
+            v = m // width
         return v if m % v == 0 else 1
 
-    def choice(self, kind: str) -> KernelChoice:
-        """The generator choices of the emitted kernels of direction ``kind``."""
+    def choice(self, kind: str, math: torch.dtype = torch.float32) -> KernelChoice:
+        """The generator choices of the emitted kernels of direction ``kind`` in math dtype ``math``."""
         partial = self.partial_sums(kind)
         limit = settings.get().max_paths
         if kind == "dbwd":
             limit = min(limit, self.dbwd_part_paths() or limit)
+        elif kind == "fwd" and math == torch.float64 and len(self.problem.instructions) > limit:
+            limit = min(limit, F64_FWD_PART_PATHS)
         return KernelChoice(row_operands=self.row_operands(), in1_major=self.in1_major(),
                             lazy_budget=self.lazy_budget(kind), in1_outer=in1_outer(self.problem, kind),
-                            partial=partial, prefetch=self.prefetch(kind), l2=self.l2(kind), cap_fp32=partial,
+                            partial=partial, prefetch=self.prefetch(kind, math), l2=self.l2(kind), cap_fp32=partial,
                             part_paths=limit, merge=kind == "dbwd" and settings.get().dbwd_merge)
 
     @staticmethod
@@ -398,27 +407,28 @@ class Planner:
                 self.problem.shared_weights and self.built("bwd", NEED_W).min_rows > cfg.rows))
         return (need & 3, need & NEED_W) if split else (need,)
 
-    def dbwd_parts(self, need: int) -> tuple:
-        """The need bitmasks (over x, y, w, g) of the double backward's kernels, in order (zero parts
-        are skipped): dg apart from dx / dy / dw (shared or dominating weights: dw apart too), per-row
-        uvw with dw apart, or one kernel for all four (dbwd_one)."""
+    def dbwd_parts(self, need: int, math: torch.dtype = torch.float32) -> tuple:
+        """The need bitmasks (over x, y, w, g) of the double backward's kernels in math dtype ``math``,
+        in order (zero parts are skipped): dg apart from dx / dy / dw (shared or dominating weights: dw
+        apart too), per-row uvw with dw apart, or one kernel for all four (dbwd_one)."""
         if self._uvw:  # dx, dy, dg read the weights and c; dw (outer products) only writes
             return (need,) if self.uvw_fused("dbwd") else (need & 11, need & 4)
         if self.problem.shared_weights or self.split_weight_grad():
             return (need & 8, need & 3, need & 4)
-        return (need,) if self.dbwd_one() else (need & 8, need & 7)
+        return (need,) if self.dbwd_one(math) else (need & 8, need & 7)
 
     # --- generated kernels ----------------------------------------------------------------------
-    def built(self, kind: str, need: int = 0, have: str = "") -> Optional[_Built]:
-        """The generated kernel(s) of (kind, need bits, have), None where nothing is computed;
-        raises emit.Unsupported where the generator cannot express it."""
-        # the choice and the channel split follow the settings in force
-        key = (kind, need, have, self.choice(kind), self.dbwd_channel_parts() if kind == "dbwd" else 1)
+    def built(self, kind: str, need: int = 0, have: str = "", math: torch.dtype = torch.float32) -> Optional[_Built]:
+        """The generated kernel(s) of (kind, need bits, have) for math dtype ``math``, None where
+        nothing is computed; raises emit.Unsupported where the generator cannot express it."""
+        # the choice and the channel split follow the settings in force and the dtype
+        parts = self.dbwd_channel_parts(math) if kind == "dbwd" else 1
+        key = (kind, need, have, self.choice(kind, math), parts)
         if key not in self._built:
-            self._built[key] = self._build(kind, need, have)
+            self._built[key] = self._build(kind, need, have, self.choice(kind, math), parts)
         return self._built[key]
 
-    def _build(self, kind: str, need: int, have: str) -> Optional[_Built]:
+    def _build(self, kind: str, need: int, have: str, choice: KernelChoice, parts: int) -> Optional[_Built]:
         t, p = self.tables, self.problem
         if kind != "fwd" and self._uvw:
             names = "".join(n for bit, n in zip((1, 2, 4, 8), "xywg") if need & bit)
@@ -441,9 +451,8 @@ class Planner:
         if not groups:
             return None  # nothing to compute (e.g. dg without cotangents)
         name = f"tp_{kind}{need or ''}{have}_{p.key()}_{t.layout}"
-        choice = self.choice(kind)
         what = f"{kind} of {p.describe()} [{t.layout}]"
-        sliced = channel_parts(groups, channel_mul(p), self.dbwd_channel_parts()) if kind == "dbwd" else None
+        sliced = channel_parts(groups, channel_mul(p), parts) if kind == "dbwd" else None
         if sliced is not None:
             members = [_member(f"{name}_c{lo}_{hi}", f"{what}, channels [{lo}, {hi})",
                                generate(f"{name}_c{lo}_{hi}", gs, t.layout, choice), gs) for lo, hi, gs in sliced]
@@ -453,8 +462,9 @@ class Planner:
             return _Built(name, choice, [_member(name, what, generate(name, groups, t.layout, choice), groups)])
         split, zero = _split_groups(groups, chunks, choice.in1_major)
         members = []
-        for j, gs in enumerate(split):
-            mname = f"{name}_part{j}"
+        for j, (gs, chunk) in enumerate(zip(split, chunks)):
+            # named by its segments: a part of another split (another dtype) is another kernel
+            mname = f"{name}_s{min(chunk)}_{max(chunk)}" if chunk else f"{name}_part{j}"
             members.append(_member(mname, f"{what}, part {j + 1}/{len(chunks)}",
                                    generate(mname, gs, t.layout, choice), gs))
         return _Built(members[0].name, choice, members, zero)  # a split step goes by its first kernel's name
@@ -503,10 +513,10 @@ class Planner:
         elif direction == "bwd":
             parts = tuple(q for q in self.bwd_parts(need, cfg) if q)
         else:
-            parts = tuple(q for q in self.dbwd_parts(need) if q)
+            parts = tuple(q for q in self.dbwd_parts(need, math) if q)
         steps = []
         for part in parts:
-            b = self.built(direction, part, have)
+            b = self.built(direction, part, have, math)
             if b is None:
                 continue
             steps.append(KernelStep((direction, part, have), b.name, part, b.choice,
@@ -519,7 +529,7 @@ class Planner:
             ("wide_channelwise", wide_channelwise(self.problem)),
             ("per_row_uvw", self._uvw))
         if direction == "dbwd":
-            notes += (("dbwd_one_kernel", self.dbwd_one()), ("dbwd_part_paths", self.dbwd_part_paths()),
-                      ("dbwd_channel_parts", self.dbwd_channel_parts()))
+            notes += (("dbwd_one_kernel", self.dbwd_one(math)), ("dbwd_part_paths", self.dbwd_part_paths()),
+                      ("dbwd_channel_parts", self.dbwd_channel_parts(math)))
         return DirectionPlan(direction, need, have, math, cfg, default, tuple(steps), notes)
 

@@ -111,15 +111,22 @@ class TPKernels:
         self.problem = plan.problem
         self.tuner = tuner
         self.planner = Planner(plan)
-        self._cache: Dict[tuple, Optional[Kernel]] = {}  # (direction, need, have) -> kernel (set)
+        # (direction, need, have) -> kernel (set) or None; (step key, member names) -> kernel (set)
+        self._cache: Dict[tuple, Optional[Kernel]] = {}
         self._tuned_cfgs: Dict[tuple, LaunchConfig] = {}  # autotuner choices already looked up
 
     def _step_kernel(self, step: KernelStep):
-        k = self._cache.get(step.key)
+        # one step key has other members per math dtype (float64 splits finer): their names tell them apart
+        key = (step.key, tuple(m.name for m in step.members))
+        k = self._cache.get(key)
         if k is None:
             ks = [Kernel.of_member(m, step.choice) for m in step.members]
-            k = self._cache[step.key] = ks[0] if len(ks) == 1 else _KernelSet(ks, step)
+            k = self._cache[key] = ks[0] if len(ks) == 1 else _KernelSet(ks, step)
         return k
+
+    def built_steps(self) -> set:
+        """(direction, need, have) of every step whose kernel(s) were built."""
+        return {k[0] for k, v in self._cache.items() if len(k) == 2 and v is not None}
 
     def kernel(self, kind: str, need: int = 0, have: str = ""):
         """The compiled kernel (a _KernelSet where split) of (kind, need bits, have), None where
@@ -245,7 +252,7 @@ class TPKernels:
         """Allocate the outputs (``outputs[name]`` = (shape, dtype), on x's device), launch ``step``,
         reduce partials. Buffers added into more than once (row partials, outputs several kernels add
         into) are kept in float32 for half-precision results and rounded once at the end."""
-        k = self._cache.get(step.key) or self._step_kernel(step)
+        k = self._step_kernel(step)
         cfg = step.launch
         x = tensors["x"]
         n = x.shape[0]

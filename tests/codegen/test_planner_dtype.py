@@ -1,0 +1,64 @@
+"""float64 plans split finer than float32 ones (a float64 value takes two registers): the double
+backward's channel parts and the forward's paths per kernel follow the math dtype, and one launcher
+runs both dtypes' plans with their own kernels."""
+import pytest
+import torch
+
+from equikernels import settings
+from equikernels.bench.tp import all_orders
+from equikernels.catalog import problem as catalog_problem
+from equikernels.catalog import uvu_problem
+from equikernels.codegen.planner import F64_FWD_PART_PATHS
+from equikernels.ops import plan_of, spec_of, tensor_product
+from equikernels.problem import TPProblem
+from tp_checks import _rel
+
+F32, F64 = torch.float32, torch.float64
+
+
+@pytest.mark.parametrize("name, parts32, parts64", [("mace-mp-medium-L2", 1, 2), ("mace-large", 2, 4)])
+def test_double_backward_channel_parts_halve_in_float64(name, parts32, parts64):
+    planner = plan_of(spec_of(catalog_problem(name), "ir_mul")).kernels.planner
+    with settings.override(dbwd_channel_parts=None):
+        assert (planner.dbwd_channel_parts(F32), planner.dbwd_channel_parts(F64)) == (parts32, parts64)
+        (step,) = planner.plan("dbwd", 15, "abc", F64).steps
+    assert len(step.members) == parts64
+
+
+def test_narrow_products_keep_one_part():
+    p = TPProblem.create(**uvu_problem("32x0e+32x1o", "0e+1o", "32x0e+32x1o"))
+    planner = plan_of(spec_of(p, "ir_mul")).kernels.planner
+    assert planner.dbwd_channel_parts(F64) == planner.dbwd_channel_parts(F32) == 1
+
+
+def test_float64_forward_split_into_parts_of_fewer_paths():
+    planner = plan_of(spec_of(catalog_problem("nequip-revmd17-benzene"), "ir_mul")).kernels.planner
+    (s32,), (s64,) = planner.plan("fwd", 0, "", F32).steps, planner.plan("fwd", 0, "", F64).steps
+    assert len(s32.members) == 2 and len(s64.members) > 2
+    assert planner.choice("fwd", F64).part_paths == F64_FWD_PART_PATHS
+    assert not {m.name for m in s32.members} & {m.name for m in s64.members}
+    # a forward that fits one kernel stays one kernel
+    small = plan_of(spec_of(catalog_problem("nequip-lips"), "ir_mul")).kernels.planner
+    assert len(small.plan("fwd", 0, "", F64).steps[0].members) == 1
+
+
+def test_one_launcher_runs_each_dtypes_own_kernels(monkeypatch, tmp_path):
+    """float64 (two channel parts, dy zero-filled and added into) then float32 (one kernel) double
+    backward through one launcher, outputs NaN-poisoned, against the reference."""
+    monkeypatch.setenv("EQUIKERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("EQUIKERNELS_POISON", "1")
+    p = TPProblem.create(**uvu_problem("64x0e+64x1o", "0e+1o", "64x0e+64x1o"))
+    kernels = plan_of(spec_of(p, "mul_ir")).kernels
+    with settings.override(autotune=False, dbwd_channel_parts=None):
+        s64, s32 = (kernels.planner.plan("dbwd", 15, "abc", dt).steps[0] for dt in (F64, F32))
+        assert (len(s64.members), len(s32.members)) == (2, 1) and s64.key == s32.key
+        g = torch.Generator().manual_seed(3)
+        ins = [torch.randn(5, d, generator=g, dtype=F64) for d in
+               (p.dim_in1, p.dim_in2, p.weight_numel, p.dim_out, p.dim_in1, p.dim_in2, p.weight_numel)]
+        ref = all_orders(lambda a, b, c: tensor_product(p, a, b, c, backend="reference"), *ins, 2)
+        for dt, tol in ((F64, 1e-10), (F32, 1e-4)):
+            got = all_orders(lambda a, b, c: tensor_product(p, a, b, c, backend="triton"),
+                             *(t.to(dt) for t in ins), 2)
+            for k in ("dx", "dy", "dw", "dg"):
+                assert _rel(got[k].double(), ref[k]) <= tol, f"{dt} {k}: {_rel(got[k].double(), ref[k]):.2e}"
+        assert kernels._step_kernel(s64) is not kernels._step_kernel(s32)
