@@ -14,14 +14,13 @@ variable counts as unset (except where its table row says otherwise).
 
 A few values are read once when the module that uses them is imported (their table rows say so).
 The C++ backward node also reads ``EQUIKERNELS_AUTOTUNE`` and ``EQUIKERNELS_POISON`` from the
-process environment; with either on (variable or override) the Python node is used instead. ``python -m equikernels.settings`` prints the table of docs/configuration.md.
+process environment; with either on (variable or override) the Python node is used instead. ``equikernels settings --markdown`` prints the table of docs/configuration.md.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import os
-import sys
 import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
@@ -237,8 +236,8 @@ class Settings:
     dbwd_channel_parts: Optional[int] = _var(None, _Int(1), "Channel parts of a channel-wise double backward run as "
                                              "one kernel per part (all four gradients over a slice of the "
                                              "channels; default in float32: 64 channels a part from 128 "
-                                             "channels and more than 12 paths, else 1; float64 halves the "
-                                             "part, down to 32 channels)")
+                                             "channels and more than 12 paths, else 1; float64 halves a part "
+                                             "that computes all four gradients, down to 32 channels)")
     dbwd_merge: bool = _var(True, _FLAG, "Double backward: terms that differ only in one factor and the per-row "
                                          "weight evaluated once, over their weighted sum")
     uvw_rows: bool = _var(True, _FLAG, "Per-row uvw weights (DiffDock) use the uvw_rows kernels")
@@ -450,6 +449,11 @@ def environ_items(prefixes: Tuple[str, ...]) -> Dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(prefixes)}
 
 
+def in_environment(field: dataclasses.Field) -> bool:
+    """Whether the variable of ``field`` is set in the process environment."""
+    return env_name(field) in os.environ
+
+
 def table() -> str:
     """The Markdown table of every setting (docs/configuration.md holds this text)."""
     rows = ["| Variable | Setting | Values | Default | Meaning |", "|---|---|---|---|---|"]
@@ -458,7 +462,3 @@ def table() -> str:
         doc = f.metadata["doc"] + (" (read when its module is imported)" if f.metadata["at_import"] else "")
         rows.append(f"| `{env_name(f)}` | `{f.name}` | {f.metadata['parse'].text} | {default} | {doc} |")
     return "\n".join(rows) + "\n"
-
-
-if __name__ == "__main__":
-    sys.stdout.write(table())

@@ -25,7 +25,7 @@ def test_docs_table_matches_the_settings():
     assert begin in text and end in text, f"{DOC}: the settings table markers are missing"
     documented = text.split(begin, 1)[1].split(end, 1)[0]
     assert documented == settings.table(), (f"{DOC} is out of date: regenerate its table with "
-                                            "`python -m equikernels.settings`")
+                                            "`equikernels settings --markdown`")
     for f in settings.FIELDS:
         assert f.metadata["doc"].strip(), f"setting {f.name} has no description"
 

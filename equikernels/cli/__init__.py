@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "equikernels.cli.export_lammps",  # export-lammps
     "equikernels.cli.bench",        # bench
     "equikernels.cli.plan",         # plan
+    "equikernels.cli.show_settings",  # settings
 )
 
 # exceptions that describe bad input rather than a bug; their message is the whole story
@@ -115,6 +116,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         signum = getattr(exc, "signum", signal.SIGINT)
         print(f"equikernels {args.command}: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
         return 128 + int(signum)
+    except BrokenPipeError:  # the reader stopped early (``| head``): end quietly, as SIGPIPE would
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        except (OSError, ValueError, AttributeError):  # stdout without a descriptor (captured)
+            pass
+        return 128 + int(signal.SIGPIPE)
     except USER_ERRORS as exc:
         if _debug_requested(args):
             raise

@@ -363,7 +363,8 @@ class Planner:
         parts, and the weights and their cotangents read once). Default in float32: 64 channels a
         part for products of 128 or more channels with more than 12 paths (mace-large), whose one
         kernel over all channels is at the register cap; one part elsewhere. float64 values take two
-        registers: half the channels of a float32 part, down to 32.
+        registers: half the channels of a float32 part, down to 32, where float32 runs one kernel for
+        all four gradients (products with many paths and fewer channels keep dg apart).
         EQUIKERNELS_DBWD_CHANNEL_PARTS=N overrides where N divides the channels."""
         p = self.problem
         m = channel_mul(p) if channelwise_rows(p) and not self._uvw else None
@@ -371,8 +372,10 @@ class Planner:
             return 1
         v = settings.get().dbwd_channel_parts
         if v is None:
-            width = 64 if m >= 128 and m % 64 == 0 and len(p.instructions) > 12 else m
-            if math == torch.float64 and width >= 64 and width % 2 == 0:
+            many = len(p.instructions) > 12
+            width = 64 if m >= 128 and m % 64 == 0 and many else m
+            # halved where float32 runs one kernel for all four gradients (few paths or channel parts)
+            if math == torch.float64 and width >= 64 and width % 2 == 0 and (width < m or not many):
                 width //= 2
             v = m // width
         return v if m % v == 0 else 1

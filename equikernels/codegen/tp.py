@@ -244,9 +244,10 @@ class TPKernels:
         """The need bitmasks of the kernels ``backward`` launches with ``cfg`` (planner.bwd_parts)."""
         return self.planner.bwd_parts(need, cfg)
 
-    def dbwd_parts(self, need: int) -> tuple:
-        """The need bitmasks of the kernels ``double_backward`` launches (planner.dbwd_parts)."""
-        return self.planner.dbwd_parts(need)
+    def dbwd_parts(self, need: int, math: torch.dtype = torch.float32) -> tuple:
+        """The need bitmasks of the kernels ``double_backward`` launches in math dtype ``math``
+        (planner.dbwd_parts)."""
+        return self.planner.dbwd_parts(need, math)
 
     def _run(self, step: KernelStep, tensors, outputs, math: torch.dtype):
         """Allocate the outputs (``outputs[name]`` = (shape, dtype), on x's device), launch ``step``,

@@ -156,8 +156,9 @@ def _dbwd_impl(x: Tensor, y: Tensor, w: Tensor, g: Tensor, a: Optional[Tensor], 
     """a, b, c: used where named in ``have`` (the others may be None or placeholders)."""
     plan = plan_of(spec)
     a_, b_, c_ = (t if k in have else None for k, t in zip("abc", (a, b, c)))
-    if backend == "triton" and all(plan.generated("dbwd", part, have) for part in plan.kernels.dbwd_parts(need)
-                                   if part):
+    math = math_dtype_of((x, y, w, g, a_, b_, c_), math_dtype)
+    if backend == "triton" and all(plan.generated("dbwd", part, have)
+                                   for part in plan.kernels.dbwd_parts(need, math) if part):
         return plan.kernels.double_backward(x, y, w, g, a_, b_, c_, need, math=math_dtype)
     if backend == "cpu":
         return cpu_tp.double_backward(plan.problem, plan.layout, x, y, w, g, a_, b_, c_, need, math_dtype)

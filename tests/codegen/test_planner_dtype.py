@@ -25,10 +25,13 @@ def test_double_backward_channel_parts_halve_in_float64(name, parts32, parts64):
     assert len(step.members) == parts64
 
 
-def test_narrow_products_keep_one_part():
+def test_narrow_products_and_many_paths_keep_their_double_backward():
     p = TPProblem.create(**uvu_problem("32x0e+32x1o", "0e+1o", "32x0e+32x1o"))
     planner = plan_of(spec_of(p, "ir_mul")).kernels.planner
     assert planner.dbwd_channel_parts(F64) == planner.dbwd_channel_parts(F32) == 1
+    # 68 paths of 64 channels: dg apart in float32, and so in float64 (one kernel would not fit)
+    benzene = plan_of(spec_of(catalog_problem("nequip-revmd17-benzene"), "ir_mul")).kernels.planner
+    assert benzene.dbwd_channel_parts(F64) == 1 and benzene.dbwd_parts(15, F64) == benzene.dbwd_parts(15, F32)
 
 
 def test_float64_forward_split_into_parts_of_fewer_paths():
