@@ -13,14 +13,15 @@ def rel(a, b):
     return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
-def random_mace(seed=0, correlation=3, num_interactions=2):
+def random_mace(seed=0, correlation=3, num_interactions=2, interaction="RealAgnosticResidualInteractionBlock",
+                first="RealAgnosticInteractionBlock"):
     from mace import modules  # noqa: PLC0415
 
     torch.manual_seed(seed)
     m = modules.ScaleShiftMACE(
         r_max=3.0, num_bessel=4, num_polynomial_cutoff=5, max_ell=2,
-        interaction_cls=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
-        interaction_cls_first=modules.interaction_classes["RealAgnosticInteractionBlock"],
+        interaction_cls=modules.interaction_classes[interaction],
+        interaction_cls_first=modules.interaction_classes[first],
         num_interactions=num_interactions, num_elements=len(ZS), hidden_irreps=o3.Irreps("4x0e+4x1o"), MLP_irreps=o3.Irreps("4x0e"),
         atomic_energies=np.array([-1.0, -2.0, -3.0]), avg_num_neighbors=5.0, atomic_numbers=list(ZS), correlation=correlation,
         gate=torch.nn.functional.silu, radial_MLP=[8, 8], atomic_inter_scale=1.3, atomic_inter_shift=0.2)

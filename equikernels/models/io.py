@@ -430,6 +430,9 @@ def _from_mace_file(path: str) -> MACE:
         text = str(exc.args[0]) if exc.args else type(exc).__name__
         text = text.strip().splitlines()[0].removeprefix("mace_model: ") if text.strip() else type(exc).__name__
         kind = TypeError if isinstance(exc, TypeError) else ValueError
+        if type(module).__name__ in ("MACE", "ScaleShiftMACE"):  # its layers still run on our kernels
+            text += ("; mace-torch's MACECalculator runs it with equikernels' kernels after "
+                     "equikernels.accelerate(model) on each of calc.models")
         raise kind(f"{path}: this mace-torch model cannot be converted: {text}") from exc
 
 

@@ -83,6 +83,24 @@ def test_mace_torch_model_accelerated(monkeypatch, single_thread):
         assert np.abs(np.asarray(a) - np.asarray(b)).max() <= TOL * max(1.0, np.abs(np.asarray(b)).max())
 
 
+def test_model_from_mace_cannot_read_runs_its_layers_accelerated(monkeypatch, single_thread):
+    """Non-linear residual interaction blocks (from_mace refuses them): the whole model keeps mace-torch's
+    forward, its convolutions and contractions run fused, equal to the unmodified model to second order."""
+    monkeypatch.setenv("EQUIKERNELS_BACKEND", "reference")
+    torch.set_default_dtype(torch.float64)
+    kind = "RealAgnosticResidualNonLinearInteractionBlock"
+    model = random_mace(correlation=2, interaction=kind, first=kind)
+    plain = copy.deepcopy(model)
+    batch = mace_batch(rattled_atoms())
+    e_ref, f_ref, s_ref, g_ref = _second_order(plain, batch)
+    report = ek.accelerate(model)
+    assert {"interactions.0", "interactions.1", "products.0.symmetric_contractions"} <= set(report.fused_names)
+    assert "" not in report.fused_names and kind in str(report), str(report)
+    e, f, s, g = _second_order(model, batch)
+    assert rel(e, e_ref) < TOL and rel(f, f_ref) < TOL and rel(s, s_ref) < TOL
+    assert all(rel(a, b) < TOL for a, b in zip(g, g_ref) if b is not None)
+
+
 def test_mace_state_dict_and_pickle(single_thread):
     torch.set_default_dtype(torch.float64)
     model = random_mace(seed=2)

@@ -175,7 +175,9 @@ def test_unsupported_mace_file_names_the_file(tmp_path):
     with pytest.raises(ValueError, match=message):
         MACECalculator(str(path), device="cpu")
     torch.save(torch.nn.Linear(2, 2), tmp_path / "linear.model")
+    with pytest.raises(ValueError, match=r"NonLinearBiasReadoutBlock.*equikernels\.accelerate\(model\)"):
+        load(path)
     with pytest.raises(TypeError, match=r"linear\.model: this mace-torch model cannot be converted: expected a "
-                                        "mace-torch MACE or ScaleShiftMACE, got Linear"):
+                                        "mace-torch MACE or ScaleShiftMACE, got Linear$"):
         load(tmp_path / "linear.model")
     assert os.path.exists(path)
