@@ -14,7 +14,8 @@ variable counts as unset (except where its table row says otherwise).
 
 A few values are read once when the module that uses them is imported (their table rows say so).
 The C++ backward node also reads ``EQUIKERNELS_AUTOTUNE`` and ``EQUIKERNELS_POISON`` from the
-process environment; with either on (variable or override) the Python node is used instead. ``equikernels settings --markdown`` prints the table of docs/configuration.md.
+process environment; with either on (variable or override) the Python node is used instead.
+``equikernels settings`` lists the values in force; with ``--markdown`` the table of docs/configuration.md.
 """
 from __future__ import annotations
 

@@ -69,7 +69,8 @@ def test_command_prints_a_standard_problem(capsys, tmp_path):
         main(["no-such-problem"])
 
 
-@pytest.mark.parametrize("argv, needle", [(["--need", "x"], "need 'x'"), (["--direction", "bwd", "--have", "a"], "have 'a'")])
+@pytest.mark.parametrize("argv, needle", [(["--need", "x"], "need 'x'"),
+                                          (["--direction", "bwd", "--have", "a"], "have 'a'")])
 def test_command_refuses_options_of_another_direction(argv, needle, capsys):
     with pytest.raises(SystemExit):
         main(["nequip-water", *argv])
