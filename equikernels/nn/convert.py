@@ -1,4 +1,5 @@
-"""Convert e3nn modules to equikernels ones: ``from_e3nn`` (one module) and ``accelerate`` (a model).
+"""Convert e3nn modules to equikernels ones, one module at a time: ``from_e3nn`` (a whole model:
+``equikernels.accelerate``).
 
 Converted modules hold the *same* Parameter objects as the originals (optimisers, weight tying and
 ``state_dict`` keep working) and the same buffers, so ``state_dict()`` is unchanged by conversion.
@@ -16,7 +17,7 @@ from . import linear as _linear
 from . import spherical_harmonics as _sh
 from . import tensor_product as _tp
 
-__all__ = ["from_e3nn", "accelerate", "AccelerateReport"]
+__all__ = ["from_e3nn", "why_not_convertible"]
 
 # e3nn class name -> equikernels class; subclasses that do not override forward map to TensorProduct
 _TP_CLASSES = {
@@ -72,6 +73,7 @@ def _convert_tp(module, cls: type):
         internal_weights=False, shared_weights=module.shared_weights)
     new.internal_weights = module.internal_weights
     new.problem = dataclasses.replace(new.problem, internal_weights=module.internal_weights)
+    _tp._warm_sizes(new.problem)
     if cls is _tp.TensorSquare:
         new.irreps_in = module.irreps_in
     _adopt(new, module, ("weight", "output_mask"))

@@ -224,6 +224,9 @@ class Linear(nn.Module):
         self._ts_recs, self._ts_alphas, self._ts_biases, self._ts_blocks = linear_script_data(self)
         self._ts_f = [self.f_in or 0, self.f_out or 0, self.irreps_in.dim]  # (0: no f axes)
         self._in_dims = [mul_ir.dim for mul_ir in self.irreps_in]
+        self._in_blocks = [(mul, ir.dim) for mul, ir in self.irreps_in]
+        self._out_blocks = [(mul, ir.dim) for mul, ir in self.irreps_out]
+        self._out_dim = self.irreps_out.dim
         self._fast_plan()
 
     def __getstate__(self):
@@ -234,7 +237,7 @@ class Linear(nn.Module):
 
     def __setstate__(self, state) -> None:
         super().__setstate__(state)
-        if "_ts_f" not in self.__dict__:  # pickled by an earlier version
+        if any(k not in self.__dict__ for k in ("_ts_f", "_in_dims", "_out_blocks", "_out_dim")):  # an earlier version
             self.__dict__.setdefault("_optimize_einsums", None)
             self._derived()
 
@@ -435,7 +438,7 @@ class Linear(nn.Module):
         lead = features.shape[:-1]
         x = features.reshape(-1, features.shape[-1])
         n = x.shape[0]
-        if (features.device.type in DENSE_DEVICES and n * x.shape[1] * self.irreps_out.dim <= DENSE_MAX_MACS
+        if (features.device.type in DENSE_DEVICES and n * x.shape[1] * self._out_dim <= DENSE_MAX_MACS
                 and not torch.compiler.is_compiling()):
             idx = self._dense_index(plan)
             if idx is not None:
@@ -504,7 +507,7 @@ class Linear(nn.Module):
         if not features.is_floating_point():
             raise TypeError(f"features: expected a floating-point tensor, got {features.dtype}")
         f = self.f_in is not None
-        want = ((self.f_in,) if f else ()) + (self.irreps_in.dim,)
+        want = ((self.f_in,) if f else ()) + (self._ts_f[2],)
         if features.dim() < len(want) or tuple(features.shape[-len(want):]) != want:
             raise ValueError(f"features: expected trailing shape {want} (irreps_in={self.irreps_in}"
                              f"{', f_in' if f else ''}), got {tuple(features.shape)}")
@@ -527,10 +530,9 @@ class Linear(nn.Module):
         # einsum over one block: u/w input/output channels, i irrep component, x/y the f axes
         fx, fy = ("x", "y") if f else ("", "")
         eq = (f"...{fx}iu,...{fx}{fy}uw->...{fy}iw" if ir_mul else f"...{fx}ui,...{fx}{fy}uw->...{fy}wi")
-        starts = [0]
-        for mul_ir in self.irreps_in:
-            starts.append(starts[-1] + mul_ir.dim)
-        blocks = [[] for _ in self.irreps_out]
+        # plain ints, not e3nn Irreps (which torch.compile cannot guard on)
+        starts = [0, *itertools.accumulate(self._in_dims)]
+        blocks = [[] for _ in self._out_blocks]
         w_off = b_off = 0
         for ins in self.instructions:
             n = math.prod(ins.path_shape)
@@ -538,27 +540,27 @@ class Linear(nn.Module):
                 blocks[ins.i_out].append(b.narrow(-1, b_off, n))  # scalars: both layouts agree
                 b_off += n
                 continue
-            (mi, ir), mo = self.irreps_in[ins.i_in], self.irreps_out[ins.i_out].mul
+            (mi, d), mo = self._in_blocks[ins.i_in], self._out_blocks[ins.i_out][0]
             if n == 0:
                 continue
             ws = w.narrow(-1, w_off, n).reshape(w.shape[:-1] + (mi, mo))
             w_off += n
-            xs = features.narrow(-1, starts[ins.i_in], mi * ir.dim)
-            xs = xs.reshape(xs.shape[:-1] + ((ir.dim, mi) if ir_mul else (mi, ir.dim)))
+            xs = features.narrow(-1, starts[ins.i_in], mi * d)
+            xs = xs.reshape(xs.shape[:-1] + ((d, mi) if ir_mul else (mi, d)))
             y = torch.einsum(eq, xs, ws)
-            blocks[ins.i_out].append(ins.path_weight * y.reshape(y.shape[:-2] + (mo * ir.dim,)))
+            blocks[ins.i_out].append(ins.path_weight * y.reshape(y.shape[:-2] + (mo * d,)))
         outs = []
-        for o, mul_ir in enumerate(self.irreps_out):
-            if mul_ir.dim == 0:
+        for o, (mo, d) in enumerate(self._out_blocks):
+            if mo * d == 0:
                 continue
             parts = blocks[o]
             if not parts:
-                outs.append(features.new_zeros(out_lead + (mul_ir.dim,)))
+                outs.append(features.new_zeros(out_lead + (mo * d,)))
                 continue
             acc = parts[0]
             for p in parts[1:]:
                 acc = acc + p
-            outs.append(acc.expand(out_lead + (mul_ir.dim,)))
+            outs.append(acc.expand(out_lead + (mo * d,)))
         if not outs:
             return features.new_zeros(out_lead + (0,))
         return torch.cat(outs, dim=-1)

@@ -176,6 +176,8 @@ class SphericalHarmonics(nn.Module):
         if x.dim() < 1 or x.shape[-1] != 3:
             raise ValueError(f"x: expected last dimension 3 (a vector, irreps_in={self.irreps_in}), "
                              f"got shape {tuple(x.shape)}")
+        if self.normalize and not x.is_floating_point():  # (torch's own error names vector_norm, not x)
+            raise TypeError(f"x: expected a floating-point tensor (normalize=True), got {x.dtype}")
         if self._poly is None or x.dtype not in (torch.float32, torch.float64) or x.device.type not in PRODUCT_DEVICES:
             return self._impl[0](x)
         return self._poly_sh(x)

@@ -36,8 +36,8 @@ class TensorProduct(nn.Module):
 
     e3nn's code-generation arguments (``compile_left_right``, ``compile_right``,
     ``_specialized_code``, ``_optimize_einsums``) are accepted and do not change the computation;
-    ``_specialized_code`` only selects which constants ``state_dict`` carries, as in e3nn (the
-    constants of ``compile_right=True`` are not mirrored: such checkpoints still load, leniently).
+    ``compile_left_right``, ``compile_right`` and ``_specialized_code`` only select which constants
+    ``state_dict`` carries, as in e3nn.
     ``normalization`` is e3nn's deprecated alias of ``irrep_normalization``.
     """
 
@@ -75,7 +75,8 @@ class TensorProduct(nn.Module):
         super().__init__()
         check_dtypes(math_dtype, output_dtype)
         self.math_dtype, self.output_dtype = math_dtype, output_dtype
-        del compile_left_right, compile_right  # e3nn codegen knobs
+        # e3nn codegen knobs: they only select which constants state_dict carries (below)
+        compile_left_right, compile_right = bool(compile_left_right), bool(compile_right)
         # kept as attributes (code written for e3nn reads them); they do not change the computation
         self._specialized_code = (e3nn.get_optimization_defaults().get("specialized_code", True)
                                   if _specialized_code is None else bool(_specialized_code))
@@ -120,12 +121,15 @@ class TensorProduct(nn.Module):
         self.register_buffer("output_mask", output_mask)
         # e3nn's generated-code submodules persist their constants in state_dict; mirror them so
         # checkpoints load both ways (never used to compute: our coefficients live in the IR)
-        self._compiled_main_left_right = _CodegenConstants(_e3nn_constants(self, _specialized_code))
-        self._compiled_main_right = _CodegenConstants({})
+        self._compiled_main_left_right = _CodegenConstants(
+            _e3nn_constants(self, _specialized_code) if compile_left_right else {})
+        self._compiled_main_right = _CodegenConstants(
+            _e3nn_right_constants(self, _specialized_code) if compile_right else {})
         self._derived()
 
     def _derived(self) -> None:
         """What the TorchScript form needs (plain attributes: not in state_dict, as in e3nn)."""
+        _warm_sizes(self.problem)
         (self._ts_recs, self._ts_modes, self._ts_alphas, self._ts_blocks,
          self._ts_w3j) = tp_script_data(self)
         self._ts_ir_mul = self.layout == "ir_mul"
@@ -231,6 +235,13 @@ class TensorProduct(nn.Module):
         return self._tp(eye, y.unsqueeze(0), weight).movedim(0, -2)
 
 
+def _warm_sizes(problem: TPProblem) -> None:
+    """Compute the problem's cached sizes now: a first computation inside torch.compile would trace
+    ``functools.cached_property``'s lock (Python < 3.12), which dynamo refuses."""
+    for name in ("dim_in1", "dim_in2", "dim_out", "weight_numel"):
+        getattr(problem, name)
+
+
 class _CodegenConstants(nn.Module):
     """Stand-in for an e3nn generated-code submodule: holds the constants e3nn persists in its
     state_dict (wigner-3j blocks ``_w3j_l1_l2_l3``, ``_triu_indices_m``) and nothing else.
@@ -276,6 +287,25 @@ def _e3nn_constants(tp: "TensorProduct", specialized: Optional[bool]) -> Dict[st
             consts[name] = o3.wigner_3j(*ls)
         if mode in ("uvu<v", "u<vw") and f"_triu_indices_{m1}" not in consts:
             consts[f"_triu_indices_{m1}"] = torch.triu_indices(m1, m1, 1)
+    return consts
+
+
+def _e3nn_right_constants(tp: "TensorProduct", specialized: Optional[bool]) -> Dict[str, torch.Tensor]:
+    """The wigner-3j blocks e3nn's ``compile_right=True`` codegen registers: every path it does not
+    special-case (weighted "uvw"/"uvu"/"uvv" and all "uuu" with an l = 0 factor), in order of first use."""
+    if specialized is None:
+        specialized = e3nn.get_optimization_defaults()["specialized_code"]
+    consts: Dict[str, torch.Tensor] = {}
+    for ins in tp.instructions:
+        (m1, ir1), (m2, ir2), (mo, iro) = tp.irreps_in1[ins.i_in1], tp.irreps_in2[ins.i_in2], tp.irreps_out[ins.i_out]
+        if 0 in ins.path_shape or 0 in (m1, m2, mo) or ins.connection_mode in ("uvu<v", "u<vw"):
+            continue  # (e3nn has no right() for the triangular modes)
+        ls = (ir1.l, ir2.l, iro.l)
+        mode = ins.connection_mode
+        special = specialized and 0 in ls and (mode == "uuu" or (mode in ("uvw", "uvu", "uvv") and ins.has_weight))
+        name = "_w3j_{}_{}_{}".format(*ls)
+        if not special and name not in consts:
+            consts[name] = o3.wigner_3j(*ls)
     return consts
 
 
