@@ -223,9 +223,15 @@ class TPProblem:
         object.__setattr__(p, "path_coefficients", p._normalisation())
         # JSON form carried by the custom ops; precomputed so torch.compile sees a constant
         object.__setattr__(p, "spec_json", json.dumps(problem_to_spec(p), separators=(",", ":")))
+        return p.with_sizes()
+
+    def with_sizes(self) -> "TPProblem":
+        """This problem with its derived sizes computed (a first ``cached_property`` access inside
+        torch.compile traces the property's lock, which dynamo refuses); call it on copies made with
+        ``dataclasses.replace``."""
         for name in ("dim_in1", "dim_in2", "dim_out", "weight_numel"):
-            getattr(p, name)  # filled now: dynamo cannot trace a cached_property's first access
-        return p
+            getattr(self, name)
+        return self
 
     def _normalisation(self) -> Tuple[float, ...]:
         """sqrt(alpha) per instruction, the constant e3nn multiplies each path by."""

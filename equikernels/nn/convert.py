@@ -72,8 +72,7 @@ def _convert_tp(module, cls: type):
         irrep_normalization="none", path_normalization="none",
         internal_weights=False, shared_weights=module.shared_weights)
     new.internal_weights = module.internal_weights
-    new.problem = dataclasses.replace(new.problem, internal_weights=module.internal_weights)
-    _tp._warm_sizes(new.problem)
+    new.problem = dataclasses.replace(new.problem, internal_weights=module.internal_weights).with_sizes()
     if cls is _tp.TensorSquare:
         new.irreps_in = module.irreps_in
     _adopt(new, module, ("weight", "output_mask"))

@@ -129,7 +129,7 @@ class TensorProduct(nn.Module):
 
     def _derived(self) -> None:
         """What the TorchScript form needs (plain attributes: not in state_dict, as in e3nn)."""
-        _warm_sizes(self.problem)
+        self.problem.with_sizes()
         (self._ts_recs, self._ts_modes, self._ts_alphas, self._ts_blocks,
          self._ts_w3j) = tp_script_data(self)
         self._ts_ir_mul = self.layout == "ir_mul"
@@ -233,13 +233,6 @@ class TensorProduct(nn.Module):
             raise TypeError(f"y: expected a torch.Tensor, got {type(y).__name__}")
         eye = torch.eye(n, dtype=y.dtype, device=y.device).reshape((n,) + (1,) * (y.dim() - 1) + (n,))
         return self._tp(eye, y.unsqueeze(0), weight).movedim(0, -2)
-
-
-def _warm_sizes(problem: TPProblem) -> None:
-    """Compute the problem's cached sizes now: a first computation inside torch.compile would trace
-    ``functools.cached_property``'s lock (Python < 3.12), which dynamo refuses."""
-    for name in ("dim_in1", "dim_in2", "dim_out", "weight_numel"):
-        getattr(problem, name)
 
 
 class _CodegenConstants(nn.Module):
