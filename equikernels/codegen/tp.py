@@ -111,22 +111,22 @@ class TPKernels:
         self.problem = plan.problem
         self.tuner = tuner
         self.planner = Planner(plan)
-        # (direction, need, have) -> kernel (set) or None; (step key, member names) -> kernel (set)
-        self._cache: Dict[tuple, Optional[Kernel]] = {}
+        # (step key, member names) -> kernel (set): one step key has other members per math dtype
+        self._kernels: Dict[tuple, Kernel] = {}
+        self._cache: Dict[tuple, Optional[Kernel]] = {}  # kernel(): (direction, need, have) -> kernel (set) or None
         self._tuned_cfgs: Dict[tuple, LaunchConfig] = {}  # autotuner choices already looked up
 
     def _step_kernel(self, step: KernelStep):
-        # one step key has other members per math dtype (float64 splits finer): their names tell them apart
         key = (step.key, tuple(m.name for m in step.members))
-        k = self._cache.get(key)
+        k = self._kernels.get(key)
         if k is None:
             ks = [Kernel.of_member(m, step.choice) for m in step.members]
-            k = self._cache[key] = ks[0] if len(ks) == 1 else _KernelSet(ks, step)
+            k = self._kernels[key] = ks[0] if len(ks) == 1 else _KernelSet(ks, step)
         return k
 
     def built_steps(self) -> set:
         """(direction, need, have) of every step whose kernel(s) were built."""
-        return {k[0] for k, v in self._cache.items() if len(k) == 2 and v is not None}
+        return {k[0] for k in self._kernels}
 
     def kernel(self, kind: str, need: int = 0, have: str = ""):
         """The compiled kernel (a _KernelSet where split) of (kind, need bits, have), None where

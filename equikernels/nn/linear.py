@@ -226,7 +226,7 @@ class Linear(nn.Module):
         self._in_dims = [mul_ir.dim for mul_ir in self.irreps_in]
         self._in_blocks = [(mul, ir.dim) for mul, ir in self.irreps_in]
         self._out_blocks = [(mul, ir.dim) for mul, ir in self.irreps_out]
-        self._out_dim = self.irreps_out.dim
+        self._in_dim, self._out_dim = self.irreps_in.dim, self.irreps_out.dim
         self._fast_plan()
 
     def __getstate__(self):
@@ -237,7 +237,7 @@ class Linear(nn.Module):
 
     def __setstate__(self, state) -> None:
         super().__setstate__(state)
-        if any(k not in self.__dict__ for k in ("_ts_f", "_in_dims", "_out_blocks", "_out_dim")):  # an earlier version
+        if any(k not in self.__dict__ for k in ("_ts_f", "_in_blocks", "_out_blocks", "_in_dim")):  # older pickle
             self.__dict__.setdefault("_optimize_einsums", None)
             self._derived()
 
@@ -507,7 +507,7 @@ class Linear(nn.Module):
         if not features.is_floating_point():
             raise TypeError(f"features: expected a floating-point tensor, got {features.dtype}")
         f = self.f_in is not None
-        want = ((self.f_in,) if f else ()) + (self._ts_f[2],)
+        want = ((self.f_in,) if f else ()) + (self._in_dim,)
         if features.dim() < len(want) or tuple(features.shape[-len(want):]) != want:
             raise ValueError(f"features: expected trailing shape {want} (irreps_in={self.irreps_in}"
                              f"{', f_in' if f else ''}), got {tuple(features.shape)}")

@@ -124,12 +124,11 @@ class TensorProduct(nn.Module):
         self._compiled_main_left_right = _CodegenConstants(
             _e3nn_constants(self, _specialized_code) if compile_left_right else {})
         self._compiled_main_right = _CodegenConstants(
-            _e3nn_right_constants(self, _specialized_code) if compile_right else {})
+            _e3nn_constants(self, _specialized_code, right=True) if compile_right else {})
         self._derived()
 
     def _derived(self) -> None:
         """What the TorchScript form needs (plain attributes: not in state_dict, as in e3nn)."""
-        self.problem.with_sizes()
         (self._ts_recs, self._ts_modes, self._ts_alphas, self._ts_blocks,
          self._ts_w3j) = tp_script_data(self)
         self._ts_ir_mul = self.layout == "ir_mul"
@@ -257,48 +256,34 @@ class _CodegenConstants(nn.Module):
                     buf.copy_(value)
 
 
-def _e3nn_constants(tp: "TensorProduct", specialized: Optional[bool]) -> Dict[str, torch.Tensor]:
-    """The buffers e3nn's left-right codegen registers: a wigner-3j block for every path it does
-    not special-case (e3nn special-cases l = 0 factors, and (1,1,1) in "uuu", when
-    ``_specialized_code``), triangle indices for "uvu<v"/"u<vw"; in the default dtype, as e3nn."""
+def _e3nn_constants(tp: "TensorProduct", specialized: Optional[bool], right: bool = False
+                    ) -> Dict[str, torch.Tensor]:
+    """The buffers e3nn's left-right codegen registers (``right``: its ``compile_right`` codegen's): a
+    wigner-3j block for every path it does not special-case when ``_specialized_code`` (left-right:
+    l = 0 factors, and (1,1,1) in "uuu"; right: l = 0 factors in weighted "uvw"/"uvu"/"uvv" and in
+    "uuu"), triangle indices for "uvu<v"/"u<vw" (no right codegen); in the default dtype, as e3nn."""
     if specialized is None:
         specialized = e3nn.get_optimization_defaults()["specialized_code"]
     consts: Dict[str, torch.Tensor] = {}
     for ins in tp.instructions:
         (m1, ir1), (m2, ir2), (mo, iro) = tp.irreps_in1[ins.i_in1], tp.irreps_in2[ins.i_in2], tp.irreps_out[ins.i_out]
-        if 0 in ins.path_shape or 0 in (m1, m2, mo):
+        mode = ins.connection_mode
+        if 0 in ins.path_shape or 0 in (m1, m2, mo) or (right and mode in ("uvu<v", "u<vw")):
             continue  # e3nn emits no code for empty paths
         ls = (ir1.l, ir2.l, iro.l)
-        mode = ins.connection_mode
         any0 = 0 in ls
-        special = specialized and {
-            "uvw": any0, "uvu": any0 and ins.has_weight, "uvv": any0, "uuw": any0 and ins.has_weight,
-            "uuu": any0 or ls == (1, 1, 1),
-        }.get(mode, False)
+        if right:
+            rules = {"uvw": any0 and ins.has_weight, "uvu": any0 and ins.has_weight,
+                     "uvv": any0 and ins.has_weight, "uuu": any0}
+        else:
+            rules = {"uvw": any0, "uvu": any0 and ins.has_weight, "uvv": any0, "uuw": any0 and ins.has_weight,
+                     "uuu": any0 or ls == (1, 1, 1)}
+        special = specialized and rules.get(mode, False)
         name = "_w3j_{}_{}_{}".format(*ls)
         if not special and name not in consts:  # (order matters: e3nn's graph reads w3j, then triu)
             consts[name] = o3.wigner_3j(*ls)
         if mode in ("uvu<v", "u<vw") and f"_triu_indices_{m1}" not in consts:
             consts[f"_triu_indices_{m1}"] = torch.triu_indices(m1, m1, 1)
-    return consts
-
-
-def _e3nn_right_constants(tp: "TensorProduct", specialized: Optional[bool]) -> Dict[str, torch.Tensor]:
-    """The wigner-3j blocks e3nn's ``compile_right=True`` codegen registers: every path it does not
-    special-case (weighted "uvw"/"uvu"/"uvv" and all "uuu" with an l = 0 factor), in order of first use."""
-    if specialized is None:
-        specialized = e3nn.get_optimization_defaults()["specialized_code"]
-    consts: Dict[str, torch.Tensor] = {}
-    for ins in tp.instructions:
-        (m1, ir1), (m2, ir2), (mo, iro) = tp.irreps_in1[ins.i_in1], tp.irreps_in2[ins.i_in2], tp.irreps_out[ins.i_out]
-        if 0 in ins.path_shape or 0 in (m1, m2, mo) or ins.connection_mode in ("uvu<v", "u<vw"):
-            continue  # (e3nn has no right() for the triangular modes)
-        ls = (ir1.l, ir2.l, iro.l)
-        mode = ins.connection_mode
-        special = specialized and 0 in ls and (mode == "uuu" or (mode in ("uvw", "uvu", "uvv") and ins.has_weight))
-        name = "_w3j_{}_{}_{}".format(*ls)
-        if not special and name not in consts:
-            consts[name] = o3.wigner_3j(*ls)
     return consts
 
 

@@ -159,7 +159,7 @@ def _dbwd_impl(x: Tensor, y: Tensor, w: Tensor, g: Tensor, a: Optional[Tensor], 
     math = math_dtype_of((x, y, w, g, a_, b_, c_), math_dtype)
     if backend == "triton" and all(plan.generated("dbwd", part, have)
                                    for part in plan.kernels.dbwd_parts(need, math) if part):
-        return plan.kernels.double_backward(x, y, w, g, a_, b_, c_, need, math=math_dtype)
+        return plan.kernels.double_backward(x, y, w, g, a_, b_, c_, need, math=math)
     if backend == "cpu":
         return cpu_tp.double_backward(plan.problem, plan.layout, x, y, w, g, a_, b_, c_, need, math_dtype)
     tensors = {"x": x, "y": y, "w": w, "g": g, "a": a, "b": b, "c": c}

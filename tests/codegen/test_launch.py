@@ -316,7 +316,7 @@ def test_interpreter_takes_normal_path():
     p = _tiny()
     _check_directions(p, "cpu")
     kernels = plan_of(spec_of(p, "ir_mul")).kernels
-    ks = [k for k in kernels._cache.values() if k is not None]
+    ks = [k for k in kernels._kernels.values() if k is not None]
     assert ks
     for k in ks:
         for part in getattr(k, "parts", [k]):
@@ -336,7 +336,7 @@ def test_gpu_fast_equals_normal():
         _check_directions(p, "cuda")  # first calls: normal launches, kept
         fast = _check_directions(p, "cuda")
         kernels = plan_of(spec_of(p, "ir_mul")).kernels
-        assert any(k.launcher.hits for k in kernels._cache.values() if k is not None)
+        assert any(k.launcher.hits for k in kernels._kernels.values() if k is not None)
         # misaligned operands (views 1 element in): the normal path, same numbers
         x, y, w = _operands(p, 37, "cuda")[:3]
         xs = torch.empty(x.numel() + 1, device="cuda")[1:].view_as(x).copy_(x)
