@@ -60,7 +60,7 @@ def narrow_channelwise(problem) -> bool:
 
 def wide_channelwise(problem) -> bool:
     """Channel-wise products with per-row weights and at least 128 channels in every block (the MACE
-    products): partial channel sums, early loads, one-warp backward programs, L2 prefetch."""
+    products): partial channel sums, early loads, one-row backward programs, L2 prefetch."""
     return channelwise_rows(problem) and min(m for m, _, _ in problem.irreps_in1) >= 128
 
 
@@ -117,12 +117,13 @@ def default_config(kind: str, dtype: torch.dtype, problem=None) -> LaunchConfig:
         rows = 8  # shared-weight uvw (tetris-poly-1): fewer programs to reduce the weight gradient over
     elif problem is not None and kind == "dbwd" and dtype != torch.float64 and narrow_channelwise(problem):
         rows = 8  # two rows per thread hide latency (nequip-lips)
-    one_warp = problem is not None and kind == "bwd" and dtype != torch.float64 and wide_channelwise(problem)
-    if one_warp:
-        rows = 1  # one-warp programs: no barriers between warps, occupancy in steps of one warp
+    one_row = problem is not None and kind == "bwd" and wide_channelwise(problem)
+    if one_row:
+        rows = 1  # one-row programs: no barriers between warps, occupancy in steps of one program
     rows = env if env is not None else rows
-    # warps along the row axis keep the channel reductions (tl.sum over [ROWS, MUL]) inside a warp
-    warps = 1 if one_warp and rows == 1 else 4 if rows == 1 else min(4, rows)
+    # warps along the row axis keep the channel reductions (tl.sum over [ROWS, MUL]) inside a warp;
+    # a float64 row takes two warps: in one, its values spill (MACE-MP L2: 1,216 bytes per thread)
+    warps = (2 if dtype == torch.float64 else 1) if one_row and rows == 1 else 4 if rows == 1 else min(4, rows)
     env = s.per_kind("warps", kind)
     warps = env if env is not None else warps
     return LaunchConfig(rows=rows, num_warps=warps, tf32=s.tf32)

@@ -65,3 +65,14 @@ def test_one_launcher_runs_each_dtypes_own_kernels(monkeypatch, tmp_path):
             for k in ("dx", "dy", "dw", "dg"):
                 assert _rel(got[k].double(), ref[k]) <= tol, f"{dt} {k}: {_rel(got[k].double(), ref[k]):.2e}"
         assert kernels._step_kernel(s64) is not kernels._step_kernel(s32)
+
+
+@pytest.mark.parametrize("name", ["mace-mp-medium-L2", "mace-large"])
+def test_float64_backward_row_takes_two_warps(name):
+    """A MACE product's backward runs one row per program; in float64 that row spreads over two
+    warps (in one, each thread's values spill)."""
+    planner = plan_of(spec_of(catalog_problem(name), "ir_mul")).kernels.planner
+    with settings.override(autotune=False):
+        shapes = {dt: [(s.launch.rows, s.launch.num_warps) for s in planner.plan("bwd", 7, "", dt).steps]
+                  for dt in (F32, F64)}
+    assert shapes == {F32: [(1, 1)], F64: [(1, 2)]}
