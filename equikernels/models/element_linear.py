@@ -16,6 +16,7 @@ from torch import nn
 
 from ..ir import cg_entries
 from ..nn.blocks import rows_by_component
+from ..nn.frozen import frozen_key, storages
 from ..problem import TPProblem, parse_irreps
 
 
@@ -92,10 +93,10 @@ class ElementLinear(nn.Module):
             scale[key] = scale["cpu64"].to(device=w.device, dtype=w.dtype)
         if w.requires_grad or torch.compiler.is_compiling():
             return w * scale[key]
-        vkey = (w.data_ptr(), w._version, w.dtype, w.device)
+        vkey = frozen_key((w,))
         cached = self.__dict__.get("_scaled")
         if cached is None or cached[0] != vkey:
-            cached = self.__dict__["_scaled"] = (vkey, w * scale[key])
+            cached = self.__dict__["_scaled"] = (vkey, w * scale[key], storages((w,)))
         return cached[1]
 
     def forward(self, x: torch.Tensor, groups: ElementGroups) -> torch.Tensor:

@@ -33,6 +33,7 @@ from .. import settings
 from ..dtypes import HALF, acc_dtype, math_dtype_of
 from ..ir import Factor, Operand, Path, Segment, Table
 from ..ops.table_chain import TableOp
+from ..nn.frozen import frozen_key, storages
 from .cpu_contraction import MonomialContraction
 
 U_ZERO_TOL = 0.0  # U entries are kept exactly (a checkpoint's zeros are exact zeros)
@@ -195,11 +196,11 @@ class SymmetricContraction(nn.Module):
         params = [w for per_nu in self.weights for w in per_nu]
         if any(p.requires_grad for p in params) or torch.compiler.is_compiling():
             return self._gather(element)
-        key = (element._version, tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params))
+        key = (element._version, frozen_key(params))
         cached = self.__dict__.get("_node_w")
         if cached is None or cached[0] is not element or cached[1] != key:
             # the element tensor itself is held, so its id cannot be reused by another tensor
-            cached = self.__dict__["_node_w"] = (element, key, self._gather(element))
+            cached = self.__dict__["_node_w"] = (element, key, self._gather(element), storages(params))
         return cached[2]
 
     def _gather(self, element: torch.Tensor) -> torch.Tensor:
@@ -227,7 +228,7 @@ class SymmetricContraction(nn.Module):
                 self.channels, self.ls_in, self.ls_out, self.u_matrices()))
         params = [w for per_nu in self.weights for w in per_nu]
         math = math_dtype_of([x] + params)
-        key = (element._version, math, tuple((p.data_ptr(), p._version, p.dtype) for p in params))
+        key = (element._version, math, frozen_key(params))
         cached = self.__dict__.get("_cpu_w")
         frozen = not any(p.requires_grad for p in params) and not torch.compiler.is_compiling()
         if frozen and cached is not None and cached[0] is element and cached[1] == key:
@@ -236,7 +237,7 @@ class SymmetricContraction(nn.Module):
             ws = [torch.cat(list(per_nu), 1).to(math).index_select(0, element).transpose(0, 1)
                   for per_nu in self.weights]
             if frozen:
-                self.__dict__["_cpu_w"] = (element, key, ws)
+                self.__dict__["_cpu_w"] = (element, key, ws, storages(params))
         out = mono[1](x.to(math), ws, self.layout)
         return out.to(x.dtype)
 

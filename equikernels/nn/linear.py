@@ -26,6 +26,7 @@ from ._block_linear import block_linear
 from ._dense_weight import spread
 from ._script import linear_script_data, script_linear
 from .blocks import rows_by_component
+from .frozen import frozen_key, storages
 
 __all__ = ["Linear"]
 
@@ -350,10 +351,10 @@ class Linear(nn.Module):
         alpha = alpha[akey]
         if w.requires_grad or torch.compiler.is_compiling() or functorch_wrapped(w):
             return (w * alpha).to(dtype)
-        key = (w.data_ptr(), w._version, w.dtype, w.device, dtype)
+        key = (frozen_key((w,)), dtype)
         cached = self.__dict__.get("_scaled")
         if cached is None or cached[0] != key:
-            cached = (key, (w * alpha).to(dtype))
+            cached = (key, (w * alpha).to(dtype), storages((w,)))
             self.__dict__["_scaled"] = cached
         return cached[1]
 
