@@ -182,6 +182,12 @@ class TensorProduct(nn.Module):
                 view = self.weight_view_for_instruction(k, weight)
                 yield (k, ins, view) if yield_instruction else view
 
+    def visualize(self, weight: Optional[torch.Tensor] = None, plot_weight: bool = True, aspect_ratio=1, ax=None):
+        """e3nn's drawing of the product's paths, coloured by the mean square of each path's weights
+        (matplotlib); returns ``(fig, ax)``."""
+        return o3.TensorProduct.visualize(self, weight=weight, plot_weight=plot_weight, aspect_ratio=aspect_ratio,
+                                          ax=ax)
+
     # --- evaluation ------------------------------------------------------------------------------
     @torch.jit.unused
     def _tp(self, x: torch.Tensor, y: torch.Tensor, weight: Optional[torch.Tensor]) -> torch.Tensor:
