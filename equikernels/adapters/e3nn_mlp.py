@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .._compat import e3nn  # noqa: F401  (safe e3nn import first)
+from ..nn.frozen import frozen_key, held
 from ..ops.silu import silu
 from .classes import accelerated_class, register_overrides
 from .registry import Adapter, NotFused, register
@@ -60,10 +61,10 @@ def _frozen_weights(net: nn.Module) -> Optional[List[torch.Tensor]]:
     ws = [layer.weight for layer in _layers(net)]
     if any(w.requires_grad for w in ws) or torch.compiler.is_compiling():
         return None
-    key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in ws)
+    key = frozen_key(ws)
     cached = net.__dict__.get("_ek_mlp_w")
     if cached is None or cached[0] != key:
-        cached = net.__dict__["_ek_mlp_w"] = (key, [w * s for w, s in zip(ws, scales)])
+        cached = net.__dict__["_ek_mlp_w"] = (key, [w * s for w, s in zip(ws, scales)], held(ws))
     return cached[1]
 
 

@@ -23,6 +23,7 @@ from torch import nn
 
 from ..models.cpu_contraction import MonomialContraction
 from ..models.symmetric_contraction import contraction_op, contraction_table
+from ..nn.frozen import frozen_key, held
 from ..ops.table_chain import TableOp
 from ..ops.tp import resolve_backend
 from .classes import accelerated_class, original_class, register_overrides
@@ -92,12 +93,13 @@ def _u_tensors(c, nu: int) -> torch.Tensor:
 def _op(sc) -> TableOp:
     """The path table of ``sc``, rebuilt when its U buffers change (load_state_dict, .to())."""
     us = [[_u_tensors(c, nu) for nu in range(1, c.correlation + 1)] for c in sc.contractions]
-    key = tuple((u.data_ptr(), u._version, u.dtype, u.device) for per in us for u in per)
+    flat = [u for per in us for u in per]
+    key = frozen_key(flat)
     cached = sc.__dict__.get("_ek_op")
     if cached is None or cached[0] != key:
         channels = sc.contractions[0].num_features
         table, _ = contraction_table(channels, [ir.l for _, ir in sc.irreps_in], [ir.l for _, ir in sc.irreps_out], us)
-        cached = sc.__dict__["_ek_op"] = (key, contraction_op(table, "ir_mul"))
+        cached = sc.__dict__["_ek_op"] = (key, contraction_op(table, "ir_mul"), held(flat))
     return cached[1]
 
 
@@ -107,10 +109,11 @@ def _weight_table(sc) -> torch.Tensor:
     params = [w for c in sc.contractions for w in _weights(c)]
     if any(p.requires_grad for p in params) or torch.compiler.is_compiling():
         return torch.cat([w.reshape(w.shape[0], -1) for w in params], dim=1)
-    key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+    key = frozen_key(params)
     cached = sc.__dict__.get("_ek_table")
     if cached is None or cached[0] != key:
-        cached = sc.__dict__["_ek_table"] = (key, torch.cat([w.reshape(w.shape[0], -1) for w in params], dim=1))
+        cached = sc.__dict__["_ek_table"] = (key, torch.cat([w.reshape(w.shape[0], -1) for w in params], dim=1),
+                                             held(params))
     return cached[1]
 
 

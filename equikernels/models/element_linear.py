@@ -16,7 +16,7 @@ from torch import nn
 
 from ..ir import cg_entries
 from ..nn.blocks import rows_by_component
-from ..nn.frozen import frozen_key, storages
+from ..nn.frozen import frozen_key, held, state_without
 from ..problem import TPProblem, parse_irreps
 
 
@@ -70,6 +70,9 @@ class ElementLinear(nn.Module):
         self._in_off = _offsets(self.irreps_in)
         self._out_off = _offsets(self.irreps_out)
 
+    def __getstate__(self):
+        return state_without(self, ("_scaled", "_half", "_plan_cache"))
+
     def _plan(self):
         """Per output block: (input block, mul_in, ir dim, weight offset, mul_out) of its paths, and the
         per-weight coefficient (the path's Clebsch-Gordan value, the same for every component)."""
@@ -96,7 +99,7 @@ class ElementLinear(nn.Module):
         vkey = frozen_key((w,))
         cached = self.__dict__.get("_scaled")
         if cached is None or cached[0] != vkey:
-            cached = self.__dict__["_scaled"] = (vkey, w * scale[key], storages((w,)))
+            cached = self.__dict__["_scaled"] = (vkey, w * scale[key], held((w,)))
         return cached[1]
 
     def forward(self, x: torch.Tensor, groups: ElementGroups) -> torch.Tensor:

@@ -20,6 +20,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
+from ..nn.frozen import state_without
 from ..nn.linear import Linear
 from ..nn.spherical_harmonics import SphericalHarmonics, ir_mul_permutation
 from ..ops.conv import ConvGraph
@@ -52,6 +53,8 @@ def resolve_precision(precision) -> str:
         raise ValueError(f"precision: expected one of {tuple(PRECISIONS)} (or torch.float64/float32/bfloat16/"
                          f"float16), got {precision!r}") from None
 REQUIRED_KEYS = ("positions", "node_attrs", "edge_index", "shifts", "batch", "ptr")
+# per-system values of the last call (graph, edge pairing, checks): not pickled, copied or saved with the model
+SYSTEM_CACHES = ("_pairing", "_conv_graph", "_ctx", "_checked_ei")
 
 _TRUSTED = threading.local()
 
@@ -188,6 +191,9 @@ class MACE(nn.Module):
         return compute
 
     # --- loading ---------------------------------------------------------------------------------
+    def __getstate__(self):
+        return state_without(self, SYSTEM_CACHES)
+
     def _load_from_state_dict(self, *args, **kwargs):
         super()._load_from_state_dict(*args, **kwargs)
         self._u_ready = True  # the product blocks rebuild their tables from the loaded U buffers

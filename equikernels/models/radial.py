@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..dtypes import HALF
+from ..nn.frozen import frozen_key, held, state_without
 from ..ops import radial_basis
 from ..ops.matmul import matmul
 from ..ops.silu import silu
@@ -83,10 +84,10 @@ def _int_value(module: nn.Module, name: str) -> Optional[int]:
     t = getattr(module, name)
     if torch.compiler.is_compiling():
         return None
-    key = (t.data_ptr(), t._version, t.device)
+    key = frozen_key((t,))
     cached = module.__dict__.get(f"_{name}_int")
     if cached is None or cached[0] != key:
-        cached = module.__dict__[f"_{name}_int"] = (key, int(t.item()))
+        cached = module.__dict__[f"_{name}_int"] = (key, int(t.item()), held((t,)))
     return cached[1]
 
 
@@ -190,11 +191,11 @@ class RadialEmbedding(nn.Module):
         if p is None or p < 1:
             return None
         b, c = self.basis, self.cutoff
-        key = tuple((t.data_ptr(), t._version, t.device) for t in (b.prefactor, c.r_max)) + (lengths.dtype,)
+        key = (frozen_key((b.prefactor, c.r_max)), lengths.dtype)
         cached = self.__dict__.get("_consts")
-        if cached is None or cached[0] != key:  # held: the buffers' ids cannot be reused
+        if cached is None or cached[0] != key:
             consts = torch.stack([b.prefactor.reshape(()), c.r_max.reshape(())]).to(lengths.dtype)
-            cached = self.__dict__["_consts"] = (key, consts, (b.prefactor, c.r_max))
+            cached = self.__dict__["_consts"] = (key, consts, held((b.prefactor, c.r_max)))
         w = b.bessel_weights if b.bessel_weights.dtype == lengths.dtype else b.bessel_weights.to(lengths.dtype)
         return radial_basis.bessel_envelope(lengths, w, cached[1], p)
 
@@ -261,16 +262,19 @@ class RadialMLP(nn.Module):
         c = self._cst()
         return [w * ((c if i else 1.0) / self.hs[i] ** 0.5) for i, w in enumerate(ws)]
 
+    def __getstate__(self):
+        return state_without(self, ("_scaled_cache", "_half_cache"))
+
     def _scaled(self) -> List[torch.Tensor]:
         """W / sqrt(fan_in) per layer, the previous layer's activation constant folded in; kept
         between calls while the weights are frozen and unchanged."""
         ws = [layer.weight for layer in self.layers]
         if any(w.requires_grad for w in ws) or torch.compiler.is_compiling():
             return self._scale(ws)
-        key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in ws)
+        key = frozen_key(ws)
         cached = self.__dict__.get("_scaled_cache")
         if cached is None or cached[0] != key:
-            cached = self.__dict__["_scaled_cache"] = (key, self._scale(ws))
+            cached = self.__dict__["_scaled_cache"] = (key, self._scale(ws), held(ws))
         return cached[1]
 
     def _gate(self, x: torch.Tensor) -> torch.Tensor:
@@ -340,8 +344,8 @@ def _half_weights(mlp: "RadialMLP", ws: List[torch.Tensor], x: torch.Tensor) -> 
                         "float16/bfloat16 inputs with float32 weights mix")
     if any(w.requires_grad for w in ws) or torch.compiler.is_compiling():
         return [w.to(x.dtype) for w in ws]
-    key = (x.dtype,) + tuple((w.data_ptr(), w._version) for w in ws)
+    key = (x.dtype, frozen_key(ws))
     cached = mlp.__dict__.get("_half_cache")
     if cached is None or cached[0] != key:
-        cached = mlp.__dict__["_half_cache"] = (key, [w.to(x.dtype) for w in ws])
+        cached = mlp.__dict__["_half_cache"] = (key, [w.to(x.dtype) for w in ws], held(ws))
     return cached[1]

@@ -33,7 +33,7 @@ from .. import settings
 from ..dtypes import HALF, acc_dtype, math_dtype_of
 from ..ir import Factor, Operand, Path, Segment, Table
 from ..ops.table_chain import TableOp
-from ..nn.frozen import frozen_key, storages
+from ..nn.frozen import frozen_key, held, state_without
 from .cpu_contraction import MonomialContraction
 
 U_ZERO_TOL = 0.0  # U entries are kept exactly (a checkpoint's zeros are exact zeros)
@@ -170,6 +170,9 @@ class SymmetricContraction(nn.Module):
         del d
         self._build_table()
 
+    def __getstate__(self):
+        return state_without(self, ("_node_w", "_cpu_w", "_mono"))
+
     def u_matrices(self) -> List[List[torch.Tensor]]:
         return [[getattr(self, f"U_{o}_{nu}") for nu in range(1, c + 1)] for o, c in enumerate(self.correlation)]
 
@@ -200,7 +203,7 @@ class SymmetricContraction(nn.Module):
         cached = self.__dict__.get("_node_w")
         if cached is None or cached[0] is not element or cached[1] != key:
             # the element tensor itself is held, so its id cannot be reused by another tensor
-            cached = self.__dict__["_node_w"] = (element, key, self._gather(element), storages(params))
+            cached = self.__dict__["_node_w"] = (element, key, self._gather(element), held(params))
         return cached[2]
 
     def _gather(self, element: torch.Tensor) -> torch.Tensor:
@@ -237,7 +240,7 @@ class SymmetricContraction(nn.Module):
             ws = [torch.cat(list(per_nu), 1).to(math).index_select(0, element).transpose(0, 1)
                   for per_nu in self.weights]
             if frozen:
-                self.__dict__["_cpu_w"] = (element, key, ws, storages(params))
+                self.__dict__["_cpu_w"] = (element, key, ws, held(params))
         out = mono[1](x.to(math), ws, self.layout)
         return out.to(x.dtype)
 

@@ -26,7 +26,7 @@ from ._block_linear import block_linear
 from ._dense_weight import spread
 from ._script import linear_script_data, script_linear
 from .blocks import rows_by_component
-from .frozen import frozen_key, storages
+from .frozen import frozen_key, held, state_without
 
 __all__ = ["Linear"]
 
@@ -37,7 +37,7 @@ __all__ = ["Linear"]
 DENSE_MAX_MACS = 5e8
 DENSE_DEVICES = ("cuda",)
 _DENSE_CACHES = ("_dense_idx", "_dense_w", "_dense_dev", "_dense_gather")
-_CACHES = _DENSE_CACHES + ("_terms",)  # rebuilt on first use: not saved with the model
+_CACHES = _DENSE_CACHES + ("_terms", "_scaled")  # rebuilt on first use: not saved with the model
 # where the per-block path keeps its input instead of the regrouped copies the weight gradient reads,
 # making them again in the backward: on CUDA memory is what limits the system size, on the CPU time
 RECOMPUTE_DEVICES = ("cuda",)
@@ -231,10 +231,7 @@ class Linear(nn.Module):
         self._fast_plan()
 
     def __getstate__(self):
-        state = self.__dict__.copy()
-        for k in _CACHES:
-            state.pop(k, None)
-        return state
+        return state_without(self, _CACHES)
 
     def __setstate__(self, state) -> None:
         super().__setstate__(state)
@@ -354,7 +351,7 @@ class Linear(nn.Module):
         key = (frozen_key((w,)), dtype)
         cached = self.__dict__.get("_scaled")
         if cached is None or cached[0] != key:
-            cached = (key, (w * alpha).to(dtype), storages((w,)))
+            cached = (key, (w * alpha).to(dtype), held((w,)))
             self.__dict__["_scaled"] = cached
         return cached[1]
 

@@ -1,7 +1,9 @@
 """The models' caches of frozen-weight values (element linears, the symmetric contraction's
 per-node weights) hold the storage they were made from, so a parameter given new storage
-(``p.data = t`` keeps its version) is never served the old values."""
+(``p.data = t`` keeps its version) is never served the old values; a saved or copied model carries
+no cached values."""
 import copy
+import io
 
 import pytest
 import torch
@@ -61,3 +63,22 @@ def test_frozen_mace_model_sees_new_storage(channels):
     got = model(_batch([data]), compute_force=False)["energy"]
     want = other(_batch([data]), compute_force=False)["energy"]
     torch.testing.assert_close(got, want.detach(), rtol=1e-12, atol=1e-12)
+
+
+def _saved(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def test_saved_model_carries_no_per_call_values():
+    """``torch.save`` of a whole frozen model after a call: it saves, loads back to the same
+    energies, and carries none of the last system's graph or the weights' derived values."""
+    model = _model(seed=0, hidden_irreps="32x0e+32x1o").requires_grad_(False)
+    empty = len(_saved(model))
+    data = _batch([_crystal().repeat((2, 2, 2))])
+    energy = model(data, compute_force=False)["energy"]
+    saved = _saved(model)
+    assert len(saved) < 1.01 * empty
+    for again in (torch.load(io.BytesIO(saved), weights_only=False), copy.deepcopy(model)):
+        torch.testing.assert_close(again(data, compute_force=False)["energy"], energy, rtol=0, atol=0)
