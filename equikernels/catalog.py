@@ -60,5 +60,8 @@ def standard_problems() -> Dict[str, dict]:
 
 
 def problem(name: str) -> TPProblem:
-    kw = standard_problems()[name]
-    return TPProblem.create(**kw)
+    """The ``TPProblem`` of a standard problem (a name of ``standard_problems()``); KeyError otherwise."""
+    problems = standard_problems()
+    if name not in problems:
+        raise KeyError(f"problem: unknown name {name!r}; expected one of {', '.join(problems)}")
+    return TPProblem.create(**problems[name])

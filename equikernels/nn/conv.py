@@ -5,7 +5,7 @@ from typing import Optional
 
 import torch
 
-from ..ops.conv import ConvGraph, tensor_product_conv
+from ..ops.conv import DATAFLOWS, ConvGraph, tensor_product_conv
 from .tensor_product import TensorProduct
 
 
@@ -18,6 +18,11 @@ class TensorProductConv(TensorProduct):
     """
 
     def __init__(self, *args, dataflow: str = "auto", deterministic: Optional[bool] = None, **kwargs) -> None:
+        if dataflow not in DATAFLOWS:
+            raise ValueError(f"dataflow: expected one of {DATAFLOWS}, got {dataflow!r}")
+        if deterministic and dataflow == "atomic":
+            raise ValueError("dataflow='atomic' is not deterministic; use 'deterministic' or 'auto' with "
+                             "deterministic=True")
         super().__init__(*args, **kwargs)
         self.dataflow = dataflow
         self.deterministic = deterministic

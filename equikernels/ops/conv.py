@@ -13,7 +13,7 @@ from torch import Tensor
 from .. import settings
 from ..dtypes import STORAGE_DTYPES, acc_dtype
 from ..problem import TPProblem
-from .graph import ConvGraph, _check_range
+from .graph import ConvGraph, _check_range, _node_count
 from .conv_fused import conv_bwd, conv_dbwd, conv_fwd, fused_conv  # noqa: F401 (registers the custom ops)
 from .chain import autocast_dtype
 from .tp import LAYOUTS, _check_same, check_dtypes, resolve_backend, tensor_product
@@ -68,7 +68,7 @@ def tensor_product_conv(problem: TPProblem, x: Tensor, y: Tensor, weight: Option
         if not isinstance(t, Tensor) or t.dim() != 2 or t.shape[1] != dim:
             raise ValueError(f"{name}: expected a tensor of shape [rows, {dim}], got "
                              f"{tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__}")
-    n_out = x.shape[0] if num_nodes is None else num_nodes
+    n_out = x.shape[0] if num_nodes is None else _node_count(num_nodes)
     checked_src = graph is None and num_nodes is None  # build checks src < n_out = x.shape[0]
     if graph is None:
         if src is None or dst is None:
@@ -82,6 +82,8 @@ def tensor_product_conv(problem: TPProblem, x: Tensor, y: Tensor, weight: Option
             raise ValueError(f"graph: built for {graph.num_nodes} nodes, but num_nodes is {n_out}")
         if graph.num_edges != y.shape[0]:
             raise ValueError(f"graph: has {graph.num_edges} edges, but y has {y.shape[0]} rows")
+    if graph.src.device != x.device:
+        raise ValueError(f"src/dst: device {graph.src.device} does not match x ({x.device})")
     if graph.num_edges != y.shape[0]:
         raise ValueError(f"y: expected one row per edge ({graph.num_edges}), got {y.shape[0]}")
     if validate and not checked_src:
@@ -95,6 +97,8 @@ def tensor_product_conv(problem: TPProblem, x: Tensor, y: Tensor, weight: Option
     if nw:
         if weight is None:
             raise ValueError("weight: this tensor product has weights; pass weight")
+        if isinstance(weight, Tensor) and weight.dtype not in STORAGE_DTYPES:
+            raise TypeError(f"weight: expected a float16, bfloat16, float32 or float64 tensor, got {weight.dtype}")
         _check_same("weight", weight, x)
         want = (nw,) if problem.shared_weights else (graph.num_edges, nw)
         if tuple(weight.shape) != want:
@@ -102,6 +106,8 @@ def tensor_product_conv(problem: TPProblem, x: Tensor, y: Tensor, weight: Option
     be = resolve_backend(backend, x.device)
     out_dtype = output_dtype or autocast_dtype(x) or x.dtype
     flow, tunable = resolve_dataflow(dataflow, deterministic, be)
+    if flow != "unfused" and x.shape[0] != n_out:
+        x = _node_rows(x, n_out)
     if tunable:
         flow = _tuned_dataflow(problem, x, y, weight, graph, layout, be, flow, math_dtype, out_dtype)
     if flow == "unfused":
@@ -112,6 +118,14 @@ def tensor_product_conv(problem: TPProblem, x: Tensor, y: Tensor, weight: Option
                               math_dtype=math_dtype, output_dtype=acc_dtype(out_dtype))  # sum, then round
         return _segment_sum(msgs, graph, n_out).to(out_dtype)
     return fused_conv(problem, x, y, weight, graph, layout, be, flow, math_dtype, out_dtype)
+
+
+def _node_rows(x: Tensor, n: int) -> Tensor:
+    """``x`` with exactly ``n`` rows (the fused kernels index x and its gradients by the graph's
+    nodes): rows past n (no edge leaves them) dropped, missing ones zeros; differentiable."""
+    if x.shape[0] > n:
+        return x.narrow(0, 0, n)
+    return torch.cat([x, x.new_zeros(n - x.shape[0], x.shape[1])])
 
 
 # Per-edge temporaries of one chunk of the CPU convolution stay well below glibc's largest mmap

@@ -2,6 +2,7 @@
 walk. Built once per graph (``ConvGraph.build``) and shared by every layer."""
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
@@ -47,9 +48,7 @@ class ConvGraph:
             raise ValueError(f"src and dst: expected the same shape [E], got {tuple(src.shape)} and {tuple(dst.shape)}")
         if src.device != dst.device:
             raise ValueError(f"src and dst: on different devices ({src.device}, {dst.device})")
-        # SymInt: a symbolic node count (x.shape[0]) under torch.compile(dynamic=True) / export
-        if isinstance(num_nodes, bool) or not isinstance(num_nodes, (int, torch.SymInt)) or num_nodes < 0:
-            raise ValueError(f"num_nodes: expected a non-negative int, got {num_nodes!r}")
+        num_nodes = _node_count(num_nodes)
         if validate:
             _check_range("src", src, num_nodes, "num_nodes")
             _check_range("dst", dst, num_nodes, "num_nodes")
@@ -80,6 +79,8 @@ class ConvGraph:
                                  f"pass the graph's own {name} (graph.{name}) or None")
             if t.device != mine.device:
                 raise ValueError(f"{name}: on {t.device}, graph is on {mine.device}")
+            if t.device.type == "meta":  # no values to compare
+                continue
             if not _eager(t):
                 torch._assert_async((t.long() == mine).all(), f"{name}: differs from the edges graph was built for")
             elif not torch.equal(t.long(), mine):
@@ -97,9 +98,24 @@ def _check_index(name: str, t) -> Tensor:
     return t
 
 
+def _node_count(n):
+    """``n`` as an int (numpy and other integer scalars accepted), or a SymInt: a symbolic node
+    count (x.shape[0]) under torch.compile(dynamic=True) / export."""
+    if isinstance(n, bool) or not isinstance(n, (int, torch.SymInt)):
+        if isinstance(n, (bool, Tensor)) or not hasattr(n, "__index__"):
+            raise ValueError(f"num_nodes: expected a non-negative int, got {n!r} ({type(n).__name__})")
+        n = operator.index(n)
+    if n < 0:
+        raise ValueError(f"num_nodes: expected a non-negative int, got {n!r}")
+    return n
+
+
 def _check_range(name: str, t: Tensor, n, label: str) -> None:
     """Indices of ``t`` must lie in [0, n). Eager: checked on the host, the error names the values
-    found. Traced: an asynchronous assert in the graph (no host sync, no graph break)."""
+    found. Traced: an asynchronous assert in the graph (no host sync, no graph break). Meta tensors
+    hold no values: nothing to check."""
+    if t.device.type == "meta":
+        return
     if not _eager(t):
         torch._assert_async(((t >= 0) & (t < n)).all(), f"{name}: node indices must lie in [0, {label})")
         return
