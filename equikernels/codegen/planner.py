@@ -427,9 +427,10 @@ class Planner:
         nothing is computed; raises emit.Unsupported where the generator cannot express it."""
         # the choice and the channel split follow the settings in force and the dtype
         parts = self.dbwd_channel_parts(math) if kind == "dbwd" else 1
-        key = (kind, need, have, self.choice(kind, math), parts)
+        choice = self.choice(kind, math)
+        key = (kind, need, have, choice, parts)
         if key not in self._built:
-            self._built[key] = self._build(kind, need, have, self.choice(kind, math), parts)
+            self._built[key] = self._build(kind, need, have, choice, parts)
         return self._built[key]
 
     def _build(self, kind: str, need: int, have: str, choice: KernelChoice, parts: int) -> Optional[_Built]:
