@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
 from typing import List, Optional, Union
 
 import torch
@@ -106,7 +107,23 @@ def load_model_file(path, device: torch.device) -> torch.nn.Module:
     loader = _models_attr("load")
     if loader is None:
         raise ImportError(f"loading model file {path!r} needs equikernels.models, which is not available")
-    return loader(path, device=device)
+    unconvertible = _models_attr("UnconvertibleMaceModel") or ()
+    try:
+        return loader(path, device=device)
+    except unconvertible as exc:
+        return _accelerated(exc.module, exc.reason, path, device)
+
+
+def _accelerated(module: torch.nn.Module, reason: str, path: str, device: torch.device) -> torch.nn.Module:
+    """A mace-torch model whose structure equikernels' MACE does not read, run as mace-torch's module
+    with its layers on equikernels' kernels (``equikernels.accelerate``)."""
+    from ..adapters import accelerate  # noqa: PLC0415
+
+    warnings.warn(f"{path}: {reason}, which equikernels' MACE does not read; running mace-torch's model with "
+                  "its convolutions and contractions on equikernels' kernels (equikernels.accelerate; no CUDA "
+                  "graphs, no precision=)", RuntimeWarning, stacklevel=4)
+    accelerate(module)
+    return module.to(device).eval()
 
 
 def resolve_model(model: Union[None, str, os.PathLike, torch.nn.Module], device: torch.device) -> torch.nn.Module:

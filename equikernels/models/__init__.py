@@ -10,10 +10,10 @@ parameters, geometry and energies (``benchmarks/mixed_accuracy.py`` measures its
 """
 from .data import atoms_list_to_data, atoms_to_data, pair_edges
 from .graphed import GraphedModel
-from .io import build, config_from_mace, from_mace, load, save
+from .io import UnconvertibleMaceModel, build, config_from_mace, from_mace, load, save
 from .mace import MACE, PRECISIONS, ScaleShiftMACE, resolve_precision, trusted_inputs
 from .symmetric_contraction import SymmetricContraction, contraction_table
 
 __all__ = ["MACE", "ScaleShiftMACE", "from_mace", "load", "save", "build", "config_from_mace", "atoms_to_data",
            "atoms_list_to_data", "SymmetricContraction", "contraction_table", "GraphedModel", "trusted_inputs",
-           "PRECISIONS", "resolve_precision", "pair_edges"]
+           "PRECISIONS", "resolve_precision", "pair_edges", "UnconvertibleMaceModel"]

@@ -421,6 +421,15 @@ def _mace_state_dict(obj) -> Optional[str]:
     return None
 
 
+class UnconvertibleMaceModel(ValueError):
+    """A mace-torch ``MACE`` / ``ScaleShiftMACE`` file whose structure ``from_mace`` does not read:
+    ``module`` is the unpickled mace-torch model, ``reason`` what was not read (one line)."""
+
+    def __init__(self, message: str, module: torch.nn.Module, reason: str):
+        super().__init__(message)
+        self.module, self.reason = module, reason
+
+
 def _from_mace_file(path: str) -> MACE:
     """``from_mace`` of the module pickled in ``path``; a model it cannot convert is refused naming ``path``."""
     module = _load_mace_file(path, stacklevel=4)  # the warning points at load's caller
@@ -429,10 +438,13 @@ def _from_mace_file(path: str) -> MACE:
     except (TypeError, ValueError, KeyError) as exc:
         text = str(exc.args[0]) if exc.args else type(exc).__name__
         text = text.strip().splitlines()[0].removeprefix("mace_model: ") if text.strip() else type(exc).__name__
+        if type(module).__name__ in ("MACE", "ScaleShiftMACE") and not isinstance(exc, TypeError):
+            # its layers still run on our kernels
+            raise UnconvertibleMaceModel(
+                f"{path}: this mace-torch model cannot be converted: {text}; equikernels' MACECalculator and "
+                "mace-torch's (after equikernels.accelerate(model) on each of calc.models) run it with "
+                "equikernels' kernels", module, text) from exc
         kind = TypeError if isinstance(exc, TypeError) else ValueError
-        if type(module).__name__ in ("MACE", "ScaleShiftMACE"):  # its layers still run on our kernels
-            text += ("; mace-torch's MACECalculator runs it with equikernels' kernels after "
-                     "equikernels.accelerate(model) on each of calc.models")
         raise kind(f"{path}: this mace-torch model cannot be converted: {text}") from exc
 
 

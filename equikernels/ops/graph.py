@@ -39,6 +39,19 @@ class ConvGraph:
     def num_edges(self) -> int:
         return self.src.shape[0]  # not int(): that would specialise a symbolic edge count
 
+    @property
+    def device(self) -> torch.device:
+        return self.src.device
+
+    def to(self, device) -> "ConvGraph":
+        """This graph on ``device`` (itself when already there); the edges and orders are copied, not
+        rebuilt."""
+        device = torch.device(device)
+        if self.src.device == device:
+            return self
+        moved = [t.to(device) for t in (self.src, self.dst, self.perm_dst, self.ptr_dst, self.perm_src, self.ptr_src)]
+        return ConvGraph(moved[0], moved[1], self.num_nodes, *moved[2:])
+
     @staticmethod
     def build(src: Tensor, dst: Tensor, num_nodes: int, validate: bool = True, paired: bool = False) -> "ConvGraph":
         """``paired``: edge E/2 + p is edge p reversed (trusted, not checked); the source order is then

@@ -164,16 +164,12 @@ def test_unsupported_mace_file_names_the_file(tmp_path):
     pytest.importorskip("mace")
     from mace.modules import blocks  # noqa: PLC0415
 
-    from equikernels.calculators import MACECalculator  # noqa: PLC0415
-
     path = tmp_path / "bias.model"
     torch.save(_mace_model(readout_cls=blocks.NonLinearBiasReadoutBlock), path)
     message = r"bias\.model: this mace-torch model cannot be converted: readout NonLinearBiasReadoutBlock"
     with pytest.warns(model_io.CodeExecutionWarning):
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(model_io.UnconvertibleMaceModel, match=message):
             load(path)
-    with pytest.raises(ValueError, match=message):
-        MACECalculator(str(path), device="cpu")
     torch.save(torch.nn.Linear(2, 2), tmp_path / "linear.model")
     with pytest.raises(ValueError, match=r"NonLinearBiasReadoutBlock.*equikernels\.accelerate\(model\)"):
         load(path)
@@ -181,3 +177,36 @@ def test_unsupported_mace_file_names_the_file(tmp_path):
                                         "mace-torch MACE or ScaleShiftMACE, got Linear$"):
         load(tmp_path / "linear.model")
     assert os.path.exists(path)
+
+
+@pytest.mark.mace
+@pytest.mark.parametrize("what", ["readout", "interaction"])
+def test_calculator_runs_an_unconvertible_mace_file_accelerated(tmp_path, what):
+    """A mace-torch file whose blocks equikernels' MACE does not read (a bias readout, non-linear
+    residual interactions) runs in our calculator as mace-torch's module with its layers on our
+    kernels, said in a warning, and gives mace-torch's calculator's energy, forces and stress."""
+    pytest.importorskip("mace")
+    from mace.calculators import MACECalculator as MaceTorchCalculator  # noqa: PLC0415
+    from mace.modules import blocks  # noqa: PLC0415
+
+    from equikernels.calculators import MACECalculator  # noqa: PLC0415
+
+    kind = "RealAgnosticResidualNonLinearInteractionBlock"
+    kw = (dict(readout_cls=blocks.NonLinearBiasReadoutBlock) if what == "readout" else
+          dict(first=kind, inter=kind, heads=["pt_head", "Default"]))
+    path = tmp_path / f"{what}.model"
+    torch.save(_mace_model(**kw), path)
+    named = "NonLinearBiasReadoutBlock" if what == "readout" else kind
+    with pytest.warns(RuntimeWarning, match=rf"{what}\.model: .*{named}.*equikernels\.accelerate"):
+        ours = MACECalculator(str(path), device="cpu", default_dtype="float64")
+    assert any(type(m).__module__.startswith("equikernels.") for m in ours.model.modules())
+    theirs = MaceTorchCalculator(model_paths=str(path), device="cpu", default_dtype="float64")
+    results = []
+    for calc in (theirs, ours):
+        atoms = _structures()[0]
+        atoms.calc = calc
+        results.append((atoms.get_potential_energy(), atoms.get_forces(), atoms.get_stress()))
+    (e_ref, f_ref, s_ref), (e, f, s) = results
+    assert abs(e - e_ref) <= TOL * abs(e_ref)
+    assert np.abs(f - f_ref).max() <= TOL * np.abs(f_ref).max()
+    assert np.abs(s - s_ref).max() <= TOL * np.abs(s_ref).max()

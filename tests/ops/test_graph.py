@@ -55,3 +55,33 @@ def test_paired_source_order_from_the_destination_order(n, h):
         assert sorted(seg.tolist()) == sorted(full.perm_src[full.ptr_src[k]:full.ptr_src[k + 1]].tolist())
     with pytest.raises(ValueError, match="even"):
         G.ConvGraph.build(src[:-1], dst[:-1], n, paired=True)
+
+
+def test_graph_to_another_device_moves_every_order():
+    src, dst = torch.tensor([0, 2, 1, 2]), torch.tensor([1, 0, 2, 2])
+    g = G.ConvGraph.build(src, dst, 3)
+    assert g.to("cpu") is g and g.device == torch.device("cpu")
+    m = g.to("meta")
+    fields = ("src", "dst", "perm_dst", "ptr_dst", "perm_src", "ptr_src")
+    assert m.device.type == "meta" and m.num_nodes == 3 and m.num_edges == 4
+    for name in fields:
+        assert getattr(m, name).device.type == "meta" and getattr(m, name).shape == getattr(g, name).shape, name
+
+
+@pytest.mark.gpu
+def test_graph_built_on_the_host_runs_on_the_gpu():
+    from equikernels import ops
+    from equikernels.catalog import uvu_problem
+    from equikernels.problem import TPProblem
+
+    p = TPProblem.create(**uvu_problem("4x0e+4x1o", "0e+1o", "4x0e+4x1o"))
+    gen = torch.Generator().manual_seed(0)
+    src, dst = torch.randint(0, 6, (20,), generator=gen), torch.randint(0, 6, (20,), generator=gen)
+    dev = torch.device("cuda")
+    x, y, w = (torch.randn(n, d, generator=gen).to(dev) for n, d in ((6, p.dim_in1), (20, p.dim_in2),
+                                                                    (20, p.weight_numel)))
+    moved = G.ConvGraph.build(src, dst, 6).to(dev)
+    built = G.ConvGraph.build(src.to(dev), dst.to(dev), 6)
+    a = ops.tensor_product_conv(p, x, y, w, None, None, 6, graph=moved)
+    b = ops.tensor_product_conv(p, x, y, w, None, None, 6, graph=built)
+    assert torch.equal(a, b)
