@@ -31,6 +31,7 @@ DST_SIDE = ("out", "g", "dg")
 CONV_WARPS_F64 = {"fwd": 4, "bwd": 1, "dbwd": 2}
 PARTIAL_PROGRAMS_PER_SM = 4  # edge-parallel programs per multiprocessor writing row partials
 STAGES = 3  # pipeliner stages of the float32 forward and backward edge loops (conv_stages)
+STAGES_F64 = 2  # of the float64 backward and double backward edge loops (its forward runs faster unstaged)
 STAGED_BYTES_MAX = 48 * 1024  # shared memory the staged edge rows of one program may take
 
 
@@ -68,16 +69,19 @@ def conv_prefetch(kind: str, math: torch.dtype = torch.float32, staged: bool = F
 def conv_stages(problem, kind: str, math: torch.dtype = torch.float32) -> int:
     """Stages of Triton's loop pipeliner on a node-parallel kernel's edge loop (emit.Rowing.stages;
     0: a plain loop): the next edges' rows are copied into shared memory while this one computes.
-    Default: STAGES in the float32 forward and backward where the staged rows (STAGES - 1 buffers of
-    x, y and per-edge weights) fit STAGED_BYTES_MAX; none in the double backward (slower staged than
-    with its early loads into registers) and in float64 (not measured). EQUIKERNELS_CONV_STAGES[_<KIND>]."""
+    Default: STAGES in the float32 forward and backward, STAGES_F64 in the float64 backward and
+    double backward, where the staged rows (stages - 1 buffers of x, y and per-edge weights) fit
+    STAGED_BYTES_MAX; none in the float32 double backward (slower staged than with its early loads
+    into registers) and in the float64 forward (slower staged). EQUIKERNELS_CONV_STAGES[_<KIND>]."""
     v = settings.get().per_kind("conv_stages", kind)
     if v is not None:
         return v
-    if kind == "dbwd" or math == torch.float64:
+    f64 = math == torch.float64
+    if (kind == "dbwd" and not f64) or (f64 and kind == "fwd"):
         return 0
+    stages = STAGES_F64 if f64 else STAGES
     row = problem.dim_in1 + problem.dim_in2 + (0 if problem.shared_weights else problem.weight_numel)
-    return STAGES if (STAGES - 1) * row * 4 <= STAGED_BYTES_MAX else 0
+    return stages if (stages - 1) * row * (8 if f64 else 4) <= STAGED_BYTES_MAX else 0
 
 
 def conv_hoist(kind: str, math: torch.dtype) -> bool:

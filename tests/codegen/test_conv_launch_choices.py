@@ -1,14 +1,14 @@
 """Launch choices of the node-parallel convolution kernels that depend on the dtype and the direction:
 float32 forward and backward edge loops are staged through shared memory where the rows fit, the
-double backward loads the next edge into registers instead; float64 gradient kernels neither
-prefetch nor stage the next edge nor hold the node's rows (they would spill registers), and take
-their warps per direction."""
+double backward loads the next edge into registers instead; float64 gradient kernels stage their
+edge loops but neither load the next edge into registers nor hold the node's rows (they would spill
+registers), and take their warps per direction."""
 import torch
 
 from equikernels import settings
 from equikernels.catalog import fully_connected_problem, uvu_problem
-from equikernels.codegen.conv_planner import (STAGES, conv_config, conv_hoist, conv_in1_outer, conv_prefetch,
-                                               conv_stages)
+from equikernels.codegen.conv_planner import (STAGES, STAGES_F64, conv_config, conv_hoist, conv_in1_outer,
+                                               conv_prefetch, conv_stages)
 from equikernels.problem import TPProblem
 
 MACE_L2 = TPProblem.create(**uvu_problem("128x0e+128x1o", "0e+1o+2e+3o", "128x0e+128x1o+128x2e+128x3o"))
@@ -29,10 +29,10 @@ def test_rows_too_wide_to_stage_run_a_plain_loop():
     assert conv_stages(wide, "fwd", torch.float32) == 0 and conv_stages(wide, "bwd", torch.float32) == 0
 
 
-def test_float64_gradients_do_not_prefetch_stage_or_hoist():
+def test_float64_gradients_stage_but_do_not_prefetch_or_hoist():
     for kind in ("fwd", "bwd", "dbwd"):
         assert conv_prefetch(kind, torch.float64) == ""
-        assert conv_stages(MACE_L2, kind, torch.float64) == 0
+    assert [conv_stages(MACE_L2, k, torch.float64) for k in ("fwd", "bwd", "dbwd")] == [0, STAGES_F64, STAGES_F64]
     assert not conv_hoist("bwd", torch.float64)
     assert not conv_hoist("dbwd", torch.float64)
 
@@ -40,12 +40,12 @@ def test_float64_gradients_do_not_prefetch_stage_or_hoist():
 def test_setting_overrides_the_dtype_rule(monkeypatch):
     monkeypatch.setenv("EQUIKERNELS_CONV_PREFETCH_BWD", "idx")
     monkeypatch.setenv("EQUIKERNELS_CONV_HOIST", "1")
-    monkeypatch.setenv("EQUIKERNELS_CONV_STAGES_DBWD", "2")
+    monkeypatch.setenv("EQUIKERNELS_CONV_STAGES_DBWD", "3")
     settings.reload()
     try:
         assert conv_prefetch("bwd", torch.float64) == "idx"
         assert conv_hoist("bwd", torch.float64)
-        assert conv_stages(MACE_L2, "dbwd", torch.float64) == 2
+        assert conv_stages(MACE_L2, "dbwd", torch.float64) == 3
     finally:
         monkeypatch.undo()
         settings.reload()
