@@ -12,6 +12,8 @@ list holds each pair once and the edges come back paired (the second half the fi
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Optional
 
@@ -67,20 +69,18 @@ class SkinNeighborList:
     (with ``A = 1`` this is the ``skin / 2`` rule). A partly periodic cell that changes rebuilds.
     ``num_builds`` counts vesin calls (tests and logs use it). ``paired``: the list holds each pair
     once; ``update`` returns the pairs within the cutoff as paired edges (edge E/2 + p is edge p
-    reversed, ``models.data.PAIRED_KEY``) and ``candidates`` one edge per candidate pair. Pass new ``cell``/``pbc`` tensors
-    when they change rather than modifying the previous ones in place (an unchanged object is
+    reversed, ``models.data.PAIRED_KEY``) and ``candidates`` one edge per candidate pair. Pass new
+    ``cell``/``pbc`` tensors when they change rather than modifying the previous ones in place (an unchanged object is
     taken as an unchanged value, which saves a device sync per step). ``host``: the same positions
     as a float64 NumPy array [N, 3] (ASE's), optional; with it the displacement test of an unchanged
     cell runs on the host, without device launches or a sync.
     """
 
     def __init__(self, cutoff: float, skin: float = DEFAULT_SKIN, paired: bool = False):
-        if not cutoff > 0:
+        self.cutoff = _length("cutoff", cutoff, "a positive")
+        self.skin = _length("skin", skin, "a non-negative")
+        if not self.cutoff > 0:
             raise ValueError(f"cutoff must be a positive number of Angstrom, got {cutoff!r}")
-        if not skin >= 0:
-            raise ValueError(f"skin must be a non-negative number of Angstrom, got {skin!r}")
-        self.cutoff = float(cutoff)
-        self.skin = float(skin)
         self.paired = bool(paired)
         self.num_builds = 0
         self._ref_positions: Optional[torch.Tensor] = None
@@ -89,6 +89,7 @@ class SkinNeighborList:
         self._ref_cell_src: Optional[torch.Tensor] = None
         self._ref_pbc_src: Optional[torch.Tensor] = None
         self._candidates = None  # (i, j, S) within cutoff + skin at the last build
+        self._cand_edges = None  # (cell, Edges) of ``candidates``: valid until the next build
         self._ref_host: Optional[np.ndarray] = None  # the host positions at the last build, if given
 
     def reset(self) -> None:
@@ -100,7 +101,8 @@ class SkinNeighborList:
     def _needs_rebuild(self, positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor,
                        host: Optional[np.ndarray] = None) -> bool:
         ref = self._ref_positions
-        if ref is None or ref.shape != positions.shape or ref.device != positions.device or ref.dtype != positions.dtype:
+        if (ref is None or ref.shape != positions.shape or ref.device != positions.device
+                or ref.dtype != positions.dtype):
             return True
         if pbc is not self._ref_pbc_src and not torch.equal(self._ref_pbc, pbc):
             return True
@@ -130,16 +132,16 @@ class SkinNeighborList:
 
     def candidates(self, positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor,
                    host: Optional[np.ndarray] = None) -> Edges:
-        """Every pair within ``cutoff + skin`` (unfiltered), as the same tensor objects between
-        rebuilds while the cell is unchanged. For models whose terms vanish exactly beyond the cutoff
-        (MACE's envelope): results equal those of :meth:`update`, and the edge set is constant
-        between rebuilds (fixed shapes for CUDA graphs)."""
+        """Every pair within ``cutoff + skin`` of the last build (unfiltered; a build by :meth:`update`
+        counts), as the same tensor objects between builds while the cell is unchanged. For models
+        whose terms vanish exactly beyond the cutoff (MACE's envelope): results equal those of
+        :meth:`update`, and the edge set is constant between rebuilds (fixed shapes for CUDA graphs)."""
         positions = positions.detach()
         rebuilt = self._needs_rebuild(positions, cell, pbc, host)
         if rebuilt:
             self._rebuild(positions, cell, pbc, host)
-        cached = getattr(self, "_cand_edges", None)
-        if rebuilt or cached is None or cached[0] is not cell:
+        cached = self._cand_edges
+        if cached is None or cached[0] is not cell:
             i, j, unit_shifts = self._candidates
             edges = Edges(i, j, unit_shifts, unit_shifts @ cell.detach())
             edges.__dict__["_edge_index"] = torch.stack((i, j))
@@ -149,6 +151,7 @@ class SkinNeighborList:
     def _rebuild(self, positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor,
                  host: Optional[np.ndarray] = None) -> None:
         self._candidates = vesin_pairs(positions, cell, pbc, self.cutoff + self.skin, full_list=not self.paired)
+        self._cand_edges = None  # a build through ``update`` must not leave the previous list's edges
         self._ref_positions = positions.clone()
         self._ref_host = None if host is None else np.array(host, dtype=np.float64)
         self._ref_cell, self._ref_cell_src = cell.detach().clone(), cell
@@ -170,6 +173,16 @@ class SkinNeighborList:
             ei, shifts, unit_shifts = with_reverses(torch.stack((i, j)), shifts, unit_shifts)
             return Edges(ei[0], ei[1], unit_shifts, shifts)
         return Edges(i, j, unit_shifts, shifts)
+
+
+def _length(name: str, value, what: str) -> float:
+    """``value`` as a float: a finite, non-negative real number, else an error naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be {what} number of Angstrom, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    if not (math.isfinite(value) and value >= 0.0):
+        raise ValueError(f"{name} must be {what} finite number of Angstrom, got {value!r}")
+    return value
 
 
 def pbc_tensor(pbc, device) -> torch.Tensor:

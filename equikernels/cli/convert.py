@@ -10,7 +10,8 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("convert", help="convert between mace-torch .model files and equikernels' MACE format (--to mace for the reverse)",
+    p = subparsers.add_parser("convert", help="convert between mace-torch .model files and equikernels' MACE format "
+                                              "(--to mace for the reverse)",
                               description="Convert a mace-torch MACE/ScaleShiftMACE checkpoint (needs mace-torch) "
                                           "into equikernels' format (config JSON + weights), which loads without "
                                           "mace-torch. OUT is a file, or a directory to hold config.json and "
@@ -21,6 +22,8 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="convert the weights to this dtype")
     p.add_argument("--to", choices=("equikernels", "mace"), default="equikernels",
                    help="output format: equikernels' (default) or a mace-torch .model file (needs mace-torch)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing OUT file (or the model files in an OUT directory)")
     p.set_defaults(func=_convert)
 
 
@@ -32,9 +35,7 @@ def _convert(args: argparse.Namespace) -> int:
     if not os.path.exists(args.input):
         raise FileNotFoundError(f"IN {args.input!r}: no such file or directory; expected a mace-torch .model file "
                                 "or an equikernels model")
-    parent = os.path.dirname(os.path.abspath(args.output))
-    if not os.path.isdir(parent):  # checked before the (slow) load
-        raise FileNotFoundError(f"OUT {args.output!r}: folder {parent} does not exist; create it first")
+    _check_output(args)  # before the (slow) load
     model = load(args.input, device="cpu", dtype=DTYPES[args.dtype] if args.dtype else None)
     if args.to == "mace":
         from ..training.model_factory import save_mace_torch  # noqa: PLC0415
@@ -47,3 +48,30 @@ def _convert(args: argparse.Namespace) -> int:
     print(f"converted {args.input} -> {args.output}: {type(model).__name__}, {len(model.interactions)} interactions, "
           f"{n} parameters, {model.atomic_energies.dtype}, heads {model.heads}")
     return 0
+
+
+def _check_output(args: argparse.Namespace) -> None:
+    """Refuse an OUT that cannot be written, or whose existing files would be replaced without --overwrite."""
+    from ..models.io import CONFIG_FILE, WEIGHTS_FILE  # noqa: PLC0415
+
+    out = args.output
+    if not out:
+        raise ValueError("OUT '': expected a file name or an existing directory")
+    parent = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(parent):
+        what = "is a file, not a folder" if os.path.exists(parent) else "does not exist; create it first"
+        raise FileNotFoundError(f"OUT {out!r}: folder {parent} {what}")
+    if os.path.isdir(out):
+        if args.to == "mace":
+            raise IsADirectoryError(f"OUT {out!r}: is a directory; --to mace writes one .model file, give its name")
+        existing = [n for n in (CONFIG_FILE, WEIGHTS_FILE) if os.path.exists(os.path.join(out, n))]
+    else:
+        existing = [out] if os.path.exists(out) else []
+    if not existing or args.overwrite:
+        return
+    if os.path.exists(args.input) and not os.path.isdir(args.input) and os.path.samefile(args.input, out):
+        raise FileExistsError(f"OUT {out!r}: is IN itself; give another name (or --overwrite to replace IN)")
+    if existing == [out]:
+        raise FileExistsError(f"OUT {out!r}: already exists; give another name, or --overwrite to replace it")
+    raise FileExistsError(f"OUT {out!r}: already holds {' and '.join(existing)}; give another directory, or "
+                          "--overwrite to replace them")

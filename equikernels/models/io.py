@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import pickle
+import pickletools
 import warnings
 import zipfile
 from typing import Dict, Optional, Union
@@ -164,13 +165,21 @@ def _readout_config(r) -> dict:
 
 
 def mace_key_map(model, cfg: dict) -> Dict[str, str]:
-    """Our state dict keys -> the mace-torch state dict keys they come from."""
+    """Our state dict keys -> the mace-torch state dict keys they come from (each checked to be in
+    ``model``'s state dict)."""
     src = model.state_dict()
+    out = mace_key_names(cfg)
+    for theirs in out.values():
+        if theirs not in src:
+            raise KeyError(f"mace_model: expected state entry {theirs!r}")
+    return out
+
+
+def mace_key_names(cfg: dict) -> Dict[str, str]:
+    """Our state dict keys -> mace-torch's names for them, for a model of config ``cfg``."""
     out: Dict[str, str] = {}
 
     def take(ours: str, theirs: str) -> None:
-        if theirs not in src:
-            raise KeyError(f"mace_model: expected state entry {theirs!r}")
         out[ours] = theirs
 
     def linear(ours: str, theirs: str) -> None:
@@ -272,6 +281,8 @@ def save(model: MACE, path: Union[str, os.PathLike]) -> None:
     if not isinstance(model, MACE):
         raise TypeError(f"model: expected an equikernels.models.MACE/ScaleShiftMACE, got {type(model).__name__}")
     path = os.fspath(path)
+    if not path:
+        raise ValueError("path: expected a file name or an existing directory, got ''")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise FileNotFoundError(f"{path}: cannot write the model there, folder {parent} does not exist")
@@ -303,6 +314,9 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
 
     ``precision`` ("fp64", "fp32", "bf16-mixed", "fp16-mixed"; see ``MACE.set_precision``) is
     applied after ``dtype``; a mixed precision keeps float32 parameters, so it excludes float64."""
+    if dtype is not None and dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"dtype: expected torch.float32 or torch.float64, got {dtype} (for half-precision "
+                         "node features give precision='bf16-mixed' or 'fp16-mixed')")
     if precision is not None:
         precision = resolve_precision(precision)
         if dtype is not None and dtype != PRECISIONS[precision][0]:
@@ -320,10 +334,16 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
     else:
         remove_stale_temps(path)
         obj = _torch_load_safe(path, "an equikernels model file or a mace-torch .model file")
-        if obj is _NEEDS_PICKLE:
+        if obj is _NEEDS_PICKLE and _pickled_class(path) in _OUR_CLASSES:
+            model = _load_pickled_ours(path)
+        elif obj is _NEEDS_PICKLE:
             model = _from_mace_file(path)
         elif isinstance(obj, dict) and obj.get("format") == FORMAT:
             model = _build_checked(path, obj.get("config"), obj.get("state_dict"))
+        elif _our_state_dict(obj):
+            raise ValueError(f"{path}: an equikernels state dict (weights without the model's structure): expected "
+                             "a model file written by equikernels.models.save, or load_state_dict it into a model "
+                             "that load() built")
         elif _mace_state_dict(obj) is not None:
             raise ValueError(f"{path}: {_mace_state_dict(obj)} (weights without the model's structure): expected the "
                              "mace-torch .model file its training writes, or build the mace-torch model, "
@@ -421,6 +441,50 @@ def _mace_state_dict(obj) -> Optional[str]:
     return None
 
 
+def _our_state_dict(obj) -> bool:
+    """Whether ``obj`` is an equikernels MACE state dict (``model.state_dict()`` saved on its own)."""
+    return isinstance(obj, dict) and all(k in obj for k in ("atomic_energies", "atomic_numbers", "r_max",
+                                                             "node_embedding.weight"))
+
+
+_OUR_CLASSES = {(MACE.__module__, MACE.__name__), (ScaleShiftMACE.__module__, ScaleShiftMACE.__name__)}
+
+
+def _pickled_class(path: str) -> Optional[tuple]:
+    """(module, name) of the class of the object pickled in the ``torch.save`` archive ``path``, read
+    from the pickle's opcodes without running it; None when it cannot be told."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = [n for n in zf.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
+            data = zf.read(names[0]) if names else b""
+        for op, arg, _ in pickletools.genops(data):
+            if op.name == "GLOBAL":  # torch.save's protocol 2: the root object's class comes first
+                module, _, name = str(arg).partition(" ")
+                return module, name
+            if op.name in ("STACK_GLOBAL", "REDUCE", "BUILD", "STOP"):
+                return None
+    except (zipfile.BadZipFile, OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _load_pickled_ours(path: str) -> MACE:
+    """An equikernels model saved whole (``torch.save(model, path)``): unpickled after the warning that
+    this runs code from the file; mace-torch is not needed."""
+    if os.path.realpath(path) not in _WARNED_PICKLES:
+        _WARNED_PICKLES.add(os.path.realpath(path))
+        warnings.warn(f"{path}: loading a pickled model, which runs code stored in the file; load only files you "
+                      "trust (equikernels.models.save writes a copy that loads without running code)",
+                      CodeExecutionWarning, stacklevel=3)
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=False)
+    except (ModuleNotFoundError, AttributeError) as exc:
+        raise ImportError(f"{path}: the pickled model needs code that is not installed ({_first_line(exc)})") from None
+    if not isinstance(obj, MACE):
+        raise ValueError(f"{path}: holds {_describe(obj)}, expected an equikernels MACE or a mace-torch model")
+    return obj
+
+
 class UnconvertibleMaceModel(ValueError):
     """A mace-torch ``MACE`` / ``ScaleShiftMACE`` file whose structure ``from_mace`` does not read:
     ``module`` is the unpickled mace-torch model, ``reason`` what was not read (one line)."""
@@ -496,6 +560,8 @@ def load_mace_module(path: Union[str, os.PathLike]) -> Optional[torch.nn.Module]
     path = os.fspath(path)
     if os.path.isdir(path) or _torch_load_safe(path, "a mace-torch .model file") is not _NEEDS_PICKLE:
         return None
+    if _pickled_class(path) in _OUR_CLASSES:  # an equikernels model saved whole
+        return None
     return _load_mace_file(path)
 
 
@@ -523,11 +589,21 @@ def _load_mace_file(path: str, stacklevel: int = 3):
 
 
 def _atomic_torch_save(path: str, obj) -> None:
-    atomic_write(path, lambda tmp: torch.save(obj, tmp))
+    def write(tmp: str) -> None:
+        open(tmp, "wb").close()  # an unwritable place fails here with an OSError saying why
+        torch.save(obj, tmp)
+    _writing(path, write)
 
 
 def _atomic_write_text(path: str, text: str) -> None:
     def write(tmp: str) -> None:
         with open(tmp, "w") as f:
             f.write(text)
-    atomic_write(path, write)
+    _writing(path, write)
+
+
+def _writing(path: str, write) -> None:
+    try:
+        atomic_write(path, write)
+    except OSError as exc:
+        raise OSError(f"{path}: cannot write the model there ({exc.strerror or _first_line(exc)})") from exc

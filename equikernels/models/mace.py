@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
@@ -55,6 +56,11 @@ def resolve_precision(precision) -> str:
 REQUIRED_KEYS = ("positions", "node_attrs", "edge_index", "shifts", "batch", "ptr")
 # per-system values of the last call (graph, edge pairing, checks): not pickled, copied or saved with the model
 SYSTEM_CACHES = ("_pairing", "_conv_graph", "_ctx", "_checked_ei")
+# a mace-torch state dict's key for E0 (``load_state_dict`` translates such dicts to our names)
+_MACE_E0_KEY = "atomic_energies_fn.atomic_energies"
+# mace-torch state entries without a counterpart here: fixed by the structure (masks, constants, flags)
+_MACE_DERIVED = re.compile(r"(\.output_mask|\._w3j_[0-9_]+|\.weights_[0-9]+_zeroed|\.weights_max_zeroed"
+                           r"|\.conv_tp\.weight|^radial_embedding\.bessel_fn\.r_max)$")
 
 _TRUSTED = threading.local()
 
@@ -177,10 +183,13 @@ class MACE(nn.Module):
 
     @property
     def precision(self) -> str:
+        """"fp64", "fp32", "bf16-mixed" or "fp16-mixed"; "fp16" / "bf16" for a model converted whole
+        to a half type (``.half()``, ``.to(torch.bfloat16)``)."""
         compute = self.compute_dtype
         if compute is not None:
             return {torch.bfloat16: "bf16-mixed", torch.float16: "fp16-mixed"}[compute]
-        return "fp64" if self.atomic_energies.dtype == torch.float64 else "fp32"
+        dtype = self.atomic_energies.dtype
+        return {torch.float64: "fp64", torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype, "fp32")
 
     def _feature_dtype(self) -> Optional[torch.dtype]:
         compute = self.compute_dtype
@@ -193,6 +202,27 @@ class MACE(nn.Module):
     # --- loading ---------------------------------------------------------------------------------
     def __getstate__(self):
         return state_without(self, SYSTEM_CACHES)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """``nn.Module.load_state_dict``; also takes the state dict of a mace-torch model of the same
+        structure (mace-torch's key names, e.g. from a mace-torch training checkpoint), translated to
+        ours. Its entries fixed by the structure (output masks, e3nn constants) are not read."""
+        if isinstance(state_dict, dict) and _MACE_E0_KEY in state_dict and "atomic_energies" not in state_dict:
+            state_dict = self._from_mace_names(state_dict, strict)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def _from_mace_names(self, state_dict, strict: bool) -> dict:
+        from .io import mace_key_names  # noqa: PLC0415 (io imports this module)
+
+        names = mace_key_names(self.config)
+        ours_of = {theirs: ours for ours, theirs in names.items()}
+        if strict:
+            missing = [theirs for theirs in names.values() if theirs not in state_dict]
+            unknown = [k for k in state_dict if k not in ours_of and not _MACE_DERIVED.search(k)]
+            if missing or unknown:
+                raise RuntimeError(f"state_dict: a mace-torch state dict of another structure than this "
+                                   f"{type(self).__name__}: missing {missing[:4]}, unexpected {unknown[:4]}")
+        return {ours_of[k]: v for k, v in state_dict.items() if k in ours_of}
 
     def _load_from_state_dict(self, *args, **kwargs):
         super()._load_from_state_dict(*args, **kwargs)
@@ -386,6 +416,8 @@ class MACE(nn.Module):
         the data evaluated comes last."""
         if lammps_mliap:
             raise NotImplementedError("lammps_mliap: the LAMMPS ML-IAP interface is not supported")
+        if not isinstance(data, dict) and callable(getattr(data, "to_dict", None)):
+            data = data.to_dict()  # a torch_geometric Batch, as mace-torch's data loaders give
         self._check_data(data)
         data = self._pair(data, per_edge_outputs, training)
         ctx = self._context(data)

@@ -148,6 +148,36 @@ def test_bad_arguments():
         SkinNeighborList(0.0)
     with pytest.raises(ValueError, match="skin"):
         SkinNeighborList(4.0, skin=-1.0)
+    with pytest.raises(ValueError, match="skin must be a non-negative finite number"):
+        SkinNeighborList(4.0, skin=float("inf"))  # vesin would fail (or never finish) at the first call
+    with pytest.raises(ValueError, match="cutoff must be a positive finite number"):
+        SkinNeighborList(float("nan"))
+    for bad in ("0.5", None, True):
+        with pytest.raises(TypeError, match="skin must be a non-negative number of Angstrom"):
+            SkinNeighborList(4.0, skin=bad)
+    assert SkinNeighborList(np.float32(4.0), skin=np.int64(1)).skin == 1.0
+
+
+@pytest.mark.parametrize("paired", [False, True])
+def test_candidates_after_a_build_through_update(paired):
+    """A build by ``update`` (the calculator's descriptors or Hessian of another structure) replaces
+    the edges ``candidates`` returns for the same cell: they hold every pair within the cutoff of the
+    structure just built, not those of the earlier one."""
+    atoms = triclinic()
+    cell, pbc = torch.tensor(atoms.cell.array), pbc_tensor(atoms.pbc, "cpu")
+    nl = SkinNeighborList(CUTOFF, skin=0.6, paired=paired)
+    nl.candidates(torch.tensor(atoms.positions), cell, pbc, host=atoms.positions)
+    moved = atoms.copy()
+    moved.positions[0] += [1.2, -0.9, 0.7]  # past half the skin: a new build
+    nl.update(torch.tensor(moved.positions), cell, pbc, host=moved.positions)
+    assert nl.num_builds == 2
+    cand = nl.candidates(torch.tensor(moved.positions), cell, pbc, host=moved.positions)
+    assert nl.num_builds == 2
+    pairs = pair_set(cand.sender.numpy(), cand.receiver.numpy(), cand.unit_shifts.numpy())
+    if paired:
+        pairs |= pair_set(cand.receiver.numpy(), cand.sender.numpy(), -cand.unit_shifts.numpy())
+    assert ase_pairs(moved) <= pairs
+    assert pairs <= ase_pairs(moved, CUTOFF + 0.6)
 
 
 def test_empty_neighbourhood():
@@ -170,7 +200,8 @@ def test_paired_lists(name):
         h = edges.sender.shape[0] // 2
         assert torch.equal(edges.sender[h:], edges.receiver[:h]) and torch.equal(edges.receiver[h:], edges.sender[:h])
         assert torch.equal(edges.unit_shifts[h:], -edges.unit_shifts[:h])
-        cand = nl.candidates(torch.tensor(atoms.positions), torch.tensor(atoms.cell.array), pbc_tensor(atoms.pbc, "cpu"))
+        cand = nl.candidates(torch.tensor(atoms.positions), torch.tensor(atoms.cell.array),
+                             pbc_tensor(atoms.pbc, "cpu"))
         pairs = pair_set(cand.sender.numpy(), cand.receiver.numpy(), cand.unit_shifts.numpy())
         assert len(pairs) == cand.sender.shape[0]
         assert not pairs & pair_set(cand.receiver.numpy(), cand.sender.numpy(), -cand.unit_shifts.numpy())

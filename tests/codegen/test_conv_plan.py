@@ -28,21 +28,21 @@ def _decisions(plan: ConvPlan):
 # (direction, need, have, math) -> decisions of the deterministic dataflow (node-parallel kernels owning
 # destinations; gx / dx per edge, summed per source). float32: forward and backward edge loops staged
 # in 3 pipeliner stages, the double backward's next edge loaded into registers. float64: 4 warps
-# forward, 1 backward with shared inner sums, 2 double backward, nothing prefetched, staged or held
-# across the edge loop in the gradients
+# forward, 1 backward with shared inner sums, 2 double backward, the gradients' edge loops staged in 2
+# stages, nothing prefetched into registers or held across the edge loop
 PINNED = {
     ("fwd", 0, "", torch.float32): [(("out",), "nodes", "dst", "in1", 1, 1, 0, True, "", False, (), (), None, 3)],
     ("fwd", 0, "", torch.float64): [(("out",), "nodes", "dst", "in1", 1, 4, 0, True, "", False, (), (), None, 0)],
     ("bwd", XYW, "", torch.float32): [(("x", "y", "w"), "nodes", "dst", "in1all", 1, 1, 0, True, "", False,
                                        (), (), "gx", 3)],
     ("bwd", XYW, "", torch.float64): [(("x", "y", "w"), "nodes", "dst", "in1all", 1, 1, 0, False, "", True,
-                                       (), (), "gx", 0)],
+                                       (), (), "gx", 2)],
     ("dbwd", XYWG, "abc", torch.float32): [
         (("g",), "nodes", "dst", "in1", 1, 1, 0, False, "all", True, (), (), None, 0),
         (("x", "y", "w"), "nodes", "dst", "in1all", 1, 1, 0, False, "all", True, (), (), "dx", 0)],
     ("dbwd", XYWG, "abc", torch.float64): [
-        (("g",), "nodes", "dst", "in1", 1, 2, 0, False, "", True, (), (), None, 0),
-        (("x", "y", "w"), "nodes", "dst", "in1all", 1, 2, 0, False, "", True, (), (), "dx", 0)],
+        (("g",), "nodes", "dst", "in1", 1, 2, 0, False, "", True, (), (), None, 2),
+        (("x", "y", "w"), "nodes", "dst", "in1all", 1, 2, 0, False, "", True, (), (), "dx", 2)],
 }
 
 
