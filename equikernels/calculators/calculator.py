@@ -288,9 +288,8 @@ class MACECalculator(Calculator):
             self._stress_wanted = True
         if "stresses" in properties:
             check_stress_cell(atoms, prop="per-atom stress ('stresses')")
-        # asked for: always; once asked for, with every later evaluation of a 3-D periodic cell
-        compute_stress = "stress" in properties or (
-            self._stress_wanted and bool(np.all(atoms.pbc)) and abs(atoms.cell.volume) >= MIN_VOLUME)
+        # asked for: always; once asked for, with every later evaluation of a 3-D cell (slabs too)
+        compute_stress = "stress" in properties or (self._stress_wanted and abs(atoms.cell.volume) >= MIN_VOLUME)
         if self._use_graphs(len(atoms)):
             self._sync_structure(atoms)
             positions = torch.as_tensor(atoms.positions, dtype=self.dtype).to(self.device)

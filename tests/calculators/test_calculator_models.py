@@ -162,6 +162,20 @@ def test_cell_relaxation_takes_stress_from_the_same_evaluation(model):
     assert len(calls) <= opt.nsteps + 2 and all(calls[1:])
 
 
+def test_slab_forces_bring_stress_once_it_was_asked_for(model):
+    """A slab (periodic in x and y, a 3-D cell): once stress was asked for, a forces evaluation gives it
+    too, as for a crystal (an optimiser asking for both pays one model call), with the same value."""
+    atoms = slab()
+    atoms.calc = MACECalculator(copy.deepcopy(model), device="cpu")
+    atoms.get_stress()
+    atoms.positions[0, 0] += 0.05
+    atoms.get_forces()
+    assert "stress" in atoms.calc.results
+    fresh = atoms.copy()
+    fresh.calc = MACECalculator(copy.deepcopy(model), device="cpu")
+    np.testing.assert_allclose(atoms.calc.results["stress"], fresh.get_stress(), rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("graphs", [False, True])
 def test_paired_edges_by_default(model, graphs):
     """The calculator gives an equikernels MACE paired edges (the radial MLPs see one row per pair),
