@@ -27,12 +27,12 @@ from ..models.graphed import GraphedModel
 from ..models.data import PAIRED_KEY, pair_edges
 from ..models.mace import MACE, trusted_inputs
 from .checks import MIN_VOLUME, check_finite, check_stress_cell, check_structure
-from .committee import committee_properties, committee_results
+from .committee import committee_properties, committee_results, member_properties
 from .descriptors import descriptor_columns, layer_irreps
 from .graph import ElementTable, single_graph
 from .loading import model_heads, resolve_device, resolve_dtype, resolve_head, resolve_model
 from .mace_args import NAMES as MACE_TORCH_NAMES
-from .mace_args import take_mace_torch_arguments
+from .mace_args import model_files, take_mace_torch_arguments
 from .neighbors import DEFAULT_SKIN, SkinNeighborList, pbc_tensor, vesin_pairs
 from .state import changes
 from .threads import apply_threads
@@ -114,8 +114,7 @@ class MACECalculator(Calculator):
                             "default_dtype, head, skin, cuda_graph, precision, num_threads, mace-torch's "
                             f"{', '.join(n for n in MACE_TORCH_NAMES if n != 'model_path')} or ASE's "
                             f"{', '.join(sorted(ASE_KEYWORDS))})")
-        if model_paths is None:
-            model_paths = mace_torch["model_path"]
+        model_paths = model_files(model_paths, mace_torch["model_path"])
         models = _models_from_paths(model, model_paths, mace_torch["models"])
         default_dtype = default_dtype or None  # mace-torch's "": the model's own
         Calculator.__init__(self, **kwargs)
@@ -158,6 +157,7 @@ class MACECalculator(Calculator):
         for param in model.parameters():
             param.requires_grad_(False)
         self.model = model
+        self._model_state = _model_state(model)
         self.r_max = float(model.r_max)
         self.heads = model_heads(model)
         self.head = self.heads[resolve_head(head, self.heads)]
@@ -276,11 +276,12 @@ class MACECalculator(Calculator):
         if atoms is None:
             raise ValueError("atoms: no structure to calculate (pass atoms, or attach this calculator to an Atoms)")
         if self.members:
-            base = [p for p in properties if p in self.members[0].implemented_properties] or ["energy"]
+            base = member_properties(properties, self.members[0].implemented_properties)
             for member in self.members:
                 member.calculate(atoms, base, system_changes)
             self.results = committee_results([m.results for m in self.members], self._node_e0(atoms.numbers))
             return
+        self._follow_model()
         check_structure(atoms, cell=self._cell_np is None or not np.array_equal(atoms.cell.array, self._cell_np)
                         or not np.array_equal(atoms.pbc, self._pbc_np))  # the cell only when it changed
         if "stress" in properties:
@@ -310,6 +311,25 @@ class MACECalculator(Calculator):
             results["node_energy"] = results["energies"] - self._atom_e0
         self.results = results
 
+    def _follow_model(self) -> None:
+        """Follow a model whose dtype was changed since this calculator was made (another calculator
+        on the same model object converts it in place, as mace-torch's does): inputs are then made in
+        the new dtype. A changed precision (mixed or not) is refused: its numbers would differ silently."""
+        now = _model_state(self.model)
+        if now == self._model_state:
+            return
+        if now[1] != self._model_state[1]:
+            raise RuntimeError(f"model: its precision was changed to {_precision_name(now)} after this calculator "
+                               f"was made with {_precision_name(self._model_state)} (another MACECalculator with "
+                               "another precision on the same model object?); give each calculator its own copy "
+                               "(copy.deepcopy(model))")
+        warnings.warn(f"model: its dtype was changed to {now[0]} after this calculator was made in "
+                      f"{self._model_state[0]} (another MACECalculator on the same model object?); evaluating in "
+                      f"{now[0]}", RuntimeWarning, stacklevel=3)
+        self.dtype, self._model_state = now[0], now
+        self._numbers = self._cell_np = self._pbc_np = self._graphed = None
+        self.neighbors.reset()
+
     def _atomic_kwargs(self) -> Dict[str, bool]:
         """The model arguments of per-atom stresses and virials (none unless asked for: a model
         without them still runs)."""
@@ -330,10 +350,13 @@ class MACECalculator(Calculator):
             raise ValueError("atoms: no structure for the Hessian (pass atoms, or calculate one first)")
         if self.members:  # a committee: one per model, as mace-torch's calculator gives them
             return [m.get_hessian(atoms) for m in self.members]
+        self._follow_model()
         check_structure(atoms)
         with trusted_inputs(node_feats=False):
             out = self.model(self._graph(atoms), compute_force=True, compute_hessian=True, training=False)
-        return out["hessian"].detach().to(self.dtype).cpu().numpy()
+        hessian = out["hessian"].detach().to(self.dtype).cpu().numpy()
+        check_finite({"hessian": hessian}, atoms)
+        return hessian
 
     def get_descriptors(self, atoms: Optional[Atoms] = None, invariants_only: bool = True,
                         num_layers: int = -1) -> np.ndarray:
@@ -347,11 +370,14 @@ class MACECalculator(Calculator):
         if self.members:  # a committee: one per model, as mace-torch's calculator gives them
             return [m.get_descriptors(atoms, invariants_only, num_layers) for m in self.members]
         cols = descriptor_columns(layer_irreps(self.model), invariants_only, num_layers)
+        self._follow_model()
         check_structure(atoms)
         with trusted_inputs():
             out = self.model(self._graph(atoms), compute_force=False, training=False)
         feats = out["node_feats"].detach()
-        return feats[:, cols.to(feats.device)].to(self.dtype).cpu().numpy()
+        descriptors = feats[:, cols.to(feats.device)].to(self.dtype).cpu().numpy()
+        check_finite({"descriptors": descriptors}, atoms)
+        return descriptors
 
     # ---- many structures in one model call -------------------------------------------------
     def batch_evaluate(self, atoms_list: Sequence[Atoms], properties: Sequence[str] = ("energy", "forces"),
@@ -367,16 +393,17 @@ class MACECalculator(Calculator):
         atoms_list = list(atoms_list)
         if not atoms_list:
             return []
+        unknown = set(properties) - set(self.implemented_properties)
+        if unknown:
+            raise ValueError(f"unknown properties {sorted(unknown)}; available: {self.implemented_properties}")
         if self.members:
-            base = [p for p in properties if p in self.members[0].implemented_properties]
+            base = member_properties(properties, self.members[0].implemented_properties)
             each = [m.batch_evaluate(atoms_list, base, max_atoms_per_batch) for m in self.members]
             return [committee_results([e[k] for e in each], self._node_e0(atoms.numbers))
                     for k, atoms in enumerate(atoms_list)]
         if max_atoms_per_batch is not None and max_atoms_per_batch < 1:
             raise ValueError(f"max_atoms_per_batch must be a positive integer or None, got {max_atoms_per_batch!r}")
-        unknown = set(properties) - set(self.implemented_properties)
-        if unknown:
-            raise ValueError(f"unknown properties {sorted(unknown)}; available: {self.implemented_properties}")
+        self._follow_model()
         compute_stress = "stress" in properties
         for k, atoms in enumerate(atoms_list):
             check_structure(atoms, f"atoms_list[{k}]")
@@ -412,6 +439,16 @@ class MACECalculator(Calculator):
             if e0 is not None:
                 res["node_energy"] = res["energies"] - e0
         return results
+
+
+def _model_state(model: torch.nn.Module) -> tuple:
+    """(dtype of the model's parameters, its mixed-precision compute dtype or None)."""
+    param = next(model.parameters(), None)
+    return (param.dtype if param is not None else None), getattr(model, "compute_dtype", None)
+
+
+def _precision_name(state: tuple) -> str:
+    return str(state[0]).replace("torch.", "") + (f" with {state[1]} compute" if state[1] is not None else "")
 
 
 def _head_e0(model: torch.nn.Module, head: int) -> Optional[np.ndarray]:

@@ -1,8 +1,9 @@
 """Checks of what goes into and comes out of the model, with messages that name the cause.
 
 ``check_structure`` refuses input a model cannot run (no atoms, non-finite positions, a periodic
-direction without a cell vector); ``check_finite`` refuses non-finite energies, forces or stress
-and says why when it can tell (atoms on top of each other, with their indices).
+direction without a cell vector); ``check_finite`` refuses non-finite energies, forces, stress,
+per-atom stresses and virials, Hessians or descriptors and says why when it can tell (atoms on top
+of each other, with their indices).
 """
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from ase import Atoms
 MIN_VOLUME = 1e-8      # A^3: below this the cell has no volume and stress is undefined
 CLOSE_DISTANCE = 0.1   # A: atoms closer than this coincide for any interatomic potential
 _AXES = "abc"
+# results checked for NaN or infinity: the calculator's, its per-atom ones and get_hessian's / get_descriptors'
+CHECKED = ("energy", "forces", "stress", "stresses", "virials", "hessian", "descriptors")
 
 
 class NonFiniteError(ValueError):
-    """The model gave a NaN or infinite energy, force or stress."""
+    """The model gave a NaN or infinite result (energy, forces, stress, Hessian, descriptors, ...)."""
 
 
 def check_structure(atoms, what: str = "atoms", cell: bool = True) -> None:
@@ -64,8 +67,9 @@ def close_pairs(atoms: Atoms, cutoff: float = CLOSE_DISTANCE, limit: int = 5) ->
 
 
 def check_finite(results: Dict[str, np.ndarray], atoms: Atoms, what: str = "atoms") -> None:
-    """Raise ``NonFiniteError`` when any result is NaN or infinite, naming the likely cause."""
-    bad = [k for k in ("energy", "forces", "stress") if k in results and not np.isfinite(results[k]).all()]
+    """Raise ``NonFiniteError`` when any of the ``CHECKED`` results present is NaN or infinite (each
+    one named), naming the likely cause."""
+    bad = [k for k in CHECKED if k in results and not np.isfinite(results[k]).all()]
     if not bad:
         return
     pairs = close_pairs(atoms)

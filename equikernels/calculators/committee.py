@@ -3,7 +3,7 @@ mean of each property, and for energy, forces and stress each model's value (``<
 the population variance across models (``<name>_var``), stresses there as 3x3 matrices."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 from ase.stress import full_3x3_to_voigt_6_stress, voigt_6_to_full_3x3_stress
@@ -13,6 +13,20 @@ SPREAD = ("energy", "forces", "stress")  # the properties given per model and as
 
 def committee_properties(base: List[str]) -> List[str]:
     return list(base) + [f"{name}_{kind}" for name in SPREAD for kind in ("comm", "var")]
+
+
+def member_properties(properties: Sequence[str], implemented: Sequence[str]) -> List[str]:
+    """What each member calculates for a committee asked for ``properties``: those it implements,
+    a per-model value or variance (``stress_comm``, ``forces_var``) through its property (``stress``);
+    ``["energy"]`` when none is left."""
+    base: List[str] = []
+    for name in properties:
+        stem, _, kind = name.rpartition("_")
+        if kind in ("comm", "var") and stem in SPREAD:
+            name = stem
+        if name in implemented and name not in base:
+            base.append(name)
+    return base or ["energy"]
 
 
 def committee_results(members: List[Dict[str, object]], e0: Optional[np.ndarray]) -> Dict[str, object]:

@@ -1,7 +1,8 @@
 """Per-atom descriptors of a MACE model: the node features each interaction layer produces."""
 from __future__ import annotations
 
-from typing import List
+import operator
+from typing import List, Optional
 
 import torch
 
@@ -20,10 +21,10 @@ def layer_irreps(model) -> List["o3.Irreps"]:
 def descriptor_columns(layers: List["o3.Irreps"], invariants_only: bool, num_layers: int) -> torch.Tensor:
     """Columns of ``node_feats`` (mul_ir, layers concatenated) that make the descriptor: every
     column of the first ``num_layers`` layers (-1: all), or only their invariant (0e) channels."""
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or not (
-            num_layers == -1 or 1 <= num_layers <= len(layers)):
+    count = _integer(num_layers)
+    if count is None or not (count == -1 or 1 <= count <= len(layers)):
         raise ValueError(f"num_layers: expected -1 (all) or 1..{len(layers)}, got {num_layers!r}")
-    keep = len(layers) if num_layers == -1 else num_layers
+    keep = len(layers) if count == -1 else count
     cols, offset = [], 0
     for irreps in layers[:keep]:
         if invariants_only:
@@ -34,3 +35,14 @@ def descriptor_columns(layers: List["o3.Irreps"], invariants_only: bool, num_lay
             cols.append(torch.arange(offset, offset + irreps.dim))
         offset += irreps.dim
     return torch.cat(cols) if cols else torch.zeros(0, dtype=torch.int64)
+
+
+def _integer(value) -> Optional[int]:
+    """``value`` as an int when it is an integer of any kind (Python, NumPy, a one-element torch
+    tensor such as a model's ``num_interactions``), else None; bools are not counts."""
+    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None

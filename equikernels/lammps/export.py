@@ -33,28 +33,78 @@ def export_mliap(model, path: Union[str, os.PathLike], dtype: Optional[str] = No
     from ..models.io import load  # noqa: PLC0415
 
     path = os.fspath(path)  # checked before the model is read: converting a large model takes a while
-    if not path:
-        raise ValueError("path: empty, expected a file name such as model-mliap.pt")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise FileNotFoundError(f"path: the folder of {path!r} ({parent!r}) does not exist")
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"path: {path!r} is a directory, expected a file name such as model-mliap.pt")
+    _check_output(path)
     if isinstance(model, (str, os.PathLike)):
+        if os.path.abspath(os.fspath(model)) == os.path.abspath(path):
+            raise ValueError(f"path: {path!r} is the model file itself; choose another name such as model-mliap.pt")
+        if _holds_mliap(os.fspath(model)):
+            raise ValueError(f"model: {os.fspath(model)!r} is an ML-IAP file written by export-lammps, not a model; "
+                             "export from the model file it was written from")
         model = load(model, device="cpu")
     obj = EquikernelsMLIAP(model, head=head, dtype=dtype)
-    tmp = f"{path}.tmp{os.getpid()}"
+    tmp = _temporary(path)
     try:
-        if _is_torch_file(path):
-            torch.save(obj, tmp)
-        else:
-            with open(tmp, "wb") as f:
-                pickle.dump(obj, f)
-        os.replace(tmp, path)
+        try:
+            if _is_torch_file(path):
+                torch.save(obj, tmp)
+            else:
+                with open(tmp, "wb") as f:
+                    pickle.dump(obj, f)
+            os.replace(tmp, path)
+        except (OSError, RuntimeError) as exc:  # full disk, a folder turned read-only meanwhile
+            raise OSError(f"path: cannot write {path!r} ({_first_line(exc)})") from None
     finally:  # a failed write leaves neither a partial file nor the temporary one
         if os.path.exists(tmp):
             os.remove(tmp)
     return obj
+
+
+def _temporary(path: str) -> str:
+    return f"{path}.tmp{os.getpid()}"
+
+
+def _check_output(path: str) -> None:
+    """``path`` names a file that can be written: its folder exists and takes a new file."""
+    if not path:
+        raise ValueError("path: empty, expected a file name such as model-mliap.pt")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        what = "is not a folder" if os.path.exists(parent) else "does not exist"
+        raise FileNotFoundError(f"path: the folder of {path!r} ({parent!r}) {what}")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"path: {path!r} is a directory, expected a file name such as model-mliap.pt")
+    probe = _temporary(path)
+    try:
+        with open(probe, "wb"):
+            pass
+    except OSError as exc:
+        raise OSError(f"path: cannot write {path!r} ({exc.strerror or type(exc).__name__})") from None
+    finally:
+        if os.path.exists(probe):
+            os.remove(probe)
+
+
+_MLIAP_MARK = b"equikernels.lammps.mliap"
+
+
+def _holds_mliap(path: str) -> bool:
+    """Whether ``path`` is a file ``export_mliap`` wrote (its pickle names the ML-IAP class first)."""
+    if not os.path.isfile(path):
+        return False
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                names = [n for n in archive.namelist() if n.endswith("/data.pkl")]
+                if len(names) != 1:
+                    return False
+                with archive.open(names[0]) as f:
+                    head = f.read(64)
+        else:
+            with open(path, "rb") as f:
+                head = f.read(64)
+    except (OSError, zipfile.BadZipFile):
+        return False
+    return head[:1] == b"\x80" and _MLIAP_MARK in head
 
 
 EXPECTED = "an ML-IAP model file written by equikernels export-lammps"

@@ -8,7 +8,9 @@ step calls ``compute_forces(data)`` with, on each MPI rank:
 - ``nlocal`` owned atoms, ``ntotal`` owned + ghost atoms, ``elems[ntotal]`` (index into
   ``element_types``), ``npairs`` pairs ``pair_i`` (centre), ``pair_j`` (neighbour, may be a ghost)
   with ``rij = x_j - x_i``;
-- writable ``eatoms[nlocal]`` and ``energy``; ``update_pair_forces(fij)`` applying
+- ``eatoms[nlocal]`` and ``energy`` to write (the host coupling has no ``nlocal``, only ``nlistatoms``,
+  and its ``eatoms`` can only be assigned); ``pair_i``, ``pair_j``, ``rij`` are None while LAMMPS has
+  never had a pair to store (their buffers are NULL); ``update_pair_forces(fij)`` applying
   ``f[i] += fij; f[j] -= fij`` and the virial ``-sum rij (x) fij``; LAMMPS then sums ghost
   forces into their owners. With E the energy and ``F_i = -dE/dx_i``, that gives ``fij = dE/drij``;
 - in the KOKKOS coupling, ``forward_exchange(src, dst, width)`` (each ghost row of ``dst`` set
@@ -206,8 +208,10 @@ class EquikernelsMLIAP(MLIAPUnified):
         model runs (is the cached graph still LAMMPS's? are the indices in range?) and the energy."""
         nlocal = int(data.nlocal) if hasattr(data, "nlocal") else int(data.nlistatoms)
         ntotal, npairs = int(data.ntotal), int(data.npairs)
-        elems = as_tensor(data.elems)
-        array_device = elems.device  # where LAMMPS's arrays live (the model may run elsewhere)
+        elems = _coupling_array(data, "elems")
+        elems = as_tensor(elems) if elems is not None else None
+        # where LAMMPS's arrays live (the model may run elsewhere); a NULL array (no atoms at all) says nothing
+        array_device = elems.device if elems is not None else self.model.atomic_energies.device
         model, device = self._model_on(array_device)
         dtype = model.atomic_energies.dtype
         exchange = self.num_layers > 1 and has_exchange(data)
@@ -217,14 +221,14 @@ class EquikernelsMLIAP(MLIAPUnified):
             data.energy = 0.0
             return
         elems = elems[:ntotal].to(device)
-        pair_i = as_tensor(data.pair_i)[:npairs].to(device)
-        pair_j = as_tensor(data.pair_j)[:npairs].to(device)
+        pair_i = _pair_array(data, "pair_i", npairs, device, torch.int32)
+        pair_j = _pair_array(data, "pair_j", npairs, device, torch.int32)
         ghost_rows = not exchange and self.num_layers > 1 and ntotal > nlocal
         topo = self._topology(data, elems, pair_i, pair_j, nlocal, ntotal, ghost_rows)
         # without exchange, ghosts carry their own neighbour lists: compute every row
         num_out = None if ghost_rows else nlocal
         hook = _LayerExchange(data, ntotal) if exchange else None
-        rij = as_tensor(data.rij)[:npairs]
+        rij = _pair_array(data, "rij", npairs, array_device, torch.float64)
         # the leaf is rij itself where dtype and device allow (a view: no copy), so its gradient is fij
         leaf = rij.detach() if (rij.dtype == dtype and rij.device == device) else rij.to(device, dtype)
         leaf.requires_grad_(True)
@@ -234,9 +238,10 @@ class EquikernelsMLIAP(MLIAPUnified):
                                                    num_out, hook, topo.graph)[:nlocal].to(torch.float64)
             energy = node_energy.sum()  # summed in float64
             (grad,) = torch.autograd.grad(energy, leaf, allow_unused=True)
-        fij = grad if grad is not None else torch.zeros_like(leaf)
-        self._update_pair_forces(data, fij.to(torch.float64).contiguous(), array_device)
-        as_tensor(data.eatoms)[:nlocal].copy_(node_energy.detach())
+        if npairs:  # the couplings index the first row of fij: an empty array is refused, and has nothing to add
+            fij = grad if grad is not None else torch.zeros_like(leaf)
+            self._update_pair_forces(data, fij.to(torch.float64).contiguous(), array_device)
+        _write_eatoms(data, node_energy.detach(), nlocal)
         data.energy = float(energy.detach())
 
     def _topology(self, data, elems: torch.Tensor, pair_i: torch.Tensor, pair_j: torch.Tensor, nlocal: int,
@@ -267,6 +272,9 @@ class EquikernelsMLIAP(MLIAPUnified):
             self._missing_exchange(data, flags[8])
         if atoms_ok and pairs_ok:
             return cached
+        if elo == -1:  # LAMMPS's element index of an atom type given as NULL in pair_coeff
+            raise ValueError(f"data.elems: atom types mapped to NULL in pair_coeff (as pair_style hybrid does) are "
+                             f"not supported; map every atom type to one of {' '.join(self.element_types)}")
         if elo < 0 or ehi >= len(self.element_types):
             raise ValueError(f"data.elems: element indices must lie in [0, {len(self.element_types)}) (the "
                              f"pair_coeff elements {' '.join(self.element_types)}), got [{elo}, {ehi}]")
@@ -277,7 +285,8 @@ class EquikernelsMLIAP(MLIAPUnified):
             elems, node_attrs = cached.elems, cached.node_attrs
         else:
             elems = elems.to(torch.int64, copy=True)  # our own copy: LAMMPS may rewrite its buffer
-            node_attrs = torch.nn.functional.one_hot(elems, len(self.element_types)).to(self.model.atomic_energies.dtype)
+            node_attrs = torch.nn.functional.one_hot(elems, len(self.element_types))
+            node_attrs = node_attrs.to(self.model.atomic_energies.dtype)
         if pairs_ok:
             edge_index, graph = cached.edge_index, cached.graph
         else:
@@ -302,6 +311,12 @@ class EquikernelsMLIAP(MLIAPUnified):
         return t
 
     def _missing_exchange(self, data, lacking: int) -> None:
+        if "kokkos" in type(data).__module__.lower():  # KOKKOS, but a coupling from before the exchange hooks
+            raise RuntimeError(
+                f"this model has {self.num_layers} interaction layers, so the node features of ghost atoms must be "
+                f"exchanged between layers, but this LAMMPS's KOKKOS ML-IAP coupling ({type(data).__module__}) has "
+                "no forward_exchange/reverse_exchange; update LAMMPS to a version whose "
+                "mliap_unified_couple_kokkos.pyx has forward_exchange, or use a single-layer model")
         raise RuntimeError(
             f"this model has {self.num_layers} interaction layers, so the node features of ghost atoms must be "
             f"exchanged between layers, but {type(data).__module__}.{type(data).__name__} has no "
@@ -328,6 +343,37 @@ class EquikernelsMLIAP(MLIAPUnified):
             getattr(data, "update_pair_forces_gpu", data.update_pair_forces)(fij)
         else:  # host coupling: a C-contiguous float64 array
             data.update_pair_forces(fij.cpu().numpy())
+
+
+def _coupling_array(data, name: str):
+    """``data.<name>``; None where the coupling's buffer is NULL (never allocated: no atoms or no pairs yet)."""
+    try:
+        return getattr(data, name)
+    except AttributeError:
+        raise RuntimeError(f"{type(data).__module__}.{type(data).__name__} has no {name}: this LAMMPS's ML-IAP "
+                           "unified coupling is older than this model needs; update LAMMPS") from None
+
+
+def _pair_array(data, name: str, npairs: int, device: torch.device, null_dtype: torch.dtype) -> torch.Tensor:
+    """A per-pair array's first ``npairs`` rows; an empty one for a NULL buffer."""
+    array = _coupling_array(data, name)
+    if array is None:
+        if npairs:
+            raise RuntimeError(f"data.{name}: NULL although data.npairs = {npairs}")
+        return torch.zeros((0, 3) if name == "rij" else (0,), dtype=null_dtype, device=device)
+    out = as_tensor(array)[:npairs]
+    return out if name == "rij" else out.to(device)
+
+
+def _write_eatoms(data, node_energy: torch.Tensor, nlocal: int) -> None:
+    """Per-atom energies into ``data.eatoms``: in place where the coupling lets it be read (KOKKOS), else by
+    assigning a float64 array (the host coupling's ``eatoms`` is write-only)."""
+    try:
+        target = data.eatoms
+    except AttributeError:
+        data.eatoms = np.ascontiguousarray(node_energy.cpu().numpy(), dtype=np.float64)
+        return
+    as_tensor(target)[:nlocal].copy_(node_energy)
 
 
 def _resolve_head(head: Optional[str], heads: List[str]) -> str:
