@@ -12,7 +12,9 @@ exists for is 20 % and more) still stands out. Cells below a few tenths of a mil
 by host work, whose tens of microseconds vary more between processes than any relative margin can
 absorb: the absolute slack covers them. A cell that ran in the baseline but failed or vanished in
 the current run regresses too, and so does an equikernels result whose error against e3nn in
-float64 exceeds its tolerance. Runs on different GPU kinds are never compared.
+float64 exceeds its tolerance. A check that compared no cell at all fails: it vouches for nothing.
+Runs on different GPU kinds are never compared; other torch, triton, CUDA or driver versions are
+named in the summary.
 
 A cell timed in several rounds (``ms_rounds``: the MACE, MD and training groups, whose cells are
 bound by host work at 1,008 atoms) is judged against its baseline's slowest round: the rounds of one
@@ -69,15 +71,17 @@ class Comparison:
     new_cells: List[str] = field(default_factory=list)
     out_of_scope: int = 0  # baseline cells of groups / problems this run did not measure
     host_ratios: List[float] = field(default_factory=list)  # current / baseline host probe, per compared cell
+    notes: List[str] = field(default_factory=list)  # what differs between the runs besides the code
 
     @property
     def ok(self) -> bool:
-        return not self.findings
+        """No finding, and at least one cell compared: a check that compared nothing vouches for nothing."""
+        return not self.findings and self.compared > 0
 
     def summary(self) -> str:
         head = (f"compared {self.compared} cells on {self.gpu_kind} (slower than baseline x {1 + self.margin:.2f}"
                 f" + {self.slack_ms:g} ms counts as a regression)")
-        lines = [head]
+        lines = [head] + [f"  note: {n}" for n in self.notes]
         if self.host_ratios:
             r = statistics.median(self.host_ratios)
             lines.append(f"  host probe: this run's processor took {r:.2f}x the baseline's time to issue work "
@@ -93,6 +97,9 @@ class Comparison:
                          "or its --quick subset (not compared)")
         if self.ok:
             lines.append("OK: no regression")
+        elif not self.findings:
+            lines.append("FAIL: no guarded cell of the baseline was measured in this run, so nothing was compared "
+                         "(run the groups, problems and sizes the baseline holds)")
         else:
             kinds: Dict[str, int] = {}
             for f in self.findings:
@@ -111,7 +118,10 @@ def load_run(path: Union[str, Path], what: str = "benchmark results file") -> di
         raise IsADirectoryError(f"{where} is a folder; expected a JSON file written by 'equikernels bench' "
                                 "(<gpu-kind>.json)")
     try:
-        data = json.loads(p.read_text())
+        text = p.read_text()
+        if not text.strip():
+            raise ValueError(f"{where} is empty; expected a JSON file written by 'equikernels bench'")
+        data = json.loads(text)
     except FileNotFoundError:
         raise FileNotFoundError(f"{where} does not exist") from None
     except UnicodeDecodeError:
@@ -119,22 +129,74 @@ def load_run(path: Union[str, Path], what: str = "benchmark results file") -> di
     except json.JSONDecodeError as exc:
         raise ValueError(f"{where} is not JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("cells"), list):
-        found = f"schema {data.get('schema')!r}" if isinstance(data, dict) else f"a JSON {type(data).__name__}"
+        found = f"schema {data.get('schema')!r}" if isinstance(data, dict) else f"a JSON {_json_type(data)}"
         raise ValueError(f"{where} is not an 'equikernels bench' result (expected schema {SCHEMA!r} and a "
                          f"'cells' list; found {found})")
     if not data.get("gpu_kind"):
         raise ValueError(f"{where} does not say which GPU kind it was measured on ('gpu_kind')")
+    problem = _run_problem(data)
+    if problem:
+        raise ValueError(f"{where}: {problem}")
+    seen: Dict[Tuple[str, str], int] = {}
     for i, c in enumerate(data["cells"]):
         problem = _cell_problem(c)
         if problem:
             raise ValueError(f"{where}: cells[{i}] {problem}")
+        # two results for one cell: the guard would judge only the last and ignore the other
+        j = seen.setdefault((c["id"], c["impl"]), i)
+        if j != i:
+            raise ValueError(f"{where}: cells[{i}] repeats cells[{j}] ({c['id']}, {c['impl']}); expected one "
+                             "result per cell and implementation")
     return data
+
+
+def _run_problem(data: dict) -> Optional[str]:
+    """What is wrong with the fields of a result file besides its cells (None: usable)."""
+    kind = data["gpu_kind"]
+    # the kind names the written files: anything else could escape --out or name no file
+    if not isinstance(kind, str) or not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", kind):
+        return (f"'gpu_kind' {kind!r} is not a GPU-kind name (lower-case letters, digits and '-', as "
+                "'equikernels bench' writes it, e.g. 'nvidia-h200')")
+    for key in ("env", "copy", "scope", "interrupted"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            return f"{key!r} is a JSON {_json_type(data[key])}; expected an object"
+    scope = data.get("scope") or {}
+    for key, item, what in (("groups", str, "names"), ("problems", str, "names"), ("atoms", int, "atom counts")):
+        value = scope.get(key)
+        # a string would be searched by substring ("md" in "mace,md"), silently widening the scope
+        if value is not None and (not isinstance(value, list)
+                                  or not all(isinstance(v, item) and not isinstance(v, bool) for v in value)):
+            return f"'scope' {key!r} is {value!r}; expected a list of {what}"
+    if data.get("quick") is not None and not isinstance(data["quick"], bool):
+        return f"'quick' is {data['quick']!r}; expected true or false"
+    merged = data.get("merged")
+    if merged is not None and (not isinstance(merged, list) or not all(isinstance(m, dict) for m in merged)):
+        return f"'merged' is {str(merged)[:60]!r}; expected a list of objects (one per joined run)"
+    wall = data.get("wall_s")
+    if wall is not None and not _is_number(wall):
+        return f"'wall_s' is {wall!r}; expected seconds"
+    return None
+
+
+def _json_type(value) -> str:
+    """The JSON name of a parsed value's type, for messages about files."""
+    names = ((bool, "boolean"), (dict, "object"), (list, "array"), (str, "string"), ((int, float), "number"))
+    return "null" if value is None else next((n for t, n in names if isinstance(value, t)), type(value).__name__)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _time(value) -> bool:
+    """A measured time: a finite number > 0."""
+    return _is_number(value) and math.isfinite(value) and value > 0
 
 
 def _cell_problem(c) -> Optional[str]:
     """What is wrong with one cell of a result file (None: usable by compare, merge and the report)."""
     if not isinstance(c, dict):
-        return f"is not an object (found JSON {type(c).__name__})"
+        return f"is not an object (found a JSON {_json_type(c)})"
     for key in ("id", "impl", "status"):
         if not isinstance(c.get(key), str) or not c[key]:
             return f"has no {key!r} string"
@@ -142,8 +204,17 @@ def _cell_problem(c) -> Optional[str]:
         return f"id {c['id']!r} is not '<group>/...'"
     if c["status"] == "ok":
         ms = c.get("ms")
-        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms) or ms <= 0:
+        if not _time(ms):
             return f"({c['id']}, {c['impl']}) has status 'ok' but 'ms' {ms!r}; expected a time > 0"
+        rounds = c.get("ms_rounds")
+        # an infinite baseline round would lift the limit of that cell out of reach
+        if rounds is not None and (not isinstance(rounds, list) or not all(_time(r) for r in rounds)):
+            return f"({c['id']}, {c['impl']}) has 'ms_rounds' {rounds!r}; expected a list of times > 0"
+    for key in ("err", "tol", "host_us"):
+        if c.get(key) is not None and not _is_number(c[key]):
+            return f"({c['id']}, {c['impl']}) has {key!r} {c[key]!r}; expected a number"
+    if c.get("host_us") is not None and not _time(c["host_us"]):
+        return f"({c['id']}, {c['impl']}) has 'host_us' {c['host_us']!r}; expected microseconds > 0"
     return None
 
 
@@ -187,12 +258,37 @@ def _quick_measures(cell: dict, slots: Dict[Tuple[str, int, int], set]) -> bool:
     return all(part in slots.get(k, ()) for k, part in zip(keys, parts[1:]))
 
 
+VERSION_KEYS = ("torch", "torch_cuda", "triton", "driver")  # what besides the code moves a GPU timing
+UNMEASURED = ("skipped", "absent")  # statuses of cells a run did not time: the time budget ran out, no library
+
+
+def version_changes(before: Optional[dict], after: Optional[dict]) -> List[str]:
+    """``"torch 2.11.0 -> 2.13.0"`` for each of ``VERSION_KEYS`` that both environments name and differ in."""
+    before, after = before or {}, after or {}
+    return [f"{k} {before[k]} -> {after[k]}" for k in VERSION_KEYS
+            if before.get(k) is not None and after.get(k) is not None and before[k] != after[k]]
+
+
+def replacements(runs: Sequence[dict]) -> List[Tuple[str, str, str, str]]:
+    """The cells ``merge(runs)`` takes from a later run over an earlier one's, as (id, impl, earlier
+    status, later status)."""
+    seen: Dict[Tuple[str, str], str] = {}
+    out = []
+    for r in runs:
+        for key, c in _index(r["cells"]).items():
+            if key in seen and c["status"] not in UNMEASURED:
+                out.append((key[0], key[1], seen[key], c["status"]))
+            if key not in seen or c["status"] not in UNMEASURED:
+                seen[key] = c["status"]
+    return out
+
+
 def merge(runs: Sequence[dict]) -> dict:
     """One run of several runs of one GPU kind (e.g. a suite measured group by group): the cells of
     all, a later run's cell replacing an earlier one of the same id and implementation unless the
-    later one was skipped (not measured); the scopes united; ``env`` of the first, ``merged`` listing
-    each run's date, versions, wall time and groups (a run that is itself a merge contributes its
-    own list)."""
+    later one was not measured (skipped, or its library absent in that run); the scopes united;
+    ``env`` of the first, ``merged`` listing each run's date, versions, wall time and groups (a run
+    that is itself a merge contributes its own list)."""
     if not runs:
         raise ValueError("merge: expected at least one run")
     kinds = {r["gpu_kind"] for r in runs}
@@ -204,7 +300,7 @@ def merge(runs: Sequence[dict]) -> dict:
     atoms: Optional[List[int]] = []
     for r in runs:
         for key, c in _index(r["cells"]).items():
-            if c.get("status") != "skipped" or key not in cells:
+            if c.get("status") not in UNMEASURED or key not in cells:
                 cells[key] = c
         scope = r.get("scope") or {"groups": sorted({c.get("group", c["id"].split("/")[0]) for c in r["cells"]}),
                                    "problems": sorted({c["id"].split("/")[1] for c in r["cells"]
@@ -222,9 +318,9 @@ def merge(runs: Sequence[dict]) -> dict:
 
 
 def _summary(run: dict) -> dict:
-    env = run.get("env", {})
+    env = run.get("env") or {}
     return {"date_utc": env.get("date_utc"), "equikernels": env.get("equikernels"), "wall_s": run.get("wall_s"),
-            "groups": (run.get("scope") or {}).get("groups")}
+            "groups": (run.get("scope") or {}).get("groups"), **{k: env.get(k) for k in VERSION_KEYS if k in env}}
 
 
 def compare(baseline: dict, current: dict, *, margin: float = DEFAULT_MARGIN, slack_ms: float = DEFAULT_SLACK_MS,
@@ -247,6 +343,13 @@ def compare(baseline: dict, current: dict, *, margin: float = DEFAULT_MARGIN, sl
     # --quick measures other rows, sizes, dtypes and modes than a full run: compare what both measured
     quick = _id_slots(current["cells"]) if current.get("quick") and not baseline.get("quick") else None
     res = Comparison(gpu_kind=str(kc), margin=margin, slack_ms=slack_ms)
+    changed = version_changes(baseline.get("env"), current.get("env"))
+    if changed:
+        res.notes.append("measured with other versions than the baseline (" + ", ".join(changed)
+                         + "): a slower cell may be theirs, not the code's")
+    if current.get("interrupted"):
+        res.notes.append(f"this run was interrupted after {current['interrupted'].get('after_s')} s: the cells it "
+                         "did not reach count as missing")
     for key in sorted(set(base) | set(cur)):
         cid, impl = key
         if guarded is not None and impl not in guarded:

@@ -6,6 +6,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from .compare import VERSION_KEYS
 from .timing import fmt_ms
 
 IMPL_ORDER = ("equikernels", "cuequivariance", "mace-cueq", "openequivariance", "mace-oeq", "e3nn", "mace-e3nn")
@@ -63,6 +64,12 @@ def _copy_gbps(data: dict) -> Optional[float]:
     return float(gbps) if isinstance(gbps, (int, float)) and gbps > 0 else None
 
 
+def _other_versions(run: dict, env: dict) -> str:
+    """``"; torch 2.13.0"`` for each version in which a joined run differs from the header's environment."""
+    return "".join(f"; {k} {run[k]}" for k in VERSION_KEYS
+                   if run.get(k) is not None and env.get(k) is not None and run[k] != env[k])
+
+
 def markdown(data: dict) -> str:
     env = data.get("env") or {}
     copy = _copy_gbps(data)
@@ -80,7 +87,8 @@ def markdown(data: dict) -> str:
     if data.get("merged"):
         lines += [f"Joined from {len(data['merged'])} runs (a later run's cells replace an earlier one's):", ""]
         lines += [f"- {m.get('date_utc')}: {', '.join(m.get('groups') or ['?'])}; equikernels "
-                  f"{(m.get('equikernels') or {}).get('git_commit')}" for m in data["merged"]] + [""]
+                  f"{(m.get('equikernels') or {}).get('git_commit')}" + _other_versions(m, env)
+                  for m in data["merged"]] + [""]
     groups: "OrderedDict[str, List[dict]]" = OrderedDict()
     for c in data["cells"]:
         groups.setdefault(_group(c), []).append(c)

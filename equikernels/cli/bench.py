@@ -9,11 +9,12 @@ result against e3nn in float64 and writes ``<gpu-kind>.json``, ``<gpu-kind>.md``
 
 ``--check BASELINE.json`` compares the run with a stored run of the same GPU kind and exits with
 status 1 when a cell is slower than ``baseline x (1 + margin) + slack`` (default margin 10 %, slack
-0.05 ms; see ``equikernels.bench.compare``); a run of some groups, problems or ``--atoms`` sizes,
-or a ``--quick`` run, is compared on the cells it measured. ``--results RUN.json --check
-BASELINE.json`` compares two stored runs without measuring (no GPU needed). ``--merge RUN.json ...``
-joins runs of one GPU kind (the suite measured group by group) into one result in ``--out``, e.g. a
-new baseline. Stopped by Ctrl-C or SIGTERM (``timeout``), a run still writes the cells it finished
+0.05 ms; see ``equikernels.bench.compare``), or when no cell could be compared; a run of some
+groups, problems or ``--atoms`` sizes, or a ``--quick`` run, is compared on the cells it measured.
+``--results RUN.json --check BASELINE.json`` compares two stored runs without measuring (no GPU
+needed). ``--merge RUN.json ...`` joins runs of one GPU kind (the suite measured group by group) into
+one result in ``--out``, e.g. a new baseline; it names the measured cells a later run's failure
+replaced. Stopped by Ctrl-C or SIGTERM (``timeout``), a run still writes the cells it finished
 (marked ``interrupted``) and exits with status 130.
 """
 from __future__ import annotations
@@ -28,6 +29,12 @@ from pathlib import Path
 from typing import Optional
 
 GROUPS = ("conv", "mace", "md", "tp", "train")
+IMPLS = "equikernels,e3nn,cuequivariance,openequivariance"
+TARGET_MS = 200.0
+# options that only shape a measurement, with their defaults: with --results or --merge they would do nothing
+MEASURING = (("--quick", "quick", False), ("--problems", "problems", None), ("--groups", "groups", ",".join(GROUPS)),
+             ("--impls", "impls", IMPLS), ("--atoms", "atoms", None), ("--model", "model", None),
+             ("--target-ms", "target_ms", TARGET_MS), ("--time-budget-s", "time_budget_s", None))
 
 
 def register(sub) -> None:
@@ -42,12 +49,12 @@ def register(sub) -> None:
                    "product, or 'all' (default: all but nequip-revmd17-benzene)")
     p.add_argument("--groups", default=",".join(GROUPS), help=f"which groups to run, of {','.join(GROUPS)} "
                    "(default all)")
-    p.add_argument("--impls", default="equikernels,e3nn,cuequivariance,openequivariance",
+    p.add_argument("--impls", default=IMPLS,
                    help="implementations to run (default: all; absent ones are reported as absent)")
     p.add_argument("--atoms", default=None, help="comma-separated system sizes of the mace, md and train "
                    "groups, of 1008,10192 (default both; 1008 with --quick)")
     p.add_argument("--model", default=None, help="also time this model file (mace-torch .model or ours)")
-    p.add_argument("--target-ms", type=float, default=200.0, help="timed work per cell (default 200 ms)")
+    p.add_argument("--target-ms", type=float, default=TARGET_MS, help="timed work per cell (default 200 ms)")
     p.add_argument("--time-budget-s", type=float, default=None,
                    help="start no new cell after this many seconds; the rest are reported as skipped")
     p.add_argument("--check", metavar="BASELINE.json", default=None,
@@ -125,18 +132,51 @@ def _write(data: dict, out: Path) -> list:
     return [out / f"{stem}.json", out / f"{stem}.md"] + plots(data, out, stem)
 
 
+def _merge_notes(paths, runs) -> None:
+    """Say which measured cells a later run replaced with a failure, and which versions the runs differ in:
+    the merged file keeps only the later cell and the first run's environment."""
+    from ..bench.compare import VERSION_KEYS, replacements
+    swapped = replacements(runs)
+    lost = [r for r in swapped if r[2] == "ok" and r[3] != "ok"]
+    if swapped:
+        print(f"{len(swapped)} cell(s) of earlier runs replaced by a later run's")
+    for cid, impl, before, after in lost:
+        print(f"  {cid} [{impl}]: measured ({before}) in an earlier run, now {after} from a later one")
+    for key in VERSION_KEYS:
+        seen = {}
+        for path, r in zip(paths, runs):
+            value = (r.get("env") or {}).get(key)
+            if value is not None:
+                seen.setdefault(value, []).append(path)
+        if len(seen) > 1:
+            print(f"note: the runs were measured with different {key}: "
+                  + "; ".join(f"{v} ({', '.join(ps)})" for v, ps in seen.items()))
+
+
 def run(args) -> int:
-    from ..bench.compare import load_run, merge
+    from ..bench.compare import GPUKindMismatch, load_run, merge
     _number("--margin", args.margin)
     _number("--slack-ms", args.slack_ms)
+    if args.merge or args.results:
+        given = [flag for flag, name, default in MEASURING if getattr(args, name, default) != default]
+        if given:
+            raise ValueError(f"{given[0]}: not with {'--merge' if args.merge else '--results'}, which "
+                             f"{'joins' if args.merge else 'compares'} stored runs without measuring (a stored "
+                             "run keeps the groups, problems and sizes it was measured with)")
     if args.merge:
         if args.results:
             raise ValueError("--merge: not with --results (merge the runs, then --results MERGED --check BASE)")
         out = _out_folder(args.out)
-        data = merge([load_run(p, "--merge") for p in args.merge])
+        runs = [load_run(p, "--merge") for p in args.merge]
+        kinds = {r["gpu_kind"] for r in runs}
+        if len(kinds) > 1:
+            raise GPUKindMismatch("--merge: runs of different GPU kinds cannot be one result ("
+                                  + ", ".join(f"{p!r} on {r['gpu_kind']!r}" for p, r in zip(args.merge, runs)) + ")")
+        data = merge(runs)
         base = _baseline(args, data["gpu_kind"]) if args.check else None  # refused before anything is written
         written = _write(data, out)
         print(f"merged {len(args.merge)} runs ({len(data['cells'])} cells); wrote " + ", ".join(map(str, written)))
+        _merge_notes(args.merge, runs)
         return _check(args, data, base) if base is not None else 0
     if args.results:
         if not args.check:

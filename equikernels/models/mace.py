@@ -28,6 +28,7 @@ from ..ops.conv import ConvGraph
 from .data import PAIRED_KEY
 from .pairing import EdgePairing
 from .blocks import InteractionBlock, LinearReadout, NonLinearReadout, ProductBlock
+from .mace_keys import mace_key_names
 from .element_linear import ElementGroups
 from .radial import RadialEmbedding, ZBLRepulsion
 
@@ -212,8 +213,6 @@ class MACE(nn.Module):
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def _from_mace_names(self, state_dict, strict: bool) -> dict:
-        from .io import mace_key_names  # noqa: PLC0415 (io imports this module)
-
         names = mace_key_names(self.config)
         ours_of = {theirs: ours for ours, theirs in names.items()}
         if strict:
