@@ -4,6 +4,7 @@ however the run ends (completed, interrupted by SIGINT/SIGTERM, or stopped by an
 ``equikernels md``, the examples and the MD benchmark."""
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -11,6 +12,7 @@ import platform
 import signal
 import threading
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional
 
@@ -115,20 +117,28 @@ def check_momenta(atoms: Atoms, what: str) -> None:
         raise ValueError(f"{what}: the velocities of atoms {bad[:8].tolist()} are not finite (NaN or infinite)")
 
 
-def thermostat_rng(seed: int) -> np.random.Generator:
+def thermostat_rng(seed: int, start: Optional[np.ndarray] = None) -> np.random.Generator:
     """The random stream of the stochastic thermostats for ``seed``: independent of the stream
     ``initialise_velocities`` draws from the same seed (were they one stream, the first Langevin
-    kicks would repeat the initial velocities and heat the start by about a quarter)."""
-    return np.random.default_rng([int(seed), 1])
+    kicks would repeat the initial velocities and heat the start by about a quarter). With
+    ``start`` (the momenta a continued run starts from) the stream is keyed to them as well, so that
+    a run continued from another's last frame does not replay that run's noise."""
+    key = [int(seed), 1]
+    if start is not None:
+        digest = hashlib.sha256(np.ascontiguousarray(start, dtype=np.float64).tobytes()).digest()
+        key.append(int.from_bytes(digest[:8], "little"))
+    return np.random.default_rng(key)
 
 
-def make_dynamics(atoms: Atoms, settings: MDSettings):
+def make_dynamics(atoms: Atoms, settings: MDSettings, continued: bool = False):
     """The ASE integrator for ``settings.ensemble``: velocity Verlet (nve), Langevin
     (nvt-langevin), a Nose-Hoover chain (nvt-nose-hoover), Bussi's stochastic velocity rescaling
-    (nvt-bussi), or isotropic Martyna-Tobias-Klein Nose-Hoover-chain NPT (npt)."""
+    (nvt-bussi), or isotropic Martyna-Tobias-Klein Nose-Hoover-chain NPT (npt). ``continued``: the
+    atoms' velocities come from an earlier run, whose thermostat noise is then not repeated."""
     settings.validate()
     dt = settings.timestep_fs * units.fs
     tdamp = (settings.tdamp_fs or 100 * settings.timestep_fs) * units.fs
+    rng = thermostat_rng(settings.seed, atoms.get_momenta() if continued else None)
     if settings.ensemble == "nve":
         from ase.md.verlet import VelocityVerlet
         return VelocityVerlet(atoms, timestep=dt)
@@ -136,14 +146,14 @@ def make_dynamics(atoms: Atoms, settings: MDSettings):
         from ase.md.langevin import Langevin
         return Langevin(atoms, timestep=dt, temperature_K=settings.temperature_K,
                         friction=settings.friction_per_ps / (1000.0 * units.fs), fixcm=False,
-                        rng=thermostat_rng(settings.seed))
+                        rng=rng)
     if settings.ensemble == "nvt-nose-hoover":
         from ase.md.nose_hoover_chain import NoseHooverChainNVT
         return NoseHooverChainNVT(atoms, timestep=dt, temperature_K=settings.temperature_K, tdamp=tdamp)
     if settings.ensemble == "nvt-bussi":
         from ase.md.bussi import Bussi
         return Bussi(atoms, timestep=dt, temperature_K=settings.temperature_K, taut=tdamp,
-                     rng=thermostat_rng(settings.seed))
+                     rng=rng)
     check_ensemble(atoms, settings)
     from ase.md.nose_hoover_chain import IsotropicMTKNPT
     pdamp = (settings.pdamp_fs or 1000 * settings.timestep_fs) * units.fs
@@ -179,9 +189,21 @@ def time_one_step(atoms: Atoms, settings: MDSettings) -> float:
     return time.perf_counter() - t0
 
 
+class _FiniteMomenta:
+    """Per-step observer attached before the writers: a step whose velocities are not finite stops the
+    run before its frame or log line is written."""
+
+    def __init__(self, dyn, atoms):
+        self.dyn, self.atoms = dyn, atoms
+
+    def __call__(self):
+        if self.dyn.nsteps:
+            check_momenta(self.atoms, f"step {self.dyn.nsteps}")
+
+
 class _Progress:
     """Per-step observer: tqdm bar with ns/day, measured from the end of the first step (so that
-    one-off set-up such as kernel compilation is not counted); checks the velocities stay finite."""
+    one-off set-up such as kernel compilation is not counted)."""
 
     def __init__(self, dyn, atoms, total: int, timestep_fs: float, enabled: bool):
         self.dyn, self.atoms, self.timestep_fs = dyn, atoms, timestep_fs
@@ -194,7 +216,6 @@ class _Progress:
         if self.dyn.nsteps == 0:  # ASE also calls observers once before the first step
             return
         self.steps_done += 1
-        check_momenta(self.atoms, f"step {self.steps_done}")
         now = time.perf_counter()
         if self.t_first is None:
             self.t_first = now
@@ -249,23 +270,52 @@ class Interrupted(KeyboardInterrupt):
 
 
 class _Signals:
-    """SIGINT/SIGTERM raise ``Interrupted`` inside the block (main thread only; restored after)."""
+    """SIGINT/SIGTERM inside the block (main thread only; handlers restored after): the first is
+    recorded in ``received`` for the run to stop between two steps; a later one, while ``hard_stop``
+    is set, raises ``Interrupted`` at once."""
 
     def __enter__(self):
         self.saved = {}
+        self.received: Optional[int] = None
+        self.hard_stop = True
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
-                self.saved[sig] = signal.signal(sig, self._raise)
+                self.saved[sig] = signal.signal(sig, self._handle)
         return self
 
-    @staticmethod
-    def _raise(signum, frame):
-        raise Interrupted(signum)
+    def _handle(self, signum, frame):
+        if self.received is None:
+            self.received = signum
+        elif self.hard_stop:
+            raise Interrupted(signum)
 
     def __exit__(self, *exc):
         for sig, handler in self.saved.items():
             signal.signal(sig, handler)
         return False
+
+
+class _TrajectoryOutput:
+    """md.traj written frame by frame; a frame left unfinished by an error (a full disk) or a second
+    signal is dropped on closing, so that every frame of the file is whole."""
+
+    def __init__(self, path: str, atoms: Atoms):
+        from ase.io import Trajectory
+
+        self.traj = Trajectory(path, "w", atoms)
+        self.unfinished = False
+
+    def write(self) -> None:
+        self.unfinished = True
+        self.traj.write()
+        self.unfinished = False
+
+    def close(self) -> None:
+        fd = getattr(getattr(self.traj, "backend", None), "fd", None)
+        if self.unfinished and fd is not None:  # closing the writer would append the half frame
+            fd.close()
+        else:
+            self.traj.close()
 
 
 def versions() -> Dict[str, str]:
@@ -285,6 +335,22 @@ def earlier_md_run(out_dir: str) -> List[str]:
     return [n for n in MD_FILES if os.path.isfile(os.path.join(out_dir, n))]
 
 
+def _write_summary(path: str, summary: Dict, error: Optional[BaseException]) -> None:
+    """Write ``summary`` to ``path`` in one piece; when that fails (a full disk) after the run itself
+    failed, warn and leave the run's error to be raised: it says what went wrong first."""
+    text = json.dumps(summary, indent=2, allow_nan=False)
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+    try:
+        atomic_write(path, write)
+    except OSError as exc:
+        if error is None:
+            raise OSError(f"{path} could not be written: {exc}") from exc
+        warnings.warn(f"{path} could not be written ({exc}); the run's own error follows")
+
+
 def run_md(atoms: Atoms, settings: MDSettings, out_dir: Optional[str] = None, progress: bool = True,
            init_velocities: bool = True, info: Optional[Dict] = None,
            on_ready: Optional[Callable[[], None]] = None, overwrite: bool = False) -> Dict:
@@ -293,14 +359,19 @@ def run_md(atoms: Atoms, settings: MDSettings, out_dir: Optional[str] = None, pr
     always in md.traj and md.log, whatever the intervals); ``info`` (e.g. model and
     structure names) is recorded in the summary. The first energy/forces evaluation happens before
     the progress bar starts (``on_ready`` is called after it), so a structure the model cannot run
-    fails before the run. Returns the summary: ns/day (None with fewer than 2 steps), wall time,
-    energies, neighbour-list rebuilds, device, dtype and versions.
+    fails before the run. ``init_velocities=False`` keeps the atoms' velocities (a run continued from
+    another's last frame); the stochastic thermostats' noise is then keyed to them as well as to the
+    seed, so that it does not replay the earlier run's. Returns the summary: ns/day (None with fewer
+    than 2 steps), wall time, energies, neighbour-list rebuilds, device, dtype and versions.
 
     ``summary.json`` is written however the run ends; ``status`` is "completed", "interrupted"
-    (SIGINT/SIGTERM: ``Interrupted``, a ``KeyboardInterrupt``, is raised after writing) or
-    "failed" (the error is raised after writing). An ``out_dir`` holding an earlier run's files is
-    refused unless ``overwrite``, which deletes them once the run can start (after the first
-    evaluation: a structure that cannot run leaves them in place)."""
+    (SIGINT/SIGTERM: the run stops once the step in progress is done, and that step is the last in
+    md.traj and md.log, so the trajectory continues the run; a second signal stops at once; then
+    ``Interrupted``, a ``KeyboardInterrupt``, is raised after writing) or "failed" (the error, such as
+    a full disk, is raised after writing). md.traj holds only whole frames, however the run ends. An
+    ``out_dir`` holding an earlier run's files is refused unless ``overwrite``, which deletes them
+    once the run can start (after the first evaluation: a structure that cannot run leaves them in
+    place)."""
     if atoms.calc is None:
         raise ValueError("atoms has no calculator: set atoms.calc = MACECalculator(...) first")
     settings.validate()
@@ -312,7 +383,8 @@ def run_md(atoms: Atoms, settings: MDSettings, out_dir: Optional[str] = None, pr
         initialise_velocities(atoms, settings.temperature_K, settings.seed)
     else:
         check_momenta(atoms, "atoms")
-    dyn = make_dynamics(atoms, settings)
+    continued = {} if init_velocities else {"continued": True}  # only when set: a wrapped make_dynamics keeps working
+    dyn = make_dynamics(atoms, settings, **continued)
     for prop in evaluation_properties(settings):  # a structure the model cannot run fails here, not mid-run
         atoms.calc.get_property(prop, atoms)
     e_start = atoms.get_potential_energy() + atoms.get_kinetic_energy()
@@ -329,11 +401,11 @@ def run_md(atoms: Atoms, settings: MDSettings, out_dir: Optional[str] = None, pr
                "threads": getattr(calc, "num_threads", None), "versions": versions()}
     closers = []
     finals = []  # (write, interval): the last step is recorded even when the interval does not divide the steps
+    dyn.attach(_FiniteMomenta(dyn, atoms), interval=1)  # observers run in order: before any writer
     if out_dir is not None:
         os.makedirs(out_dir, exist_ok=True)
         if settings.traj_interval:
-            from ase.io import Trajectory
-            traj = Trajectory(os.path.join(out_dir, "md.traj"), "w", atoms)
+            traj = _TrajectoryOutput(os.path.join(out_dir, "md.traj"), atoms)
             dyn.attach(traj.write, interval=settings.traj_interval)
             finals.append((traj.write, settings.traj_interval))
             closers.append(traj.close)
@@ -348,40 +420,47 @@ def run_md(atoms: Atoms, settings: MDSettings, out_dir: Optional[str] = None, pr
     dyn.attach(bar, interval=1)
     t0 = time.perf_counter()
     error: Optional[BaseException] = None
-    try:
-        with _Signals():
-            dyn.run(settings.steps)
+    whole_step = False  # the atoms hold a finished step (not one cut short by an error or a second signal)
+    with _Signals() as signals:
+        try:
+            for _ in dyn.irun(settings.steps):
+                if signals.received is not None:  # stop between two steps, so that the files end on a whole one
+                    break
             for write, interval in finals:  # a run continued from the trajectory starts at its last frame
                 if dyn.nsteps % interval:
                     write()
-        summary["status"] = "completed"
-    except KeyboardInterrupt as exc:
-        summary["status"], error = "interrupted", exc
-        summary["signal"] = signal.Signals(exc.signum).name if isinstance(exc, Interrupted) else "SIGINT"
-    except Exception as exc:  # noqa: BLE001 (recorded, then raised again)
-        summary["status"], error = "failed", exc
-        summary["error"] = f"{type(exc).__name__}: {exc}"
-    finally:
-        bar.close()
-        for close in closers:
-            close()
-    wall = time.perf_counter() - t0
-    e_end = None
-    if summary["status"] == "completed":
-        e_end = atoms.get_potential_energy() + atoms.get_kinetic_energy()
-    summary.update({
-        "steps_done": bar.steps_done, "wall_s": wall, "ns_per_day": _finite_or_none(bar.ns_per_day(t0 + wall)),
-        "total_energy_start_eV": _finite_or_none(e_start), "total_energy_end_eV": _finite_or_none(e_end),
-        "temperature_end_K": _finite_or_none(atoms.get_temperature()),
-        "neighbor_list_builds": getattr(getattr(calc, "neighbors", None), "num_builds", None),
-    })
-    if out_dir is not None:
-        text = json.dumps(summary, indent=2, allow_nan=False)
-
-        def write(tmp: str) -> None:
-            with open(tmp, "w") as fh:
-                fh.write(text)
-        atomic_write(os.path.join(out_dir, "summary.json"), write)
+            whole_step = True
+            if signals.received is not None:
+                raise Interrupted(signals.received)
+            summary["status"] = "completed"
+        except KeyboardInterrupt as exc:
+            summary["status"], error = "interrupted", exc
+            summary["signal"] = signal.Signals(exc.signum).name if isinstance(exc, Interrupted) else "SIGINT"
+        except Exception as exc:  # noqa: BLE001 (recorded, then raised again)
+            summary["status"], error = "failed", exc
+            summary["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            signals.hard_stop = False  # from here on the files are closed and the summary written, whatever arrives
+            bar.close()
+            for close in closers:
+                try:
+                    close()
+                except Exception as exc:  # noqa: BLE001 (a full disk: recorded, the other files still closed)
+                    if error is None:
+                        summary["status"], error = "failed", exc
+                        summary["error"] = f"{type(exc).__name__}: {exc}"
+        wall = time.perf_counter() - t0
+        e_end = None
+        if whole_step and summary["status"] != "failed":
+            e_end = atoms.get_potential_energy() + atoms.get_kinetic_energy()
+        summary.update({
+            "steps_done": bar.steps_done, "wall_s": wall, "ns_per_day": _finite_or_none(bar.ns_per_day(t0 + wall)),
+            "total_energy_start_eV": _finite_or_none(e_start), "total_energy_end_eV": _finite_or_none(e_end),
+            "temperature_end_K": _finite_or_none(atoms.get_temperature()),
+            "neighbor_list_builds": getattr(getattr(calc, "neighbors", None), "num_builds", None),
+        })
+        if out_dir is not None:
+            _write_summary(os.path.join(out_dir, "summary.json"), summary, error)
     if error is not None:
         raise error
     return summary

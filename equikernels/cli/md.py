@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+import numpy as np
+
 from ..calculators.md import BUILTIN_STRUCTURES, ENSEMBLES
 from ..calculators.threads import DEFAULT_MAX_THREADS
 
@@ -162,6 +164,9 @@ def run(args: argparse.Namespace) -> int:
           f"{steps_note}", flush=True)
     compiles = " (the first evaluation compiles kernels)" if calc.device.type == "cuda" else ""
     print(f"  model {model} on {calc.device} ({dtype}{threads}){compiles}", flush=True)
+    if not args.keep_velocities and atoms.has("momenta") and np.any(atoms.get_momenta()):
+        print(f"  the velocities in {structure} are replaced by ones drawn at {settings.temperature_K:g} K "
+              "(--keep-velocities starts from them)", flush=True)
     step_s = time_one_step(atoms, settings)  # fails here, before the run, for structures the model cannot run
     print(f"  {step_s:.3g} s per step: estimated {_seconds(step_s * steps)} for {steps} steps; output in {args.out}",
           flush=True)
@@ -171,7 +176,11 @@ def run(args: argparse.Namespace) -> int:
         summary = run_md(atoms, settings, out_dir=args.out, progress=not args.no_progress, info=info,
                          init_velocities=not args.keep_velocities, overwrite=args.overwrite)
     except Interrupted as exc:
-        print(f"equikernels md: {exc}; summary written to {os.path.join(args.out, 'summary.json')}", file=sys.stderr)
+        traj = os.path.join(args.out, "md.traj")
+        resume = (f"; continue from its last frame with: equikernels md {traj} --keep-velocities --out NEW_DIR"
+                  if settings.traj_interval and os.path.isfile(traj) else "")
+        print(f"equikernels md: {exc}; summary written to {os.path.join(args.out, 'summary.json')}{resume}",
+              file=sys.stderr)
         return 128 + exc.signum
     rate = f"{summary['ns_per_day']:.4g} ns/day" if summary["ns_per_day"] is not None else "ns/day n/a (< 2 steps)"
     print(f"equikernels md: done, {summary['steps_done']} steps in {summary['wall_s']:.1f} s, {rate}, "
