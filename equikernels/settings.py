@@ -183,9 +183,10 @@ class Settings:
     # --- where things are kept ---------------------------------------------------------------------
     cache_dir: Optional[str] = _var(None, _Text("path"), "Generated kernels, tuning file and the C++ node "
                                                          "(default: $XDG_CACHE_HOME/equikernels or "
-                                                         "~/.cache/equikernels)")
+                                                         "~/.cache/equikernels; ~ is expanded, a relative path "
+                                                         "is taken from the working directory at first use)")
     tune_file: Optional[str] = _var(None, _Text("path"), "The autotuner's cache (default: "
-                                                         "<cache_dir>/tuning.json)")
+                                                         "<cache_dir>/tuning.json; ~ and relative paths as cache_dir)")
 
     # --- autotuner ---------------------------------------------------------------------------------
     tune_threads: Optional[int] = _var(None, _Int(1), "Threads that compile candidates in parallel (1: "
@@ -316,7 +317,7 @@ class Settings:
     triton_interpret: bool = _var(False, _FLAG, "Triton runs kernels in its interpreter (CPU): no L2 hints, "
                                                 "no parallel tuning compiles", env="TRITON_INTERPRET")
     cxx: str = _var("g++", _Text("command"), "C++ compiler of the C++ autograd node", env="CXX")
-    xdg_cache_home: Optional[str] = _var(None, _Text("path"), "Base of the default cache_dir",
+    xdg_cache_home: Optional[str] = _var(None, _Text("path"), "Base of the default cache_dir (absolute paths only)",
                                          env="XDG_CACHE_HOME")
     world_size: int = _var(1, _Int(1), "Processes of a distributed training run (set by torchrun)",
                            env="WORLD_SIZE")

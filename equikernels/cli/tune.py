@@ -91,6 +91,7 @@ def run(args) -> int:
 
     from .. import tune
     from ..catalog import standard_problems
+    from ..tune.cache import check_persistent, configured_path, variable
     # the arguments first: a mistyped one is named even where no GPU is visible
     names = list(standard_problems()) if args.problems == "all" else [n for n in args.problems.split(",") if n]
     unknown = [n for n in names if n not in standard_problems()]
@@ -111,6 +112,8 @@ def run(args) -> int:
     if args.model:  # read here, on the CPU: a bad file or structure is named before the GPU is looked for
         from ..models import load
         model, at = load(args.model, device="cpu"), _structure(args.structure, args.atoms)
+    target = configured_path()
+    check_persistent(target)  # tunings kept only until exit would be work thrown away
     device = _device(args.device)
     dtype = getattr(torch, args.dtype)
     before = set(tune.cache()._read())
@@ -123,6 +126,9 @@ def run(args) -> int:
             else:
                 _model_step(model, at, dtype, device)
     torch.cuda.synchronize()
+    if tune.cache().path != target:  # a write failed during the run and went to the private fallback
+        raise OSError(f"{variable()}: the tunings could not be written to {target} (see the warning "
+                      "above); expected a writable location")
     entries = tune.cache()._read()
     new = {k: v for k, v in entries.items() if k not in before}
     print(f"tuned {len(new)} kernel configurations in {time.perf_counter() - t0:.1f} s "
@@ -130,8 +136,16 @@ def run(args) -> int:
     print(f"{'what':70s} {'choice':34s} {'ms':>8s} {'default ms':>10s} {'speed-up':>8s}")
     for k, v in sorted(new.items()):
         what = "|".join(k.split("|")[4:])
-        d = v.get("default_ms")
-        sp = f"{d / v['ms']:.2f}x" if d and v["ms"] else "-"
-        default = "-" if d is None else f"{d:.3f}"
-        print(f"{what[:70]:70s} {str(v['config'])[:34]:34s} {v['ms']:8.3f} {default:>10s} {sp:>8s}")
+        ms, d = _ms(v.get("ms")), _ms(v.get("default_ms"))  # entries of other writers may lack either
+        sp = f"{d / ms:.2f}x" if d and ms else "-"
+        print(f"{what[:70]:70s} {str(v['config'])[:34]:34s} {_shown(ms):>8s} {_shown(d):>10s} {sp:>8s}")
     return 0
+
+
+def _ms(value):
+    """``value`` as a time in ms, or None where it is not a number."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _shown(ms) -> str:
+    return "-" if ms is None else f"{ms:.3f}"

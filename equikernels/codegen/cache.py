@@ -7,8 +7,10 @@ no read permission) is rewritten, never trusted. Writes go to a temp file in the
 are renamed into place, so concurrent processes never see partial files.
 
 A cache directory that cannot be created or written (``EQUIKERNELS_CACHE_DIR`` naming a file, a
-read-only or foreign directory) is replaced, for the rest of the process, by a private temporary
-directory, with one warning; nothing that reads or writes the cache raises because of it.
+read-only or foreign directory, no known home directory) is replaced, for the rest of the process,
+by a private temporary directory, with one warning; nothing that reads or writes the cache raises
+because of it. A configured path has ``~`` expanded and is made absolute once, so a later change of
+the working directory does not move the cache.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Optional, Set
+from typing import Dict, Optional, Set
 
 from .._files import remove_stale_temps
 
@@ -31,14 +33,33 @@ _HEADER = "# equikernels generated kernel; sha256 of body: "
 _FALLBACK: Optional[Path] = None  # this process's private cache directory, made on first need
 _UNUSABLE: Set[str] = set()  # configured cache directories that failed in this process
 _SWEPT: Set[str] = set()
+_ABSOLUTE: Dict[str, Path] = {}  # configured paths as resolved at their first use in this process
+
+
+def absolute(configured: str) -> Path:
+    """``configured`` with ``~`` expanded and, if relative, taken from the working directory of its
+    first use in this process (the same answer afterwards, whatever the working directory)."""
+    path = _ABSOLUTE.get(configured)
+    if path is None:
+        path = _ABSOLUTE[configured] = Path(os.path.abspath(os.path.expanduser(configured)))
+    return path
 
 
 def cache_dir() -> Path:
+    """The configured cache directory, absolute: ``EQUIKERNELS_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/equikernels`` (an absolute ``XDG_CACHE_HOME`` only: the XDG spec has relative
+    ones ignored), else ``~/.cache/equikernels``; the private fallback (warned once) where no home
+    directory is known."""
     s = settings.get()
     if s.cache_dir:
-        return Path(s.cache_dir)
-    base = s.xdg_cache_home or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "equikernels"
+        return absolute(s.cache_dir)
+    if s.xdg_cache_home and os.path.isabs(s.xdg_cache_home):
+        return Path(s.xdg_cache_home) / "equikernels"
+    home = os.path.expanduser("~")
+    if not os.path.isabs(home):  # HOME unset with no password entry, or relative: not a place to create
+        why = OSError(f"no home directory: ~ expands to {home!r}, not an absolute path; is HOME set?")
+        return fallback_dir(Path("~/.cache/equikernels"), why)
+    return Path(home) / ".cache" / "equikernels"
 
 
 def fallback_dir(configured: Path, exc: BaseException, variable: str = "EQUIKERNELS_CACHE_DIR") -> Path:
@@ -98,18 +119,24 @@ def _valid(path: Path, content: bytes) -> bool:
         return False
 
 
-def _write(d: Path, path: Path, content: bytes) -> None:
+def _write(d: Path, path: Path, content: bytes, attempts: int = 3) -> None:
     if str(d) not in _SWEPT:  # leftovers of writers killed mid-write, once per directory and process
         _SWEPT.add(str(d))
         remove_stale_temps(d, prefix=".tmp")
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=f".tmp{os.getpid()}_", suffix=".py")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(content)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    for attempt in range(attempts):
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=f".tmp{os.getpid()}_", suffix=".py")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(content)
+            os.replace(tmp, path)
+            return
+        except FileNotFoundError:
+            # a sweeper in another pid namespace (a container, another host) took our temporary file
+            if os.path.exists(tmp) or not d.is_dir() or attempt == attempts - 1:
+                raise
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
 
 def write_source(name: str, body: str) -> Path:
