@@ -62,26 +62,47 @@ def library_path() -> Path:
     return subdir("native") / h.hexdigest()[:20] / (NAME + sysconfig.get_config_var("EXT_SUFFIX"))
 
 
+def _build(path: Path) -> None:
+    """Compile the node into ``path`` (atomically: a concurrent process sees no half-written library)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
+    os.close(fd)
+    try:
+        log.info("equikernels: compiling the native autograd node (once per machine, ~30 s)")
+        r = subprocess.run(build_command(SOURCE, Path(tmp)), capture_output=True, text=True, timeout=900)
+        if r.returncode != 0:
+            raise RuntimeError(f"g++ exited with {r.returncode}: {r.stderr[-1500:]}")
+        os.replace(tmp, path)
+    finally:  # a failed or timed-out build leaves no temporary file
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _import(path: Path):
+    spec = importlib.util.spec_from_file_location(NAME, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def load():
-    """The extension module (built first if needed), or None where it cannot be built (warned once)."""
+    """The extension module (built first if needed; a cached library that does not load, e.g. one
+    truncated on disk, is rebuilt once), or None where it cannot be built (warned once)."""
     global _ext, _failed
     if _ext is not None or _failed is not None:
         return _ext
     try:
         path = library_path()
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
-            os.close(fd)
-            log.info("equikernels: compiling the native autograd node (once per machine, ~30 s)")
-            r = subprocess.run(build_command(SOURCE, Path(tmp)), capture_output=True, text=True, timeout=900)
-            if r.returncode != 0:
-                os.unlink(tmp)
-                raise RuntimeError(f"g++ exited with {r.returncode}: {r.stderr[-1500:]}")
-            os.replace(tmp, path)  # atomic: a concurrent process sees no half-written library
-        spec = importlib.util.spec_from_file_location(NAME, path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        built = not path.exists()
+        if built:
+            _build(path)
+        try:
+            mod = _import(path)
+        except (ImportError, OSError):
+            if built:
+                raise
+            _build(path)
+            mod = _import(path)
         from ..codegen import launch  # noqa: PLC0415
         mod.set_enabled(launch.ENABLED)
         launch.LISTENERS.append(mod.set_enabled)
