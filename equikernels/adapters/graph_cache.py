@@ -11,7 +11,11 @@ from ..models.element_linear import ElementGroups
 from ..ops.conv import ConvGraph
 
 
-def _key(t: torch.Tensor) -> tuple:
+def _key(t: torch.Tensor) -> Optional[tuple]:
+    """Where ``t`` lives and its version; None for a tensor whose in-place writes cannot be seen
+    (an inference tensor has no version counter), which is then never looked up in a cache."""
+    if t.is_inference():
+        return None
     return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t._version,
             t.dtype, t.device)
 
@@ -34,7 +38,8 @@ class GraphCache:
     The entry holds the index tensors themselves, so their memory cannot be handed to a new
     tensor while the entry lives (a new graph at the same address is a new key). Under tracing
     (torch.compile / export) nothing is cached: the graph is built inside the trace, with no host
-    synchronisation."""
+    synchronisation. Index tensors made under ``torch.inference_mode`` are not cached either (their
+    in-place writes bump no version): every call builds their graph."""
 
     def __init__(self) -> None:
         self._entry: Optional[Tuple[tuple, tuple, ConvGraph]] = None
@@ -42,13 +47,14 @@ class GraphCache:
     def get(self, src: torch.Tensor, dst: torch.Tensor, num_nodes) -> ConvGraph:
         if torch.compiler.is_compiling() or isinstance(src, torch._subclasses.FakeTensor):
             return ConvGraph.build(src, dst, num_nodes)
-        key = (_key(src), _key(dst), int(num_nodes))
+        ks, kd = _key(src), _key(dst)
+        key = (ks, kd, int(num_nodes))
         entry = self._entry
-        if entry is not None and entry[0] == key:
+        if ks is not None and kd is not None and entry is not None and entry[0] == key:
             return entry[2]
         _check_ranges(src, dst, int(num_nodes))
         graph = ConvGraph.build(src, dst, num_nodes, validate=False)
-        self._entry = (key, (src, dst), graph)
+        self._entry = (key, (src, dst), graph) if ks is not None and kd is not None else None
         return graph
 
     def clear(self) -> None:
@@ -71,7 +77,7 @@ def shared_graph(src: torch.Tensor, dst: torch.Tensor, num_nodes) -> ConvGraph:
 class ElementCache:
     """Remembers the element grouping of the last one-hot node-attribute tensor seen (same storage,
     view and version), so every element-indexed layer of one forward shares one grouping and one
-    host synchronisation."""
+    host synchronisation; attributes made under ``torch.inference_mode`` are grouped on every call."""
 
     def __init__(self) -> None:
         self._entry: Optional[Tuple[tuple, torch.Tensor, Optional[ElementGroups]]] = None
@@ -79,10 +85,10 @@ class ElementCache:
     def get(self, attrs: torch.Tensor) -> Optional[ElementGroups]:
         key = _key(attrs)
         entry = self._entry
-        if entry is not None and entry[0] == key:
+        if key is not None and entry is not None and entry[0] == key:
             return entry[2]
         groups = _one_hot_groups(attrs)
-        self._entry = (key, attrs, groups)
+        self._entry = (key, attrs, groups) if key is not None else None
         return groups
 
     def clear(self) -> None:
