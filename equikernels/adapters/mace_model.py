@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..models.io import build, check_normalisation, config_from_mace, mace_key_map
+from ..nn.frozen import mode, version
 from .classes import accelerated_class, original_class, register_overrides
 from .registry import Adapter, NotFused, register
 
@@ -45,7 +46,7 @@ def _current(owner: nn.Module, attr: str) -> torch.Tensor:
 def _stamp(t: torch.Tensor) -> tuple:
     """Changes when ``t`` is moved or converted, and, for a buffer, when it is modified in place
     (parameter values may change freely: they are shared)."""
-    return (id(t), t.data_ptr(), None if isinstance(t, nn.Parameter) else t._version)
+    return (id(t), t.data_ptr(), None if isinstance(t, nn.Parameter) else version(t), mode())
 
 
 def _build(model: nn.Module):

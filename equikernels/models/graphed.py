@@ -41,6 +41,7 @@ from typing import Dict, Optional
 import numpy as np
 import torch
 
+from ..nn.frozen import version
 from .data import PAIRED_KEY, with_reverses
 from .mace import trusted_inputs
 
@@ -154,7 +155,7 @@ class GraphedModel:
                 src = data.get(k)
                 if k in ("unit_shifts", "cell", "head") and src is None:
                     continue
-                ident = (src, src._version, n, e)
+                ident = (src, version(src), n, e)
                 old = self._seen.get(k)
                 if old is not None and old[0] is src and old[1:] == ident[1:]:
                     continue  # the same tensor, unmodified: nothing to copy

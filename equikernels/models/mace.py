@@ -21,7 +21,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from ..nn.frozen import state_without
+from ..nn.frozen import mode, outside_inference_mode, state_without, version
 from ..nn.linear import Linear
 from ..nn.spherical_harmonics import SphericalHarmonics, ir_mul_permutation
 from ..ops.conv import ConvGraph
@@ -257,11 +257,11 @@ class MACE(nn.Module):
         if _paired(data):
             _check_paired(data)
         checked = self.__dict__.get("_checked_ei")
-        if _trusted() is None and not (checked is not None and checked[0] is ei and checked[1] == (ei._version, n)):
+        if _trusted() is None and not (checked is not None and checked[0] is ei and checked[1] == (version(ei), n)):
             lo, hi = (torch.stack([ei.min(), ei.max()]).tolist() if ei.numel() else (0, 0))  # one host sync
             if lo < 0 or (ei.numel() and hi >= n):
                 raise IndexError(f"data['edge_index']: node indices must lie in [0, {n})")
-            self.__dict__["_checked_ei"] = (ei, (ei._version, n))  # held: its id cannot be reused
+            self.__dict__["_checked_ei"] = (ei, (version(ei), n))  # held: its id cannot be reused
         for k in ("positions", "node_attrs", "edge_index", "shifts", "batch"):
             if data[k].device != self.atomic_energies.device:
                 raise ValueError(f"data[{k!r}]: on {data[k].device}, the model is on {self.atomic_energies.device}")
@@ -274,7 +274,7 @@ class MACE(nn.Module):
         attrs, batch, ptr, head = data["node_attrs"], data["batch"], data["ptr"], data.get("head")
         tensors = (attrs, batch, ptr, head, self.atomic_energies, getattr(self, "scale", None),
                    getattr(self, "shift", None))
-        key = tuple((t._version, t.dtype, t.device) if t is not None else None for t in tensors)
+        key = (mode(),) + tuple((version(t), t.dtype, t.device) if t is not None else None for t in tensors)
         ctx = self.__dict__.get("_ctx")
         if (ctx is not None and ctx.key[1] == key and all(a is b for a, b in zip(ctx.key[0], tensors))
                 and not torch.compiler.is_compiling()):
@@ -301,7 +301,7 @@ class MACE(nn.Module):
         sender, receiver = edge_index[0], edge_index[1]
         if torch.compiler.is_compiling() or (edge_index.is_cuda and torch.cuda.is_current_stream_capturing()):
             return ConvGraph.build(sender, receiver, n, validate=False, paired=paired)
-        key = (edge_index._version, n, edge_index.device, paired)
+        key = (version(edge_index), n, edge_index.device, paired, mode())
         cached = self.__dict__.get("_conv_graph")
         if cached is not None and cached[0] is edge_index and cached[1] == key:
             return cached[2]
@@ -464,6 +464,7 @@ class MACE(nn.Module):
             total = total + es
         return total
 
+    @outside_inference_mode
     def forward(self, data: Dict[str, torch.Tensor], training: bool = False, compute_force: bool = True,
                 compute_virials: bool = False, compute_stress: bool = False, compute_displacement: bool = False,
                 compute_hessian: bool = False, compute_edge_forces: bool = False,
@@ -503,6 +504,7 @@ class ScaleShiftMACE(MACE):
         rows = node_e0.shape[0]
         return node_e0 + (ctx.scale[:rows] * inter + ctx.shift[:rows])
 
+    @outside_inference_mode
     def forward(self, data: Dict[str, torch.Tensor], training: bool = False, compute_force: bool = True,
                 compute_virials: bool = False, compute_stress: bool = False, compute_displacement: bool = False,
                 compute_hessian: bool = False, compute_edge_forces: bool = False,

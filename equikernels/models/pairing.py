@@ -17,6 +17,8 @@ from typing import Dict
 import torch
 
 from .. import settings
+from ..nn.frozen import mode as frozen_mode
+from ..nn.frozen import version
 from .data import PAIRED_KEY, pair_edges
 
 AUTO_MIN_EDGES = 150_000
@@ -46,9 +48,9 @@ class EdgePairing:
             return data
         if torch.compiler.is_compiling() or (ei.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
             return data  # pairing syncs
-        sources = tuple((data[k], data[k]._version) for k in EDGE_KEYS if data.get(k) is not None)
+        sources = tuple((data[k], version(data[k])) for k in EDGE_KEYS if data.get(k) is not None)
         last = self._last
-        if last is not None and len(last[0]) == len(sources) and all(
+        if last is not None and last[2] == frozen_mode() and len(last[0]) == len(sources) and all(
                 a is b and va == vb for (a, va), (b, vb) in zip(last[0], sources)):
             return {**data, **last[1]}
         try:
@@ -57,5 +59,5 @@ class EdgePairing:
             self.refused = True
             return data
         edges = {k: paired[k] for k in EDGE_KEYS + (PAIRED_KEY,) if k in paired}
-        self._last = (sources, edges)  # holds the sources: their ids cannot be reused while kept
+        self._last = (sources, edges, frozen_mode())  # holds the sources: their ids cannot be reused while kept
         return {**data, **edges}

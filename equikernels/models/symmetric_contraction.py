@@ -33,7 +33,7 @@ from .. import settings
 from ..dtypes import HALF, acc_dtype, math_dtype_of
 from ..ir import Factor, Operand, Path, Segment, Table
 from ..ops.table_chain import TableOp
-from ..nn.frozen import frozen_key, held, state_without
+from ..nn.frozen import frozen_key, held, state_without, version
 from .cpu_contraction import MonomialContraction
 
 U_ZERO_TOL = 0.0  # U entries are kept exactly (a checkpoint's zeros are exact zeros)
@@ -199,7 +199,7 @@ class SymmetricContraction(nn.Module):
         params = [w for per_nu in self.weights for w in per_nu]
         if any(p.requires_grad for p in params) or torch.compiler.is_compiling():
             return self._gather(element)
-        key = (element._version, frozen_key(params))
+        key = (version(element), frozen_key(params))
         cached = self.__dict__.get("_node_w")
         if cached is None or cached[0] is not element or cached[1] != key:
             # the element tensor itself is held, so its id cannot be reused by another tensor
@@ -231,7 +231,7 @@ class SymmetricContraction(nn.Module):
                 self.channels, self.ls_in, self.ls_out, self.u_matrices()))
         params = [w for per_nu in self.weights for w in per_nu]
         math = math_dtype_of([x] + params)
-        key = (element._version, math, frozen_key(params))
+        key = (version(element), math, frozen_key(params))
         cached = self.__dict__.get("_cpu_w")
         frozen = not any(p.requires_grad for p in params) and not torch.compiler.is_compiling()
         if frozen and cached is not None and cached[0] is element and cached[1] == key:

@@ -6,6 +6,7 @@ from typing import Optional
 import torch
 
 from ..ops.conv import DATAFLOWS, ConvGraph, tensor_product_conv
+from .frozen import outside_inference_mode
 from .tensor_product import TensorProduct
 
 
@@ -32,6 +33,7 @@ class TensorProductConv(TensorProduct):
         raise RuntimeError("TensorProductConv does not support TorchScript (torch.jit.script); use torch.export or "
                            "torch.compile, which keep the fused convolution")
 
+    @outside_inference_mode
     def forward(self, x: torch.Tensor, y: torch.Tensor, weight=None, src: Optional[torch.Tensor] = None,
                 dst: Optional[torch.Tensor] = None, num_nodes: Optional[int] = None,
                 graph: Optional[ConvGraph] = None) -> torch.Tensor:

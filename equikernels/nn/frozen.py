@@ -2,18 +2,45 @@
 per-call weight work)."""
 from __future__ import annotations
 
+import functools
 from typing import Dict, Iterable, Sequence, Tuple
 
 import torch
 
 
-def frozen_key(ts: Sequence[torch.Tensor]) -> Tuple[tuple, ...]:
-    """The values of ``ts`` as torch tracks them: storage address, version, dtype, device. A cache
-    under this key must also keep ``held(ts)``: a tensor given new storage (``p.data = t``) keeps its
-    version, and only while its old storage is alive can no new one take the old address. A write
-    into the same storage through ``p.data`` is not seen (``load_state_dict`` and in-place writes
-    under ``torch.no_grad()`` are)."""
-    return tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in ts)
+def version(t: torch.Tensor) -> object:
+    """``t._version``; for an inference tensor (no version counter) a new object equal to nothing, so
+    a cache keyed by it is rebuilt on every call."""
+    return object() if not torch.compiler.is_compiling() and t.is_inference() else t._version
+
+
+def mode() -> bool:
+    """Part of every cache key: values made under ``torch.inference_mode`` are inference tensors,
+    which autograd outside it cannot save, so they are never served outside it (nor the reverse)."""
+    return not torch.compiler.is_compiling() and torch.is_inference_mode_enabled()  # dynamo cannot trace it
+
+
+def outside_inference_mode(forward):
+    """``forward`` run outside ``torch.inference_mode`` (under ``torch.no_grad``) when it is called
+    inside: the constants and caches it makes on first use are then ordinary tensors that later calls
+    recorded by autograd can use (inference tensors cannot be saved for backward). Its outputs are
+    ordinary tensors too."""
+    @functools.wraps(forward)
+    def wrapper(*args, **kwargs):
+        if not torch.compiler.is_compiling() and torch.is_inference_mode_enabled():  # dynamo cannot trace it
+            with torch.inference_mode(False), torch.no_grad():
+                return forward(*args, **kwargs)
+        return forward(*args, **kwargs)
+    return wrapper
+
+
+def frozen_key(ts: Sequence[torch.Tensor]) -> Tuple[object, ...]:
+    """The values of ``ts`` as torch tracks them: storage address, version, dtype, device (and the
+    inference mode). A cache under this key must also keep ``held(ts)``: a tensor given new storage
+    (``p.data = t``) keeps its version, and only while its old storage is alive can no new one take
+    the old address. A write into the same storage through ``p.data`` is not seen
+    (``load_state_dict`` and in-place writes under ``torch.no_grad()`` are)."""
+    return (mode(),) + tuple((t.data_ptr(), version(t), t.dtype, t.device) for t in ts)
 
 
 def held(ts: Sequence[torch.Tensor]) -> tuple:

@@ -26,7 +26,7 @@ from ._block_linear import block_linear
 from ._dense_weight import spread
 from ._script import linear_script_data, script_linear
 from .blocks import rows_by_component
-from .frozen import frozen_key, held, state_without
+from .frozen import frozen_key, held, outside_inference_mode, state_without, version
 
 __all__ = ["Linear"]
 
@@ -402,14 +402,14 @@ class Linear(nn.Module):
             return spread(w, place, scale, (din, dout)).to(dtype)  # one autograd node, its backward one too
         ws = self._scaled_weight(alpha, dtype)
         cached = self.__dict__.get("_dense_w")
-        if cached is not None and cached[0] is ws and cached[2] == ws._version:
+        if cached is not None and cached[0] is ws and cached[2] == version(ws):
             return cached[1]
         dev = self.__dict__.setdefault("_dense_dev", {})
         if ws.device not in dev:
             dev[ws.device] = (idx[0].to(ws.device), idx[1].to(ws.device))
         flat, src = dev[ws.device]
         dense = ws.new_zeros(din * dout).index_copy(0, flat, ws.index_select(0, src)).view(din, dout)
-        self.__dict__["_dense_w"] = (ws, dense, ws._version)  # holds ws: its identity stays unique
+        self.__dict__["_dense_w"] = (ws, dense, version(ws))  # holds ws: its identity stays unique
         return dense
 
     def _block_terms(self, plan, w: torch.Tensor):
@@ -482,6 +482,7 @@ class Linear(nn.Module):
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         return out.view(lead + (out.shape[-1],))
 
+    @outside_inference_mode
     def forward(self, features: torch.Tensor, weight: Optional[torch.Tensor] = None,
                 bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``features`` [..., (f_in,) irreps_in.dim] -> [..., (f_out,) irreps_out.dim]."""

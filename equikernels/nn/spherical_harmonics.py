@@ -17,6 +17,7 @@ from .._compat import o3
 from e3nn.o3._spherical_harmonics import _spherical_harmonics  # noqa: E402 (after the safe e3nn import)
 from e3nn.util.jit import compile_mode  # noqa: E402
 from ..problem import TensorProductError, TensorProductTypeError, ir_mul_index, parse_irreps
+from .frozen import outside_inference_mode
 
 __all__ = ["SphericalHarmonics", "ir_mul_permutation"]
 
@@ -158,6 +159,7 @@ class SphericalHarmonics(nn.Module):
         lay = "" if self.layout == "mul_ir" else f", layout={self.layout}"
         return f"{self.__class__.__name__}({self._ls_list}, normalize={self.normalize}{lay})"
 
+    @outside_inference_mode
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` [..., 3] -> [..., irreps_out.dim]."""
         if torch.jit.is_scripting():

@@ -18,6 +18,7 @@ from e3nn.o3._tensor_product._instruction import Instruction  # noqa: E402 (afte
 from e3nn.util.jit import compile_mode  # noqa: E402
 
 from ..ops import tensor_product as _tensor_product
+from .frozen import outside_inference_mode
 from ..ops.tp import check_dtypes
 from ..problem import MissingWeightError, TensorProductError, TPProblem, parse_irreps
 from ._script import script_tensor_product, tp_script_data
@@ -215,6 +216,7 @@ class TensorProduct(nn.Module):
         return script_tensor_product(x, y, w, self.shared_weights, self._ts_recs, self._ts_modes, self._ts_alphas,
                                      self._ts_blocks, self._ts_w3j, self._ts_dims[2], self._ts_ir_mul)
 
+    @outside_inference_mode
     def forward(self, x: torch.Tensor, y: torch.Tensor, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``x``: [..., irreps_in1.dim], ``y``: [..., irreps_in2.dim] -> [..., irreps_out.dim]. ``weight``
         may also be a list with one tensor per weighted instruction (as e3nn)."""
@@ -447,6 +449,7 @@ class TensorSquare(TensorProduct):
         return (f"{self.__class__.__name__}({self.irreps_in} -> {self.irreps_out.simplify()} | {npath} paths | "
                 f"{self.weight_numel} weights)")
 
+    @outside_inference_mode
     def forward(self, x: torch.Tensor, weight: Optional[torch.Tensor] = None  # pylint: disable=arguments-differ
                 ) -> torch.Tensor:
         if torch.jit.is_scripting():

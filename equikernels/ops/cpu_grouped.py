@@ -115,7 +115,8 @@ class GroupedPlan:
     def consts(self, dtype: torch.dtype) -> List[Tensor]:
         c = self._consts.get(dtype)
         if c is None:
-            c = self._consts[dtype] = [g.c64.to(dtype) for g in self.groups]
+            with torch.inference_mode(False):  # kept for later calls, which autograd may record
+                c = self._consts[dtype] = [g.c64.to(dtype) for g in self.groups]
         return c
 
     def _sources(self) -> tuple:
@@ -222,7 +223,8 @@ class GroupedPlan:
 
 @functools.lru_cache(maxsize=None)
 def grouped_plan(problem: TPProblem, layout: str) -> GroupedPlan:
-    return GroupedPlan(problem, layout)
+    with torch.inference_mode(False):  # its index tensors serve later calls, which autograd may record
+        return GroupedPlan(problem, layout)
 
 
 def forward(problem: TPProblem, layout: str, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
