@@ -77,7 +77,9 @@ def accelerate(model: nn.Module, fuse: bool = True) -> AccelerateReport:
     a recognised layer was not.
     """
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+        hint = ("; pass each of its .models" if isinstance(getattr(model, "models", None), list) else
+                "; pass its .model" if isinstance(getattr(model, "model", None), nn.Module) else "")
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}{hint}")
     if _is_e3nn(model) and _acceleratewhy_not_convertible(model) is None:
         raise TypeError(f"model: {type(model).__name__} is itself a supported e3nn module and cannot be replaced "
                         "in place; use equikernels.from_e3nn(model)")

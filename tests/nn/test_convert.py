@@ -233,6 +233,11 @@ def test_accelerate_shared_module_and_root_errors():
     with pytest.raises(TypeError, match="model: expected a torch.nn.Module"):
         ek.accelerate("not a model")
 
+    class Calculator:  # an ASE calculator holding its model, as SevenNet's and ours do
+        model = torch.nn.Linear(2, 2)
+    with pytest.raises(TypeError, match=r"got Calculator; pass its \.model$"):
+        ek.accelerate(Calculator())
+
 
 def test_accelerate_leaves_user_subclasses_alone():
     class Doubled(o3.Linear):
