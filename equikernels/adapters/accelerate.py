@@ -16,11 +16,13 @@ class AccelerateReport:
     """What ``accelerate`` did: ``replaced`` (name, e3nn type, new type), ``left_alone`` (name, type,
     reason) for e3nn modules it kept, ``fused`` (name, layer class, what) for whole layers rewired
     in place by an adapter (``equikernels.adapters``) and ``not_fused`` (name, class, reason) for
-    layers an adapter recognised but left as they were."""
+    layers an adapter recognised but left as they were; ``already`` (name, class) for layers an
+    earlier call rewired."""
     replaced: List[Tuple[str, str, str]] = field(default_factory=list)
     left_alone: List[Tuple[str, str, str]] = field(default_factory=list)
     fused: List[Tuple[str, str, str]] = field(default_factory=list)
     not_fused: List[Tuple[str, str, str]] = field(default_factory=list)
+    already: List[Tuple[str, str]] = field(default_factory=list)
 
     @property
     def fused_names(self) -> List[str]:
@@ -40,11 +42,13 @@ class AccelerateReport:
     def __str__(self) -> str:
         lines = [f"equikernels.accelerate: replaced {len(self.replaced)} module(s), "
                  f"left {len(self.left_alone)} e3nn module(s) alone, fused {len(self.fused)} layer(s), "
-                 f"left {len(self.not_fused)} recognised layer(s) unfused"]
+                 f"left {len(self.not_fused)} recognised layer(s) unfused"
+                 + (f", {len(self.already)} layer(s) accelerated by an earlier call" if self.already else "")]
         lines += [f"  fused       {n or '<root>'}: {t} ({what})" for n, t, what in self.fused]
         lines += [f"  not fused   {n or '<root>'}: {t} ({why})" for n, t, why in self.not_fused]
         lines += [f"  replaced    {n or '<root>'}: {a} -> {b}" for n, a, b in self.replaced]
         lines += [f"  left alone  {n or '<root>'}: {t} ({why})" for n, t, why in self.left_alone]
+        lines += [f"  already     {n or '<root>'}: {t}" for n, t in self.already]
         return "\n".join(lines)
 
 

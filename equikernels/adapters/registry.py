@@ -79,5 +79,7 @@ def _apply(adapter: Adapter, name: str, module: nn.Module, report) -> None:
         return
     if what:
         report.fused.append((name, type(module).__name__, what))
+    elif what is not None:  # "": rewired by an earlier call
+        report.already.append((name, type(module).__name__))
     # also "" (rewired by an earlier call): then neither fused now nor an e3nn module left alone
     report.left_alone[:] = [e for e in report.left_alone if e[0] != name]

@@ -116,3 +116,13 @@ def test_silu_second_derivative_in_one_pass_per_layer(monkeypatch):
     for a, b in zip(double_grads(acc, x), double_grads(net, x)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     assert seen == [(9, 16), (9, 16)]
+
+
+def test_a_second_accelerate_reports_the_layers_it_finds_accelerated():
+    from e3nn.nn import FullyConnectedNet
+
+    model = torch.nn.Sequential(FullyConnectedNet([4, 8, 2], torch.nn.functional.silu))
+    assert equikernels.accelerate(model).fused_names == ["0"]
+    again = equikernels.accelerate(model)
+    assert again.fused == [] and again.already == [("0", "FullyConnectedNet")]
+    assert "1 layer(s) accelerated by an earlier call" in str(again)
