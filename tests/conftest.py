@@ -76,6 +76,30 @@ def single_thread():
     torch.set_num_threads(old)
 
 
+@pytest.fixture(scope="session")
+def cu_model(tmp_path_factory):
+    """The path of a small random MACE model file for Cu (our format), shared by the calculator,
+    MD and CLI tests."""
+    from random_models import small_random_model
+    from equikernels.models import save
+
+    path = tmp_path_factory.mktemp("model") / "cu.model"
+    save(small_random_model([29], seed=4), str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def mliap_files(tmp_path_factory):
+    """A folder with the bundled default model exported for LAMMPS as m.pkl and m.pt."""
+    from equikernels.default_model import default_model_path
+    from equikernels.lammps import export_mliap
+
+    d = tmp_path_factory.mktemp("mliap")
+    for name in ("m.pkl", "m.pt"):
+        export_mliap(default_model_path(), d / name)
+    return d
+
+
 @pytest.fixture
 def generator():
     """A private torch.Generator for tests that draw their own inputs."""

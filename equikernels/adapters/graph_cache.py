@@ -53,7 +53,8 @@ class GraphCache:
         if ks is not None and kd is not None and entry is not None and entry[0] == key:
             return entry[2]
         _check_ranges(src, dst, int(num_nodes))
-        graph = ConvGraph.build(src, dst, num_nodes, validate=False)
+        with torch.inference_mode(False):  # a kept graph serves later calls, which autograd may record
+            graph = ConvGraph.build(src, dst, num_nodes, validate=False)
         self._entry = (key, (src, dst), graph) if ks is not None and kd is not None else None
         return graph
 
@@ -87,7 +88,8 @@ class ElementCache:
         entry = self._entry
         if key is not None and entry is not None and entry[0] == key:
             return entry[2]
-        groups = _one_hot_groups(attrs)
+        with torch.inference_mode(False):  # kept groupings serve later calls, which autograd may record
+            groups = _one_hot_groups(attrs)
         self._entry = (key, attrs, groups) if key is not None else None
         return groups
 

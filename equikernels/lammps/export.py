@@ -16,6 +16,7 @@ from typing import Optional, Union
 
 import torch
 
+from .._files import atomic_write, temp_path
 from ..models.io import check_torch_file
 from .mliap import EquikernelsMLIAP
 
@@ -42,25 +43,18 @@ def export_mliap(model, path: Union[str, os.PathLike], dtype: Optional[str] = No
                              "export from the model file it was written from")
         model = load(model, device="cpu")
     obj = EquikernelsMLIAP(model, head=head, dtype=dtype)
-    tmp = _temporary(path)
-    try:
-        try:
-            if _is_torch_file(path):
-                torch.save(obj, tmp)
-            else:
-                with open(tmp, "wb") as f:
-                    pickle.dump(obj, f)
-            os.replace(tmp, path)
-        except (OSError, RuntimeError) as exc:  # full disk, a folder turned read-only meanwhile
-            raise OSError(f"path: cannot write {path!r} ({_first_line(exc)})") from None
-    finally:  # a failed write leaves neither a partial file nor the temporary one
-        if os.path.exists(tmp):
-            os.remove(tmp)
+
+    def write(tmp: str) -> None:
+        if _is_torch_file(path):
+            torch.save(obj, tmp)
+        else:
+            with open(tmp, "wb") as f:
+                pickle.dump(obj, f)
+    try:  # a failed write leaves neither a partial file nor the temporary one
+        atomic_write(path, write)
+    except (OSError, RuntimeError) as exc:  # full disk, a folder turned read-only meanwhile
+        raise OSError(f"path: cannot write {path!r} ({_first_line(exc)})") from None
     return obj
-
-
-def _temporary(path: str) -> str:
-    return f"{path}.tmp{os.getpid()}"
 
 
 def _check_output(path: str) -> None:
@@ -73,7 +67,7 @@ def _check_output(path: str) -> None:
         raise FileNotFoundError(f"path: the folder of {path!r} ({parent!r}) {what}")
     if os.path.isdir(path):
         raise IsADirectoryError(f"path: {path!r} is a directory, expected a file name such as model-mliap.pt")
-    probe = _temporary(path)
+    probe = temp_path(path)
     try:
         with open(probe, "wb"):
             pass

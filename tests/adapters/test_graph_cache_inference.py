@@ -31,3 +31,12 @@ def test_element_groups_of_inference_tensors():
         assert groups is not None and groups.runs == [(0, 0, 1), (1, 1, 2), (2, 2, 4)]
         attrs.copy_(torch.nn.functional.one_hot(torch.tensor([0, 0, 0, 1]), 3).float())
         assert shared_element_groups(attrs).runs == [(0, 0, 3), (1, 3, 4)]
+
+
+def test_graph_first_built_inside_inference_mode_serves_autograd_later():
+    cache = GraphCache()
+    src, dst = torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0])
+    with torch.inference_mode():
+        g = cache.get(src, dst, 3)
+    assert cache.get(src, dst, 3) is g
+    assert not any(t.is_inference() for t in (g.src, g.dst, g.perm_dst, g.ptr_dst, g.perm_src, g.ptr_src))

@@ -13,16 +13,6 @@ from equikernels.calculators import MACECalculator
 from equikernels.calculators.checks import NonFiniteError
 from equikernels.calculators.md import MDSettings, initialise_velocities, run_md
 from equikernels.cli import main
-from random_models import small_random_model
-
-
-@pytest.fixture(scope="module")
-def cu_model(tmp_path_factory):
-    from equikernels.models import save
-
-    path = tmp_path_factory.mktemp("model") / "cu.model"
-    save(small_random_model([29], seed=4), str(path))
-    return str(path)
 
 
 def overlapping():

@@ -20,16 +20,6 @@ from equikernels.models import io as model_io
 from cli_checks import one_line_error
 
 
-@pytest.fixture(scope="module")
-def cu_model(tmp_path_factory):
-    from random_models import small_random_model
-    from equikernels.models import save
-
-    path = tmp_path_factory.mktemp("model") / "cu.model"
-    save(small_random_model([29], seed=4), str(path))
-    return str(path)
-
-
 @pytest.fixture
 def cu_file(tmp_path):
     path = tmp_path / "cu.extxyz"

@@ -3,22 +3,11 @@ replaced (without --keep-velocities), and an interrupted run says how to continu
 import os
 import signal
 
-import pytest
 from ase.build import bulk
 from ase.io import write
 
 from equikernels.calculators import md as md_module
 from equikernels.cli import main
-
-
-@pytest.fixture(scope="module")
-def cu_model(tmp_path_factory):
-    from random_models import small_random_model
-    from equikernels.models import save
-
-    path = tmp_path_factory.mktemp("model") / "cu.model"
-    save(small_random_model([29], seed=4), str(path))
-    return str(path)
 
 
 def _md(structure, model, out, *extra):

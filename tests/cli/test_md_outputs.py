@@ -13,16 +13,6 @@ from equikernels.calculators import md as md_module
 from equikernels.cli import main
 
 
-@pytest.fixture(scope="module")
-def cu_model(tmp_path_factory):
-    from random_models import small_random_model
-    from equikernels.models import save
-
-    path = tmp_path_factory.mktemp("model") / "cu.model"
-    save(small_random_model([29], seed=4), str(path))
-    return str(path)
-
-
 def _cu(cu_model):
     from equikernels.calculators import MACECalculator
 

@@ -12,14 +12,6 @@ from equikernels.default_model import default_model_path
 from equikernels.lammps import export_mliap
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    d = tmp_path_factory.mktemp("mliap")
-    for name in ("m.pkl", "m.pt"):
-        export_mliap(default_model_path(), d / name)
-    return d
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs a folder that refuses new files")
 def test_unwritable_output_is_named_before_the_model_is_read(tmp_path):
     for out in ("/proc/model-mliap.pt", "/proc/model-mliap.pkl"):
@@ -44,10 +36,10 @@ def test_folder_that_is_a_file(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["m.pt", "m.pkl"])
-def test_mliap_file_as_model(exported, tmp_path, name, capsys):
+def test_mliap_file_as_model(mliap_files, tmp_path, name, capsys):
     with pytest.raises(ValueError, match=r"^model: .* is an ML-IAP file written by export-lammps, not a model"):
-        export_mliap(exported / name, tmp_path / "again.pkl")
-    assert main(["export-lammps", str(exported / name), str(tmp_path / "again.pkl")]) == 2
+        export_mliap(mliap_files / name, tmp_path / "again.pkl")
+    assert main(["export-lammps", str(mliap_files / name), str(tmp_path / "again.pkl")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is an ML-IAP file" in err and "Traceback" not in err
     assert not (tmp_path / "again.pkl").exists()

@@ -6,8 +6,7 @@ import pickle
 import pytest
 import torch
 
-from equikernels.default_model import default_model_path
-from equikernels.lammps import EquikernelsMLIAP, export_mliap, load_mliap
+from equikernels.lammps import EquikernelsMLIAP, load_mliap
 
 
 class _RunsCode:
@@ -15,14 +14,6 @@ class _RunsCode:
 
     def __reduce__(self):
         return (os.getpid, ())
-
-
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    d = tmp_path_factory.mktemp("mliap")
-    for name in ("m.pkl", "m.pt"):
-        export_mliap(default_model_path(), d / name)
-    return d
 
 
 def _refused(path, match):
@@ -33,11 +24,11 @@ def _refused(path, match):
 
 
 @pytest.mark.parametrize("suffix", [".pkl", ".pt"])
-def test_empty_text_and_truncated_files(exported, tmp_path, suffix):
+def test_empty_text_and_truncated_files(mliap_files, tmp_path, suffix):
     empty, text, cut = tmp_path / f"e{suffix}", tmp_path / f"t{suffix}", tmp_path / f"c{suffix}"
     empty.write_bytes(b"")
     text.write_text("pair_style mliap unified model.pt 0\n")
-    data = (exported / f"m{suffix}").read_bytes()
+    data = (mliap_files / f"m{suffix}").read_bytes()
     cut.write_bytes(data[: len(data) // 2])
     _refused(empty, "empty")
     _refused(text, "text")
@@ -62,9 +53,9 @@ def test_other_objects_are_refused(tmp_path):
     _refused(pt, "holds a dict")
 
 
-def test_another_state_version_is_refused(exported, tmp_path, monkeypatch):
-    assert isinstance(load_mliap(exported / "m.pt"), EquikernelsMLIAP)
-    obj = load_mliap(exported / "m.pkl")
+def test_another_state_version_is_refused(mliap_files, tmp_path, monkeypatch):
+    assert isinstance(load_mliap(mliap_files / "m.pt"), EquikernelsMLIAP)
+    obj = load_mliap(mliap_files / "m.pkl")
     state = dict(obj.__getstate__(), version=99)
     monkeypatch.setattr(EquikernelsMLIAP, "__getstate__", lambda self: state)  # as another version writes it
     path = tmp_path / "v.pkl"
