@@ -351,6 +351,57 @@ def _write_summary(path: str, summary: Dict, error: Optional[BaseException]) -> 
         warnings.warn(f"{path} could not be written ({exc}); the run's own error follows")
 
 
+def _set_aside(out_dir: Optional[str], names: List[str]) -> Dict[str, str]:
+    """Rename an earlier run's files out of the way; returns {name: temporary path}."""
+    aside = {}
+    try:
+        for name in names:
+            path = os.path.join(out_dir, name)
+            tmp = os.path.join(out_dir, f".{name}.replaced-{os.getpid()}")
+            os.replace(path, tmp)
+            aside[name] = tmp
+    except OSError:
+        _restore(out_dir, aside)
+        raise
+    return aside
+
+
+def _restore(out_dir: Optional[str], aside: Dict[str, str]) -> None:
+    """Put set-aside files back under their names (over any file this run started)."""
+    for name, tmp in aside.items():
+        os.replace(tmp, os.path.join(out_dir, name))
+
+
+def _discard(out_dir: Optional[str], aside: Dict[str, str]) -> None:
+    for tmp in aside.values():
+        os.remove(tmp)
+
+
+def _open_outputs(dyn, atoms: Atoms, settings: MDSettings, out_dir: str, summary: Dict):
+    """Open md.traj and md.log in ``out_dir`` and attach their writers to ``dyn``; returns (closers,
+    finals). Nothing is left open when one cannot be opened."""
+    closers, finals = [], []
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        if settings.traj_interval:
+            traj = _TrajectoryOutput(os.path.join(out_dir, "md.traj"), atoms)
+            closers.append(traj.close)
+            dyn.attach(traj.write, interval=settings.traj_interval)
+            finals.append((traj.write, settings.traj_interval))
+            summary["trajectory"] = os.path.join(out_dir, "md.traj")
+        if settings.log_interval:
+            log = _Log(dyn, atoms, os.path.join(out_dir, "md.log"), stress=settings.ensemble == "npt")
+            closers.append(log.close)
+            dyn.attach(log, interval=settings.log_interval)
+            finals.append((log, settings.log_interval))
+            summary["log"] = os.path.join(out_dir, "md.log")
+    except BaseException:
+        for close in closers:
+            close()
+        raise
+    return closers, finals
+
+
 def run_md(atoms: Atoms, settings: MDSettings, out_dir: Optional[str] = None, progress: bool = True,
            init_velocities: bool = True, info: Optional[Dict] = None,
            on_ready: Optional[Callable[[], None]] = None, overwrite: bool = False) -> Dict:
@@ -369,9 +420,9 @@ def run_md(atoms: Atoms, settings: MDSettings, out_dir: Optional[str] = None, pr
     md.traj and md.log, so the trajectory continues the run; a second signal stops at once; then
     ``Interrupted``, a ``KeyboardInterrupt``, is raised after writing) or "failed" (the error, such as
     a full disk, is raised after writing). md.traj holds only whole frames, however the run ends. An
-    ``out_dir`` holding an earlier run's files is refused unless ``overwrite``, which deletes them
-    once the run can start (after the first evaluation: a structure that cannot run leaves them in
-    place)."""
+    ``out_dir`` holding an earlier run's files is refused unless ``overwrite``, which replaces them
+    once the run can start (its first evaluation done and its files open: a structure that cannot
+    run, or an md.traj that cannot be opened, leaves them in place)."""
     if atoms.calc is None:
         raise ValueError("atoms has no calculator: set atoms.calc = MACECalculator(...) first")
     settings.validate()
@@ -388,34 +439,25 @@ def run_md(atoms: Atoms, settings: MDSettings, out_dir: Optional[str] = None, pr
     for prop in evaluation_properties(settings):  # a structure the model cannot run fails here, not mid-run
         atoms.calc.get_property(prop, atoms)
     e_start = atoms.get_potential_energy() + atoms.get_kinetic_energy()
-    # replaced as a whole, and only once this run can start: none of its files is left beside this run's
-    for name in earlier:
-        os.remove(os.path.join(out_dir, name))
-    if on_ready is not None:
-        on_ready()
+    # replaced as a whole, and only once this run's files are open: none is left beside this run's
+    aside = _set_aside(out_dir, earlier)
     calc = atoms.calc
     summary = {"status": "running", "num_atoms": len(atoms), "formula": atoms.get_chemical_formula(),
                **(info or {}), "settings": asdict(settings),
                "device": str(getattr(calc, "device", "")),
                "dtype": str(getattr(calc, "dtype", "")).replace("torch.", ""),
                "threads": getattr(calc, "num_threads", None), "versions": versions()}
-    closers = []
-    finals = []  # (write, interval): the last step is recorded even when the interval does not divide the steps
     dyn.attach(_FiniteMomenta(dyn, atoms), interval=1)  # observers run in order: before any writer
+    closers, finals = [], []  # finals: (write, interval), the last step recorded whatever the interval
     if out_dir is not None:
-        os.makedirs(out_dir, exist_ok=True)
-        if settings.traj_interval:
-            traj = _TrajectoryOutput(os.path.join(out_dir, "md.traj"), atoms)
-            dyn.attach(traj.write, interval=settings.traj_interval)
-            finals.append((traj.write, settings.traj_interval))
-            closers.append(traj.close)
-            summary["trajectory"] = os.path.join(out_dir, "md.traj")
-        if settings.log_interval:
-            log = _Log(dyn, atoms, os.path.join(out_dir, "md.log"), stress=settings.ensemble == "npt")
-            dyn.attach(log, interval=settings.log_interval)
-            finals.append((log, settings.log_interval))
-            closers.append(log.close)
-            summary["log"] = os.path.join(out_dir, "md.log")
+        try:
+            closers, finals = _open_outputs(dyn, atoms, settings, out_dir, summary)
+        except BaseException:
+            _restore(out_dir, aside)
+            raise
+    _discard(out_dir, aside)
+    if on_ready is not None:
+        on_ready()
     bar = _Progress(dyn, atoms, settings.steps, settings.timestep_fs, progress)
     dyn.attach(bar, interval=1)
     t0 = time.perf_counter()

@@ -1,5 +1,5 @@
 """MD outputs a run can be continued from: the last step is in md.traj and md.log whatever the
-intervals, an earlier run is kept when the new one cannot start, and errors that name the
+intervals, an earlier run is kept when the new one cannot start or open its files, and errors that name the
 ensemble or the model flag before any evaluation."""
 import urllib.error
 
@@ -42,6 +42,20 @@ def test_overwrite_keeps_the_earlier_run_when_the_new_one_cannot_start(cu_model,
     with pytest.raises(ValueError, match="Au"):
         md_module.run_md(gold, settings, out_dir=str(tmp_path), progress=False, overwrite=True)
     assert (tmp_path / "summary.json").read_text() == before and (tmp_path / "md.traj").is_file()
+
+
+def test_overwrite_keeps_the_earlier_run_when_its_files_cannot_be_opened(cu_model, tmp_path, single_thread,
+                                                                         monkeypatch):
+    settings = md_module.MDSettings(steps=1, ensemble="nve")
+    md_module.run_md(_cu(cu_model), settings, out_dir=str(tmp_path), progress=False)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def no_log(*args, **kwargs):
+        raise OSError("md.log: read-only file system")
+    monkeypatch.setattr(md_module, "_Log", no_log)  # after md.traj was opened
+    with pytest.raises(OSError, match="read-only"):
+        md_module.run_md(_cu(cu_model), settings, out_dir=str(tmp_path), progress=False, overwrite=True)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
 def test_npt_of_a_molecule_names_the_ensemble(cu_model, tmp_path, capsys):
