@@ -2,6 +2,7 @@
 equivalent (``nn.convert.from_e3nn``), then whole layers rewired by the adapters of this package."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
@@ -17,12 +18,13 @@ class AccelerateReport:
     reason) for e3nn modules it kept, ``fused`` (name, layer class, what) for whole layers rewired
     in place by an adapter (``equikernels.adapters``) and ``not_fused`` (name, class, reason) for
     layers an adapter recognised but left as they were; ``already`` (name, class) for layers an
-    earlier call rewired."""
+    earlier call rewired; ``device``, where the model's parameters were when it ran."""
     replaced: List[Tuple[str, str, str]] = field(default_factory=list)
     left_alone: List[Tuple[str, str, str]] = field(default_factory=list)
     fused: List[Tuple[str, str, str]] = field(default_factory=list)
     not_fused: List[Tuple[str, str, str]] = field(default_factory=list)
     already: List[Tuple[str, str]] = field(default_factory=list)
+    device: Optional[str] = None
 
     @property
     def fused_names(self) -> List[str]:
@@ -49,6 +51,9 @@ class AccelerateReport:
         lines += [f"  replaced    {n or '<root>'}: {a} -> {b}" for n, a, b in self.replaced]
         lines += [f"  left alone  {n or '<root>'}: {t} ({why})" for n, t, why in self.left_alone]
         lines += [f"  already     {n or '<root>'}: {t}" for n, t in self.already]
+        if self.device == "cpu" and any("tensor_product_conv" in what for _, _, what in self.fused):
+            lines.append("  note        on the CPU, a fused convolution runs its gather, product and scatter-sum as "
+                         "separate steps; moved to a CUDA device, each is one kernel")
         return "\n".join(lines)
 
 
@@ -87,7 +92,8 @@ def accelerate(model: nn.Module, fuse: bool = True) -> AccelerateReport:
     if _is_e3nn(model) and _acceleratewhy_not_convertible(model) is None:
         raise TypeError(f"model: {type(model).__name__} is itself a supported e3nn module and cannot be replaced "
                         "in place; use equikernels.from_e3nn(model)")
-    report = AccelerateReport()
+    first = next(itertools.chain(model.parameters(), model.buffers()), None)
+    report = AccelerateReport(device=None if first is None else first.device.type)
     if fuse:
         accelerate_layers(model, report, early=True)
     done = {}  # id(old module) -> new module

@@ -105,3 +105,17 @@ def test_fused_layer_runs_after_e3nn_compile_scripts_its_product(called_first):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the rebuild, when it comes now, cannot fuse a scripted product
         torch.testing.assert_close(compiled(*args), conv(*args))
+
+
+class _RadialConv(_Conv):
+    def __init__(self):
+        super().__init__()
+        self.radial = torch.nn.Linear(1, self.tp.weight_numel)  # where the model's parameters are
+
+
+def test_report_says_how_a_fused_layer_runs_on_the_cpu():
+    text = str(equikernels.accelerate(_RadialConv()))
+    assert "fused       <root>" in text
+    assert "on the CPU, a fused convolution runs its gather, product and scatter-sum as separate steps" in text
+    if torch.cuda.is_available():
+        assert "on the CPU" not in str(equikernels.accelerate(_RadialConv().cuda()))
