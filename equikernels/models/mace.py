@@ -593,9 +593,7 @@ def _outputs(energy, positions, displacement, vectors, cell, data, training, com
         f, v = _grad(energy, [positions, displacement], keep)
         stress = torch.zeros_like(displacement)
         if compute_stress and v is not None:
-            volume = torch.linalg.det(cell.view(-1, 3, 3)).abs().unsqueeze(-1)
-            stress = v / volume.view(-1, 1, 1)
-            stress = torch.where(torch.abs(stress) < 1e10, stress, torch.zeros_like(stress))
+            stress = _per_volume(v, _volumes(cell))
         forces = -1 * (f if f is not None else torch.zeros_like(positions))
         virials = -1 * (v if v is not None else torch.zeros((1, 3, 3)))
     elif compute_force:
@@ -624,7 +622,18 @@ def _atomic_virials(edge_forces, data, vectors, num_atoms, cell):
     ev = torch.einsum("zi,zj->zij", edge_forces, vectors)
     v = (_scatter(ev, ei[0], num_atoms) + _scatter(ev, ei[1], num_atoms)) / 2
     v = (v + v.transpose(-1, -2)) / 2
-    volume = torch.linalg.det(cell.view(-1, 3, 3)).abs().unsqueeze(-1)
-    s = v / volume[data["batch"]].view(-1, 1, 1)
-    s = torch.where(torch.abs(s) < 1e10, s, torch.zeros_like(s))
-    return -1 * v, s
+    return -1 * v, _per_volume(v, _volumes(cell)[data["batch"]])
+
+
+def _volumes(cell: torch.Tensor) -> torch.Tensor:
+    """|det| of each 3x3 cell, in float32 at least: half dtypes have no determinant and overflow at
+    volumes above 65,504 A^3 (float16)."""
+    c = cell.view(-1, 3, 3)
+    return torch.linalg.det(c.to(torch.promote_types(c.dtype, torch.float32))).abs()
+
+
+def _per_volume(v: torch.Tensor, volume: torch.Tensor) -> torch.Tensor:
+    """``v`` [n, 3, 3] divided by ``volume`` [n], in the volume's dtype; zero where no cell
+    (volume 0), in ``v``'s dtype."""
+    s = v.to(volume.dtype) / volume.view(-1, 1, 1)
+    return torch.where(torch.abs(s) < 1e10, s, torch.zeros_like(s)).to(v.dtype)

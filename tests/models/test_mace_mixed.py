@@ -271,3 +271,18 @@ def test_contraction_bf16_cuda():
     (gw,) = torch.autograd.grad(out.float().sum(), [next(iter(sc.parameters()))])
     (gw64,) = torch.autograd.grad(ref.sum(), [next(iter(sc64.parameters()))])
     assert gw.dtype == torch.float32 and _rel(gw.cpu(), gw64) <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_model_stress_close_to_float64(model64, dtype):
+    atoms = _structures()[0]
+    ref = _eval(model64, atoms, torch.float64, compute_stress=True)["stress"]
+    out = _eval(copy.deepcopy(model64).to(dtype), atoms, dtype, compute_stress=True)["stress"]
+    assert out.dtype == dtype and _rel(out, ref) <= 0.1
+
+
+def test_half_cell_volume_above_the_float16_range():
+    from equikernels.models.mace import _volumes
+
+    cell = (torch.eye(3, dtype=torch.float64) * 50.0).to(torch.float16)  # 125,000 A^3 > float16's 65,504
+    assert float(_volumes(cell)) == 125000.0
