@@ -34,7 +34,7 @@ def register(subparsers) -> None:
                     "and are overridden by flags. Labels are read from the REF_* keys, or from the calculator "
                     "results ASE writes (energy, forces, stress) when those are absent; a frame without a "
                     "label leaves it out of its loss (config_weight and config_energy/forces/stress_weight "
-                    "scale it, as in mace-torch). The closing table shows "
+                    "scale it, as in mace-torch, and so do --config-type-weights). The closing table shows "
                     "the starting and the fine-tuned model on the validation set; model.pt is the best "
                     "validation epoch's weights and model_last.pt the last ones when they differ (plus mace-torch .model "
                     "files when mace-torch is installed). Ctrl-C/SIGTERM: checkpoint, metrics, exit; "
@@ -79,6 +79,9 @@ def register(subparsers) -> None:
     a("--replay-weight", type=float, help="loss weight multiplier of the replay structures (default 1)")
     a("--head-weight", action="append", metavar="HEAD=W",
       help="loss weight multiplier of the structures of one head of a multi-head model (repeatable)")
+    a("--config-type-weights", metavar="MAPPING",
+      help="loss weight multipliers per config_type (info key), as mace-torch's: a YAML mapping such as "
+           "'{Default: 1.0, surface: 2.0}'; frames of other config types keep weight 1")
     a("--seed", type=int, help="random seed (default 0)")
     a("--device", help="torch device (default cuda:LOCAL_RANK when available, else cpu)")
     a("--dtype", choices=("float32", "float64"), help="training precision (default: the model's)")
@@ -113,6 +116,16 @@ def config_from_args(args: argparse.Namespace):
         except yaml.YAMLError:
             raise ValueError("--e0s: expected 'foundation', 'average' or a YAML mapping such as "
                              f"'{{Cu: -3.5, Ni: -4.1}}', got {args.e0s!r}") from None
+    if args.config_type_weights is not None:
+        try:
+            weights = yaml.safe_load(args.config_type_weights)
+        except yaml.YAMLError:
+            weights = None
+        if not isinstance(weights, dict):
+            raise ValueError("--config-type-weights: expected a YAML mapping such as '{Default: 1.0, surface: 2.0}', "
+                             f"got {args.config_type_weights!r}")
+        base = values.get("config_type_weights")
+        values["config_type_weights"] = {**base, **weights} if isinstance(base, dict) else weights
     if args.freeze:
         values["freeze"] = list(values.get("freeze") or []) + args.freeze
     if args.head_weight:

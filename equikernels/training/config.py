@@ -42,6 +42,9 @@ class TrainConfig:
     replay_weight: float = 1.0
     # per-head loss weight multipliers of a multi-head model, e.g. {"Default": 1.0, "pt_head": 0.1}
     head_weights: Dict[str, float] = field(default_factory=dict)
+    # loss weight multipliers per config_type (info key), as mace-torch's config_type_weights:
+    # a frame's weight is its config_weight times this (1 for config types not listed)
+    config_type_weights: Dict[str, float] = field(default_factory=dict)
     # model: a model file to fine-tune (mace-torch .model or ours), or None to build `new_model`
     model: Optional[str] = None
     new_model: Optional[Dict[str, Any]] = None  # hyper-parameters of a model trained from scratch
@@ -119,10 +122,12 @@ class TrainConfig:
         need(self.energy_weight + self.forces_weight + self.stress_weight > 0,
              "energy_weight, forces_weight and stress_weight are all 0: the loss would be exactly 0 "
              "and nothing would be trained; give at least one a positive weight")
-        need(isinstance(self.head_weights, dict), f"head_weights must be a mapping head -> weight, got {self.head_weights!r}")
-        for head, w in self.head_weights.items():
-            need(isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0,
-                 f"head_weights[{head!r}] must be a number >= 0, got {w!r}")
+        for name, what in (("head_weights", "head"), ("config_type_weights", "config_type")):
+            weights = getattr(self, name)
+            need(isinstance(weights, dict), f"{name} must be a mapping {what} -> weight, got {weights!r}")
+            for key, w in weights.items():
+                need(isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0,
+                     f"{name}[{key!r}] must be a number >= 0, got {w!r}")
         need(self.train_file is not None, "train_file is required (the structures to train on)")
         need(self.model is not None or self.new_model is not None,
              "give a model file to fine-tune (model) or the hyper-parameters of a new one (new_model)")

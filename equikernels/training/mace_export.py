@@ -105,8 +105,10 @@ def to_mace(model, template: Optional[str] = None) -> torch.nn.Module:
     theirs_cfg = config_from_mace(target)
     diff = _differences(theirs_cfg, model.config)
     if diff:
+        why = ("; its symmetric contractions use another basis than mace-torch's (e.g. a model built by "
+               "equikernels.models.builder, not read from mace-torch)") if "products" in diff else ""
         raise ValueError(f"this model cannot be written as a mace-torch model: mace-torch's constructor gives a "
-                         f"different {', '.join(diff)}")
+                         f"different {', '.join(diff)}{why}")
     ours = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     state = target.state_dict()
     for mine, theirs in mace_key_map(target, theirs_cfg).items():

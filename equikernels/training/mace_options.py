@@ -54,6 +54,8 @@ def from_mace_options(values: Dict[str, Any], source: str = "config") -> Dict[st
             out[new] = out.pop(old)
     if "E0s" in out:
         out["e0s"] = _e0s(out.pop("E0s"), source)
+    if isinstance(out.get("config_type_weights"), str):  # mace-torch's form: '{"Default": 1.0}'
+        out["config_type_weights"] = _mapping(out["config_type_weights"], "config_type_weights", source)
     keys = {KEYS[k]: out.pop(k) for k in list(out) if k in KEYS}
     if keys:
         out["keys"] = {**keys, **dict(out.get("keys") or {})}
@@ -106,6 +108,16 @@ def _loss(value, source: str) -> Dict[str, Any]:
         raise ValueError(f"{source}: loss: mace-torch's {value!r} has no counterpart here; mace-torch's "
                          f"{', '.join(repr(k) for k in LOSSES)} do (or ours: 'mse', 'huber')")
     return dict(LOSSES[value])
+
+
+def _mapping(value: str, name: str, source: str) -> Dict[str, Any]:
+    try:
+        parsed = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"{source}: {name}: expected a mapping such as '{{\"Default\": 1.0}}', got {value!r}")
+    return parsed
 
 
 def _e0s(value, source: str):

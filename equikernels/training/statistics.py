@@ -51,7 +51,12 @@ def parse_given_e0s(values: Mapping, z_table: Sequence[int]) -> Dict[int, float]
                 raise ValueError(f"e0s: {key!r} is not an element symbol or atomic number") from None
         if z not in set(int(t) for t in z_table):
             raise ValueError(f"e0s: element {key!r} is not one of the model's elements {list(z_table)}")
-        out[z] = float(energy)
+        try:
+            out[z] = float(energy)
+        except (TypeError, ValueError):
+            out[z] = float("nan")
+        if isinstance(energy, bool) or not np.isfinite(out[z]):
+            raise ValueError(f"e0s: the energy of {key!r} must be a finite number (eV), got {energy!r}")
     return out
 
 

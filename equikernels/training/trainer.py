@@ -193,9 +193,14 @@ class Trainer:
         model = model.to(device=self.device, dtype=dtype)
         self.model, self.dtype = model, dtype
         replay = self._label_replay(self.replay_configs)
-        train = [self._weighted(c, cfg.head_weights.get(c.head, 1.0)) for c in self.train_configs]
-        train += [self._weighted(c, cfg.replay_weight * cfg.head_weights.get(c.head, 1.0)) for c in replay]
+        train = [self._weighted(c, self._frame_factor(c)) for c in self.train_configs]
+        train += [self._weighted(c, cfg.replay_weight * self._frame_factor(c)) for c in replay]
         self.train_set = build_dataset(train, z_table, cutoff, head_names)
+        types = {c.config_type for c in self.train_configs + replay}
+        unused = sorted(str(k) for k, w in cfg.config_type_weights.items() if str(k) not in types and w != 1)
+        if unused:
+            self._say(f"config_type_weights: no training frame has config_type {', '.join(map(repr, unused))} "
+                      f"(the frames have {', '.join(map(repr, sorted(types)))})")
         self.valid_set = build_dataset(self.valid_configs, z_table, cutoff, head_names)
         if cfg.freeze:
             frozen = mf.freeze(model, cfg.freeze)
@@ -206,6 +211,11 @@ class Trainer:
             self.ddp = DDP(model, device_ids=ids)
         else:
             self.ddp = model
+
+    def _frame_factor(self, c: Config) -> float:
+        """A training frame's loss-weight multiplier from its head and its config_type."""
+        by_type = {str(k): float(w) for k, w in self.cfg.config_type_weights.items()}
+        return self.cfg.head_weights.get(c.head, 1.0) * by_type.get(c.config_type, 1.0)
 
     @staticmethod
     def _weighted(c: Config, factor: float) -> Config:
@@ -290,6 +300,7 @@ class Trainer:
         """Options changed since the checkpoint: refuse those that would change the data, the
         model or the batch order; return the honoured ones."""
         now = self.cfg.to_dict()
+        saved = {**TrainConfig().to_dict(), **saved}  # options added since the checkpoint had their defaults
         changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
         refused = [k for k in changed if k not in RESUMABLE_CHANGES]
         if refused:
@@ -558,6 +569,8 @@ class Trainer:
                 lambda: self._save_models(self.model, outputs.MODEL_LAST, outputs.MACE_MODEL_LAST))
             summary.update({k.replace("_path", "_last_path"): v for k, v in paths.items()})
             self.model.load_state_dict(self.best["state"])
+        else:  # an earlier, interrupted part of this run may have left last weights that are not these
+            dist_utils.on_main(lambda: self._remove_outputs(outputs.MODEL_LAST, outputs.MACE_MODEL_LAST))
         summary.update(dist_utils.on_main(lambda: self._report(summary)))
         return summary
 
@@ -569,8 +582,17 @@ class Trainer:
                 out["mace_model_path"] = mf.save_mace_torch(model, os.path.join(cfg.out_dir, mace_name),
                                                             template=cfg.model)
             except Exception as exc:  # a model mace-torch cannot express; ours is the product
+                self._remove_outputs(mace_name)  # never leave an earlier part of the run's file in its place
                 warnings.warn(f"could not also save a mace-torch model file: {exc}", stacklevel=2)
+        else:
+            self._remove_outputs(mace_name)
         return out
+
+    def _remove_outputs(self, *names: str) -> None:
+        for name in names:
+            path = os.path.join(self.cfg.out_dir, name)
+            if os.path.isfile(path):
+                os.remove(path)
 
     def _write_metrics(self, summary: Dict) -> str:
         path = os.path.join(self.cfg.out_dir, outputs.METRICS)

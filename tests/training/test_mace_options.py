@@ -64,8 +64,8 @@ def test_values_without_a_counterpart_are_refused(values, needle):
 
 def test_other_mace_options_are_named_by_the_trainer(tmp_path):
     with pytest.warns(UserWarning):
-        with pytest.raises(ValueError, match=r"unknown training option\(s\) \['config_type_weights'\]"):
-            parsed(mace_yaml(tmp_path, config_type_weights="{'Default': 1.0}"))
+        with pytest.raises(ValueError, match=r"unknown training option\(s\) \['amsgrad'\]"):
+            parsed(mace_yaml(tmp_path, amsgrad=True))
 
 
 def test_switches_with_the_value_that_is_ours_are_accepted():
