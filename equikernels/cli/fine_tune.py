@@ -22,7 +22,7 @@ _SIMPLE = {
     "lr_schedule": "lr_schedule", "warmup_steps": "warmup_steps", "ema_decay": "ema_decay",
     "clip_grad_norm": "clip_grad_norm", "checkpoint_every": "checkpoint_every", "patience": "patience",
     "seed": "seed", "device": "device", "dtype": "dtype", "backend": "model_backend",
-    "replay": "replay_file", "replay_weight": "replay_weight",
+    "replay": "replay_file", "replay_weight": "replay_weight", "test": "test_file", "amsgrad": "amsgrad",
 }
 
 
@@ -35,7 +35,7 @@ def register(subparsers) -> None:
                     "results ASE writes (energy, forces, stress) when those are absent; a frame without a "
                     "label leaves it out of its loss (config_weight and config_energy/forces/stress_weight "
                     "scale it, as in mace-torch, and so do --config-type-weights). The closing table shows "
-                    "the starting and the fine-tuned model on the validation set; model.pt is the best "
+                    "the starting and the fine-tuned model on the validation set (and on --test); model.pt is the best "
                     "validation epoch's weights and model_last.pt the last ones when they differ (plus mace-torch .model "
                     "files when mace-torch is installed). Ctrl-C/SIGTERM: checkpoint, metrics, exit; "
                     "--resume continues. Multi-GPU: torchrun --nproc_per_node N -m equikernels.cli fine-tune ...")
@@ -45,6 +45,8 @@ def register(subparsers) -> None:
                        "mace-torch); default: the bundled default model")
     a("--train", help="training structures (extxyz or any ASE-readable file)")
     a("--valid", help="validation structures (default: a random --valid-fraction of --train)")
+    a("--test", metavar="FILE", help="held-out test structures: the starting and the fine-tuned model are "
+                                      "evaluated on them (closing table, metrics.json), as mace-torch's test_file")
     a("--valid-fraction", type=float, help="fraction of --train held out for validation, 0 for none (default 0.1)")
     a("--epochs", type=int, help="number of epochs (default 10)")
     a("--max-steps", type=int, help="stop after this many optimiser steps in total")
@@ -53,6 +55,8 @@ def register(subparsers) -> None:
     a("--overwrite", action="store_true", help="replace an earlier run in --out (its models, metrics and "
                                               "checkpoints); without --resume or this, such an --out is refused")
     a("--lr", type=float, help="AdamW learning rate (default 1e-3)")
+    a("--amsgrad", action=argparse.BooleanOptionalAction,
+      help="AdamW's AMSGrad variant (default off; mace-torch's default is on)")
     a("--batch-size", type=int, help="structures per device and step (default 4)")
     a("--energy-weight", type=float, help="loss weight of energy per atom (default 1)")
     a("--forces-weight", type=float, help="loss weight of forces (default 10)")

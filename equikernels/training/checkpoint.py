@@ -47,11 +47,13 @@ def set_rng_states(state: Dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save(directory: str, step: int, state: Dict[str, Any], keep: int) -> str:
+def save(directory: str, step: int, state: Dict[str, Any], keep: Optional[int]) -> str:
+    """Write the checkpoint of ``step``; then only the newest ``keep`` stay (None: every one)."""
     path = os.path.join(directory, _NAME.format(step))
     atomic_torch_save(state, path)
-    for old in list_checkpoints(directory)[:-keep]:
-        os.remove(old)
+    if keep is not None:
+        for old in list_checkpoints(directory)[:-keep]:
+            os.remove(old)
     return path
 
 

@@ -33,6 +33,9 @@ class TrainConfig:
     train_file: Optional[str] = None
     valid_file: Optional[str] = None
     valid_fraction: float = 0.1
+    # held-out structures, as mace-torch's test_file: the starting and the saved model are evaluated
+    # on them (closing table, metrics.json); they take no part in training or model selection
+    test_file: Optional[str] = None
     keys: DataKeys = field(default_factory=DataKeys)
     # replay: structures mixed into every epoch's training batches so that fine-tuning does not
     # forget them (e.g. a sample of the foundation model's own training data). Frames without
@@ -67,6 +70,7 @@ class TrainConfig:
     batch_size: int = 4              # structures per process and step
     lr: float = 1e-3
     weight_decay: float = 5e-7
+    amsgrad: bool = False            # AdamW's AMSGrad variant (mace-torch's default is true)
     lr_schedule: str = "cosine"
     warmup_steps: int = 0
     min_lr_ratio: float = 0.01       # cosine floor, as a fraction of lr
@@ -78,7 +82,7 @@ class TrainConfig:
     seed: int = 0
     out_dir: str = "fine_tune_out"
     checkpoint_every: int = 100      # optimiser steps between checkpoints
-    keep_checkpoints: int = 2
+    keep_checkpoints: Optional[int] = 2  # the newest ones kept; None keeps every checkpoint
     eval_every_epochs: int = 1
     patience: Optional[int] = None   # early stopping: evaluations without improvement
     save_best: bool = True           # final model = best validation loss (else: the last)
@@ -114,7 +118,8 @@ class TrainConfig:
              f"e0s must be one of {E0_MODES} or a mapping element -> energy, got {self.e0s!r}")
         need(self.ema_decay is None or 0.0 <= self.ema_decay < 1.0, f"ema_decay must be in [0, 1), got {self.ema_decay}")
         need(self.checkpoint_every >= 1, f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
-        need(self.keep_checkpoints >= 1, f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+        need(self.keep_checkpoints is None or self.keep_checkpoints >= 1,
+             f"keep_checkpoints must be >= 1 (or null: keep every checkpoint), got {self.keep_checkpoints}")
         need(self.patience is None or self.patience >= 1, f"patience must be >= 1, got {self.patience}")
         for name in ("energy_weight", "forces_weight", "stress_weight", "huber_delta", "weight_decay",
                      "replay_weight"):
@@ -131,7 +136,7 @@ class TrainConfig:
         need(self.train_file is not None, "train_file is required (the structures to train on)")
         need(self.model is not None or self.new_model is not None,
              "give a model file to fine-tune (model) or the hyper-parameters of a new one (new_model)")
-        for name in ("train_file", "valid_file", "replay_file"):
+        for name in ("train_file", "valid_file", "test_file", "replay_file"):
             path = getattr(self, name)
             if path is not None and os.path.isdir(path):
                 raise IsADirectoryError(f"{name}: {path!r} is a directory, expected a file of structures")

@@ -4,7 +4,10 @@ logging options are set aside with one warning (the model file fixes the archite
 holds every output), switches such as ``swa: false`` are accepted with the value that is what
 fine-tuning here does, mace-torch's losses map onto ours (``weighted`` -> mse without stress,
 ``stress`` -> mse, ``huber``, ``forces_only``), and the rest stay as given, so the trainer's own
-check names what it does not know."""
+check names what it does not know. ``test_file`` and ``amsgrad`` mean what they mean here;
+mace-torch's boolean ``keep_checkpoints`` becomes our count: ``true`` (keep all) -> ``None`` (every
+checkpoint kept), ``false`` (only the newest) -> ``1``; an integer is ours and stays. mace-torch's
+``test_dir`` (a folder of preprocessed ``*_test.h5`` files) is refused: give ``test_file``."""
 from __future__ import annotations
 
 import ast
@@ -76,10 +79,11 @@ def from_mace_options(values: Dict[str, Any], source: str = "config") -> Dict[st
                 raise ValueError(f"{source}: {name}: {out[name]!r} has no counterpart here (only {value!r}, "
                                  f"what fine-tuning here does){HINTS.get(name, '')}")
             out.pop(name)
-    for name in ("test_file", "test_dir"):
-        if name in out:
-            raise ValueError(f"{source}: {name}: no counterpart here; evaluate the fine-tuned model afterwards "
-                             "with `equikernels eval FILE --model OUT_DIR/model.pt`")
+    if "test_dir" in out:
+        raise ValueError(f"{source}: test_dir: mace-torch's folder of preprocessed *_test.h5 files has no "
+                         "counterpart here; give test_file (one ASE-readable file of labelled structures)")
+    if isinstance(out.get("keep_checkpoints"), bool):  # mace-torch's switch: keep all, or only the newest
+        out["keep_checkpoints"] = None if out["keep_checkpoints"] else 1
     if "loss" in out:
         out.update(_loss(out.pop("loss"), source))
     if "freeze" in out and not isinstance(out["freeze"], list):

@@ -1,5 +1,5 @@
 """The training loop: data, model, AdamW + schedule + EMA + clipping, evaluation, checkpoints with
-exact resume, early stopping, DDP, replay data, clean stop on SIGINT/SIGTERM.
+exact resume, early stopping, DDP, replay data, a held-out test set, clean stop on SIGINT/SIGTERM.
 
 Exact resume: a checkpoint holds the model, optimiser, scheduler, EMA, best-model and
 early-stopping state, the history, every RNG state, and the position in the epoch. The order of
@@ -49,7 +49,7 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 RESUMABLE_CHANGES = ("epochs", "max_steps", "lr", "out_dir", "checkpoint_every", "keep_checkpoints",
                      "eval_every_epochs", "patience", "save_best", "progress", "plot", "device",
                      "clip_grad_norm", "weight_decay", "energy_weight", "forces_weight", "stress_weight",
-                     "loss", "huber_delta", "min_lr_ratio", "plateau_factor", "plateau_patience")
+                     "loss", "huber_delta", "min_lr_ratio", "plateau_factor", "plateau_patience", "test_file")
 
 
 class TrainingInterrupted(Exception):
@@ -98,11 +98,12 @@ def backward_step(model, batch: Dict[str, torch.Tensor], cfg: TrainConfig, stop:
 
 
 class Trainer:
-    """``Trainer(cfg).fit()``. ``train_configs``/``valid_configs`` let Python callers pass
-    structures instead of files."""
+    """``Trainer(cfg).fit()``. ``train_configs``/``valid_configs``/``test_configs`` let Python callers
+    pass structures instead of files."""
 
     def __init__(self, cfg: TrainConfig, *, train_configs: Optional[Sequence[Config]] = None,
-                 valid_configs: Optional[Sequence[Config]] = None, log=print):
+                 valid_configs: Optional[Sequence[Config]] = None,
+                 test_configs: Optional[Sequence[Config]] = None, log=print):
         if train_configs is not None and cfg.train_file is None:
             cfg = copy.deepcopy(cfg)
             cfg.train_file = "<in memory>"
@@ -113,7 +114,7 @@ class Trainer:
         self.device = self.dist.device or device
         seed_everything(cfg.seed)
         self._stop_signal: Optional[int] = None
-        self._load_data(train_configs, valid_configs)
+        self._load_data(train_configs, valid_configs, test_configs)
         self._build_model()
         self._build_optimiser()
         self.step = 0
@@ -131,7 +132,7 @@ class Trainer:
         self._say(f"{path}: {len(configs)} structures; {label_sources(configs)}")
         return configs
 
-    def _load_data(self, train_configs, valid_configs):
+    def _load_data(self, train_configs, valid_configs, test_configs=None):
         cfg = self.cfg
         train = list(train_configs) if train_configs is not None else self._read(cfg.train_file)
         # as mace-torch: isolated-atom frames of the training data give E0s and are not trained on
@@ -159,7 +160,12 @@ class Trainer:
             self._say(f"{cfg.train_file}: no frame has a stress label (and a periodic cell): training on "
                       "energies and forces only")
         self.replay_configs = self._read(cfg.replay_file) if cfg.replay_file else []
-        self.train_configs, self.valid_configs = train, valid
+        test = list(test_configs) if test_configs is not None else self._read(cfg.test_file) if cfg.test_file else []
+        if test and all(c.energy is None and c.forces is None and c.stress is None for c in test):
+            raise DataError(f"test_file: {cfg.test_file or '<in memory>'}: no frame has an energy, forces or stress "
+                            f"label, so there are no test errors to report (a frame has {test[0].available}); "
+                            "set the label keys, or predict unlabelled structures with `equikernels eval`")
+        self.train_configs, self.valid_configs, self.test_configs = train, valid, test
 
     def _build_model(self):
         cfg = self.cfg
@@ -202,6 +208,7 @@ class Trainer:
             self._say(f"config_type_weights: no training frame has config_type {', '.join(map(repr, unused))} "
                       f"(the frames have {', '.join(map(repr, sorted(types)))})")
         self.valid_set = build_dataset(self.valid_configs, z_table, cutoff, head_names)
+        self.test_set = build_dataset(self.test_configs, z_table, cutoff, head_names)
         if cfg.freeze:
             frozen = mf.freeze(model, cfg.freeze)
             self._say(f"frozen {len(frozen)} parameter tensors ({', '.join(cfg.freeze)})")
@@ -268,7 +275,7 @@ class Trainer:
 
     def _build_optimiser(self):
         cfg = self.cfg
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, amsgrad=cfg.amsgrad)
         self.steps_per_epoch = len(epoch_batches(len(self.train_set), cfg.batch_size, 0, cfg.seed,
                                                  self.dist.rank, self.dist.world_size))
         if self.steps_per_epoch == 0:
@@ -386,12 +393,13 @@ class Trainer:
         return self.ema.average_parameters() if self.ema is not None else contextlib.nullcontext()
 
     def _evaluate_start(self) -> None:
-        """The starting model's validation errors, once, before the first step."""
-        if "valid_start" in self.history or not len(self.valid_set):
-            return
-        metrics = self.evaluate(self.valid_set)
-        self.history["valid_start"] = metrics
-        self._say("starting model: " + _format_metrics(metrics))
+        """The starting model's validation and test errors, once, before the first step."""
+        for key, dataset, what in (("valid_start", self.valid_set, ""), ("test_start", self.test_set, " (test)")):
+            if key in self.history or not len(dataset):
+                continue
+            metrics = self.evaluate(dataset)
+            self.history[key] = metrics
+            self._say(f"starting model{what}: " + _format_metrics(metrics))
 
     def _end_of_epoch(self) -> None:
         cfg = self.cfg
@@ -441,7 +449,7 @@ class Trainer:
         name = signal.Signals(signum).name
         self.save_checkpoint()
         summary = {"interrupted": name, "step": self.step, "epoch": self.epoch,
-                   "valid_start": self.history.get("valid_start")}
+                   "valid_start": self.history.get("valid_start"), "test_start": self.history.get("test_start")}
         metrics = dist_utils.on_main(lambda: self._write_metrics(summary))
         msg = (f"stopped by {name} at step {self.step} (epoch {self.epoch + 1}): checkpoint in {self.ckpt_dir}, "
                f"metrics so far in {metrics}; continue with --resume")
@@ -547,8 +555,9 @@ class Trainer:
         return self.model
 
     def _finish(self) -> Dict:
-        """Evaluate and save the shipped model (best validation epoch, or the last weights) and,
-        when they differ, the last weights too; every rank takes part in every evaluation."""
+        """Evaluate (training, validation and test sets) and save the shipped model (best validation
+        epoch, or the last weights) and, when they differ, the last weights too; every rank takes part
+        in every evaluation, so the test set never leaves a process waiting."""
         cfg = self.cfg
         last = self._last_state()
         final = self.load_final_weights()
@@ -557,14 +566,19 @@ class Trainer:
         summary: Dict = {"train": self.evaluate(self.train_set)}
         if len(self.valid_set):
             summary["valid"] = self.evaluate(self.valid_set)
-        if "valid_start" in self.history:
-            summary["valid_start"] = self.history["valid_start"]
+        if len(self.test_set):
+            summary["test"] = self.evaluate(self.test_set)
+        for key in ("valid_start", "test_start"):
+            if key in self.history:
+                summary[key] = self.history[key]
         summary.update(step=self.step, epochs_completed=self.epoch, stopped_early=self.stopped_early,
                        best_step=self.best["step"], best_epoch=self.best.get("epoch"), saved=saved)
         summary.update(dist_utils.on_main(lambda: self._save_models(final, outputs.MODEL, outputs.MACE_MODEL)))
         if saved == "best":  # keep the last weights as well
             self.model.load_state_dict(last)
             summary["valid_last"] = self.evaluate(self.valid_set)
+            if len(self.test_set):
+                summary["test_last"] = self.evaluate(self.test_set)
             paths = dist_utils.on_main(
                 lambda: self._save_models(self.model, outputs.MODEL_LAST, outputs.MACE_MODEL_LAST))
             summary.update({k.replace("_path", "_last_path"): v for k, v in paths.items()})
@@ -641,13 +655,15 @@ def _format_metrics(m: Dict[str, float]) -> str:
 
 
 def metrics_table(summary: Dict) -> str:
-    """The closing table: the starting and the saved model on the validation set (and the last
-    weights when the saved ones are the best epoch's), and the saved model on the training set."""
+    """The closing table: the starting and the saved model on the validation set and on the test
+    set (and the last weights when the saved ones are the best epoch's), and the saved model on the
+    training set."""
     saved = summary.get("saved", "last")
     which = (f"best validation epoch ({summary.get('best_epoch')})" if saved == "best"
              else "last weights")
     rows = [("valid_start", "valid, starting model"), ("valid", f"valid, saved = {which}"),
-            ("valid_last", "valid, last weights"), ("train", "train, saved model")]
+            ("valid_last", "valid, last weights"), ("test_start", "test, starting model"),
+            ("test", f"test, saved = {which}"), ("test_last", "test, last weights"), ("train", "train, saved model")]
     lines = metrics_lines([(label, summary.get(key)) for key, label in rows])
     if "model_path" in summary:
         lines.append(f"saved: {summary['model_path']} ({which})"

@@ -64,8 +64,8 @@ def test_values_without_a_counterpart_are_refused(values, needle):
 
 def test_other_mace_options_are_named_by_the_trainer(tmp_path):
     with pytest.warns(UserWarning):
-        with pytest.raises(ValueError, match=r"unknown training option\(s\) \['amsgrad'\]"):
-            parsed(mace_yaml(tmp_path, amsgrad=True))
+        with pytest.raises(ValueError, match=r"unknown training option\(s\) \['lr_scheduler_gamma'\]"):
+            parsed(mace_yaml(tmp_path, lr_scheduler_gamma=0.99))
 
 
 def test_switches_with_the_value_that_is_ours_are_accepted():
@@ -77,7 +77,7 @@ def test_switches_with_the_value_that_is_ours_are_accepted():
     ({"swa": True}, r"swa: True has no counterpart here \(only False"),
     ({"multiheads_finetuning": True}, r"multiheads_finetuning: True .*use replay_file \(--replay\)"),
     ({"loss": "universal"}, r"loss: mace-torch's 'universal' has no counterpart here"),
-    ({"test_file": "test.xyz"}, r"test_file: no counterpart here; evaluate .* with `equikernels eval"),
+    ({"test_dir": "h5/"}, r"test_dir: mace-torch's folder of preprocessed \*_test.h5 files has no counterpart"),
 ])
 def test_mace_switches_and_losses_without_a_counterpart_are_refused(values, needle):
     with pytest.raises(ValueError, match=rf"^cfg.yaml: {needle}"):
