@@ -75,7 +75,7 @@ def from_mace_options(values: Dict[str, Any], source: str = "config") -> Dict[st
         out["lr_schedule"] = "plateau"
     for name, value in SAME_WHEN.items():
         if name in out:
-            if out[name] is not value:
+            if out[name] != value or type(out[name]) is not type(value):
                 raise ValueError(f"{source}: {name}: {out[name]!r} has no counterpart here (only {value!r}, "
                                  f"what fine-tuning here does){HINTS.get(name, '')}")
             out.pop(name)
@@ -96,8 +96,10 @@ def from_mace_options(values: Dict[str, Any], source: str = "config") -> Dict[st
 
 
 # mace-torch switches accepted only with the value that is what fine-tuning here does
-SAME_WHEN = {"swa": False, "stage_two": False, "multiheads_finetuning": False, "keep_isolated_atoms": False}
-HINTS = {"multiheads_finetuning": "; against forgetting use replay_file (--replay) with a sample of the foundation "
+SAME_WHEN = {"swa": False, "stage_two": False, "multiheads_finetuning": False, "keep_isolated_atoms": False,
+             "optimizer": "adamw"}
+HINTS = {"optimizer": "; the optimiser here is AdamW (decoupled weight decay), with amsgrad as an option",
+         "multiheads_finetuning": "; against forgetting use replay_file (--replay) with a sample of the foundation "
                                   "model's training data",
          "keep_isolated_atoms": "; isolated-atom frames (config_type=IsolatedAtom) give E0s and are not trained on"}
 # mace-torch losses -> ours: "weighted" has no stress term, "forces_only" only the forces term
