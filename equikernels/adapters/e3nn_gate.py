@@ -70,14 +70,19 @@ def _segments(groups: List[Slices], dim: int) -> Tuple[List[int], List[List[int]
     return sizes, members
 
 
-def _activate(activation: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """e3nn's ``Activation`` of ``x`` [..., irreps_in.dim], its blocks one ``split`` of ``x``."""
+def _block_sizes(activation: nn.Module) -> List[int]:
+    """The widths of an ``Activation``'s input blocks (read once: torch.compile cannot guard on e3nn's Irreps)."""
+    return [mul * ir.dim for mul, ir in activation.irreps_in]
+
+
+def _activate(activation: nn.Module, x: torch.Tensor, sizes: List[int]) -> torch.Tensor:
+    """e3nn's ``Activation`` of ``x`` [..., irreps_in.dim], its blocks (widths ``sizes``) one ``split`` of ``x``."""
     acts = list(activation.acts)
     if not acts:
         return torch.zeros_like(x)
     if len(acts) == 1:
         return x if acts[0] is None else acts[0](x)
-    parts = x.split([mul * ir.dim for mul, ir in activation.irreps_in], dim=-1)
+    parts = x.split(sizes, dim=-1)
     return torch.cat([p if a is None else a(p) for a, p in zip(acts, parts)], dim=-1)
 
 
@@ -86,6 +91,7 @@ class _GatePlan:
         self.scalars, self.gates, self.gated = _group_slices(gate.sc.cut)
         self.split = _segments([self.scalars, self.gates, self.gated], gate.irreps_in.dim)
         self.expand = _expand_index(gate.irreps_gated)
+        self.act_sizes = (_block_sizes(gate.act_scalars), _block_sizes(gate.act_gates))
         self._on = {}
 
     def expand_on(self, device: torch.device) -> torch.Tensor:
@@ -97,7 +103,7 @@ class _GatePlan:
 
 def _plan(gate: nn.Module) -> _GatePlan:
     plan = gate.__dict__.get("_ek_gate")
-    if plan is None or not hasattr(plan, "split"):  # after unpickling (or pickled by an earlier version)
+    if plan is None or not all(hasattr(plan, a) for a in ("split", "act_sizes")):  # unpickled, or by an earlier version
         plan = gate.__dict__["_ek_gate"] = _GatePlan(gate)
     return plan
 
@@ -109,10 +115,10 @@ def _fused(gate: nn.Module, features: torch.Tensor) -> torch.Tensor:
     scalars, gates, gated = (parts[ids[0]] if len(ids) == 1 else
                              torch.cat([parts[k] for k in ids], dim=-1) if ids else features.narrow(-1, 0, 0)
                              for ids in members)
-    scalars = _activate(gate.act_scalars, scalars)
+    scalars = _activate(gate.act_scalars, scalars, plan.act_sizes[0])
     if not plan.gates:
         return scalars
-    gates = _activate(gate.act_gates, gates)
+    gates = _activate(gate.act_gates, gates, plan.act_sizes[1])
     gated = gated * gates.index_select(-1, plan.expand_on(features.device))
     return torch.cat([scalars, gated], dim=-1)
 

@@ -17,6 +17,7 @@ from torch import nn
 
 from .._compat import e3nn  # noqa: F401  (safe e3nn import first)
 from ..nn.frozen import frozen_key, held
+from ..ops.chain import functorch_wrapped
 from ..ops.silu import silu
 from .classes import accelerated_class, register_overrides
 from .registry import Adapter, NotFused, register
@@ -56,11 +57,13 @@ def _factors(net: nn.Module) -> Tuple[List[float], list, float]:
 
 def _frozen_weights(net: nn.Module) -> Optional[List[torch.Tensor]]:
     """The scaled weights, kept between calls while no weight takes gradients and none changed;
-    None when one takes gradients (each product then applies its scale itself)."""
+    None when one takes gradients, is transformed by torch.func or traced (each product then applies
+    its scale itself)."""
     scales = net.__dict__["_ek_mlp"][0]
     ws = [layer.weight for layer in _layers(net)]
-    if any(w.requires_grad for w in ws) or torch.compiler.is_compiling():
-        return None
+    if (torch.compiler.is_compiling() or torch.jit.is_tracing()
+            or any(w.requires_grad or functorch_wrapped(w) for w in ws)):
+        return None  # (a weight inside a torch.func transform has no storage to key a cache on)
     key = frozen_key(ws)
     cached = net.__dict__.get("_ek_mlp_w")
     if cached is None or cached[0] != key:
@@ -72,12 +75,17 @@ def _forward(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if "_ek_mlp" not in net.__dict__:
         net.__dict__["_ek_mlp"] = _factors(net)
     scales, gates, tail = net.__dict__["_ek_mlp"]
+    if torch.jit.is_tracing():  # a trace cannot hold (nor save) an autograd Function: torch's own silu
+        gates = [torch.nn.functional.silu if g is silu else g for g in gates]
     frozen = _frozen_weights(net)
     if frozen is None:  # the scale as the product's alpha: one operation, no scaled copy per call
         zeros = net.__dict__.setdefault("_ek_zero", {})  # addmm's ignored input, kept per device and dtype
-        zero = zeros.get((x.device, x.dtype))
+        zero = None if torch.jit.is_tracing() else zeros.get((x.device, x.dtype))  # (a trace records each call)
         if zero is None:
-            zero = zeros[(x.device, x.dtype)] = x.new_zeros(())
+            # not x.new_zeros: made inside a torch.func transform, that is a tensor invalid after it
+            zero = torch.zeros((), device=x.device, dtype=x.dtype)
+            if not torch.jit.is_tracing():
+                zeros[(x.device, x.dtype)] = zero
         lead = x.shape[:-1]  # e3nn's matmul takes any leading dimensions, addmm two-dimensional ones
         x = x.reshape(-1, x.shape[-1])
         for layer, s, gate in zip(_layers(net), scales, gates):

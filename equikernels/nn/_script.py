@@ -36,7 +36,8 @@ def tp_script_data(tp) -> Tuple[List[TPRecord], List[str], List[float], List[Lis
         for s in ins.path_shape:
             n_w *= s
         if n_w > 0 and (m1 > 0 and m2 > 0):
-            c = o3.wigner_3j(ir1.l, ir2.l, iro.l).to(torch.float64).reshape(-1)
+            # float64 whatever the default dtype: the form also runs float64 modules built under float32
+            c = o3.wigner_3j(ir1.l, ir2.l, iro.l, dtype=torch.float64).reshape(-1)
             recs.append([s1[ins.i_in1], m1, ir1.dim, s2[ins.i_in2], m2, ir2.dim, ins.i_out,
                          w_off, c_off, int(ins.has_weight)])
             modes.append(ins.connection_mode)

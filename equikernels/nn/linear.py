@@ -499,7 +499,8 @@ class Linear(nn.Module):
                     and (features.dtype == self.weight.dtype
                          or (features.dtype in (torch.float16, torch.bfloat16) and self.weight.dtype == torch.float32))
                     and features.device == self.weight.device
-                    and not autocast_on(features.device.type)):
+                    and not autocast_on(features.device.type)
+                    and not torch.jit.is_tracing()):  # (its caches would enter a trace as constants)
                 return self._fast(features, plan)
         if not isinstance(features, torch.Tensor):
             raise TypeError(f"features: expected a torch.Tensor, got {type(features).__name__}")

@@ -180,7 +180,8 @@ class SphericalHarmonics(nn.Module):
                              f"got shape {tuple(x.shape)}")
         if self.normalize and not x.is_floating_point():  # (torch's own error names vector_norm, not x)
             raise TypeError(f"x: expected a floating-point tensor (normalize=True), got {x.dtype}")
-        if self._poly is None or x.dtype not in (torch.float32, torch.float64) or x.device.type not in PRODUCT_DEVICES:
+        if (self._poly is None or x.dtype not in (torch.float32, torch.float64) or x.device.type not in PRODUCT_DEVICES
+                or torch.jit.is_tracing()):  # (its per-device constants would enter a trace differently per call)
             return self._impl[0](x)
         return self._poly_sh(x)
 

@@ -6,6 +6,7 @@ keyword arguments: ``layout`` ("mul_ir", e3nn's, or "ir_mul"), ``backend`` (None
 the precision controls ``math_dtype`` / ``output_dtype`` of ``equikernels.ops.tensor_product``
 (inputs and weights may be float16/bfloat16/float32, mixed; math float32 by default).
 """
+import contextlib
 import math
 import warnings
 from typing import Dict, Iterator, List, Optional
@@ -19,6 +20,7 @@ from e3nn.util.jit import compile_mode  # noqa: E402
 
 from ..ops import tensor_product as _tensor_product
 from .frozen import outside_inference_mode
+from ..ops.chain import autocast_dtype, functorch_wrapped
 from ..ops.tp import check_dtypes
 from ..problem import MissingWeightError, TensorProductError, TPProblem, parse_irreps
 from ._script import script_tensor_product, tp_script_data
@@ -193,8 +195,30 @@ class TensorProduct(nn.Module):
     @torch.jit.unused
     def _tp(self, x: torch.Tensor, y: torch.Tensor, weight: Optional[torch.Tensor]) -> torch.Tensor:
         w = self._get_weights(weight)
+        if not torch.compiler.is_compiling() and any(isinstance(t, torch.Tensor) and functorch_wrapped(t)
+                                                     for t in (x, y, w)):
+            return self._transformed_tp(x, y, w)
         return _tensor_product(self.problem, x, y, w, layout=self.layout, backend=self.backend,
                                math_dtype=self.math_dtype, output_dtype=self.output_dtype)
+
+    @torch.jit.unused
+    def _transformed_tp(self, x: torch.Tensor, y: torch.Tensor, w: Optional[torch.Tensor]) -> torch.Tensor:
+        """``_tp`` inside a torch.func transform (vmap, grad, jacrev, jvp), where the kernels' autograd
+        Functions cannot run: the plain-PyTorch form, in the ops' math and output dtypes."""
+        for name, t in (("x", x), ("y", y), ("weight", w)):
+            if t is not None and not (isinstance(t, torch.Tensor) and t.is_floating_point()):
+                raise TypeError(f"{name}: expected a floating-point torch.Tensor, got "
+                                f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+        dtypes = {t.dtype for t in (x, y, w) if t is not None}
+        if torch.float64 in dtypes and len(dtypes) > 1:
+            raise TypeError(f"x, y, weight: float64 operands cannot be mixed with other dtypes, got "
+                            f"{', '.join(sorted(str(d) for d in dtypes))}")
+        compute = self.math_dtype or (torch.float64 if torch.float64 in dtypes else torch.float32)
+        out_dtype = self.output_dtype or autocast_dtype(x) or x.dtype
+        w = torch.empty(0, dtype=compute, device=x.device) if w is None else w.to(compute)
+        with torch.autocast(x.device.type, enabled=False) if autocast_dtype(x) else contextlib.nullcontext():
+            out = self._script_tp(x.to(compute), y.to(compute), w)
+        return out.to(out_dtype)
 
     def _script_tp(self, x: torch.Tensor, y: torch.Tensor, weight: Optional[torch.Tensor]) -> torch.Tensor:
         """The TorchScript form of ``_tp`` (plain PyTorch, e3nn's broadcasting)."""
@@ -335,8 +359,8 @@ class ElementwiseTensorProduct(TensorProduct):
         irreps_in2 = _irreps(irreps_in2, "irreps_in2").simplify()
         filter_ir_out = _filter(filter_ir_out)
         if irreps_in1.num_irreps != irreps_in2.num_irreps:
-            raise TensorProductError(f"irreps_in1 ({irreps_in1}) and irreps_in2 ({irreps_in2}) must have the same number "
-                             "of irreps for an elementwise product")
+            raise TensorProductError(f"irreps_in1 ({irreps_in1}) and irreps_in2 ({irreps_in2}) must have the same "
+                                     "number of irreps for an elementwise product")
         # split blocks so that the two inputs are aligned block by block
         a, b = [(m, ir) for m, ir in irreps_in1], [(m, ir) for m, ir in irreps_in2]
         k = 0
