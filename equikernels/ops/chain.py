@@ -32,6 +32,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from .. import reference
 from . import trilinear
 from .trilinear import have_of  # noqa: F401 (re-exported: the methods name their cotangents with it)
 
@@ -60,6 +61,20 @@ def functorch_wrapped(t: Tensor) -> bool:
         return False
 
 
+try:
+    _transforms_active = torch._C._are_functorch_transforms_active
+except AttributeError:  # a torch without the query: no transform can be active
+    def _transforms_active() -> bool:
+        return False
+
+
+def in_transform() -> bool:
+    """Whether a torch.func transform (grad, vmap, jvp, jacrev, functional ensembles) is active: autograd
+    Functions without ``setup_context`` then fail even on plain tensors (captured constants), so the
+    eager paths take plain torch operations. About 0.04 us: one call into C++."""
+    return _transforms_active()
+
+
 def autocast_dtype(x: Tensor) -> Optional[torch.dtype]:
     """The output dtype autocast asks for (None when autocast is off for x's device, or x is float64:
     autocast leaves float64 alone, as it does for matmul)."""
@@ -86,6 +101,9 @@ class Method:
       reaches, an empty placeholder for one not in ``need``;
     - ``unweighted(call)``: whether T mixes in terms that do not depend on w (T is then affine in w).
 
+    ``plain_fwd`` (as ``fwd``, or None): the forward as differentiable plain torch operations, run
+    inside torch.func transforms (where the chain's Functions cannot); None: the custom op runs there.
+
     Eager-only shortcuts (None: none): ``eager_fwd`` (same arguments as ``fwd``: an output with its
     own autograd, or None), ``direct_bwd`` (as ``bwd``, run when nothing is recorded: None entries
     for gradients not in ``need``, or None), ``direct_dbwd`` (as ``dbwd``, or None), ``record_bwd``
@@ -94,6 +112,7 @@ class Method:
     name: str = ""
     extra: Tuple[str, ...] = ()
     static: Tuple[str, ...] = ()
+    plain_fwd = None
     eager_fwd = None
     direct_bwd = None
     direct_dbwd = None
@@ -139,6 +158,8 @@ class Chain:
             # the eager path skips the dispatcher, so it applies the autocast rule itself
             out_dtype = out_dtype or autocast_dtype(x)
             m = self.method
+            if in_transform():
+                return self._transformed_fwd(call, x, y, w, math, out_dtype)
             if m.eager_fwd is not None:
                 out = m.eager_fwd(call, x, y, w, math, out_dtype)
                 if out is not None:
@@ -150,6 +171,8 @@ class Chain:
             math: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor, Tensor]:
         m = self.method
         if is_eager(x, y, w, g):
+            if in_transform():
+                return self._transformed_bwd(call, x, y, w, g, need, math)
             if not torch.is_grad_enabled():  # a plain backward: nothing to record, skip Function.apply
                 return m.bwd(call, x, y, w, g, need, math)
             if m.record_bwd is not None:
@@ -169,6 +192,29 @@ class Chain:
         return self.dbwd_op(x, y, w, g, a if a is not None else e, b if b is not None else e,
                             c if c is not None else e, *self.method.args_of(call), have, need, math)
 
+    # --- inside torch.func transforms: plain torch operations, which the transforms differentiate ---
+    def _transformed_fwd(self, call, x, y, w, math, out_dtype) -> Tensor:
+        plain = self.method.plain_fwd
+        if plain is None:  # the registered custom op (its Python kernel sees the transformed tensors)
+            return self.fwd_op(x, y, w, *self.method.args_of(call), math, out_dtype)
+        return plain(call, x, y, w, math, out_dtype)
+
+    def _transformed_bwd(self, call, x, y, w, g, need, math) -> Tuple[Tensor, Tensor, Tensor]:
+        """``bwd`` as the vector-Jacobian product of the plain forward (placeholders outside ``need``)."""
+        ops = (x, y, w)
+        idx = [i for i, bit in enumerate((NEED_X, NEED_Y, NEED_W)) if need & bit]
+        res = [t.new_empty(0) for t in ops]
+        if idx:
+            def part(*sel):
+                full = list(ops)
+                for i, t in zip(idx, sel):
+                    full[i] = t
+                return self._transformed_fwd(call, *full, math, g.dtype)
+            _, vjp = torch.func.vjp(part, *(ops[i] for i in idx))
+            for i, r in zip(idx, vjp(g)):
+                res[i] = r.to(ops[i].dtype)
+        return res[0], res[1], res[2]
+
     # --- derivative formulas, shared by both paths ------------------------------------------------
     def fwd_grads(self, call, math, x, y, w, g, ni) -> Tuple[Optional[Tensor], ...]:
         """(gx, gy, gw) of the forward for the flags ni[0..2], None for the others."""
@@ -177,7 +223,7 @@ class Chain:
             return None, None, None
         g = g.contiguous()
         m = self.method
-        if torch.is_grad_enabled() or not is_eager(x, y, w, g):
+        if torch.is_grad_enabled() or not is_eager(x, y, w, g) or in_transform():
             gx, gy, gw = self.bwd(call, x, y, w, g, need, math)
         else:  # a plain backward (one eager check: this runs every training step)
             res = m.direct_bwd(call, x, y, w, g, need, math) if m.direct_bwd is not None else None
@@ -190,6 +236,9 @@ class Chain:
         a = ga.contiguous() if need & NEED_X and ga is not None else None
         b = gb.contiguous() if need & NEED_Y and gb is not None else None
         c = gc.contiguous() if need & NEED_W and gc is not None else None
+        if not torch.compiler.is_compiling() and in_transform():
+            with torch.enable_grad():  # the composed form: the fused pass cannot run on transformed tensors
+                return trilinear.double_backward(self, call, math, x, y, w, g, a, b, c, ni[0], ni[1], ni[2], ni[3])
         return trilinear.double_backward(self, call, math, x, y, w, g, a, b, c, ni[0], ni[1], ni[2], ni[3])
 
     # --- custom-op implementations, fakes and autograd ---------------------------------------------
@@ -309,6 +358,9 @@ def table_apply(op, out_dtype: torch.dtype, tensors: Sequence[Tensor]) -> Tensor
     """``op`` (a ``TableOp``) on ``tensors`` (its operands in ``op.names`` order), differentiable to
     any order: the eager Function, or the custom op when traced."""
     if is_eager(*tensors):
+        if in_transform():  # the reference evaluation: plain torch operations the transforms differentiate
+            return reference.evaluate(op.table, dict(zip(op.names, tensors)), op.layout, rows=tensors[0].shape[0],
+                                      out_dtype=out_dtype)
         return _TableFn.apply(op, out_dtype, *tensors)
     return _table_op(op.key, list(tensors), out_dtype)
 

@@ -15,7 +15,7 @@ from ..dtypes import STORAGE_DTYPES, acc_dtype
 from ..problem import TPProblem
 from .graph import ConvGraph, _check_range, _node_count
 from .conv_fused import conv_bwd, conv_dbwd, conv_fwd, fused_conv  # noqa: F401 (registers the custom ops)
-from .chain import autocast_dtype
+from .chain import autocast_dtype, in_transform
 from .tp import LAYOUTS, _check_same, check_dtypes, resolve_backend, tensor_product
 
 DATAFLOWS = ("auto", "atomic", "deterministic", "unfused")
@@ -106,6 +106,8 @@ def tensor_product_conv(problem: TPProblem, x: Tensor, y: Tensor, weight: Option
     be = resolve_backend(backend, x.device)
     out_dtype = output_dtype or autocast_dtype(x) or x.dtype
     flow, tunable = resolve_dataflow(dataflow, deterministic, be)
+    if flow != "unfused" and not torch.compiler.is_compiling() and in_transform():
+        flow, tunable = "unfused", False  # torch.func transforms differentiate the products' plain form
     if flow != "unfused" and x.shape[0] != n_out:
         x = _node_rows(x, n_out)
     if tunable:
@@ -137,7 +139,7 @@ CPU_CHUNK_BYTES = 8 << 20
 
 def _cpu_chunk(problem: TPProblem, x: Tensor, graph: ConvGraph, backend: str, out_dtype) -> int:
     """Edges per chunk of the eager CPU convolution, or 0 to run all edges at once."""
-    if backend != "cpu" or torch.compiler.is_compiling():
+    if backend != "cpu" or torch.compiler.is_compiling() or in_transform():  # (in place: no transforms)
         return 0
     widest = max(problem.dim_in1, problem.dim_out, 0 if problem.shared_weights else problem.weight_numel)
     itemsize = max(x.element_size(), acc_dtype(out_dtype).itemsize)

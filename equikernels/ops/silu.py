@@ -16,27 +16,34 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .chain import functorch_wrapped
+from .chain import in_transform
 from .tp import resolve_backend, triton_available
 
 BLOCK = 1024
 
 
 def silu(z: Tensor) -> Tensor:
-    """``torch.nn.functional.silu(z)``, differentiable to any order (torch.func transforms and
-    compilation see torch's own op)."""
-    if (not (torch.is_grad_enabled() and z.requires_grad) or torch.compiler.is_compiling()
-            or functorch_wrapped(z)):
+    """``torch.nn.functional.silu(z)``, differentiable to any order (torch.func transforms, torch.jit.trace
+    and compilation see torch's own op)."""
+    if not (torch.is_grad_enabled() and z.requires_grad) or _torch_op_only():
         return torch.nn.functional.silu(z)
     return _SiLU.apply(z)
 
 
 def silu_grad(z: Tensor, g: Tensor) -> Tensor:
     """``g * silu'(z)`` (the cotangent of z given g of silu(z)), differentiable to any order."""
-    if (not (torch.is_grad_enabled() and (z.requires_grad or g.requires_grad)) or torch.compiler.is_compiling()
-            or functorch_wrapped(z) or functorch_wrapped(g)):
+    if not (torch.is_grad_enabled() and (z.requires_grad or g.requires_grad)) or _torch_op_only():
         return torch.ops.aten.silu_backward(g, z)
     return _SiLUBackward.apply(z, g)
+
+
+def _torch_op_only() -> bool:
+    """Where the Functions cannot run: compiled graphs, torch.func transforms (even on captured plain
+    tensors) and torch.jit.trace (a traced Python autograd Function cannot be saved)."""
+    return torch.compiler.is_compiling() or in_transform() or _is_tracing()
+
+
+_is_tracing = getattr(torch._C, "_is_tracing", torch.jit.is_tracing)  # (half the cost of the public wrapper)
 
 
 def _derivatives(z: Tensor) -> Tuple[Tensor, Tensor]:

@@ -213,6 +213,13 @@ class _Product(Method):
         return _dbwd_impl(x, y, w, g, a, b, c, call[0], call[1], have, need, math)
 
     @staticmethod
+    def plain_fwd(call, x, y, w, math, out_dtype):
+        """The reference (plain torch operations) on every backend: what torch.func transforms run."""
+        plan = plan_of(call[0])
+        return reference.evaluate(plan.table, {"x": x, "y": y, "w": w}, plan.layout, rows=x.shape[0],
+                                  math_dtype=math, out_dtype=out_dtype or x.dtype)
+
+    @staticmethod
     def eager_fwd(call, x, y, w, math, out_dtype):
         """On the cpu backend the grouped channel-wise product or e3nn's module, with autograd, where
         either applies."""
