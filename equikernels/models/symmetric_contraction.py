@@ -32,6 +32,7 @@ from torch import nn
 from .. import settings
 from ..dtypes import HALF, acc_dtype, math_dtype_of
 from ..ir import Factor, Operand, Path, Segment, Table
+from ..ops.chain import in_transform
 from ..ops.table_chain import TableOp
 from ..nn.frozen import frozen_key, held, state_without, version
 from .cpu_contraction import MonomialContraction
@@ -231,9 +232,10 @@ class SymmetricContraction(nn.Module):
                 self.channels, self.ls_in, self.ls_out, self.u_matrices()))
         params = [w for per_nu in self.weights for w in per_nu]
         math = math_dtype_of([x] + params)
-        key = (version(element), math, frozen_key(params))
+        # transformed (torch.func) weights have no storage to key a cache on: never frozen there
+        frozen = not (any(p.requires_grad for p in params) or torch.compiler.is_compiling() or in_transform())
+        key = (version(element), math, frozen_key(params)) if frozen else None
         cached = self.__dict__.get("_cpu_w")
-        frozen = not any(p.requires_grad for p in params) and not torch.compiler.is_compiling()
         if frozen and cached is not None and cached[0] is element and cached[1] == key:
             ws = cached[2]
         else:  # per output: [K, N, channels], the degrees concatenated along k

@@ -195,16 +195,16 @@ class TensorProduct(nn.Module):
     @torch.jit.unused
     def _tp(self, x: torch.Tensor, y: torch.Tensor, weight: Optional[torch.Tensor]) -> torch.Tensor:
         w = self._get_weights(weight)
-        if not torch.compiler.is_compiling() and any(isinstance(t, torch.Tensor) and functorch_wrapped(t)
-                                                     for t in (x, y, w)):
-            return self._transformed_tp(x, y, w)
+        if not torch.compiler.is_compiling() and (torch.jit.is_tracing() or any(
+                isinstance(t, torch.Tensor) and functorch_wrapped(t) for t in (x, y, w))):
+            return self._transformed_tp(x, y, w)  # (a trace holds plain operations, not the kernels' Functions)
         return _tensor_product(self.problem, x, y, w, layout=self.layout, backend=self.backend,
                                math_dtype=self.math_dtype, output_dtype=self.output_dtype)
 
     @torch.jit.unused
     def _transformed_tp(self, x: torch.Tensor, y: torch.Tensor, w: Optional[torch.Tensor]) -> torch.Tensor:
-        """``_tp`` inside a torch.func transform (vmap, grad, jacrev, jvp), where the kernels' autograd
-        Functions cannot run: the plain-PyTorch form, in the ops' math and output dtypes."""
+        """``_tp`` inside a torch.func transform (vmap, grad, jacrev, jvp) or torch.jit.trace, where the
+        kernels' autograd Functions cannot run: the plain-PyTorch form, in the ops' math and output dtypes."""
         for name, t in (("x", x), ("y", y), ("weight", w)):
             if t is not None and not (isinstance(t, torch.Tensor) and t.is_floating_point()):
                 raise TypeError(f"{name}: expected a floating-point torch.Tensor, got "

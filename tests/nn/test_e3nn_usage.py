@@ -1,6 +1,7 @@
 """The e3nn-compatible modules as e3nn users drive them: torch.func transforms (vmap, grad, jacrev,
 jvp, model ensembles) give e3nn's values on every backend, float64."""
 import copy
+import io
 
 import pytest
 import torch
@@ -103,3 +104,15 @@ def test_spherical_harmonics_product_path_under_torch_jit_trace(monkeypatch):
     v = torch.randn(6, 3, **F64)
     traced = torch.jit.trace(sh, (v,))  # its check compares two more traces
     torch.testing.assert_close(traced(v), o3.SphericalHarmonics([0, 1, 2], True)(v), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_tensor_product_under_torch_jit_trace(backend):
+    ref, ours = _pair(backend)
+    x, y = torch.randn(4, 9, **F64), torch.randn(4, 4, **F64)
+    traced = torch.jit.trace(ours, (x, y))  # (its check traces twice more and compares the graphs)
+    buf = io.BytesIO()
+    torch.jit.save(traced, buf)
+    buf.seek(0)
+    x2, y2 = torch.randn(6, 9, **F64), torch.randn(6, 4, **F64)
+    torch.testing.assert_close(torch.jit.load(buf)(x2, y2), ref(x2, y2), rtol=1e-12, atol=1e-12)

@@ -133,3 +133,22 @@ def test_silu_under_torch_jit_trace_and_transforms():
     _close(torch.autograd.grad(loaded(z).sum(), z)[0], torch.autograd.grad(silu(2 * z).sum(), z)[0])
     # a captured tensor that requires grad, inside a transform
     _close(vmap(lambda a: a * silu(z))(torch.ones(2, **F64)), torch.nn.functional.silu(z).expand(2, -1))
+
+
+def test_symmetric_contraction_weights_under_torch_func_on_the_cpu():
+    from equikernels.models.builder import coupled_u_matrices
+    from equikernels.models.symmetric_contraction import SymmetricContraction
+    torch.manual_seed(0)
+    us = [[u.double() for u in per] for per in coupled_u_matrices("2x0e+2x1o", "2x0e+2x1o", 2)]
+    sc = SymmetricContraction(2, [0, 1], [0, 1], [2, 2], 2, us, "ir_mul", backend="cpu").double()
+    x, el = torch.randn(3, 8, **F64), torch.tensor([0, 1, 0])
+    params = {k: v.detach() for k, v in sc.named_parameters()}
+    got = grad(lambda p: functional_call(sc, p, (x, el)).pow(2).sum())(params)
+    expected = torch.autograd.grad(sc(x, el).pow(2).sum(), list(sc.parameters()))
+    _close(tuple(got[k] for k, _ in sc.named_parameters()), tuple(expected))
+
+
+def test_triton_matmul_with_captured_operands_under_vmap():
+    from equikernels.ops.matmul import matmul
+    x, w = torch.randn(5, 16, **F64), torch.randn(16, 16, **F64)
+    _close(vmap(lambda a: a * matmul(x, w, backend="triton"))(torch.ones(2, **F64)), (x @ w).expand(2, -1, -1))
