@@ -174,6 +174,13 @@ class MACECalculator(Calculator):
         self._cell_np: Optional[np.ndarray] = None
         self._pbc_np: Optional[np.ndarray] = None
 
+    def __getstate__(self) -> dict:
+        """A pickled or copied calculator (``copy.deepcopy``, multiprocessing) leaves out its padded
+        evaluation and captured CUDA graphs, which cannot be copied: the copy makes its own when used."""
+        state = self.__dict__.copy()
+        state["_graphed"] = None
+        return state
+
     def _resolve_cuda_graph(self, value) -> Union[bool, str]:
         if value is None:
             value = settings.get().cuda_graph

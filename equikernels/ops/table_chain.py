@@ -43,6 +43,16 @@ class TableOp:
         self._grads: Dict[str, "TableOp"] = {}
         self.key = register_table(self)  # its name in traced graphs
 
+    def __getstate__(self) -> dict:
+        """Pickled or copied without its built kernels and gradient ops (generated modules cannot be
+        pickled): the copy builds its own and registers under a key of its own."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("_kernels", "_grads", "key")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._kernels, self._grads = {}, {}
+        self.key = register_table(self)
+
     def grad(self, wrt: str) -> "TableOp":
         if wrt not in self._grads:
             gt = grad_table(self.table, wrt, f"g{self.level}")

@@ -114,3 +114,24 @@ def test_compiled_forces_and_their_training_gradient(table):
     assert any("equikernels.table" in s for s in seen), seen
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy", "torch.save"])
+def test_module_holding_built_kernels_pickles_and_copies(how, tmp_path):
+    import copy
+    import pickle
+
+    from equikernels.models.symmetric_contraction import SymmetricContraction
+
+    torch.manual_seed(0)
+    us = [[u.double() for u in per] for per in coupled_u_matrices("2x0e+2x1o", "2x0e+2x1o", 2)]
+    sc = SymmetricContraction(2, [0, 1], [0, 1], [2, 2], 2, us, "ir_mul", backend="triton").double()
+    x, el = torch.randn(3, 8, dtype=torch.float64), torch.tensor([0, 1, 0])
+    out = sc(x, el)  # builds the generated kernels the op keeps
+    if how == "torch.save":
+        torch.save(sc, tmp_path / "sc.pt")
+        other = torch.load(tmp_path / "sc.pt", weights_only=False)
+    else:
+        other = pickle.loads(pickle.dumps(sc)) if how == "pickle" else copy.deepcopy(sc)
+    assert other.op.key != sc.op.key  # registered under its own name
+    torch.testing.assert_close(other(x, el), out, rtol=0, atol=0)
