@@ -1,7 +1,8 @@
 """The ``equikernels`` command line: one module per sub-command, each with ``register(subparsers)``.
 
-Errors a user can cause (bad files, arguments, devices) end in one line on stderr and exit status 2;
-``--debug`` (or ``EQUIKERNELS_DEBUG=1``) shows the traceback instead.
+Errors a user can cause (bad files, arguments, devices) end in one line on stderr and exit status 2,
+any other failure in one line and status 1; ``--debug`` (or ``EQUIKERNELS_DEBUG=1``) shows the
+traceback instead.
 """
 from __future__ import annotations
 
@@ -131,6 +132,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         first = msg.strip().splitlines()[0] if msg.strip() else type(exc).__name__
         print(f"equikernels {args.command}: error: {first} (run with --debug for the traceback)", file=sys.stderr)
         return 2
+    except Exception as exc:  # a failure that is no input error: still one line, status 1
+        if _debug_requested(args):
+            raise
+        text = str(exc).strip().splitlines()
+        detail = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+        print(f"equikernels {args.command}: internal error: {detail} (run with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
     finally:
         warnings.formatwarning = saved
 

@@ -122,12 +122,14 @@ def _check(args, current: dict, base: dict) -> int:
 
 
 def _write(data: dict, out: Path) -> list:
+    from .._files import atomic_write
     from ..bench.report import markdown, plots
     md = markdown(data)  # before any file: a result the report cannot show leaves none half-written
     out.mkdir(parents=True, exist_ok=True)
     stem = data["gpu_kind"]
-    (out / f"{stem}.json").write_text(json.dumps(data, indent=1, default=str))
-    (out / f"{stem}.md").write_text(md)
+    for name, text in ((f"{stem}.json", json.dumps(data, indent=1, default=str)), (f"{stem}.md", md)):
+        # renamed into place: an interrupted write leaves the earlier file, never a truncated one
+        atomic_write(out / name, lambda tmp, text=text: Path(tmp).write_text(text))
     print("\n" + md)
     return [out / f"{stem}.json", out / f"{stem}.md"] + plots(data, out, stem)
 

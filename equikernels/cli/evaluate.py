@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import List
 
 from . import label_keys
 
@@ -19,19 +20,23 @@ def register(subparsers) -> None:
                     "mace-torch's evaluation script writes. Frames with reference labels (the REF_* keys, or "
                     "the calculator results ASE writes) are compared: RMSE and MAE per property.")
     a = p.add_argument
-    a("structures", help="structure file: extxyz or any format ASE reads; every frame is evaluated")
+    a("structures", help="structure file: extxyz or any format ASE reads; every frame is evaluated, or those "
+                         "ASE's FILE@INDEX selects (FILE@-1, FILE@:10, FILE@::2)")
     a("--model", default=None,
       help="model file or directory (ours, as `equikernels convert` writes, or a mace-torch .model), "
            "or a foundation-model name (medium, small_off, ...; needs mace-torch); "
            "default: the bundled default model")
-    a("--out", default=None, help="output extxyz file (default: <structures file name>_eval.xyz here)")
-    a("--prefix", default="MACE_", help="prefix of the prediction keys (default MACE_)")
-    a("--batch-size", type=int, default=8, help="structures per model call (default 8)")
+    # the second names are mace-torch's mace_eval_configs', so that its command lines carry over
+    a("--out", "--output", default=None, help="output extxyz file (default: <structures file name>_eval.xyz here)")
+    a("--prefix", "--info-prefix", "--info_prefix", default="MACE_",
+      help="prefix of the prediction keys (default MACE_)")
+    a("--batch-size", "--batch_size", type=int, default=8, help="structures per model call (default 8)")
     a("--head", default=None, help="head of a multi-head model for every frame (default: a frame's own "
                                    "head key, else the model's only or 'default' head)")
     a("--no-stress", action="store_true", help="do not predict stresses")
     a("--device", default=None, help="torch device (default: cuda when available, else cpu)")
-    a("--dtype", choices=("float64", "float32"), default=None, help="model precision (default: the model's own)")
+    a("--dtype", "--default-dtype", "--default_dtype", choices=("float64", "float32"), default=None,
+      help="model precision (default: the model's own)")
     label_keys.add_flags(p)
     a("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -42,8 +47,18 @@ def default_out(structures: str) -> str:
     return f"{stem}_eval.xyz"
 
 
+def _non_finite(preds) -> List[int]:
+    """Indices of the predictions holding NaN or inf."""
+    import numpy as np
+
+    return [i for i, p in enumerate(preds)
+            if not (np.all(np.isfinite(p.energy)) and np.all(np.isfinite(p.forces))
+                    and (p.stress is None or np.all(np.isfinite(p.stress))))]
+
+
 def run(args: argparse.Namespace) -> int:
     import dataclasses
+    import warnings
 
     import ase.io
     from tqdm.auto import tqdm
@@ -51,19 +66,29 @@ def run(args: argparse.Namespace) -> int:
     from ..calculators.loading import default_model_path, model_heads, resolve_device, resolve_dtype, \
         resolve_head, resolve_model
     from ..training.config import DataKeys
-    from ..training.data import configs_from_frames, label_sources, read_frames
+    from ..training.data import configs_from_frames, label_sources, read_frames, split_selection
     from ..training.evaluate import metrics_lines, predict
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be a positive integer, got {args.batch_size}")
-    out = args.out or default_out(args.structures)
+    path, _ = split_selection(args.structures)
+    out = args.out or default_out(path)
     if os.path.isdir(out):
         raise IsADirectoryError(f"--out {out!r} is a directory; expected an extxyz file name")
     parent = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(parent):  # checked before the (slow) evaluation
         raise FileNotFoundError(f"--out {out!r}: folder {parent} does not exist; create it first")
-    if os.path.exists(out) and os.path.exists(args.structures) and os.path.samefile(out, args.structures):
+    if os.path.exists(out) and os.path.exists(path) and os.path.samefile(out, path):
         raise ValueError(f"--out {out!r} is the structures file itself; name another file")
+    tmp = out + ".part"
+    try:  # a folder that takes no new file is named now, not after the evaluation
+        with open(tmp, "wb"):
+            pass
+    except OSError as exc:
+        raise OSError(f"--out {out!r}: cannot write there ({exc.strerror or type(exc).__name__})") from None
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
     keys = DataKeys(**label_keys.given(args))
     frames = read_frames(args.structures)
     configs = configs_from_frames(frames, keys, args.structures)
@@ -86,18 +111,22 @@ def run(args: argparse.Namespace) -> int:
 
     atoms = sum(c.num_atoms for c in configs)
     name = args.model if args.model is not None else default_model_path()
-    print(f"equikernels eval: {len(configs)} structure{'s' if len(configs) != 1 else ''} ({atoms} atoms) from "
+    print(f"equikernels eval: {len(configs)} structure{'s' if len(configs) != 1 else ''} "
+          f"({atoms} atom{'s' if atoms != 1 else ''}) from "
           f"{args.structures}, model {name} on {device} ({str(dtype).replace('torch.', '')})", flush=True)
     with tqdm(total=len(configs), unit="structure", disable=args.no_progress, leave=False) as bar:
         preds, metrics = predict(model, configs, dtype=dtype, device=device, batch_size=args.batch_size,
                                  stress=not args.no_stress, on_batch=bar.update)
+    bad = _non_finite(preds)
+    if bad:  # written as nan, as mace-torch writes them, but not silently
+        warnings.warn(f"non-finite (NaN or inf) predictions for {len(bad)} structure(s), first "
+                      f"{configs[bad[0]].source}: atoms too close together, or a model that does not describe them")
 
     for f, p in zip(frames, preds):
         f.info[args.prefix + "energy"] = p.energy
         f.arrays[args.prefix + "forces"] = p.forces
         if p.stress is not None:
             f.info[args.prefix + "stress"] = p.stress
-    tmp = out + ".part"
     try:
         ase.io.write(tmp, frames, format="extxyz")
         os.replace(tmp, out)

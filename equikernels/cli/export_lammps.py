@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 
 DTYPES = ("float64", "float32")
+# export_mliap's parameter -> this command's argument, for its error messages
+CLI_NAMES = {"path": "OUT", "model": "MODEL", "head": "--head", "dtype": "--dtype"}
 
 
 def register(subparsers) -> None:
@@ -23,7 +25,14 @@ def register(subparsers) -> None:
 def _export(args: argparse.Namespace) -> int:
     from ..lammps.export import export_mliap  # noqa: PLC0415 (keeps `equikernels --help` light)
 
-    obj = export_mliap(args.model, args.output, dtype=args.dtype, head=args.head)
+    try:
+        obj = export_mliap(args.model, args.output, dtype=args.dtype, head=args.head)
+    except (ValueError, OSError) as exc:  # the library names its parameters; say the command's names
+        text = str(exc)
+        for param, name in CLI_NAMES.items():
+            if text.startswith(param + ": "):
+                raise type(exc)(f"{name}: {text[len(param) + 2:]}") from exc
+        raise
     elements = " ".join(obj.element_types)
     print(f"wrote {args.output}: {type(obj.model).__name__}, {obj.num_layers} interaction layers, {obj.dtype_name}, "
           f"head {obj.head!r}, cutoff {2 * obj.rcutfac:g} A\n"

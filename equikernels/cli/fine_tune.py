@@ -35,9 +35,9 @@ def register(subparsers) -> None:
                     "results ASE writes (energy, forces, stress) when those are absent; a frame without a "
                     "label leaves it out of its loss (config_weight and config_energy/forces/stress_weight "
                     "scale it, as in mace-torch, and so do --config-type-weights). The closing table shows "
-                    "the starting and the fine-tuned model on the validation set (and on --test); model.pt is the best "
-                    "validation epoch's weights and model_last.pt the last ones when they differ (plus mace-torch .model "
-                    "files when mace-torch is installed). Ctrl-C/SIGTERM: checkpoint, metrics, exit; "
+                    "the starting and the fine-tuned model on the validation set (and on --test); model.pt is "
+                    "the best validation epoch's weights and model_last.pt the last ones when they differ (plus "
+                    "mace-torch .model files when mace-torch is installed). Ctrl-C/SIGTERM: checkpoint, metrics, exit; "
                     "--resume continues. Multi-GPU: torchrun --nproc_per_node N -m equikernels.cli fine-tune ...")
     a = p.add_argument
     a("--config", help="YAML file of training options")

@@ -3,6 +3,10 @@
 report it at first use."""
 from __future__ import annotations
 
+import difflib
+import sys
+from typing import List
+
 from .. import settings
 
 
@@ -25,6 +29,25 @@ def text() -> str:
     return "\n".join(lines)
 
 
+def unknown_variables() -> List[str]:
+    """One line per ``EQUIKERNELS_*`` environment variable that is no setting (a misspelt name is ignored
+    by the library), with the closest setting's name where one is close."""
+    known = [settings.env_name(f) for f in settings.FIELDS]
+    lines = []
+    for name in sorted(settings.environ_items((settings.PREFIX,))):
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        lines.append(f"{name} is set but is no equikernels setting: ignored{hint}")
+    return lines
+
+
 def run(args) -> int:
-    print(settings.table(), end="") if args.markdown else print(text())
+    if args.markdown:
+        print(settings.table(), end="")
+        return 0
+    print(text())
+    for line in unknown_variables():
+        print(f"equikernels settings: warning: {line}", file=sys.stderr)
     return 0

@@ -39,6 +39,15 @@ def test_read_roundtrip(tmp_path, frames):
         np.testing.assert_allclose(c.stress, c.stress.T)
 
 
+def test_ase_frame_selection_reads_the_frames_it_picks(tmp_path, frames):
+    path = _write(tmp_path, frames)
+    assert [c.energy for c in read_configs(path + "@1:4", DataKeys())] == pytest.approx(
+        [a.info["REF_energy"] for a in frames[1:4]])
+    assert len(read_configs(path + "@-1", DataKeys())) == 1
+    with pytest.raises(ValueError, match="selects no frame"):
+        read_configs(path + "@9", DataKeys())
+
+
 def test_virials_become_stress(tmp_path, frames):
     a = frames[0].copy()
     configs = read_configs(_write(tmp_path, [frames[0]]), DataKeys())
