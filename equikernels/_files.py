@@ -101,3 +101,26 @@ def atomic_write(target: Union[str, os.PathLike], write: Callable[[str], None]) 
                 os.unlink(tmp)
             except OSError:
                 pass
+
+
+def check_output_file(path: str, name: str, example: str) -> None:
+    """Raise, naming the argument ``name``, unless ``path`` names a file that can be written: not
+    empty, its folder exists and takes a new file, no directory in its place (``example``: a file
+    name such as the argument expects)."""
+    if not path:
+        raise ValueError(f"{name}: empty, expected a file name such as {example}")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        what = "is not a folder" if os.path.exists(parent) else "does not exist; create it first"
+        raise FileNotFoundError(f"{name}: the folder of {path!r} ({parent!r}) {what}")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{name}: {path!r} is a directory, expected a file name such as {example}")
+    probe = temp_path(path)
+    try:  # a folder that takes no new file is named now, not after the work that would fill it
+        with open(probe, "wb"):
+            pass
+    except OSError as exc:
+        raise OSError(f"{name}: cannot write {path!r} ({exc.strerror or type(exc).__name__})") from None
+    finally:
+        if os.path.exists(probe):
+            os.remove(probe)

@@ -9,3 +9,19 @@ def one_line_error(capsys, *needles):
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
     return lines[0]
+
+
+def sigterm_after_step(monkeypatch, step):
+    """This process receives SIGTERM once ``equikernels md`` has finished ``step``."""
+    import os
+    import signal
+
+    from equikernels.calculators import md as md_module
+
+    real = md_module._Progress.__call__
+
+    def terminate(self):
+        real(self)
+        if self.steps_done == step:
+            os.kill(os.getpid(), signal.SIGTERM)
+    monkeypatch.setattr(md_module._Progress, "__call__", terminate)

@@ -67,28 +67,17 @@ def run(args: argparse.Namespace) -> int:
         resolve_head, resolve_model
     from ..training.config import DataKeys
     from ..training.data import configs_from_frames, label_sources, read_frames, split_selection
+    from .._files import check_output_file
     from ..training.evaluate import metrics_lines, predict
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be a positive integer, got {args.batch_size}")
     path, _ = split_selection(args.structures)
     out = args.out or default_out(path)
-    if os.path.isdir(out):
-        raise IsADirectoryError(f"--out {out!r} is a directory; expected an extxyz file name")
-    parent = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(parent):  # checked before the (slow) evaluation
-        raise FileNotFoundError(f"--out {out!r}: folder {parent} does not exist; create it first")
+    check_output_file(out, "--out", "pred.xyz")  # before the (slow) evaluation
     if os.path.exists(out) and os.path.exists(path) and os.path.samefile(out, path):
         raise ValueError(f"--out {out!r} is the structures file itself; name another file")
     tmp = out + ".part"
-    try:  # a folder that takes no new file is named now, not after the evaluation
-        with open(tmp, "wb"):
-            pass
-    except OSError as exc:
-        raise OSError(f"--out {out!r}: cannot write there ({exc.strerror or type(exc).__name__})") from None
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
     keys = DataKeys(**label_keys.given(args))
     frames = read_frames(args.structures)
     configs = configs_from_frames(frames, keys, args.structures)

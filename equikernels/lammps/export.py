@@ -16,7 +16,7 @@ from typing import Optional, Union
 
 import torch
 
-from .._files import atomic_write, temp_path
+from .._files import atomic_write, check_output_file
 from ..models.io import check_torch_file
 from .mliap import EquikernelsMLIAP
 
@@ -34,7 +34,7 @@ def export_mliap(model, path: Union[str, os.PathLike], dtype: Optional[str] = No
     from ..models.io import load  # noqa: PLC0415
 
     path = os.fspath(path)  # checked before the model is read: converting a large model takes a while
-    _check_output(path)
+    check_output_file(path, "path", "model-mliap.pt")
     if isinstance(model, (str, os.PathLike)):
         if os.path.abspath(os.fspath(model)) == os.path.abspath(path):
             raise ValueError(f"path: {path!r} is the model file itself; choose another name such as model-mliap.pt")
@@ -55,27 +55,6 @@ def export_mliap(model, path: Union[str, os.PathLike], dtype: Optional[str] = No
     except (OSError, RuntimeError) as exc:  # full disk, a folder turned read-only meanwhile
         raise OSError(f"path: cannot write {path!r} ({_first_line(exc)})") from None
     return obj
-
-
-def _check_output(path: str) -> None:
-    """``path`` names a file that can be written: its folder exists and takes a new file."""
-    if not path:
-        raise ValueError("path: empty, expected a file name such as model-mliap.pt")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        what = "is not a folder" if os.path.exists(parent) else "does not exist"
-        raise FileNotFoundError(f"path: the folder of {path!r} ({parent!r}) {what}")
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"path: {path!r} is a directory, expected a file name such as model-mliap.pt")
-    probe = temp_path(path)
-    try:
-        with open(probe, "wb"):
-            pass
-    except OSError as exc:
-        raise OSError(f"path: cannot write {path!r} ({exc.strerror or type(exc).__name__})") from None
-    finally:
-        if os.path.exists(probe):
-            os.remove(probe)
 
 
 _MLIAP_MARK = b"equikernels.lammps.mliap"

@@ -20,7 +20,7 @@ from e3nn.util.jit import compile_mode  # noqa: E402
 
 from ..ops import tensor_product as _tensor_product
 from .frozen import outside_inference_mode
-from ..ops.chain import autocast_dtype, functorch_wrapped
+from ..ops.chain import autocast_dtype
 from ..ops.tp import check_dtypes
 from ..problem import MissingWeightError, TensorProductError, TPProblem, parse_irreps
 from ._script import script_tensor_product, tp_script_data
@@ -195,16 +195,16 @@ class TensorProduct(nn.Module):
     @torch.jit.unused
     def _tp(self, x: torch.Tensor, y: torch.Tensor, weight: Optional[torch.Tensor]) -> torch.Tensor:
         w = self._get_weights(weight)
-        if not torch.compiler.is_compiling() and (torch.jit.is_tracing() or any(
-                isinstance(t, torch.Tensor) and functorch_wrapped(t) for t in (x, y, w))):
-            return self._transformed_tp(x, y, w)  # (a trace holds plain operations, not the kernels' Functions)
+        if torch.jit.is_tracing():  # a trace holds plain operations, not the kernels' Functions
+            return self._traced_tp(x, y, w)
         return _tensor_product(self.problem, x, y, w, layout=self.layout, backend=self.backend,
                                math_dtype=self.math_dtype, output_dtype=self.output_dtype)
 
     @torch.jit.unused
-    def _transformed_tp(self, x: torch.Tensor, y: torch.Tensor, w: Optional[torch.Tensor]) -> torch.Tensor:
-        """``_tp`` inside a torch.func transform (vmap, grad, jacrev, jvp) or torch.jit.trace, where the
-        kernels' autograd Functions cannot run: the plain-PyTorch form, in the ops' math and output dtypes."""
+    def _traced_tp(self, x: torch.Tensor, y: torch.Tensor, w: Optional[torch.Tensor]) -> torch.Tensor:
+        """``_tp`` under torch.jit.trace, whose saved graph cannot hold the kernels' autograd Functions:
+        the plain-PyTorch form (e3nn's broadcasting, any number of rows), in the ops' math and output dtypes.
+        (Inside torch.func transforms the ops' autograd chain takes its plain form itself.)"""
         for name, t in (("x", x), ("y", y), ("weight", w)):
             if t is not None and not (isinstance(t, torch.Tensor) and t.is_floating_point()):
                 raise TypeError(f"{name}: expected a floating-point torch.Tensor, got "

@@ -27,7 +27,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .chain import functorch_wrapped, in_transform
+from .chain import in_transform
 from .silu import silu, silu_grad
 from .tp import resolve_backend, triton_available
 
@@ -67,7 +67,7 @@ def kernel_available(x: Tensor, w: Tensor, backend: Optional[str] = None) -> boo
         return False
     if x.shape[1] < MIN_DIM or w.shape[1] < MIN_DIM or torch.compiler.is_compiling():
         return False
-    if in_transform() or functorch_wrapped(x) or functorch_wrapped(w) or resolve_backend(backend, x.device) != "triton":
+    if in_transform() or resolve_backend(backend, x.device) != "triton":  # (inside transforms: torch's matmul)
         return False
     if backend is None:  # automatic: CUDA float32, constant weights (the interpreter elsewhere is for tests)
         return (x.device.type == "cuda" and x.dtype in AUTO_DTYPES and not w.requires_grad

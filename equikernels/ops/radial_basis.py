@@ -13,21 +13,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .chain import functorch_wrapped
+from .chain import in_transform
 from .tp import resolve_backend, triton_available
 
 
 def fused_available(r: Tensor, backend=None) -> bool:
     """Whether ``bessel_envelope`` runs its kernels for ``r`` (else the caller's torch formula)."""
     return (r.dtype in (torch.float32, torch.float64) and not torch.compiler.is_compiling()
-            and not functorch_wrapped(r) and not _in_transform() and resolve_backend(backend, r.device) == "triton"
+            and not in_transform() and resolve_backend(backend, r.device) == "triton"
             and triton_available())
-
-
-def _in_transform() -> bool:
-    """Inside a torch.func transform, where the ops' autograd Functions cannot run even on plain tensors."""
-    level = getattr(torch._C._functorch, "maybe_current_level", None)
-    return level is not None and level() is not None
 
 
 def bessel_envelope(r: Tensor, w: Tensor, consts: Tensor, p: int) -> Tensor:

@@ -44,6 +44,25 @@ def _signal_during_step(monkeypatch, atoms, step, signals):
     atoms.calc.calculate = calculate
 
 
+def _between_positions_and_momenta(monkeypatch, frame, action):
+    """Call ``action`` while the ``frame``-th trajectory frame is written: its positions written, its
+    momenta not yet."""
+    real_write = ase.io.ulm.Writer.write
+    seen = []
+
+    def write(self, *args, **kwargs):
+        if "momenta" in kwargs:
+            seen.append(1)
+            if len(seen) == frame:
+                action()
+        return real_write(self, *args, **kwargs)
+    monkeypatch.setattr(ase.io.ulm.Writer, "write", write)
+
+
+def _input_output_error():
+    raise OSError(5, "Input/output error")
+
+
 def _whole_frames(path):
     frames = read(str(path), ":")
     assert all(f.has("momenta") and "forces" in f.calc.results for f in frames)
@@ -72,16 +91,7 @@ def test_a_signal_stops_after_the_step_in_progress_and_records_it(cu_model, tmp_
 
 
 def test_a_signal_during_a_frame_write_leaves_the_frame_whole(cu_model, tmp_path, monkeypatch, single_thread):
-    real_write = ase.io.ulm.Writer.write
-    seen = []
-
-    def write(self, *args, **kwargs):
-        if "momenta" in kwargs:
-            seen.append(1)
-            if len(seen) == 3:  # the frame of step 2, its positions written, its momenta not yet
-                os.kill(os.getpid(), signal.SIGINT)
-        return real_write(self, *args, **kwargs)
-    monkeypatch.setattr(ase.io.ulm.Writer, "write", write)
+    _between_positions_and_momenta(monkeypatch, 3, lambda: os.kill(os.getpid(), signal.SIGINT))  # step 2's frame
     atoms = _cu(cu_model)
     settings = md_module.MDSettings(steps=50, ensemble="nve", traj_interval=1, log_interval=1)
     with pytest.raises(md_module.Interrupted, match="SIGINT"):
@@ -140,16 +150,7 @@ def test_an_unwritable_summary_does_not_hide_the_runs_error(cu_model, tmp_path, 
 
 
 def test_a_write_error_in_a_frame_leaves_no_half_frame(cu_model, tmp_path, monkeypatch, single_thread):
-    real_write = ase.io.ulm.Writer.write
-    seen = []
-
-    def write(self, *args, **kwargs):
-        if "momenta" in kwargs:
-            seen.append(1)
-            if len(seen) == 3:
-                raise OSError(5, "Input/output error")
-        return real_write(self, *args, **kwargs)
-    monkeypatch.setattr(ase.io.ulm.Writer, "write", write)
+    _between_positions_and_momenta(monkeypatch, 3, _input_output_error)
     settings = md_module.MDSettings(steps=50, ensemble="nve", traj_interval=1, log_interval=1)
     with pytest.raises(OSError, match="Input/output error"):
         md_module.run_md(_cu(cu_model), settings, out_dir=str(tmp_path), progress=False)

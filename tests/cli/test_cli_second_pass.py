@@ -70,7 +70,7 @@ def test_eval_names_an_out_it_cannot_create_before_evaluating(cu_file, cu_model,
     monkeypatch.setattr(evaluate, "predict", lambda *a, **k: pytest.fail("evaluated before --out was checked"))
     out = tmp_path / ("x" * 300 + ".xyz")  # a name the file system refuses
     assert _eval(cu_file, "--model", cu_model, "--out", str(out)) == 2
-    one_line_error(capsys, "--out", "cannot write there")
+    one_line_error(capsys, "--out", "cannot write")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cu.xyz"]
 
 

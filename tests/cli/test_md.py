@@ -12,6 +12,7 @@ from ase.build import bulk, molecule
 from ase.io import read, write
 
 from equikernels.calculators import md as md_module
+from cli_checks import sigterm_after_step
 from equikernels.cli import build_parser, main
 from equikernels.cli.md import DEFAULT_STEPS
 
@@ -78,13 +79,7 @@ def test_too_few_steps_for_a_rate_write_null(cu_model, cu_file, tmp_path, steps)
 
 
 def test_sigterm_still_writes_the_summary(cu_model, cu_file, tmp_path, capsys, monkeypatch):
-    real = md_module._Progress.__call__
-
-    def terminate_at_step_3(self):
-        real(self)
-        if self.steps_done == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
-    monkeypatch.setattr(md_module._Progress, "__call__", terminate_at_step_3)
+    sigterm_after_step(monkeypatch, 3)
     out = tmp_path / "run"
     assert main(["md", cu_file, "--model", cu_model, "--steps", "50", "--out", str(out), "--no-progress",
                  "--device", "cpu"]) == 128 + signal.SIGTERM

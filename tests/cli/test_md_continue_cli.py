@@ -1,12 +1,11 @@
 """`equikernels md` says how a run goes on: a structure's own velocities are named when they are
 replaced (without --keep-velocities), and an interrupted run says how to continue from md.traj."""
-import os
 import signal
 
 from ase.build import bulk
 from ase.io import write
 
-from equikernels.calculators import md as md_module
+from cli_checks import sigterm_after_step
 from equikernels.cli import main
 
 
@@ -28,13 +27,7 @@ def test_replaced_velocities_are_named(cu_model, tmp_path, capsys, single_thread
 
 
 def test_an_interrupted_run_says_how_to_continue(cu_model, tmp_path, capsys, monkeypatch, single_thread):
-    real = md_module._Progress.__call__
-
-    def terminate_at_step_3(self):
-        real(self)
-        if self.steps_done == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
-    monkeypatch.setattr(md_module._Progress, "__call__", terminate_at_step_3)
+    sigterm_after_step(monkeypatch, 3)
     out = tmp_path / "run"
     assert _md("cu-fcc", cu_model, out, "--steps", "50") == 128 + signal.SIGTERM
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]

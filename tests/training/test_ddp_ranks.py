@@ -1,12 +1,10 @@
 """Every rank of a multi-process run takes part in the same collectives, on its own device, and
 finishes with the same summary; rank-0-only work shares its result and its errors."""
-import datetime
 import os
-import time
 
-import pytest
 import torch
 
+from ddp_runs import init_rank, run_ranks
 from emt_data import write_emt_dataset
 
 TINY = dict(hidden_irreps="4x0e+4x1o", MLP_irreps="4x0e", max_ell=1, correlation=2, num_bessel=4,
@@ -35,13 +33,7 @@ def _worker(rank, world, init_file, cfg_dict, out_dir):
     from equikernels.training import TrainConfig, Trainer
     from equikernels.training import distributed as dist_utils
 
-    torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    from equikernels import settings
-    settings.reload()  # the package read the environment when it was imported
-    # a rank waiting in a collective its peer never enters fails after the timeout instead of hanging
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    init_rank(rank, world, init_file)
     log = []
     _trace_collectives(log)
     try:
@@ -63,15 +55,7 @@ def test_two_gloo_ranks_finish_with_the_same_collectives_and_summary(tmp_path, s
     cfg = dict(train_file=train, valid_fraction=0.3, new_model=TINY, epochs=2, batch_size=2, lr=0.02,
                out_dir=str(tmp_path / "out"), progress=False, plot=False, checkpoint_every=2, device="cpu",
                seed=5, ema_decay=0.9)
-    ctx = torch.multiprocessing.start_processes(_worker, nprocs=2, join=False, start_method="spawn",
-                                                args=(2, str(tmp_path / "init"), cfg, str(tmp_path)))
-    deadline = time.monotonic() + 240
-    while not ctx.join(timeout=5):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail("the two-process run did not finish: a rank is waiting in a collective")
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    ranks = run_ranks(_worker, cfg, tmp_path)
     assert ranks[0]["collectives"] == ranks[1]["collectives"]
     assert ranks[0]["summary"] == ranks[1]["summary"]  # paths written by rank 0 included
     assert os.path.isfile(ranks[1]["summary"]["model_path"])

@@ -2,15 +2,14 @@
 (test_file, --test) reported next to the validation set, AdamW's amsgrad, and mace-torch's boolean
 keep_checkpoints."""
 import argparse
-import datetime
 import json
 import os
-import time
 
 import pytest
 import torch
 import yaml
 
+from ddp_runs import init_rank, run_ranks
 from emt_data import write_emt_dataset
 from equikernels.cli import fine_tune, main
 from equikernels.cli.fine_tune import config_from_args
@@ -83,15 +82,9 @@ def test_test_file_from_a_mace_yaml(cu_model, cu_files, tmp_path):
 def _ddp_worker(rank, world, init_file, cfg_dict, out_dir):
     import torch.distributed as dist
 
-    from equikernels import settings
     from equikernels.training import Trainer
 
-    torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    settings.reload()  # the package read the environment when it was imported
-    # a rank waiting in a collective its peer never enters fails after the timeout instead of hanging
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    init_rank(rank, world, init_file)
     try:
         summary = Trainer(TrainConfig.from_dict(cfg_dict), log=None).fit()
         torch.save(summary, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -107,15 +100,7 @@ def test_test_set_under_ddp(cu_model, cu_files, tmp_path, single_thread):
     from equikernels.training.evaluate import predict
 
     cfg = _cfg(cu_model, cu_files, tmp_path / "out", test_file=cu_files["test"], max_steps=1).to_dict()
-    ctx = torch.multiprocessing.start_processes(_ddp_worker, nprocs=2, join=False, start_method="spawn",
-                                                args=(2, str(tmp_path / "init"), cfg, str(tmp_path)))
-    deadline = time.monotonic() + 240
-    while not ctx.join(timeout=5):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail("the two-process run did not finish: a rank is waiting in a collective")
-    a, b = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    a, b = run_ranks(_ddp_worker, cfg, tmp_path)
     assert a["test"] == b["test"] and a["test_start"] == b["test_start"]
     model = mf.load_model(str(tmp_path / "out" / "model.pt"), "auto").double()
     _, metrics = predict(model, read_configs(cu_files["test"], TrainConfig().keys), dtype=torch.float64, device="cpu")
