@@ -103,10 +103,20 @@ def atomic_write(target: Union[str, os.PathLike], write: Callable[[str], None]) 
                 pass
 
 
-def check_output_file(path: str, name: str, example: str) -> None:
+def same_file(a: Union[str, os.PathLike], b: Union[str, os.PathLike]) -> bool:
+    """Whether ``a`` and ``b`` name one existing file (through a link too); False when either is missing."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):  # missing, unreadable, or a name the OS refuses
+        return False
+
+
+def check_output_file(path: str, name: str, example: str, overwrite: bool = True,
+                      overwrite_option: str = "--overwrite") -> None:
     """Raise, naming the argument ``name``, unless ``path`` names a file that can be written: not
     empty, its folder exists and takes a new file, no directory in its place (``example``: a file
-    name such as the argument expects)."""
+    name such as the argument expects), and, unless ``overwrite``, no file there yet (the error
+    names ``overwrite_option``, what allows replacing it)."""
     if not path:
         raise ValueError(f"{name}: empty, expected a file name such as {example}")
     parent = os.path.dirname(os.path.abspath(path))
@@ -115,6 +125,9 @@ def check_output_file(path: str, name: str, example: str) -> None:
         raise FileNotFoundError(f"{name}: the folder of {path!r} ({parent!r}) {what}")
     if os.path.isdir(path):
         raise IsADirectoryError(f"{name}: {path!r} is a directory, expected a file name such as {example}")
+    if not overwrite and os.path.lexists(path):
+        raise FileExistsError(f"{name}: {path!r} already exists; {overwrite_option} replaces it, or choose "
+                              "another name")
     probe = temp_path(path)
     try:  # a folder that takes no new file is named now, not after the work that would fill it
         with open(probe, "wb"):

@@ -6,6 +6,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from .._files import atomic_write
 from .compare import VERSION_KEYS
 from .timing import fmt_ms
 
@@ -119,9 +120,18 @@ def markdown(data: dict) -> str:
     return "\n".join(lines)
 
 
+def _save(fig, path: Path) -> None:
+    """``fig`` as a PNG renamed into place (an interrupted write leaves the earlier plot), then closed."""
+    import matplotlib.pyplot as plt
+    try:
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=120))
+    finally:
+        plt.close(fig)
+
+
 def plots(data: dict, out_dir: Path, stem: str) -> List[Path]:
-    """Write ``<stem>_speedup.png`` and ``<stem>_bandwidth.png``; returns the paths (none without
-    matplotlib)."""
+    """Write ``<stem>_speedup.png`` and ``<stem>_bandwidth.png``, each renamed into place whole;
+    returns the paths (none without matplotlib)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -146,8 +156,7 @@ def plots(data: dict, out_dir: Path, stem: str) -> List[Path]:
         ax.legend(fontsize=7)
         fig.tight_layout()
         p = out_dir / f"{stem}_speedup.png"
-        fig.savefig(p, dpi=120)
-        plt.close(fig)
+        _save(fig, p)
         written.append(p)
     copy = _copy_gbps(data)
     bw = [c for c in data["cells"] if c["impl"] == "equikernels" and c.get("status") == "ok" and c.get("gbps")]
@@ -161,7 +170,6 @@ def plots(data: dict, out_dir: Path, stem: str) -> List[Path]:
         ax.invert_yaxis()
         fig.tight_layout()
         p = out_dir / f"{stem}_bandwidth.png"
-        fig.savefig(p, dpi=120)
-        plt.close(fig)
+        _save(fig, p)
         written.append(p)
     return written

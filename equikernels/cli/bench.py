@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import signal
 import sys
 from pathlib import Path
@@ -53,7 +54,8 @@ def register(sub) -> None:
                    help="implementations to run (default: all; absent ones are reported as absent)")
     p.add_argument("--atoms", default=None, help="comma-separated system sizes of the mace, md and train "
                    "groups, of 1008,10192 (default both; 1008 with --quick)")
-    p.add_argument("--model", default=None, help="also time this model file (mace-torch .model or ours)")
+    p.add_argument("--model", default=None, help="also time this model: a file or directory (mace-torch .model or "
+                   "ours) or a foundation-model name (medium, small_off, ...; needs mace-torch)")
     p.add_argument("--target-ms", type=float, default=TARGET_MS, help="timed work per cell (default 200 ms)")
     p.add_argument("--time-budget-s", type=float, default=None,
                    help="start no new cell after this many seconds; the rest are reported as skipped")
@@ -95,6 +97,22 @@ def _out_folder(out: str) -> Path:
                 raise NotADirectoryError(f"--out: {str(parent)!r} is a file, so {out!r} cannot be a folder")
             break
     return path
+
+
+def _model(value: str) -> str:
+    """``--model`` as every other command takes it: a model file, a model directory (as ``equikernels
+    convert`` writes) or a foundation-model name (fetched here, before anything is measured)."""
+    from ..models.foundations import DownloadError, foundation_checkpoint
+    if os.path.exists(value):
+        return os.path.normpath(value)  # a directory's trailing separator would leave its cells unnamed
+    try:
+        found = foundation_checkpoint(value)
+    except DownloadError as exc:
+        raise DownloadError(f"--model {value!r}: {exc}") from exc
+    if found is None:
+        raise FileNotFoundError(f"--model: {value!r} is neither a model file or directory nor a foundation-model "
+                                "name (medium, small_off, ...; those need mace-torch)")
+    return value
 
 
 def _baseline(args, gpu_kind: Optional[str] = None) -> dict:
@@ -202,8 +220,8 @@ def run(args) -> int:
     impls, groups = _list(args.impls, suite.ALL_IMPLS, "--impls"), _list(args.groups, GROUPS, "--groups")
     sizes = [str(a) for a in suite.SYSTEMS]
     systems = None if args.atoms in (None, "") else [int(a) for a in _list(args.atoms, sizes, "--atoms")]
-    if args.model and not Path(args.model).is_file():
-        raise FileNotFoundError(f"--model: {args.model!r} is not a file")
+    if args.model:
+        args.model = _model(args.model)
     _number("--target-ms", args.target_ms, positive=True)
     if args.time_budget_s is not None:
         _number("--time-budget-s", args.time_budget_s)

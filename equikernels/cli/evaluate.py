@@ -27,7 +27,9 @@ def register(subparsers) -> None:
            "or a foundation-model name (medium, small_off, ...; needs mace-torch); "
            "default: the bundled default model")
     # the second names are mace-torch's mace_eval_configs', so that its command lines carry over
-    a("--out", "--output", default=None, help="output extxyz file (default: <structures file name>_eval.xyz here)")
+    a("--out", "--output", default=None, help="output extxyz file (default: <structures file name>_eval.xyz here); "
+                                               "an existing file is refused unless --overwrite")
+    a("--overwrite", action="store_true", help="replace an existing --out file")
     a("--prefix", "--info-prefix", "--info_prefix", default="MACE_",
       help="prefix of the prediction keys (default MACE_)")
     a("--batch-size", "--batch_size", type=int, default=8, help="structures per model call (default 8)")
@@ -67,17 +69,18 @@ def run(args: argparse.Namespace) -> int:
         resolve_head, resolve_model
     from ..training.config import DataKeys
     from ..training.data import configs_from_frames, label_sources, read_frames, split_selection
-    from .._files import check_output_file
+    from .._files import atomic_write, check_output_file, same_file
     from ..training.evaluate import metrics_lines, predict
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be a positive integer, got {args.batch_size}")
     path, _ = split_selection(args.structures)
     out = args.out or default_out(path)
-    check_output_file(out, "--out", "pred.xyz")  # before the (slow) evaluation
-    if os.path.exists(out) and os.path.exists(path) and os.path.samefile(out, path):
+    if same_file(out, path):
         raise ValueError(f"--out {out!r} is the structures file itself; name another file")
-    tmp = out + ".part"
+    if args.model is not None and same_file(out, args.model):  # --overwrite would replace the model with predictions
+        raise ValueError(f"--out {out!r} is the --model file itself; name another file")
+    check_output_file(out, "--out", "pred.xyz", overwrite=args.overwrite)  # before the (slow) evaluation
     keys = DataKeys(**label_keys.given(args))
     frames = read_frames(args.structures)
     configs = configs_from_frames(frames, keys, args.structures)
@@ -116,12 +119,8 @@ def run(args: argparse.Namespace) -> int:
         f.arrays[args.prefix + "forces"] = p.forces
         if p.stress is not None:
             f.info[args.prefix + "stress"] = p.stress
-    try:
-        ase.io.write(tmp, frames, format="extxyz")
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    # renamed into place: a failed or interrupted write leaves the earlier file, never a truncated one
+    atomic_write(out, lambda tmp: ase.io.write(tmp, frames, format="extxyz"))
     written = [args.prefix + "energy", args.prefix + "forces"]
     if any(p.stress is not None for p in preds):
         written.append(args.prefix + "stress")

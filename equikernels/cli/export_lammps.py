@@ -16,15 +16,20 @@ def register(subparsers) -> None:
                                           "runs). OUT ending in .pt/.pth is read by LAMMPS with torch.load, any "
                                           "other name with pickle.load. See docs/lammps.md.")
     p.add_argument("model", metavar="MODEL", help="equikernels model file/directory or mace-torch .model file")
-    p.add_argument("output", metavar="OUT", help="output file, e.g. model-mliap.pt")
+    p.add_argument("output", metavar="OUT", help="output file, e.g. model-mliap.pt; an existing file is refused "
+                                                 "unless --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT file")
     p.add_argument("--dtype", choices=DTYPES, default=None, help="precision to run in (default: the model's)")
     p.add_argument("--head", default=None, help="head of a multi-head model (default: the only or 'Default' head)")
     p.set_defaults(func=_export)
 
 
 def _export(args: argparse.Namespace) -> int:
+    from .._files import check_output_file, same_file  # noqa: PLC0415
     from ..lammps.export import export_mliap  # noqa: PLC0415 (keeps `equikernels --help` light)
 
+    if not same_file(args.model, args.output):  # export_mliap names a MODEL given as OUT
+        check_output_file(args.output, "OUT", "model-mliap.pt", overwrite=args.overwrite)
     try:
         obj = export_mliap(args.model, args.output, dtype=args.dtype, head=args.head)
     except (ValueError, OSError) as exc:  # the library names its parameters; say the command's names

@@ -23,7 +23,8 @@ def register(subparsers) -> None:
                     "summary.json to --out; summary.json is also written when the run is interrupted "
                     f"(Ctrl-C, SIGTERM) or fails. Built-in structures: {examples}.")
     p.add_argument("structure", nargs="?", default=None,
-                   help=f"structure file (any format ASE reads; the last frame is used) or a built-in example "
+                   help=f"structure file (any format ASE reads; the last frame is used; FILE@INDEX picks another) or a "
+                        f"built-in example "
                         f"({', '.join(BUILTIN_STRUCTURES)}); default: cu-fcc")
     p.add_argument("--steps", type=int, default=None,
                    help=f"number of MD steps (default {DEFAULT_STEPS['cuda']} on a GPU, "
@@ -67,21 +68,25 @@ def register(subparsers) -> None:
 
 
 def load_structure(spec):
-    """``(atoms, description)`` for a built-in name or an ASE-readable file."""
+    """``(atoms, description)`` for a built-in name, an ASE-readable file (its last frame) or one
+    frame ``FILE@INDEX`` selects."""
     from ..calculators.md import builtin_structure
 
     if spec is None:
         spec = "cu-fcc"
     if spec in BUILTIN_STRUCTURES and not os.path.exists(spec):
         return builtin_structure(spec), f"built-in {spec}"
-    if not os.path.exists(spec):
-        raise FileNotFoundError(f"structure {spec!r} is neither a file nor a built-in example "
+    from ..training.data import select, split_selection
+
+    path, index = split_selection(spec)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"structure {path!r} is neither a file nor a built-in example "
                                 f"({', '.join(BUILTIN_STRUCTURES)})")
-    if os.path.isdir(spec):
-        raise IsADirectoryError(f"structure {spec!r} is a directory; expected a structure file ASE can read")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"structure {path!r} is a directory; expected a structure file ASE can read")
     from ase.io import read
     try:
-        atoms = read(spec)
+        atoms = read(path, index=":" if path != spec else -1)
     except Exception as exc:  # noqa: BLE001 (ASE raises many kinds for unreadable files)
         text = str(exc).strip().splitlines()
         raise ValueError(f"structure {spec!r}: ASE cannot read it ({type(exc).__name__}: "
@@ -89,7 +94,11 @@ def load_structure(spec):
                          "POSCAR") from None
     if isinstance(atoms, list):
         if not atoms:
-            raise ValueError(f"structure {spec!r} holds no structures")
+            raise ValueError(f"structure {path!r} holds no structures")
+        if path != spec:
+            atoms = select(atoms, index, spec)
+            if len(atoms) != 1:
+                raise ValueError(f"structure {spec!r} selects {len(atoms)} frames; MD starts from one (FILE@INDEX)")
         atoms = atoms[-1]
     return atoms, spec
 

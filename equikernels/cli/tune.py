@@ -25,7 +25,10 @@ def register(sub) -> None:
                    "(e.g. mace-mp-medium-L2,nequip-water; 'all' for every standard problem)")
     p.add_argument("--rows", type=int, default=50000, help="rows for the named problems (default 50000)")
     p.add_argument("--model", default=None, help="a model file (ours or mace-torch): tunes one training step")
-    p.add_argument("--structure", default=None, help="structure for --model (ASE-readable; default: Cu fcc)")
+    p.add_argument("--structure", default=None,
+                   help="structure for --model: a file ASE reads (its last frame, as equikernels md reads it) or the "
+                        "frames ASE's FILE@INDEX selects (FILE@-1, FILE@:10, FILE@::2), one training step each; "
+                        "default: Cu fcc")
     p.add_argument("--atoms", type=int, default=1008, help="Cu fcc size for --model without --structure (default 1008)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="math dtype (default float32)")
     p.add_argument("--layout", choices=("ir_mul", "mul_ir"), default="ir_mul",
@@ -47,20 +50,39 @@ def _problem_step(name: str, rows: int, dtype, layout: str, device) -> None:
     torch.autograd.grad(sum((g * torch.randn_like(g)).sum() for g in grads), (x, y, w))
 
 
-def _structure(path, atoms: int):
-    """The structure a model is tuned on: ``path`` read by ASE, else a rattled Cu fcc crystal of about ``atoms``."""
+def _structures(spec, atoms: int) -> list:
+    """The structures a model is tuned on: the last frame of file ``spec``, or the frames its
+    ``FILE@INDEX`` selects (as ``equikernels eval`` reads them), else a rattled Cu fcc crystal of about
+    ``atoms``."""
     import ase.build
     import ase.io
 
-    if path:
+    from ..training.data import select, split_selection
+
+    if spec:
         try:
-            return ase.io.read(path)
+            path, index = split_selection(spec)
+        except ValueError as exc:
+            raise ValueError(f"--structure: {exc}") from None
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"--structure: {path!r} is not a file")
+        try:
+            frames = ase.io.read(path, index=":" if path != spec else -1)
         except Exception as exc:  # ASE raises many kinds for a file it cannot parse
             raise ValueError(f"--structure: cannot read {path!r} ({type(exc).__name__}: {exc})") from None
+        frames = frames if isinstance(frames, list) else [frames]
+        if not frames:
+            raise ValueError(f"--structure: {path!r} holds no structures")
+        if path == spec:
+            return frames
+        try:
+            return select(frames, index, spec)
+        except ValueError as exc:
+            raise ValueError(f"--structure: {exc}") from None
     n = max(1, round((atoms / 4) ** (1 / 3)))
     at = ase.build.bulk("Cu", "fcc", a=3.6, cubic=True).repeat((n, n, n))
     at.rattle(0.05, seed=0)
-    return at
+    return [at]
 
 
 def _model_step(model, at, dtype, device) -> None:
@@ -106,25 +128,24 @@ def run(args) -> int:
     if args.structure is not None:
         if not args.model:
             raise ValueError("--structure: only with --model (the named problems take --rows)")
-        if not Path(args.structure).is_file():
-            raise FileNotFoundError(f"--structure: {args.structure!r} is not a file")
-    model = at = None
+    model, structures = None, []
     if args.model:  # read here, on the CPU: a bad file or structure is named before the GPU is looked for
         from ..models import load
-        model, at = load(args.model, device="cpu"), _structure(args.structure, args.atoms)
+        structures = _structures(args.structure, args.atoms)  # before the model: reading a large one takes a while
+        model = load(args.model, device="cpu")
     target = configured_path()
     check_persistent(target)  # tunings kept only until exit would be work thrown away
     device = _device(args.device)
     dtype = getattr(torch, args.dtype)
     before = set(tune.cache()._read())
-    jobs = [("problem", n) for n in names] + ([("model", args.model)] if args.model else [])
+    jobs = [("problem", n) for n in names] + [("model", at) for at in structures]
     t0 = time.perf_counter()
     with settings.override(autotune=True):  # this run tunes; later runs read the cache when enabled
         for kind, what in tqdm(jobs, desc="tuning", unit="job"):
             if kind == "problem":
                 _problem_step(what, args.rows, dtype, args.layout, device)
             else:
-                _model_step(model, at, dtype, device)
+                _model_step(model, what, dtype, device)
     torch.cuda.synchronize()
     if tune.cache().path != target:  # a write failed during the run and went to the private fallback
         raise OSError(f"{variable()}: the tunings could not be written to {target} (see the warning "

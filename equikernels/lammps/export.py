@@ -16,7 +16,7 @@ from typing import Optional, Union
 
 import torch
 
-from .._files import atomic_write, check_output_file
+from .._files import atomic_write, check_output_file, same_file
 from ..models.io import check_torch_file
 from .mliap import EquikernelsMLIAP
 
@@ -36,7 +36,7 @@ def export_mliap(model, path: Union[str, os.PathLike], dtype: Optional[str] = No
     path = os.fspath(path)  # checked before the model is read: converting a large model takes a while
     check_output_file(path, "path", "model-mliap.pt")
     if isinstance(model, (str, os.PathLike)):
-        if os.path.abspath(os.fspath(model)) == os.path.abspath(path):
+        if os.path.abspath(os.fspath(model)) == os.path.abspath(path) or same_file(os.fspath(model), path):
             raise ValueError(f"path: {path!r} is the model file itself; choose another name such as model-mliap.pt")
         if _holds_mliap(os.fspath(model)):
             raise ValueError(f"model: {os.fspath(model)!r} is an ML-IAP file written by export-lammps, not a model; "

@@ -44,7 +44,7 @@ def test_eval_honours_ases_frame_selection_and_mace_eval_configs_options(cu_file
     assert "1 structure (4 atoms)" in capsys.readouterr().out
     frames = ase.io.read(out, ":")
     assert [f.info["tag"] for f in frames] == [3] and "X_energy" in frames[0].info and "X_forces" in frames[0].arrays
-    assert _eval(cu_file + "@1:3", "--model", cu_model, "--out", out) == 0
+    assert _eval(cu_file + "@1:3", "--model", cu_model, "--out", out, "--overwrite") == 0
     assert [f.info["tag"] for f in ase.io.read(out, ":")] == [1, 2]
 
 

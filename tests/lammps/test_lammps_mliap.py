@@ -237,7 +237,7 @@ def test_export_lammps_cli(model, tmp_path, capsys):
     atoms = small_cell()
     em = decompose(atoms, obj.element_types, float(model.r_max), GRIDS[2])
     check(em.run(obj, separate_objects=False), reference(model, atoms), atoms)
-    assert main(["export-lammps", default_model_path(), str(out), "--head", "nope"]) == 2
+    assert main(["export-lammps", default_model_path(), str(out), "--head", "nope", "--overwrite"]) == 2
     assert "head" in capsys.readouterr().err
     assert main(["export-lammps", str(tmp_path / "missing.model"), str(out)]) == 2
 
