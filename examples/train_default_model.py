@@ -93,7 +93,7 @@ def main() -> None:
         model_backend=backend, dtype="float64", epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
         lr_schedule="cosine", warmup_steps=20, min_lr_ratio=0.02, ema_decay=0.99, clip_grad_norm=10.0,
         energy_weight=args.energy_weight, forces_weight=args.forces_weight, stress_weight=10.0, weight_decay=5e-7,
-        seed=7, out_dir=args.out, checkpoint_every=100, device=args.device)
+        seed=7, out_dir=args.out, checkpoint_every=100, device=args.device, amsgrad=False)
     trainer = Trainer(cfg)
     t1 = time.time()
     summary = trainer.fit(overwrite=True)  # --out is this script's own folder: a rerun trains afresh

@@ -47,27 +47,33 @@ def register(subparsers) -> None:
     a("--valid", help="validation structures (default: a random --valid-fraction of --train)")
     a("--test", metavar="FILE", help="held-out test structures: the starting and the fine-tuned model are "
                                       "evaluated on them (closing table, metrics.json), as mace-torch's test_file")
-    a("--valid-fraction", type=float, help="fraction of --train held out for validation, 0 for none (default 0.1)")
-    a("--epochs", type=int, help="number of epochs (default 10)")
+    a("--valid-fraction", type=float,
+      help="fraction of --train held out for validation, 0 for none (default 0.1, as in mace-torch)")
+    a("--epochs", type=int, help="number of epochs (default 10; mace-torch's max_num_epochs: 2048)")
     a("--max-steps", type=int, help="stop after this many optimiser steps in total")
     a("--out", help="output directory: checkpoints, model.pt, metrics.json, training.png (default fine_tune_out)")
     a("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     a("--overwrite", action="store_true", help="replace an earlier run in --out (its models, metrics and "
                                               "checkpoints); without --resume or this, such an --out is refused")
-    a("--lr", type=float, help="AdamW learning rate (default 1e-3)")
+    a("--lr", type=float, help="AdamW learning rate (default 1e-3, for fine-tuning; mace-torch's: 0.01)")
     a("--amsgrad", action=argparse.BooleanOptionalAction,
-      help="AdamW's AMSGrad variant (default off; mace-torch's default is on)")
-    a("--batch-size", type=int, help="structures per device and step (default 4)")
+      help="AdamW's AMSGrad variant (default on, as in mace-torch; --no-amsgrad or amsgrad: false for plain AdamW)")
+    a("--batch-size", type=int, help="structures per device and step (default 4; mace-torch's: 10)")
     a("--energy-weight", type=float, help="loss weight of energy per atom (default 1)")
-    a("--forces-weight", type=float, help="loss weight of forces (default 10)")
-    a("--stress-weight", type=float, help="loss weight of stress (default 1)")
-    a("--loss", choices=("mse", "huber"), help="penalty (default mse)")
+    a("--forces-weight", type=float, help="loss weight of forces (default 10; mace-torch's: 100)")
+    a("--stress-weight", type=float, help="loss weight of stress, for frames with stress labels (default 1; "
+                                          "mace-torch's default loss, weighted, leaves stress out)")
+    a("--loss", choices=("mse", "huber"), help="penalty (default mse, as mace-torch's weighted and stress losses)")
     a("--huber-delta", type=float, help="Huber delta (default 0.01)")
-    a("--lr-schedule", choices=("cosine", "plateau", "constant"), help="default cosine")
+    a("--lr-schedule", choices=("cosine", "plateau", "constant"),
+      help="default cosine; plateau: ReduceLROnPlateau, mace-torch's default (factor 0.8, patience 5 "
+           "evaluations here, 50 in mace-torch)")
     a("--warmup-steps", type=int, help="linear learning-rate warm-up steps (default 0)")
-    a("--ema-decay", type=float, help="EMA decay of the weights (default 0.99)")
-    a("--no-ema", action="store_true", help="evaluate and save the raw weights, not an EMA")
-    a("--clip-grad-norm", type=float, help="gradient-norm clipping (default 10)")
+    a("--ema-decay", type=float, help="EMA decay of the weights (default 0.99, as mace-torch's ema_decay)")
+    a("--ema", action=argparse.BooleanOptionalAction,
+      help="evaluate and save an exponential moving average of the weights (default on; mace-torch's is off "
+           "unless --ema); --no-ema: the raw weights")
+    a("--clip-grad-norm", type=float, help="gradient-norm clipping (default 10, as mace-torch's clip_grad)")
     a("--checkpoint-every", type=int, help="optimiser steps between checkpoints (default 100)")
     a("--patience", type=int, help="early stopping after this many evaluations without improvement (default: none)")
     a("--e0s", help="'foundation' (keep the model's), 'average' (least squares on --train) or "
@@ -86,9 +92,10 @@ def register(subparsers) -> None:
     a("--config-type-weights", metavar="MAPPING",
       help="loss weight multipliers per config_type (info key), as mace-torch's: a YAML mapping such as "
            "'{Default: 1.0, surface: 2.0}'; frames of other config types keep weight 1")
-    a("--seed", type=int, help="random seed (default 0)")
+    a("--seed", type=int, help="random seed (default 0; mace-torch's: 123)")
     a("--device", help="torch device (default cuda:LOCAL_RANK when available, else cpu)")
-    a("--dtype", choices=("float32", "float64"), help="training precision (default: the model's)")
+    a("--dtype", choices=("float32", "float64"),
+      help="training precision (default: the model's own; mace-torch's default_dtype: float64)")
     a("--backend", choices=("auto", "equikernels", "mace"),
       help="model implementation to train (default auto: equikernels' when available)")
     label_keys.add_flags(p)
@@ -143,8 +150,10 @@ def config_from_args(args: argparse.Namespace):
             if not sep or not head:
                 raise ValueError(f"--head-weight: expected HEAD=WEIGHT, e.g. Default=1.0, got {item!r}")
         values["head_weights"] = weights
-    if args.no_ema:
+    if args.ema is False:
         values["ema_decay"] = None
+    elif args.ema and "ema_decay" in values and values["ema_decay"] is None:  # --ema over a config's ema: false
+        values["ema_decay"] = TrainConfig.ema_decay
     if args.no_progress:
         values["progress"] = False
     if args.no_plot:

@@ -1,5 +1,18 @@
 """All training options in one place: a dataclass that a YAML file, CLI flags or Python fill in.
-Unknown or ill-typed options are rejected with the option's name."""
+Unknown or ill-typed options are rejected with the option's name.
+
+Defaults are mace-torch's (``mace_run_train`` 0.3) where an option means the same there: AdamW's
+AMSGrad variant on (``amsgrad: false`` / ``--no-amsgrad`` turns it off), weight decay 5e-7, EMA decay
+0.99, gradient clipping 10, plateau factor 0.8, energy and stress weights 1, Huber delta 0.01,
+validation fraction 0.1, an evaluation every epoch. Others are set for fine-tuning a trained model,
+where mace-torch's are set for training from scratch (theirs in brackets): ``lr`` 1e-3 (0.01),
+``epochs`` 10 (2048), ``batch_size`` 4 (10), ``forces_weight`` 10 (100), ``lr_schedule`` cosine
+(ReduceLROnPlateau with patience 50; our ``plateau_patience`` is 5, for runs of a few epochs), EMA on
+(off unless ``ema``), ``loss`` mse with the stress term wherever frames have stress labels (``weighted``:
+energies and forces only), ``dtype`` the model's own (``default_dtype`` float64), ``seed`` 0 (123),
+``checkpoint_every`` 100 steps (each evaluation), ``keep_checkpoints`` 2 (the newest only). The
+optimiser is AdamW (mace-torch's ``optimizer: adamw``; its default is Adam), its decoupled weight
+decay on every trainable parameter (mace-torch's: on the interactions' linear and product weights)."""
 from __future__ import annotations
 
 import dataclasses
@@ -70,7 +83,7 @@ class TrainConfig:
     batch_size: int = 4              # structures per process and step
     lr: float = 1e-3
     weight_decay: float = 5e-7
-    amsgrad: bool = False            # AdamW's AMSGrad variant (mace-torch's default is true)
+    amsgrad: bool = True             # AdamW's AMSGrad variant, on as in mace-torch (false: plain AdamW)
     lr_schedule: str = "cosine"
     warmup_steps: int = 0
     min_lr_ratio: float = 0.01       # cosine floor, as a fraction of lr
@@ -116,7 +129,8 @@ class TrainConfig:
         need(self.dtype in (None, "float32", "float64"), f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
         need(isinstance(self.e0s, dict) or self.e0s in E0_MODES,
              f"e0s must be one of {E0_MODES} or a mapping element -> energy, got {self.e0s!r}")
-        need(self.ema_decay is None or 0.0 <= self.ema_decay < 1.0, f"ema_decay must be in [0, 1), got {self.ema_decay}")
+        need(self.ema_decay is None or 0.0 <= self.ema_decay < 1.0,
+             f"ema_decay must be in [0, 1), got {self.ema_decay}")
         need(self.checkpoint_every >= 1, f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
         need(self.keep_checkpoints is None or self.keep_checkpoints >= 1,
              f"keep_checkpoints must be >= 1 (or null: keep every checkpoint), got {self.keep_checkpoints}")

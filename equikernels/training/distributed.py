@@ -11,6 +11,7 @@ from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from .. import settings
 
@@ -60,6 +61,21 @@ def setup(device: torch.device) -> DistInfo:
         else:
             dist.init_process_group(backend="gloo")
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device)
+
+
+def wrap_ddp(model: torch.nn.Module, params, device: torch.device) -> torch.nn.Module:
+    """``model`` in DDP, with the gradients of ``params`` (its trainable parameters) held in DDP's
+    communication buckets: each gets a zero gradient first, which DDP turns into a view of its bucket,
+    so backward accumulates into the buckets and no gradient is copied in or out. Clear them with
+    ``zero_grad(set_to_none=False)`` to keep it so. A gradient that autograd hands over on its own
+    (``.grad`` None) may differ from its parameter in the stride of a size-1 dimension (a one-element
+    model's symmetric-contraction weights): harmless, but DDP warns "Grad strides do not match bucket
+    view strides" for it."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)  # a dense parameter's layout, which DDP's bucket views take
+    ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
 
 
 def default_device() -> torch.device:

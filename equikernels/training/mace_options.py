@@ -4,7 +4,10 @@ logging options are set aside with one warning (the model file fixes the archite
 holds every output), switches such as ``swa: false`` are accepted with the value that is what
 fine-tuning here does, mace-torch's losses map onto ours (``weighted`` -> mse without stress,
 ``stress`` -> mse, ``huber``, ``forces_only``), and the rest stay as given, so the trainer's own
-check names what it does not know. ``test_file`` and ``amsgrad`` mean what they mean here;
+check names what it does not know. mace-torch's ``scheduler_patience`` or ``lr_factor`` without a
+``scheduler`` select the plateau schedule, mace-torch's default, which they tune (ours is cosine).
+``test_file`` and ``amsgrad`` mean what they mean here (``amsgrad`` defaults to true in both, and
+``amsgrad: false`` turns it off here, where mace-torch's script reads that value as its default);
 mace-torch's boolean ``keep_checkpoints`` becomes our count: ``true`` (keep all) -> ``None`` (every
 checkpoint kept), ``false`` (only the newest) -> ``1``; an integer is ours and stays. mace-torch's
 ``test_dir`` (a folder of preprocessed ``*_test.h5`` files) is refused: give ``test_file``."""
@@ -73,6 +76,8 @@ def from_mace_options(values: Dict[str, Any], source: str = "config") -> Dict[st
             raise ValueError(f"{source}: scheduler: only mace-torch's 'ReduceLROnPlateau' has a counterpart here "
                              f"(lr_schedule: plateau; also cosine, constant), got {s!r}")
         out["lr_schedule"] = "plateau"
+    elif "lr_schedule" not in out and any(k in values for k in PLATEAU_OPTIONS):
+        out["lr_schedule"] = "plateau"  # mace-torch's default scheduler, the one these options tune
     for name, value in SAME_WHEN.items():
         if name in out:
             if out[name] != value or type(out[name]) is not type(value):
@@ -95,6 +100,8 @@ def from_mace_options(values: Dict[str, Any], source: str = "config") -> Dict[st
     return out
 
 
+# mace-torch's options of its default scheduler (ReduceLROnPlateau): given without a scheduler, they select it
+PLATEAU_OPTIONS = ("scheduler_patience", "lr_factor")
 # mace-torch switches accepted only with the value that is what fine-tuning here does
 SAME_WHEN = {"swa": False, "stage_two": False, "multiheads_finetuning": False, "keep_isolated_atoms": False,
              "optimizer": "adamw"}

@@ -28,7 +28,6 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm.auto import tqdm
 
 from . import checkpoint as ckpt
@@ -177,7 +176,8 @@ class Trainer:
                          + self.isolated_configs for z in c.atomic_numbers})
             z_table, model = zs, None
         dtype = _DTYPES[cfg.dtype] if cfg.dtype else (mf.model_dtype(model) if model is not None else torch.float64)
-        cutoff = mf.r_max(model) if model is not None else float((cfg.new_model or {}).get("r_max", mf.DEFAULT_NEW_MODEL["r_max"]))
+        cutoff = (mf.r_max(model) if model is not None
+                  else float((cfg.new_model or {}).get("r_max", mf.DEFAULT_NEW_MODEL["r_max"])))
         head_names = mf.heads(model) if model is not None else ["Default"]
         unknown = sorted(set(cfg.head_weights) - set(head_names))
         if unknown:
@@ -213,11 +213,7 @@ class Trainer:
             frozen = mf.freeze(model, cfg.freeze)
             self._say(f"frozen {len(frozen)} parameter tensors ({', '.join(cfg.freeze)})")
         self.params = [p for p in model.parameters() if p.requires_grad]
-        if self.dist.enabled:
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            self.ddp = DDP(model, device_ids=ids)
-        else:
-            self.ddp = model
+        self.ddp = dist_utils.wrap_ddp(model, self.params, self.device) if self.dist.enabled else model
 
     def _frame_factor(self, c: Config) -> float:
         """A training frame's loss-weight multiplier from its head and its config_type."""
@@ -303,17 +299,24 @@ class Trainer:
             "world_size": self.dist.world_size,
         }
 
-    def _check_resumable(self, saved: Dict) -> List[str]:
+    def _check_resumable(self, saved: Dict, optimizer_state: Optional[Dict] = None) -> List[str]:
         """Options changed since the checkpoint: refuse those that would change the data, the
-        model or the batch order; return the honoured ones."""
+        model or the batch order; return the honoured ones. Options added since the checkpoint was
+        written count as their defaults, except ``amsgrad``: what the checkpoint's optimiser ran."""
         now = self.cfg.to_dict()
-        saved = {**TrainConfig().to_dict(), **saved}  # options added since the checkpoint had their defaults
+        before = TrainConfig().to_dict()
+        groups = (optimizer_state or {}).get("param_groups") or [{}]
+        if "amsgrad" in groups[0]:
+            before["amsgrad"] = bool(groups[0]["amsgrad"])
+        saved = {**before, **saved}
         changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
         refused = [k for k in changed if k not in RESUMABLE_CHANGES]
         if refused:
             what = ", ".join(f"{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in refused)
+            hint = (" (amsgrad defaults to true, as in mace-torch: a run of plain AdamW continues with --no-amsgrad "
+                    "or amsgrad: false)" if "amsgrad" in refused and not saved["amsgrad"] else "")
             raise ValueError(f"cannot resume with changed {what}: the checkpoint's run used the old value(s), "
-                             "and continuing would not be the same run; restore them, or start a new run "
+                             f"and continuing would not be the same run; restore them{hint}, or start a new run "
                              "in another --out directory")
         return [k for k in changed if k != "out_dir"]
 
@@ -321,7 +324,7 @@ class Trainer:
         if state["world_size"] != self.dist.world_size:
             raise ValueError(f"checkpoint was written by {state['world_size']} process(es); resuming with "
                              f"{self.dist.world_size} would change the data order")
-        honoured = self._check_resumable(state.get("config") or {}) if state.get("config") else []
+        honoured = self._check_resumable(state["config"], state.get("optimizer")) if state.get("config") else []
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -521,7 +524,8 @@ class Trainer:
 
     def _train_step(self, batch):
         cfg = self.cfg
-        self.optimizer.zero_grad(set_to_none=True)
+        # under DDP the gradients stay views of its buckets (distributed.wrap_ddp): zeroed, not dropped
+        self.optimizer.zero_grad(set_to_none=not self.dist.enabled)
         loss, parts, stop = backward_step(self.ddp, batch, cfg, stop=self._stop_signal is not None)
         if not math.isfinite(loss):
             raise FloatingPointError(f"training loss is {loss} at step {self.step + 1} (epoch {self.epoch + 1}); "

@@ -125,7 +125,7 @@ def test_missing_or_unlabelled_test_file_is_refused(cu_model, cu_files, tmp_path
 def test_amsgrad_reaches_the_optimiser(cu_model, cu_files, tmp_path, single_thread):
     from equikernels.training import Trainer
 
-    assert TrainConfig().amsgrad is False  # AdamW as before; checkpoints without the option meant this
+    assert TrainConfig().amsgrad is True  # mace-torch's default
     t = Trainer(_cfg(cu_model, cu_files, tmp_path / "a", amsgrad=True, max_steps=1), log=None)
     assert all(g["amsgrad"] for g in t.optimizer.param_groups)
     t.fit()
@@ -136,7 +136,7 @@ def test_amsgrad_reaches_the_optimiser(cu_model, cu_files, tmp_path, single_thre
 
 def test_checkpoint_written_before_amsgrad_and_test_file_resumes(cu_model, cu_files, tmp_path, single_thread):
     """Options missing from an older checkpoint count as their defaults: resuming it works, a test
-    set may be added, and switching amsgrad on is refused (the optimiser state would not match)."""
+    set may be added, and switching amsgrad off is refused (the optimiser state would not match)."""
     from equikernels.training import Trainer
     from equikernels.training import checkpoint as ckpt
 
@@ -150,8 +150,8 @@ def test_checkpoint_written_before_amsgrad_and_test_file_resumes(cu_model, cu_fi
     t = Trainer(_cfg(cu_model, cu_files, out, max_steps=2, test_file=cu_files["test"]), log=None)
     summary = t.fit(resume=True)
     assert t.step == 2 and "test" in summary
-    with pytest.raises(ValueError, match=r"cannot resume with changed amsgrad False -> True"):
-        Trainer(_cfg(cu_model, cu_files, out, max_steps=3, amsgrad=True), log=None).resume()
+    with pytest.raises(ValueError, match=r"cannot resume with changed amsgrad True -> False"):
+        Trainer(_cfg(cu_model, cu_files, out, max_steps=3, amsgrad=False), log=None).resume()
 
 
 # ---- keep_checkpoints --------------------------------------------------------------------------
