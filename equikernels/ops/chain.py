@@ -44,12 +44,44 @@ _AUTOCAST_DEVICES = ("cuda", "cpu")
 def is_eager(*ts) -> bool:
     """Plain tensors outside tracing (None: an absent cotangent, skipped). A loop, not a generator:
     every eager call asks this (host time)."""
-    if torch.compiler.is_compiling():
+    if _LEGACY[0] or torch.compiler.is_compiling():
         return False
     for t in ts:
         if t is not None and t.__class__ not in _PLAIN:
             return False
     return True
+
+
+try:
+    _legacy_batched = torch._C._functorch.is_legacy_batchedtensor
+except AttributeError:  # a torch without the query: no batched cotangents to see
+    def _legacy_batched(t: Tensor) -> bool:
+        return False
+
+_LEGACY = [0]  # depth of derivative passes running on batched cotangents (see ``batched_cotangents``)
+BATCHED_TABLE_ERROR = ("batched cotangents (torch.autograd.grad(is_grads_batched=True), torch.autograd.functional's "
+                       "vectorize=True) cannot pass a path table such as the symmetric contraction; use "
+                       "torch.func.vmap over torch.autograd.grad, torch.func.jacrev / hessian, or vectorize=False")
+
+
+def legacy_batched(*ts) -> bool:
+    """Whether a cotangent carries autograd's own batch dimension (``is_grads_batched=True``): the
+    kernels cannot read such a tensor, while the custom ops run once per batch entry under it."""
+    for t in ts:
+        if t is not None and _legacy_batched(t):
+            return True
+    return False
+
+
+class batched_cotangents:
+    """Inside: every chain call takes its custom op (``is_eager`` is False), which autograd's batching
+    runs once per batch entry."""
+
+    def __enter__(self):
+        _LEGACY[0] += 1
+
+    def __exit__(self, *exc):
+        _LEGACY[0] -= 1
 
 
 def functorch_wrapped(t: Tensor) -> bool:
@@ -221,6 +253,12 @@ class Chain:
         need = ni[0] + 2 * ni[1] + 4 * ni[2]
         if need == 0:
             return None, None, None
+        if legacy_batched(g):
+            with batched_cotangents():
+                return self._fwd_grads(call, math, x, y, w, g, need)
+        return self._fwd_grads(call, math, x, y, w, g, need)
+
+    def _fwd_grads(self, call, math, x, y, w, g, need) -> Tuple[Optional[Tensor], ...]:
         g = g.contiguous()
         m = self.method
         if torch.is_grad_enabled() or not is_eager(x, y, w, g) or in_transform():
@@ -238,6 +276,9 @@ class Chain:
         c = gc.contiguous() if need & NEED_W and gc is not None else None
         if not torch.compiler.is_compiling() and in_transform():
             with torch.enable_grad():  # the composed form: the fused pass cannot run on transformed tensors
+                return trilinear.double_backward(self, call, math, x, y, w, g, a, b, c, ni[0], ni[1], ni[2], ni[3])
+        if legacy_batched(g, a, b, c):
+            with batched_cotangents():
                 return trilinear.double_backward(self, call, math, x, y, w, g, a, b, c, ni[0], ni[1], ni[2], ni[3])
         return trilinear.double_backward(self, call, math, x, y, w, g, a, b, c, ni[0], ni[1], ni[2], ni[3])
 
@@ -368,6 +409,8 @@ def table_apply(op, out_dtype: torch.dtype, tensors: Sequence[Tensor]) -> Tensor
 def table_grads(op, tensors: Sequence[Tensor], g: Tensor, needs: Sequence[bool]) -> List[Optional[Tensor]]:
     """Gradients of ``op``'s output with cotangent ``g`` with respect to the operands flagged in
     ``needs``, each in its operand's dtype (None where not needed)."""
+    if legacy_batched(g):
+        raise RuntimeError(BATCHED_TABLE_ERROR)
     named = dict(zip(op.names, tensors))
     grads: List[Optional[Tensor]] = []
     for name, needed in zip(op.names, needs):
