@@ -2,12 +2,14 @@
 equivalent (``nn.convert.from_e3nn``), then whole layers rewired by the adapters of this package."""
 from __future__ import annotations
 
+import contextlib
 import itertools
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 from torch import nn
 
+from .._compat import e3nn
 from ..nn.convert import from_e3nn, why_not_convertible
 from .registry import accelerate_layers
 
@@ -72,6 +74,23 @@ def _acceleratewhy_not_convertible(module) -> Optional[str]:
     return why
 
 
+@contextlib.contextmanager
+def _e3nn_eager():
+    """e3nn modules built inside keep their functions as plain Python: under e3nn's jit_mode "script"
+    (which nequip's model builders leave set) they would hold TorchScript functions, and a model
+    holding one can no longer be deep-copied, pickled or scripted as a whole."""
+    get = getattr(e3nn, "get_optimization_defaults", None)
+    mode = get().get("jit_mode", "eager") if get is not None else "eager"
+    if mode == "eager":
+        yield
+        return
+    e3nn.set_optimization_defaults(jit_mode="eager")
+    try:
+        yield
+    finally:
+        e3nn.set_optimization_defaults(jit_mode=mode)
+
+
 def accelerate(model: nn.Module, fuse: bool = True) -> AccelerateReport:
     """Replace, in place, every supported e3nn submodule of ``model`` (at any depth, including inside
     ModuleList/Sequential/ModuleDict and e3nn containers such as ``nn.Gate``) by its equikernels
@@ -112,7 +131,8 @@ def accelerate(model: nn.Module, fuse: bool = True) -> AccelerateReport:
             new = None
             if _is_e3nn(child) and why is None:
                 try:
-                    new = from_e3nn(child)
+                    with _e3nn_eager():
+                        new = from_e3nn(child)
                 except (TypeError, ValueError, NotImplementedError) as exc:  # kept as it is, with the reason
                     why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             if new is not None:

@@ -13,7 +13,10 @@ generated from the graph, installed on a same-name subclass of the layer's class
 from __future__ import annotations
 
 import inspect
+import itertools
+import linecache
 import operator
+import types
 import warnings
 from typing import Callable, Dict, Optional, Tuple
 
@@ -53,6 +56,62 @@ try:  # the common third-party scatter
         register_scatter(getattr(torch_scatter, _f), _torch_scatter_style)
 except Exception:  # noqa: BLE001 (absent or broken: nothing to register)
     pass
+
+
+def _signature_style(fn: Callable) -> Callable[[tuple, dict], Optional[tuple]]:
+    """A parser binding a call to ``fn``'s own signature (parameters ``src``, ``index``, ``dim_size``,
+    optionally ``dim`` (absent: rows, as checked by ``_sums_rows``), ``out`` and ``reduce``)."""
+    sig = inspect.signature(fn)
+
+    def parse(args, kwargs):
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError:
+            return None
+        bound.apply_defaults()
+        a = bound.arguments
+        if a.get("out") is not None or a.get("reduce", "sum") not in ("sum", "add"):
+            return None
+        return a["src"], a["index"], a.get("dim", 0), a.get("dim_size")
+    return parse
+
+
+def _sums_rows(fn: Callable, params) -> bool:
+    """Whether ``fn(src, index, [dim=0,] dim_size=n)`` gives ``zeros(n, d).index_add(0, index, src)`` on a probe."""
+    src = torch.arange(1.0, 16.0, dtype=torch.float64).reshape(5, 3)
+    index = torch.tensor([2, 0, 2, 3, 0])
+    want = torch.zeros(4, 3, dtype=torch.float64).index_add(0, index, src)
+    kwargs = dict(dim_size=4, **({"dim": 0} if "dim" in params else {}))
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = fn(src, index, **kwargs)
+    except Exception:  # noqa: BLE001 (anything else is not a scatter-sum we can stand in for)
+        return False
+    return isinstance(got, torch.Tensor) and got.dtype == want.dtype and torch.equal(got, want)
+
+
+def _find_scatters(forward: Callable) -> None:
+    """Register the plain functions that ``forward`` calls by a global name and that are scatter-sums
+    in torch_scatter's convention (``scatter(src, index, dim=0, dim_size=n)``, the helpers of NequIP,
+    mace-torch and e3nn's example networks): their signature names ``src``, ``index`` and ``dim_size``
+    and, on a probe, they sum rows as ``index_add`` does."""
+    code, env = getattr(forward, "__code__", None), getattr(forward, "__globals__", None)
+    if code is None or env is None:
+        return
+    for name in code.co_names:
+        fn = env.get(name)
+        if not isinstance(fn, types.FunctionType) or fn in SCATTERS or fn in _E3NN_LEAVES:
+            continue
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            continue
+        if (list(params)[:2] != ["src", "index"] or "dim_size" not in params
+                or any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params.values())):
+            continue
+        if _sums_rows(fn, params):
+            register_scatter(fn, _signature_style(fn))
 
 
 # e3nn functions kept as single calls in a traced layer: some versions assign into tensors inside
@@ -156,6 +215,7 @@ def rewrite(layer: nn.Module) -> Tuple[Callable, int, str]:
     if any(p.default is None for p in sig.parameters.values()):
         # fx cannot follow `arg is None` branches on a traced argument
         return None, 0, "forward has optional (None-default) arguments"
+    _find_scatters(cls.forward)
     current, layer.__class__ = layer.__class__, cls  # trace the layer's own forward, not the fused one
     try:
         graph = _Tracer(autowrap_functions=tuple(SCATTERS) + _E3NN_LEAVES).trace(layer)
@@ -163,7 +223,8 @@ def rewrite(layer: nn.Module) -> Tuple[Callable, int, str]:
         return None, 0, f"forward is not traceable by torch.fx ({type(exc).__name__}: {str(exc).splitlines()[0]})"
     finally:
         layer.__class__ = current
-    fused, why = 0, "no gather -> TensorProduct(per-edge weights) -> scatter-sum pattern in forward"
+    pattern = "no gather -> TensorProduct(per-edge weights) -> scatter-sum pattern in forward"
+    fused, why, shared = 0, "", ""
     for node in list(graph.nodes):
         if node.op != "call_module":
             continue
@@ -171,13 +232,20 @@ def rewrite(layer: nn.Module) -> Tuple[Callable, int, str]:
         if not isinstance(tp, TensorProduct):
             continue
         reason = fusable_tp(tp)
+        if reason:  # a product with shared weights is no message passing: say so only if nothing else is found
+            shared = shared or f"{node.target}: {reason}"
+            continue
         gathered = _gather(node.args[0] if node.args else node.kwargs.get("x"))
         users = list(node.users)
         meta = [u for u in users if u.op == "call_function" and u.target is getattr and u.args[1] in _META]
         rest = [u for u in users if u not in meta]
         scattered = _scatter(rest[0], node) if len(rest) == 1 else None
-        if reason or gathered is None or scattered is None:
-            why = reason or why
+        if gathered is None:
+            why = why or f"the first input of {node.target} is not gathered from nodes (x[src], x.index_select(0, src))"
+            continue
+        if scattered is None:
+            why = why or (f"the output of {node.target} is not only summed onto nodes (zeros(N, d).index_add(0, dst, "
+                          "msg) or a scatter-sum such as scatter(msg, dst, dim=0, dim_size=N))")
             continue
         y = node.args[1] if len(node.args) > 1 else node.kwargs["y"]
         w = node.args[2] if len(node.args) > 2 else node.kwargs.get("weight")
@@ -196,7 +264,7 @@ def rewrite(layer: nn.Module) -> Tuple[Callable, int, str]:
                 graph.erase_node(dead)
         fused += 1
     if not fused:
-        return None, 0, why
+        return None, 0, f"{pattern} ({why or shared or 'no TensorProduct called'})"
     _prune(graph)
     graph.lint()
     code = graph.python_code(root_module="self")
@@ -205,21 +273,56 @@ def rewrite(layer: nn.Module) -> Tuple[Callable, int, str]:
     return namespace["forward"], fused, ""
 
 
+_SOURCES = itertools.count()
+
+
+def _forward_like(orig: Callable, call: Callable) -> Callable:
+    """A function with ``orig``'s parameters (names, kinds, defaults, annotations, globals) that calls
+    ``call(self, ...)``, and under TorchScript ``self._ek_script_forward(...)`` (the layer's own
+    forward, see ``classes``): TorchScript compiles a method from its source and signature, which a
+    ``*args, **kwargs`` wrapper does not give."""
+    sig = inspect.signature(orig)
+    params = list(sig.parameters.values())
+    plain = sig.replace(parameters=[p.replace(annotation=p.empty, default=p.empty) for p in params],
+                        return_annotation=sig.empty)
+    me = params[0].name
+    args = ", ".join(p.name if p.kind != p.KEYWORD_ONLY else f"{p.name}={p.name}" for p in params[1:])
+    src = (f"def _ek_make(torch, _ek_call):\n"
+           f"    def forward{plain}:\n"
+           f"        if torch.jit.is_scripting():\n"
+           f"            return {me}._ek_script_forward({args})\n"
+           f"        return _ek_call({', '.join([me] + ([args] if args else []))})\n"
+           f"    return forward\n")
+    filename = f"<equikernels fused {orig.__qualname__} {next(_SOURCES)}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)  # for TorchScript's getsource
+    namespace: dict = {}
+    exec(compile(src, filename, "exec"), namespace)  # noqa: S102
+    inner = namespace["_ek_make"](torch, call)
+    # the original's globals: TorchScript resolves the names of its annotations there
+    fn = types.FunctionType(inner.__code__, orig.__globals__, "forward", orig.__defaults__, inner.__closure__)
+    fn.__kwdefaults__ = orig.__kwdefaults__
+    fn.__annotations__ = dict(getattr(orig, "__annotations__", {}))
+    fn.__doc__, fn.__module__ = orig.__doc__, orig.__module__
+    return fn
+
+
 def _overrides(cls: type) -> dict:
-    def forward(self, *args, **kwargs):
+    def call(self, *args, **kwargs):
         fn = self.__dict__.get("_ek_forward")
         if fn is None:  # after unpickling: trace again
             fn, _, why = rewrite(self)
             if fn is None:  # e.g. its submodules were since replaced (e3nn.util.jit.compile scripts them)
                 warnings.warn(f"{type(self).__name__}: the fused forward could not be rebuilt ({why}); "
-                              "running the layer's own forward", stacklevel=2)
+                              "running the layer's own forward", stacklevel=3)
                 fn = cls.forward
             self.__dict__["_ek_forward"] = fn
         return fn(self, *args, **kwargs)
 
-    forward.__signature__ = inspect.signature(cls.forward)
-    forward.__doc__ = cls.forward.__doc__
-    return {"forward": forward}
+    if isinstance(cls.forward, types.FunctionType) and not hasattr(cls.forward, "__wrapped__"):
+        return {"forward": _forward_like(cls.forward, call)}
+    call.__signature__ = inspect.signature(cls.forward)
+    call.__doc__ = cls.forward.__doc__
+    return {"forward": call}
 
 
 register_overrides(ADAPTER, _overrides)

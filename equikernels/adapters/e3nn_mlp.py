@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .._compat import e3nn  # noqa: F401  (safe e3nn import first)
-from ..nn.frozen import frozen_key, held
+from ..nn.frozen import frozen_key, held, tracing
 from ..ops.chain import functorch_wrapped
 from ..ops.silu import silu
 from .classes import accelerated_class, register_overrides
@@ -61,8 +61,7 @@ def _frozen_weights(net: nn.Module) -> Optional[List[torch.Tensor]]:
     its scale itself)."""
     scales = net.__dict__["_ek_mlp"][0]
     ws = [layer.weight for layer in _layers(net)]
-    if (torch.compiler.is_compiling() or torch.jit.is_tracing()
-            or any(w.requires_grad or functorch_wrapped(w) for w in ws)):
+    if tracing() or any(w.requires_grad or functorch_wrapped(w) for w in ws):
         return None  # (a weight inside a torch.func transform has no storage to key a cache on)
     key = frozen_key(ws)
     cached = net.__dict__.get("_ek_mlp_w")
@@ -80,11 +79,12 @@ def _forward(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
     frozen = _frozen_weights(net)
     if frozen is None:  # the scale as the product's alpha: one operation, no scaled copy per call
         zeros = net.__dict__.setdefault("_ek_zero", {})  # addmm's ignored input, kept per device and dtype
-        zero = None if torch.jit.is_tracing() else zeros.get((x.device, x.dtype))  # (a trace records each call)
+        traced = tracing()
+        zero = None if traced else zeros.get((x.device, x.dtype))  # (a trace records each call)
         if zero is None:
             # not x.new_zeros: made inside a torch.func transform, that is a tensor invalid after it
             zero = torch.zeros((), device=x.device, dtype=x.dtype)
-            if not torch.jit.is_tracing():
+            if not traced:
                 zeros[(x.device, x.dtype)] = zero
         lead = x.shape[:-1]  # e3nn's matmul takes any leading dimensions, addmm two-dimensional ones
         x = x.reshape(-1, x.shape[-1])

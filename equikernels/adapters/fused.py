@@ -27,7 +27,8 @@ def message_passing(tp: TensorProduct, x: torch.Tensor, y: torch.Tensor, weight,
     if not isinstance(tp, TensorProduct) or resolve_backend(tp.backend, x.device) == "cpu":
         # (a product replaced since the layer was fused, e.g. by a scripted one: computed as it was)
         msg = tp(x.index_select(0, src), y, weight)
-        return msg.new_zeros(int(num_nodes), msg.shape[1]).index_add_(0, dst, msg)
+        rows = int(num_nodes) if isinstance(num_nodes, torch.Tensor) else num_nodes  # (a traced size stays symbolic)
+        return msg.new_zeros(rows, msg.shape[1]).index_add_(0, dst, msg)
     graph = shared_graph(src, dst, num_nodes)
     return tensor_product_conv(tp.problem, x, y, tp._get_weights(weight), graph.src, graph.dst, graph.num_nodes,
                                graph=graph, layout=tp.layout, backend=tp.backend, validate=False,

@@ -8,6 +8,7 @@ from typing import Optional, Tuple
 import torch
 
 from ..models.element_linear import ElementGroups
+from ..nn.frozen import tracing
 from ..ops.conv import ConvGraph
 
 
@@ -37,15 +38,15 @@ class GraphCache:
 
     The entry holds the index tensors themselves, so their memory cannot be handed to a new
     tensor while the entry lives (a new graph at the same address is a new key). Under tracing
-    (torch.compile / export) nothing is cached: the graph is built inside the trace, with no host
-    synchronisation. Index tensors made under ``torch.inference_mode`` are not cached either (their
-    in-place writes bump no version): every call builds their graph."""
+    (torch.compile, export, make_fx, torch.jit.trace) nothing is cached: the graph is built inside
+    the trace, with no host synchronisation. Index tensors made under ``torch.inference_mode`` are
+    not cached either (their in-place writes bump no version): every call builds their graph."""
 
     def __init__(self) -> None:
         self._entry: Optional[Tuple[tuple, tuple, ConvGraph]] = None
 
     def get(self, src: torch.Tensor, dst: torch.Tensor, num_nodes) -> ConvGraph:
-        if torch.compiler.is_compiling() or isinstance(src, torch._subclasses.FakeTensor):
+        if tracing() or isinstance(src, torch._subclasses.FakeTensor):
             return ConvGraph.build(src, dst, num_nodes)
         ks, kd = _key(src), _key(dst)
         key = (ks, kd, int(num_nodes))

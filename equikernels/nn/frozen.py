@@ -8,6 +8,18 @@ from typing import Dict, Iterable, Sequence, Tuple
 import torch
 
 
+def tracing() -> bool:
+    """Whether a tracer records the operations now (torch.compile or export, torch.jit.trace, or
+    make_fx, which torch.export and nequip's compilation use): a value cached across calls would
+    enter each trace as a constant, different from the operations the first trace recorded."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return True
+    try:
+        return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None
+    except AttributeError:  # a torch without the query
+        return False
+
+
 def version(t: torch.Tensor) -> object:
     """``t._version``; for an inference tensor (no version counter) a new object equal to nothing, so
     a cache keyed by it is rebuilt on every call."""

@@ -26,7 +26,7 @@ from ._block_linear import block_linear
 from ._dense_weight import spread
 from ._script import linear_script_data, script_linear
 from .blocks import rows_by_component
-from .frozen import frozen_key, held, outside_inference_mode, state_without, version
+from .frozen import frozen_key, held, outside_inference_mode, state_without, tracing, version
 
 __all__ = ["Linear"]
 
@@ -346,7 +346,7 @@ class Linear(nn.Module):
         if akey not in alpha:  # per device and dtype, so no host->device copy per call
             alpha[akey] = alpha["cpu64"].to(device=w.device, dtype=w.dtype)
         alpha = alpha[akey]
-        if w.requires_grad or torch.compiler.is_compiling() or functorch_wrapped(w):
+        if w.requires_grad or tracing() or functorch_wrapped(w):
             return (w * alpha).to(dtype)
         key = (frozen_key((w,)), dtype)
         cached = self.__dict__.get("_scaled")
@@ -388,7 +388,7 @@ class Linear(nn.Module):
         zero-padded weights gathered to every place, times the path weights there)."""
         w = self.weight
         din, dout = self.irreps_in.dim, self.irreps_out.dim
-        if w.requires_grad or torch.compiler.is_compiling() or functorch_wrapped(w):
+        if w.requires_grad or tracing() or functorch_wrapped(w):
             key = (w.device, w.dtype)
             gather = self.__dict__.setdefault("_dense_gather", {})
             if key not in gather:

@@ -131,6 +131,8 @@ class SphericalHarmonics(nn.Module):
                                      f"got {normalization!r}")
         _check_ls(irreps_out)
         impl = o3.SphericalHarmonics(irreps_out, normalize, normalization, irreps_in)
+        if hasattr(impl, "sph_func"):  # e3nn's jit_mode "script" makes it a ScriptFunction, which cannot be pickled
+            impl.sph_func = _spherical_harmonics
         self._impl = (impl,)  # a tuple, so it is not a registered submodule (keeps named_modules clean)
         self.irreps_in, self.irreps_out = impl.irreps_in, impl.irreps_out
         self.normalize, self.normalization = normalize, normalization

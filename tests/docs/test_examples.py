@@ -4,7 +4,8 @@ namespace, in a temporary working directory), and each ``equikernels ...`` comma
 
 A block preceded by ``<!-- example: gpu -->`` needs a CUDA device, ``<!-- example: mace -->`` needs
 mace-torch (the working directory then holds ``mace.model``, a small mace-torch model),
-``<!-- example: sevenn -->`` needs SevenNet; they skip cleanly elsewhere.
+``<!-- example: sevenn -->`` needs SevenNet, ``<!-- example: nequip -->`` the nequip package; they skip
+cleanly elsewhere.
 """
 import re
 import shlex
@@ -18,7 +19,7 @@ from random_models import small_random_mace_model
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
 FENCE = re.compile(r"(?:<!-- example: (?P<tag>[a-z-]+) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)\n```", re.S)
-TAGS = {"gpu", "mace", "sevenn"}
+TAGS = {"gpu", "mace", "sevenn", "nequip"}
 # blocks that show how to run the repository itself, not an example
 NOT_EXAMPLES = ("<!-- run-command -->", "<!-- test-command -->")
 
@@ -57,6 +58,8 @@ def test_python_example(path, line, tag, code, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     if tag == "sevenn" and not _have("sevenn.calculator"):
         pytest.skip("needs SevenNet")
+    if tag == "nequip" and not _have("nequip.model"):
+        pytest.skip("needs the nequip package")
     if tag == "mace":
         if not _have("mace"):
             pytest.skip("needs mace-torch")
