@@ -218,8 +218,9 @@ def from_mace(mace_model, precision=None) -> MACE:
 
 def save(model: MACE, path: Union[str, os.PathLike]) -> None:
     """Write ``model`` in our format: one file, or ``config.json`` + ``weights.pt`` if ``path`` is a
-    directory. Each file is written to a temporary name and renamed into place (an interrupted
-    write leaves the previous file; its leftover is removed by the next save or load)."""
+    directory. Each file is written to a temporary name and renamed into place, the directory's pair
+    only once both are written (an interrupted write leaves the previous files; its leftover is removed
+    by the next save or load)."""
     if not isinstance(model, MACE):
         raise TypeError(f"model: expected an equikernels.models.MACE/ScaleShiftMACE, got {type(model).__name__}")
     path = os.fspath(path)
@@ -231,8 +232,12 @@ def save(model: MACE, path: Union[str, os.PathLike]) -> None:
     config = json.dumps(model.config, indent=1)
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     if os.path.isdir(path):
-        _atomic_write_text(os.path.join(path, CONFIG_FILE), config)
-        _atomic_torch_save(os.path.join(path, WEIGHTS_FILE), state)
+        def weights_then_config(tmp: str) -> None:
+            open(tmp, "wb").close()  # an unwritable place fails here with an OSError saying why
+            torch.save(state, tmp)
+            # renamed only once the weights are written whole: an interruption leaves the earlier pair
+            _atomic_write_text(os.path.join(path, CONFIG_FILE), config)
+        _writing(os.path.join(path, WEIGHTS_FILE), weights_then_config)
     else:
         _atomic_torch_save(path, {"format": FORMAT, "config": config, "state_dict": state})
 

@@ -63,7 +63,7 @@ def _build(model) -> torch.nn.Module:
         # e3nn's scripted modules make TorchScript warn once per module about annotations, harmlessly
         warnings.filterwarnings("ignore", message=".*TorchScript type system", category=UserWarning)
         # nor can the user act on torch's deprecation of the torch.jit.script that e3nn 0.4.4 calls
-        warnings.filterwarnings("ignore", message="`torch.jit.script` is deprecated", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message="`torch.jit.script` is deprecated")  # Deprecation- or FutureWarning
         if cfg["model"] == "ScaleShiftMACE":
             scale = model.scale.detach().cpu().double().numpy()
             shift = model.shift.detach().cpu().double().numpy()

@@ -46,3 +46,24 @@ def test_failed_write_removes_its_temporary_file(model, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         save(model, tmp_path / "m.model")
     assert os.listdir(tmp_path) == []
+
+
+def test_interrupted_directory_write_keeps_the_earlier_pair(model, tmp_path, monkeypatch):
+    from random_models import small_random_model
+    d = tmp_path / "dir"
+    d.mkdir()
+    save(model, d)
+    before = {n: (d / n).read_bytes() for n in ("config.json", "weights.pt")}
+    other = small_random_model([29, 8], seed=3)  # another config and other weights
+    real = torch.save
+
+    def interrupted(obj, f, *args, **kwargs):
+        real(obj, f, *args, **kwargs)
+        raise KeyboardInterrupt  # after the weights are written, before they are renamed
+    monkeypatch.setattr(torch, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save(other, d)
+    monkeypatch.setattr(torch, "save", real)
+    assert sorted(os.listdir(d)) == ["config.json", "weights.pt"]
+    assert {n: (d / n).read_bytes() for n in before} == before
+    load(d)
