@@ -6,10 +6,20 @@ mixes structures from FILE into every epoch's training batches (their loss weigh
 ``--replay-weight``; frames without labels are labelled by the starting model), ``--freeze``
 keeps layers fixed, and ``--head-weight HEAD=W`` weights the loss of each head of a multi-head
 model. SIGINT/SIGTERM stop after the current step with a checkpoint and the metrics so far
-(exit status 130/143); ``--resume`` continues."""
+(exit status 130/143); ``--resume`` continues.
+
+A command line copied from mace-torch's ``mace_run_train`` reads too: each flag is also taken with
+underscores (``--batch_size``), and mace-torch's option names (``--max_num_epochs=6``, ``--E0s=...``,
+``--swa``, ``--multiheads_finetuning=False``), as well as the YAML names of the training options
+(``--weight_decay``), are translated, set aside or refused as in a YAML file
+(``equikernels.training.mace_options``)."""
 from __future__ import annotations
 
 import argparse
+import ast
+import dataclasses
+import os
+import warnings
 
 from . import label_keys
 
@@ -24,11 +34,29 @@ _SIMPLE = {
     "seed": "seed", "device": "device", "dtype": "dtype", "backend": "model_backend",
     "replay": "replay_file", "replay_weight": "replay_weight", "test": "test_file", "amsgrad": "amsgrad",
 }
+# mace-torch's str2bool words, for its switches given a value (--multiheads_finetuning=False)
+_WORDS = {"true": True, "t": True, "yes": True, "y": True, "1": True,
+          "false": False, "f": False, "no": False, "n": False, "0": False}
+
+
+class _MaceName(argparse.Action):
+    """A mace-torch option name or a training option's YAML name (``--max_num_epochs=6``, a bare
+    ``--swa``): its text is kept in ``mace_options`` and translated as a YAML file's would be."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest="mace_options", nargs="?", const=True, default=argparse.SUPPRESS,
+                         help=argparse.SUPPRESS)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = dict(getattr(namespace, "mace_options", {}))
+        given[option_string[2:]] = values
+        setattr(namespace, "mace_options", given)
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "fine-tune", help="fine-tune (or train) a MACE potential on ASE-readable data",
+        allow_abbrev=False,  # whole names only: an abbreviation could silently take a mace-torch name for another
         description="Fine-tune a MACE model (mace-torch .model or equikernels) on labelled structures. "
                     "Options come from --config (YAML, keys as in equikernels.training.TrainConfig) "
                     "and are overridden by flags. Labels are read from the REF_* keys, or from the calculator "
@@ -38,8 +66,19 @@ def register(subparsers) -> None:
                     "the starting and the fine-tuned model on the validation set (and on --test); model.pt is "
                     "the best validation epoch's weights and model_last.pt the last ones when they differ (plus "
                     "mace-torch .model files when mace-torch is installed). Ctrl-C/SIGTERM: checkpoint, metrics, exit; "
-                    "--resume continues. Multi-GPU: torchrun --nproc_per_node N -m equikernels.cli fine-tune ...")
-    a = p.add_argument
+                    "--resume continues. Multi-GPU: torchrun --nproc_per_node N -m equikernels.cli fine-tune ... "
+                    "A mace_run_train command line reads too: flags also with underscores (--batch_size), and "
+                    "mace-torch's names (--max_num_epochs=6, --E0s=..., --multiheads_finetuning=False) translated, "
+                    "set aside or refused as in a --config file.")
+    taken = set()
+
+    def a(*flags, **kw):  # each flag also with underscores, as mace-torch spells its options
+        action = p.add_argument(*flags, **kw)
+        spelled = ["--" + f[2:].replace("-", "_") for f in flags if f.startswith("--") and "-" in f[2:]]
+        if spelled and not isinstance(action, argparse.BooleanOptionalAction):
+            p.add_argument(*spelled, **{**kw, "dest": action.dest, "help": argparse.SUPPRESS})
+        taken.update(flags, spelled)
+
     a("--config", help="YAML file of training options")
     a("--model", help="model file to fine-tune, or a foundation-model name (medium, small_off, ...; needs "
                        "mace-torch); default: the bundled default model")
@@ -63,7 +102,8 @@ def register(subparsers) -> None:
     a("--forces-weight", type=float, help="loss weight of forces (default 10; mace-torch's: 100)")
     a("--stress-weight", type=float, help="loss weight of stress, for frames with stress labels (default 1; "
                                           "mace-torch's default loss, weighted, leaves stress out)")
-    a("--loss", choices=("mse", "huber"), help="penalty (default mse, as mace-torch's weighted and stress losses)")
+    a("--loss", metavar="{mse,huber}", help="penalty (default mse, as mace-torch's weighted and stress losses; "
+                                             "mace-torch's weighted, stress and forces_only are translated)")
     a("--huber-delta", type=float, help="Huber delta (default 0.01)")
     a("--lr-schedule", choices=("cosine", "plateau", "constant"),
       help="default cosine; plateau: ReduceLROnPlateau, mace-torch's default (factor 0.8, patience 5 "
@@ -99,48 +139,94 @@ def register(subparsers) -> None:
     a("--backend", choices=("auto", "equikernels", "mace"),
       help="model implementation to train (default auto: equikernels' when available)")
     label_keys.add_flags(p)
+    for flag in label_keys.FLAGS:  # mace-torch's spelling, --energy_key
+        p.add_argument("--" + flag, dest=flag, help=argparse.SUPPRESS)
+        taken.update(("--" + flag, "--" + flag.replace("_", "-")))
     a("--no-progress", action="store_true", help="no progress bar")
     a("--no-plot", action="store_true", help="no training.png")
+    from ..training import mace_options
+
+    for name in sorted(mace_options.names() | set(_field_types())):
+        if "--" + name not in taken:
+            p.add_argument("--" + name, action=_MaceName)
     p.set_defaults(func=run)
 
 
-def config_from_args(args: argparse.Namespace):
+def _field_types():
+    """TrainConfig option -> (base type, optional) for its options of one plain type."""
+    from ..training.config import TrainConfig
+
+    out = {}
+    for f in dataclasses.fields(TrainConfig):
+        t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+        optional = t.startswith("Optional[")
+        base = t[len("Optional["):-1] if optional else t
+        if base in ("int", "float", "bool", "str"):
+            out[f.name] = (base, optional)
+    return out
+
+
+def _typed(name: str, text):
+    """The value of ``--name`` (mace-torch's or a YAML name) as the type its option takes."""
+    from ..training.mace_options import RENAMES, SET_ASIDE, SWITCHES
+
+    base, optional = _field_types().get(RENAMES.get(name, name), ("str", False))
+    switch = name in SWITCHES or base == "bool"
+    if text is True:  # given without a value
+        if switch or name in SET_ASIDE:
+            return True
+        raise ValueError(f"--{name}: expected a value (--{name}=VALUE)")
+    if base in ("int", "float"):
+        if optional and text.strip().lower() in ("none", "null"):
+            return None
+        try:
+            return int(text) if base == "int" else float(text)
+        except ValueError:
+            if not switch:
+                kind = "an integer" if base == "int" else "a number"
+                raise ValueError(f"--{name}: expected {kind}, got {text!r}") from None
+    if switch:
+        if text.strip().lower() not in _WORDS:
+            raise ValueError(f"--{name}: expected true or false, got {text!r}")
+        return _WORDS[text.strip().lower()]
+    return text
+
+
+def _mapping_text(flag: str, text: str, expected: str, example: str):
+    """A mapping given on the command line, in mace-torch's Python form ('{1:-13.6, 8:-2042.0}') or as YAML."""
     import yaml
 
-    from ..training.config import TrainConfig, load_yaml
+    value = None
+    if text.strip().startswith("{"):
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = None
+    if not isinstance(value, dict):
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            value = None
+    if isinstance(value, dict) and all(v is not None for v in value.values()):
+        return value
+    raise ValueError(f"{flag}: expected {expected} such as '{example}', got {text!r}")
 
-    values = load_yaml(args.config) if args.config else {}
-    resume = values.pop("resume", False)  # a run option, not a training one (mace-torch's restart_latest)
-    if not isinstance(resume, bool):
-        raise ValueError(f"{args.config}: resume (mace-torch's restart_latest): expected true or false, got {resume!r}")
-    args.resume = args.resume or resume
-    for flag, name in _SIMPLE.items():
-        if getattr(args, flag, None) is not None:
-            values[name] = getattr(args, flag)
-    keys = dict(values.get("keys") or {})
-    keys.update(label_keys.given(args))
-    if keys:
-        values["keys"] = keys
+
+def _command_line(args: argparse.Namespace):
+    """The options given on the command line, named as in a YAML file (mace-torch's names still as given)."""
+    values = {name: getattr(args, flag) for flag, name in _SIMPLE.items() if getattr(args, flag, None) is not None}
     if args.e0s is not None:
-        try:
-            values["e0s"] = yaml.safe_load(args.e0s)
-        except yaml.YAMLError:
-            raise ValueError("--e0s: expected 'foundation', 'average' or a YAML mapping such as "
-                             f"'{{Cu: -3.5, Ni: -4.1}}', got {args.e0s!r}") from None
+        word = args.e0s.strip()
+        values["e0s"] = word if word in ("foundation", "average") else _mapping_text(
+            "--e0s", args.e0s, "'foundation', 'average' or a YAML mapping", "{Cu: -3.5, Ni: -4.1}")
     if args.config_type_weights is not None:
-        try:
-            weights = yaml.safe_load(args.config_type_weights)
-        except yaml.YAMLError:
-            weights = None
-        if not isinstance(weights, dict):
-            raise ValueError("--config-type-weights: expected a YAML mapping such as '{Default: 1.0, surface: 2.0}', "
-                             f"got {args.config_type_weights!r}")
-        base = values.get("config_type_weights")
-        values["config_type_weights"] = {**base, **weights} if isinstance(base, dict) else weights
+        values["config_type_weights"] = _mapping_text("--config-type-weights", args.config_type_weights,
+                                                      "a YAML mapping", "{Default: 1.0, surface: 2.0}")
     if args.freeze:
-        values["freeze"] = list(values.get("freeze") or []) + args.freeze
+        counts = [f for f in args.freeze if f.lstrip("-").isdigit()]  # mace-torch's freeze is a layer count
+        values["freeze"] = int(counts[0]) if counts else list(args.freeze)
     if args.head_weight:
-        weights = dict(values.get("head_weights") or {})
+        weights = {}
         for item in args.head_weight:
             head, sep, w = item.rpartition("=")
             try:
@@ -150,6 +236,55 @@ def config_from_args(args: argparse.Namespace):
             if not sep or not head:
                 raise ValueError(f"--head-weight: expected HEAD=WEIGHT, e.g. Default=1.0, got {item!r}")
         values["head_weights"] = weights
+    flags = {name: flag for flag, name in _SIMPLE.items()}
+    for name, text in getattr(args, "mace_options", {}).items():
+        if name in values:
+            raise ValueError(f"--{name} and --{flags.get(name, name).replace('_', '-')} mean the same option; "
+                             "give one")
+        values[name] = _typed(name, text)
+    return values
+
+
+def _translated(args: argparse.Namespace):
+    """The options of --config and of the command line, translated from mace-torch's names; their
+    warnings are said once, by the first process of a torchrun job alone."""
+    from ..training.config import load_yaml
+    from ..training.mace_options import REPLAY_NOTE, from_mace_options
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        values = load_yaml(args.config) if args.config else {}
+        given = _command_line(args)
+        cli = from_mace_options(given, "command line")
+    if os.environ.get("RANK", "0") == "0":
+        noted = given.get("multiheads_finetuning") is False
+        for w in said:
+            if REPLAY_NOTE in str(w.message):
+                if noted:
+                    continue
+                noted = True
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return values, cli
+
+
+def config_from_args(args: argparse.Namespace):
+    from ..training.config import TrainConfig
+
+    values, cli = _translated(args)
+    for where, options in ((args.config, values), ("command line", cli)):
+        resume = options.pop("resume", False)  # a run option, not a training one (mace-torch's restart_latest)
+        if not isinstance(resume, bool):
+            raise ValueError(f"{where}: resume (mace-torch's restart_latest): expected true or false, got {resume!r}")
+        args.resume = args.resume or resume
+    keys = {**dict(values.get("keys") or {}), **dict(cli.pop("keys", None) or {}), **label_keys.given(args)}
+    if keys:
+        values["keys"] = keys
+    for name in ("config_type_weights", "head_weights"):  # the command line's weights over the file's
+        if isinstance(values.get(name), dict) and isinstance(cli.get(name), dict):
+            cli[name] = {**values[name], **cli[name]}
+    if isinstance(values.get("freeze"), list) and isinstance(cli.get("freeze"), list):
+        cli["freeze"] = values["freeze"] + cli["freeze"]
+    values.update(cli)
     if args.ema is False:
         values["ema_decay"] = None
     elif args.ema and "ema_decay" in values and values["ema_decay"] is None:  # --ema over a config's ema: false

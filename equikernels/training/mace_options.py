@@ -10,12 +10,21 @@ check names what it does not know. mace-torch's ``scheduler_patience`` or ``lr_f
 ``amsgrad: false`` turns it off here, where mace-torch's script reads that value as its default);
 mace-torch's boolean ``keep_checkpoints`` becomes our count: ``true`` (keep all) -> ``None`` (every
 checkpoint kept), ``false`` (only the newest) -> ``1``; an integer is ours and stays. mace-torch's
-``test_dir`` (a folder of preprocessed ``*_test.h5`` files) is refused: give ``test_file``."""
+``test_dir`` (a folder of preprocessed ``*_test.h5`` files) is refused: give ``test_file``.
+
+``E0s`` also takes mace-torch's JSON file of ``{Z: energy}``. mace-torch's ``distributed: true`` means
+what running under ``torchrun`` means here, and is refused outside it. Its multi-head replay options
+(``pt_train_file``, ...) are refused with ``replay_file`` as the alternative, and a ``foundation_model``
+without ``multiheads_finetuning: false`` gets one note (``REPLAY_NOTE``): mace-torch would fine-tune
+its Materials Project models with replay of their pretraining data by default, fine-tuning here
+trains on the given data only."""
 from __future__ import annotations
 
 import ast
+import json
+import os
 import warnings
-from typing import Any, Dict
+from typing import Any, Dict, FrozenSet
 
 RENAMES = {"foundation_model": "model", "max_num_epochs": "epochs", "default_dtype": "dtype",
            "clip_grad": "clip_grad_norm", "scheduler_patience": "plateau_patience", "lr_factor": "plateau_factor",
@@ -34,9 +43,16 @@ SET_ASIDE = {
     "save_cpu", "plot_frequency", "wandb", "wandb_dir", "wandb_project", "wandb_entity", "wandb_name",
     "wandb_log_hypers",
     # data loading and kernel backends of mace-torch's script
-    "num_workers", "pin_memory", "valid_batch_size", "enable_cueq", "enable_oeq", "only_cueq", "distributed",
-    "launcher",
+    "num_workers", "pin_memory", "valid_batch_size", "enable_cueq", "enable_oeq", "only_cueq", "launcher",
 }
+# mace-torch's stage-two (swa) settings: without swa, which is refused, mace-torch does not use them either
+STAGE_TWO = ("start_swa", "swa_lr", "swa_energy_weight", "swa_forces_weight", "swa_stress_weight", "swa_virials_weight",
+             "start_stage_two", "stage_two_lr", "stage_two_energy_weight", "stage_two_forces_weight",
+             "stage_two_stress_weight", "stage_two_virials_weight")
+# mace-torch's multi-head replay fine-tuning (a second head trained on pretraining data): none here
+REPLAY_OPTIONS = ("pt_train_file", "pt_valid_file", "weight_pt_head", "num_samples_pt", "subselect_pt",
+                  "filter_type_pt", "real_pt_data_ratio_threshold", "pseudolabel_replay", "force_mh_ft_lr")
+REPLAY_NOTE = "fine-tuning here trains on the given structures only"
 
 
 def from_mace_options(values: Dict[str, Any], source: str = "config") -> Dict[str, Any]:
@@ -44,7 +60,16 @@ def from_mace_options(values: Dict[str, Any], source: str = "config") -> Dict[st
     named as here are kept. Raises ``ValueError`` naming the option where a mace-torch value has no
     counterpart here."""
     out = dict(values)
-    aside = [k for k in out if k in SET_ASIDE]
+    for name in REPLAY_OPTIONS:
+        if name in out:
+            raise ValueError(f"{source}: {name}: mace-torch's multi-head replay fine-tuning has no counterpart here; "
+                             "replay_file (--replay) mixes structures such as a sample of the foundation model's "
+                             "training data into the training batches, against forgetting")
+    if "E0s" in out and "e0s" in out:
+        raise ValueError(f"{source}: E0s (mace-torch's name) and e0s mean the same option; give one")
+    if "distributed" in out:
+        _distributed(out.pop("distributed"), source)
+    aside = [k for k in out if k in SET_ASIDE or k in STAGE_TWO]
     for k in aside:
         out.pop(k)
     if out.get("model") in ARCHITECTURES:
@@ -96,8 +121,21 @@ def from_mace_options(values: Dict[str, Any], source: str = "config") -> Dict[st
                          f"count has no counterpart here), got {out['freeze']!r}")
     if aside:
         warnings.warn(f"{source}: mace-torch options set aside (the model file fixes the architecture, out_dir "
-                      f"holds the outputs): {', '.join(sorted(aside))}", UserWarning, stacklevel=2)
+                      f"holds the outputs, stage two needs swa): {', '.join(sorted(aside))}", UserWarning, stacklevel=2)
+    if "foundation_model" in values and "multiheads_finetuning" not in values:
+        warnings.warn(f"{source}: foundation_model: {REPLAY_NOTE} (mace-torch adds replay of the pretraining data "
+                      "to fine-tuning its Materials Project models unless multiheads_finetuning is false, which "
+                      "silences this note); replay_file (--replay) mixes in structures against forgetting",
+                      UserWarning, stacklevel=2)
     return out
+
+
+def _distributed(value, source: str) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{source}: distributed: expected true or false, got {value!r}")
+    if value and "WORLD_SIZE" not in os.environ:  # torchrun sets it; under it every process trains with DDP
+        raise ValueError(f"{source}: distributed: multi-GPU training here runs under torchrun: torchrun "
+                         "--nproc_per_node N -m equikernels.cli fine-tune ... (one process per GPU, with DDP)")
 
 
 # mace-torch's options of its default scheduler (ReduceLROnPlateau): given without a scheduler, they select it
@@ -109,6 +147,9 @@ HINTS = {"optimizer": "; the optimiser here is AdamW (decoupled weight decay), w
          "multiheads_finetuning": "; against forgetting use replay_file (--replay) with a sample of the foundation "
                                   "model's training data",
          "keep_isolated_atoms": "; isolated-atom frames (config_type=IsolatedAtom) give E0s and are not trained on"}
+# mace-torch options that its command line takes as switches (--ema, or --swa=False) with a meaning here
+SWITCHES = ("ema", "amsgrad", "keep_checkpoints", "restart_latest", "distributed", "swa", "stage_two",
+            "multiheads_finetuning", "keep_isolated_atoms")
 # mace-torch losses -> ours: "weighted" has no stress term, "forces_only" only the forces term
 LOSSES = {"weighted": {"loss": "mse", "stress_weight": 0.0}, "stress": {"loss": "mse"}, "huber": {"loss": "huber"},
           "forces_only": {"loss": "mse", "energy_weight": 0.0, "stress_weight": 0.0}}
@@ -133,7 +174,25 @@ def _mapping(value: str, name: str, source: str) -> Dict[str, Any]:
     return parsed
 
 
+def names() -> FrozenSet[str]:
+    """Every mace-torch option name that ``from_mace_options`` translates, sets aside or refuses by name."""
+    return frozenset({*RENAMES, *KEYS, *SET_ASIDE, *STAGE_TWO, *REPLAY_OPTIONS, *PLATEAU_OPTIONS, *SAME_WHEN, *SWITCHES,
+                      "E0s", "scheduler", "test_dir", "loss", "freeze", "config_type_weights"})
+
+
 def _e0s(value, source: str):
+    if isinstance(value, str) and value.strip().endswith(".json"):  # mace-torch's file of {Z: energy}
+        try:
+            with open(value.strip()) as fh:
+                value = json.load(fh)
+        except OSError as exc:
+            raise ValueError(f"{source}: E0s: cannot read {value!r} ({exc.strerror or exc})") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{source}: E0s: {value!r} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"{source}: E0s: expected a JSON mapping atomic number -> energy, got "
+                             f"{type(value).__name__}")
+        return value
     if isinstance(value, str) and value.strip().startswith("{"):
         try:
             value = ast.literal_eval(value)
