@@ -7,10 +7,12 @@ import itertools
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
+import torch
 from torch import nn
 
 from .._compat import e3nn
 from ..nn.convert import from_e3nn, why_not_convertible
+from ..ops.tp import resolve_backend
 from .registry import accelerate_layers
 
 
@@ -53,7 +55,8 @@ class AccelerateReport:
         lines += [f"  replaced    {n or '<root>'}: {a} -> {b}" for n, a, b in self.replaced]
         lines += [f"  left alone  {n or '<root>'}: {t} ({why})" for n, t, why in self.left_alone]
         lines += [f"  already     {n or '<root>'}: {t}" for n, t in self.already]
-        if self.device == "cpu" and any("tensor_product_conv" in what for _, _, what in self.fused):
+        if (self.device == "cpu" and any("tensor_product_conv" in what for _, _, what in self.fused)
+                and resolve_backend(None, torch.device("cpu")) == "cpu"):  # (a chosen backend runs kernels there)
             lines.append("  note        on the CPU, a fused convolution runs its gather, product and scatter-sum as "
                          "separate steps; moved to a CUDA device, each is one kernel")
         return "\n".join(lines)
@@ -91,6 +94,20 @@ def _e3nn_eager():
         e3nn.set_optimization_defaults(jit_mode=mode)
 
 
+def _module_hint(obj) -> str:
+    """Where the torch module(s) of a calculator passed as ``model`` are, as '; pass ...', or ''."""
+    if isinstance(getattr(obj, "models", None), list):
+        return "; pass each of its .models"
+    if isinstance(getattr(obj, "model", None), nn.Module):
+        return "; pass its .model"
+    # ASE's SumCalculator and kin (e.g. SevenNetD3Calculator: SevenNet plus D3) hold their calculators in .mixer
+    calcs = getattr(getattr(obj, "mixer", None), "calcs", None)
+    inner = [f".mixer.calcs[{i}].model ({type(c).__name__})"
+             for i, c in enumerate(calcs if isinstance(calcs, (list, tuple)) else ())
+             if isinstance(getattr(c, "model", None), nn.Module)]
+    return f"; pass its {' and '.join(inner)}" if inner else ""
+
+
 def accelerate(model: nn.Module, fuse: bool = True) -> AccelerateReport:
     """Replace, in place, every supported e3nn submodule of ``model`` (at any depth, including inside
     ModuleList/Sequential/ModuleDict and e3nn containers such as ``nn.Gate``) by its equikernels
@@ -105,9 +122,7 @@ def accelerate(model: nn.Module, fuse: bool = True) -> AccelerateReport:
     a recognised layer was not.
     """
     if not isinstance(model, nn.Module):
-        hint = ("; pass each of its .models" if isinstance(getattr(model, "models", None), list) else
-                "; pass its .model" if isinstance(getattr(model, "model", None), nn.Module) else "")
-        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}{hint}")
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}{_module_hint(model)}")
     if _is_e3nn(model) and _acceleratewhy_not_convertible(model) is None:
         raise TypeError(f"model: {type(model).__name__} is itself a supported e3nn module and cannot be replaced "
                         "in place; use equikernels.from_e3nn(model)")

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .._compat import e3nn  # noqa: F401  (safe e3nn import first)
+from ..nn.frozen import make_fx_tracing
 from .classes import accelerated_class, original_class, register_overrides
 from .registry import Adapter, NotFused, register
 
@@ -126,6 +127,8 @@ def _fused(gate: nn.Module, features: torch.Tensor) -> torch.Tensor:
 def _overrides(cls: type) -> dict:
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         if torch.jit.is_scripting():  # TorchScript compiles e3nn's own forward
+            return self._ek_script_forward(features)
+        if make_fx_tracing():  # nequip's compilation (make_fx, decomposed) got wrong forces from the split form
             return self._ek_script_forward(features)
         return _fused(self, features)
 

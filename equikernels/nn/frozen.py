@@ -12,8 +12,14 @@ def tracing() -> bool:
     """Whether a tracer records the operations now (torch.compile or export, torch.jit.trace, or
     make_fx, which torch.export and nequip's compilation use): a value cached across calls would
     enter each trace as a constant, different from the operations the first trace recorded."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing():
-        return True
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or make_fx_tracing()
+
+
+def make_fx_tracing() -> bool:
+    """Whether ``make_fx`` records the operations now (its proxy mode is active); False while dynamo
+    traces (it cannot call the query, and its graphs are traced by AOT autograd afterwards)."""
+    if torch.compiler.is_compiling():
+        return False
     try:
         return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None
     except AttributeError:  # a torch without the query

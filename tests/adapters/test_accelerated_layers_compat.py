@@ -119,3 +119,15 @@ def test_report_says_how_a_fused_layer_runs_on_the_cpu():
     assert "on the CPU, a fused convolution runs its gather, product and scatter-sum as separate steps" in text
     if torch.cuda.is_available():
         assert "on the CPU" not in str(equikernels.accelerate(_RadialConv().cuda()))
+
+
+def test_report_has_no_cpu_note_where_a_chosen_backend_runs_kernels(monkeypatch):
+    from equikernels import settings
+    monkeypatch.setenv("EQUIKERNELS_BACKEND", "reference")
+    settings.reload()
+    try:
+        text = str(equikernels.accelerate(_RadialConv()))
+    finally:
+        monkeypatch.delenv("EQUIKERNELS_BACKEND")
+        settings.reload()
+    assert "fused       <root>" in text and "on the CPU" not in text

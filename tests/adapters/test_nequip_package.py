@@ -25,6 +25,7 @@ def nequip_state():
     saved = e3nn.get_optimization_defaults() if hasattr(e3nn, "get_optimization_defaults") else None
     if not global_state_initialized():
         set_global_state(allow_tf32=False)
+    torch.set_default_dtype(torch.float64)  # nequip's global dtype (the suite restores the default after each test)
     yield
     if saved is not None:
         e3nn.set_optimization_defaults(**{k: v for k, v in saved.items() if k != "jit_script_fx"})
@@ -87,3 +88,27 @@ def test_nequip_torchscript_deploy_of_the_accelerated_model(nequip_state, tmp_pa
     path = str(tmp_path / "model.nequip.pth")
     save_torchscript_model(copy.deepcopy(model), {"r_max": 3.5, "type_names": " ".join(TYPES)}, path, "cpu")
     _assert_same(torch.jit.load(path)(dict(data)), ref)
+
+
+def test_nequip_compiled_training_model_gives_eager_forces(nequip_state):
+    from ase.build import bulk
+    from nequip.data import AtomicDataDict, compute_neighborlist_, from_ase
+    from nequip.data.transforms import ChemicalSpeciesToAtomTypeMapper
+    from nequip.model import NequIPGNNModel
+
+    kw = dict(seed=0, model_dtype="float64", type_names=TYPES, r_max=3.5, l_max=1, num_features=8, num_layers=3,
+              radial_mlp_width=8, avg_num_neighbors=10.0, per_type_energy_shifts=0.0, per_type_energy_scales=1.0)
+
+    def frame(seed):
+        atoms = bulk("C", "diamond", a=3.57, cubic=True)
+        atoms.set_chemical_symbols([TYPES[(i * seed) % 3] for i in range(len(atoms))])
+        atoms.rattle(0.05, seed=seed)
+        return compute_neighborlist_(ChemicalSpeciesToAtomTypeMapper(TYPES)(from_ase(atoms)), 3.5)
+
+    batch = AtomicDataDict.batched_from_list([frame(1), frame(2)])  # nequip traces batches of two or more
+    ref = NequIPGNNModel(**kw).train()(dict(batch))
+    compiled = NequIPGNNModel(compile_mode="compile", **kw).train()
+    ek.accelerate(compiled)
+    out = compiled(dict(batch))
+    for k in ("total_energy", "forces"):
+        torch.testing.assert_close(out[k].detach(), ref[k].detach(), rtol=TOL, atol=TOL)
