@@ -134,7 +134,8 @@ bool run_native(Entry& e, int have, int need, const Tensor& x, const Tensor& y, 
   uint64_t acc = 0;
   for (const Tensor& v : t) {
     if (!v.defined()) continue;
-    if (!v.is_contiguous() || !v.is_cuda()) return false;
+    // (autograd's batched cotangents have no storage: they take the Python fallback)
+    if (!v.has_storage() || !v.is_contiguous() || !v.is_cuda()) return false;
     acc |= reinterpret_cast<uint64_t>(v.data_ptr());
   }
   if (acc & 15) return false;
