@@ -343,10 +343,15 @@ class Linear(nn.Module):
         and unchanged (inference: no per-call work at all)."""
         w = self.weight
         akey = (w.device, w.dtype)
-        if akey not in alpha:  # per device and dtype, so no host->device copy per call
-            alpha[akey] = alpha["cpu64"].to(device=w.device, dtype=w.dtype)
-        alpha = alpha[akey]
-        if w.requires_grad or tracing() or functorch_wrapped(w):
+        traced = tracing()
+        if akey in alpha:
+            alpha = alpha[akey]
+        else:  # per device and dtype, so no host->device copy per call; not kept from a trace (a constant there)
+            made = alpha["cpu64"].to(device=w.device, dtype=w.dtype)
+            if not traced:
+                alpha[akey] = made
+            alpha = made
+        if w.requires_grad or traced or functorch_wrapped(w):
             return (w * alpha).to(dtype)
         key = (frozen_key((w,)), dtype)
         cached = self.__dict__.get("_scaled")
@@ -436,8 +441,9 @@ class Linear(nn.Module):
         lead = features.shape[:-1]
         x = features.reshape(-1, features.shape[-1])
         n = x.shape[0]
-        if (features.device.type in DENSE_DEVICES and n * x.shape[1] * self._out_dim <= DENSE_MAX_MACS
-                and not torch.compiler.is_compiling()):
+        traced = tracing()  # (the dense and block forms keep per-device tensors; a tracer takes the plain one)
+        if (features.device.type in DENSE_DEVICES and not traced
+                and n * x.shape[1] * self._out_dim <= DENSE_MAX_MACS):
             idx = self._dense_index(plan)
             if idx is not None:
                 out = torch.mm(x, self._dense_weight(alpha, features.dtype, idx))
@@ -445,7 +451,7 @@ class Linear(nn.Module):
         w = self._scaled_weight(alpha, features.dtype)
         ir_mul = self.layout == "ir_mul"
         if (ir_mul and not w.requires_grad and features.device.type in BLOCK_DEVICES
-                and not torch.compiler.is_compiling() and not functorch_wrapped(features)
+                and not traced and not functorch_wrapped(features)
                 and not functorch_wrapped(w)):
             weights, terms = self._block_terms(plan, w)
             out = block_linear(x, weights, terms, self.irreps_out.dim)

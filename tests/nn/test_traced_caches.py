@@ -42,3 +42,17 @@ def test_spherical_harmonics_built_in_script_mode_can_be_copied():
     x = torch.randn(4, 3)
     for other in (copy.deepcopy(sh), pickle.loads(pickle.dumps(sh))):
         torch.testing.assert_close(other(x), sh(x))
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["blocks", "dense"])
+def test_linear_traced_before_any_call_records_the_same_graph_twice(dense, monkeypatch):
+    from equikernels.nn import linear as linear_mod
+    if dense:  # the small-input dense form (CUDA's) on the CPU
+        monkeypatch.setattr(linear_mod, "DENSE_DEVICES", ("cpu", "cuda"))
+    torch.manual_seed(0)
+    lin = enn.Linear("4x0e+2x1o", "3x0e+1x1o").float().requires_grad_(False)  # float32: its float64 constants cast
+    x = torch.randn(5, lin.irreps_in.dim)
+    first = make_fx(lin, tracing_mode="symbolic", _allow_non_fake_inputs=True)(x)
+    second = make_fx(lin, tracing_mode="symbolic", _allow_non_fake_inputs=True)(torch.randn(7, lin.irreps_in.dim))
+    assert first.code == second.code
+    torch.testing.assert_close(second(x), lin(x))
