@@ -322,6 +322,7 @@ class Settings:
     world_size: int = _var(1, _Int(1), "Processes of a distributed training run (set by torchrun)",
                            env="WORLD_SIZE")
     local_rank: int = _var(0, _Int(0), "This process's GPU index on its host (set by torchrun)", env="LOCAL_RANK")
+    rank: int = _var(0, _Int(0), "This process's rank in a distributed training run (set by torchrun)", env="RANK")
     omp_num_threads: Optional[str] = _var(None, _Text("OpenMP thread count"),
                                           "When set, the calculator leaves torch's CPU thread count alone",
                                           env="OMP_NUM_THREADS")

@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
-import os
 import warnings
 
+from .. import settings
 from . import label_keys
 
 # flag -> TrainConfig field, for the plain one-value options
@@ -256,7 +256,7 @@ def _translated(args: argparse.Namespace):
         values = load_yaml(args.config) if args.config else {}
         given = _command_line(args)
         cli = from_mace_options(given, "command line")
-    if os.environ.get("RANK", "0") == "0":
+    if settings.get().rank == 0:
         noted = given.get("multiheads_finetuning") is False
         for w in said:
             if REPLAY_NOTE in str(w.message):

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import warnings
 from typing import Any, Dict, FrozenSet
+
+from .. import settings
 
 RENAMES = {"foundation_model": "model", "max_num_epochs": "epochs", "default_dtype": "dtype",
            "clip_grad": "clip_grad_norm", "scheduler_patience": "plateau_patience", "lr_factor": "plateau_factor",
@@ -133,7 +134,7 @@ def from_mace_options(values: Dict[str, Any], source: str = "config") -> Dict[st
 def _distributed(value, source: str) -> None:
     if not isinstance(value, bool):
         raise ValueError(f"{source}: distributed: expected true or false, got {value!r}")
-    if value and "WORLD_SIZE" not in os.environ:  # torchrun sets it; under it every process trains with DDP
+    if value and settings.get().world_size < 2:  # torchrun sets it; with two or more processes they train with DDP
         raise ValueError(f"{source}: distributed: multi-GPU training here runs under torchrun: torchrun "
                          "--nproc_per_node N -m equikernels.cli fine-tune ... (one process per GPU, with DDP)")
 

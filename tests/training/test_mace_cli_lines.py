@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from emt_data import write_emt_dataset
+from equikernels import settings
 from equikernels.cli import fine_tune, main
 from equikernels.cli.fine_tune import config_from_args
 from equikernels.training.mace_options import REPLAY_NOTE, from_mace_options
@@ -125,6 +126,7 @@ def test_e0s_from_mace_torchs_json_file(train, tmp_path):
 ])
 def test_values_without_a_counterpart_are_refused_in_one_line(train, tmp_path, capsys, monkeypatch, argv, needle):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
+    settings.reload()
     out = [] if "--out" in argv else ["--out", str(tmp_path / "o")]
     assert main(["fine-tune", "--train", train, *out, *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -134,7 +136,12 @@ def test_values_without_a_counterpart_are_refused_in_one_line(train, tmp_path, c
 
 def test_distributed_under_torchrun_is_what_runs_there(train, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert _said("--train", train, "--distributed")[2] == []
+    settings.reload()
+    try:
+        assert _said("--train", train, "--distributed")[2] == []
+    finally:
+        monkeypatch.delenv("WORLD_SIZE")
+        settings.reload()
 
 
 def test_whole_names_only(train):
@@ -163,7 +170,12 @@ def test_a_foundation_model_gets_one_note(cu_model, train, tmp_path, monkeypatch
     assert len(_notes(said)) == 1 and _notes(said)[0].startswith(f"{options}: foundation_model: ")
     assert _notes(_said("--config", str(options), "--multiheads_finetuning=False")[2]) == []
     monkeypatch.setenv("RANK", "1")  # under torchrun the first process alone says it
-    assert _said("--train", train, f"--foundation_model={cu_model}", "--name=x")[2] == []
+    settings.reload()
+    try:
+        assert _said("--train", train, f"--foundation_model={cu_model}", "--name=x")[2] == []
+    finally:
+        monkeypatch.delenv("RANK")
+        settings.reload()
 
 
 def test_a_mace_yaml_gets_the_note_and_its_replay_options_are_refused():
