@@ -76,31 +76,16 @@ def load_structure(spec):
         spec = "cu-fcc"
     if spec in BUILTIN_STRUCTURES and not os.path.exists(spec):
         return builtin_structure(spec), f"built-in {spec}"
-    from ..training.data import select, split_selection
+    from ..training.data import read_frames, split_selection
 
-    path, index = split_selection(spec)
+    path, _ = split_selection(spec)
     if not os.path.exists(path):
         raise FileNotFoundError(f"structure {path!r} is neither a file nor a built-in example "
                                 f"({', '.join(BUILTIN_STRUCTURES)})")
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"structure {path!r} is a directory; expected a structure file ASE can read")
-    from ase.io import read
-    try:
-        atoms = read(path, index=":" if path != spec else -1)
-    except Exception as exc:  # noqa: BLE001 (ASE raises many kinds for unreadable files)
-        text = str(exc).strip().splitlines()
-        raise ValueError(f"structure {spec!r}: ASE cannot read it ({type(exc).__name__}: "
-                         f"{text[0] if text else ''}); expected a structure file such as .xyz, .extxyz, .cif, "
-                         "POSCAR") from None
-    if isinstance(atoms, list):
-        if not atoms:
-            raise ValueError(f"structure {path!r} holds no structures")
-        if path != spec:
-            atoms = select(atoms, index, spec)
-            if len(atoms) != 1:
-                raise ValueError(f"structure {spec!r} selects {len(atoms)} frames; MD starts from one (FILE@INDEX)")
-        atoms = atoms[-1]
-    return atoms, spec
+    frames = read_frames(spec, index=-1)  # only the last frame: a long trajectory is not read whole
+    if len(frames) != 1:
+        raise ValueError(f"structure {spec!r} selects {len(frames)} frames; MD starts from one (FILE@INDEX)")
+    return frames[0], spec
 
 
 # MDSettings field -> the flag that sets it

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import torch
 
@@ -55,30 +54,14 @@ def _structures(spec, atoms: int) -> list:
     ``FILE@INDEX`` selects (as ``equikernels eval`` reads them), else a rattled Cu fcc crystal of about
     ``atoms``."""
     import ase.build
-    import ase.io
 
-    from ..training.data import select, split_selection
+    from ..training.data import read_frames
 
     if spec:
         try:
-            path, index = split_selection(spec)
-        except ValueError as exc:
-            raise ValueError(f"--structure: {exc}") from None
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"--structure: {path!r} is not a file")
-        try:
-            frames = ase.io.read(path, index=":" if path != spec else -1)
-        except Exception as exc:  # ASE raises many kinds for a file it cannot parse
-            raise ValueError(f"--structure: cannot read {path!r} ({type(exc).__name__}: {exc})") from None
-        frames = frames if isinstance(frames, list) else [frames]
-        if not frames:
-            raise ValueError(f"--structure: {path!r} holds no structures")
-        if path == spec:
-            return frames
-        try:
-            return select(frames, index, spec)
-        except ValueError as exc:
-            raise ValueError(f"--structure: {exc}") from None
+            return read_frames(spec, index=-1)  # only the last frame: a long trajectory is not read whole
+        except (FileNotFoundError, IsADirectoryError, ValueError) as exc:
+            raise type(exc)(f"--structure: {exc}") from None
     n = max(1, round((atoms / 4) ** (1 / 3)))
     at = ase.build.bulk("Cu", "fcc", a=3.6, cubic=True).repeat((n, n, n))
     at.rattle(0.05, seed=0)

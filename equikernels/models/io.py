@@ -19,7 +19,7 @@ import pickle
 import pickletools
 import warnings
 import zipfile
-from typing import Dict, Optional, Union
+from typing import Callable, Dict, Optional, Union
 
 import torch
 
@@ -232,12 +232,9 @@ def save(model: MACE, path: Union[str, os.PathLike]) -> None:
     config = json.dumps(model.config, indent=1)
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     if os.path.isdir(path):
-        def weights_then_config(tmp: str) -> None:
-            open(tmp, "wb").close()  # an unwritable place fails here with an OSError saying why
-            torch.save(state, tmp)
-            # renamed only once the weights are written whole: an interruption leaves the earlier pair
-            _atomic_write_text(os.path.join(path, CONFIG_FILE), config)
-        _writing(os.path.join(path, WEIGHTS_FILE), weights_then_config)
+        # the config renamed only once the weights are written whole: an interruption leaves the earlier pair
+        _atomic_torch_save(os.path.join(path, WEIGHTS_FILE), state,
+                           before_rename=lambda: _atomic_write_text(os.path.join(path, CONFIG_FILE), config))
     else:
         _atomic_torch_save(path, {"format": FORMAT, "config": config, "state_dict": state})
 
@@ -535,10 +532,14 @@ def _load_mace_file(path: str, stacklevel: int = 3):
     return obj
 
 
-def _atomic_torch_save(path: str, obj) -> None:
+def _atomic_torch_save(path: str, obj, before_rename: Optional[Callable[[], None]] = None) -> None:
+    """``torch.save(obj)`` to a temporary name renamed onto ``path``; ``before_rename()`` runs once that
+    file is written whole, before the rename (when it raises, ``path`` keeps its earlier content)."""
     def write(tmp: str) -> None:
         open(tmp, "wb").close()  # an unwritable place fails here with an OSError saying why
         torch.save(obj, tmp)
+        if before_rename is not None:
+            before_rename()
     _writing(path, write)
 
 

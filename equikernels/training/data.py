@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -171,14 +171,19 @@ def config_from_atoms(atoms, keys: DataKeys, where: str) -> Config:
                   available=_available_keys(atoms))
 
 
-def read_frames(path: str, *, index: str = ":") -> list:
-    """The ASE ``Atoms`` of an ASE-readable file (at least one); ``FILE@INDEX`` (ASE's selection, e.g.
-    ``FILE@-1``, ``FILE@:100``) reads the frames it picks."""
+def read_frames(path: str, *, index: Union[int, str] = ":") -> list:
+    """The ASE ``Atoms`` of an ASE-readable file (at least one): the frames ASE's ``index`` picks (default
+    every frame), or, for ``FILE@INDEX`` (ASE's selection, e.g. ``FILE@-1``, ``FILE@:100``), the frames that
+    selection picks from the whole file."""
+    file, selection = split_selection(path)
+    if file == path:
+        return _read_file(file, index)
+    return select(_read_file(file, ":"), selection, path)
+
+
+def _read_file(path: str, index: Union[int, str]) -> list:
     import ase.io
 
-    path, selection = split_selection(path)
-    if selection != ":":
-        return select(read_frames(path, index=index), selection, f"{path}@{selection}")
     if os.path.isdir(path):
         raise IsADirectoryError(f"{path} is a directory; expected a structure file (extxyz or any ASE-readable format)")
     try:
@@ -186,7 +191,9 @@ def read_frames(path: str, *, index: str = ":") -> list:
     except FileNotFoundError:
         raise FileNotFoundError(f"structure file {path!r} does not exist") from None
     except Exception as exc:  # ASE raises many types for unreadable files
-        raise DataError(f"{path}: cannot be read by ase.io.read ({type(exc).__name__}: {exc})") from exc
+        text = str(exc).strip().splitlines()
+        raise DataError(f"{path}: ASE cannot read it ({type(exc).__name__}: {text[0] if text else ''}); expected a "
+                        "structure file such as .xyz, .extxyz, .cif, POSCAR") from exc
     if not isinstance(frames, list):
         frames = [frames]
     if not frames:

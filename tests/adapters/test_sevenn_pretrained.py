@@ -10,28 +10,9 @@ sevenn_calc = pytest.importorskip("sevenn.calculator")
 
 import equikernels as ek  # noqa: E402
 from e3nn import o3  # noqa: E402
+from sevenn_cases import evaluate, structures  # noqa: E402
 
 SUPPORTED = (o3.TensorProduct, o3.Linear, o3.SphericalHarmonics)
-
-
-def _structures():
-    import ase.build  # noqa: PLC0415
-
-    crystal = ase.build.bulk("Si", "diamond", a=5.43, cubic=True)
-    crystal.numbers[3] = 6
-    crystal.rattle(0.05, seed=0)
-    water = ase.build.molecule("H2O")
-    water.center(vacuum=3.5)
-    water.pbc = True
-    water.rattle(0.02, seed=1)
-    return [crystal, water]
-
-
-def _evaluate(calc, atoms):
-    a = atoms.copy()
-    a.calc = calc
-    calc.reset()
-    return a.get_potential_energy(), a.get_forces(), a.get_stress()
 
 
 def _assert_close(fast, plain, natoms):
@@ -54,12 +35,12 @@ def _check_report(model, report, keys):
 @pytest.mark.parametrize("name", ["7net-0_22may2024", "7net-l3i5"])
 def test_pretrained_sevenn_model_accelerated_in_place(name, single_thread):
     calc = sevenn_calc.SevenNetCalculator(name, device="cpu")
-    structures = _structures()
-    plain = [_evaluate(calc, atoms) for atoms in structures]
+    systems = structures()
+    plain = [evaluate(calc, atoms) for atoms in systems]
     keys = list(calc.model.state_dict())
     _check_report(calc.model, ek.accelerate(calc.model), keys)
-    for atoms, want in zip(structures, plain):
-        _assert_close(_evaluate(calc, atoms), want, len(atoms))
+    for atoms, want in zip(systems, plain):
+        _assert_close(evaluate(calc, atoms), want, len(atoms))
 
 
 def test_multi_fidelity_sevenn_model_each_modality(single_thread):
@@ -70,11 +51,11 @@ def test_multi_fidelity_sevenn_model_each_modality(single_thread):
     assert sorted(modals) == ["PBE", "R2SCAN"]
     calcs = {m: sevenn_calc.SevenNetCalculator(first.model, file_type="model_instance", device="cpu", modal=m)
              for m in modals}
-    structures = _structures()
-    plain = {m: [_evaluate(c, atoms) for atoms in structures] for m, c in calcs.items()}
+    systems = structures()
+    plain = {m: [evaluate(c, atoms) for atoms in systems] for m, c in calcs.items()}
     assert abs(plain["PBE"][0][0] - plain["R2SCAN"][0][0]) > 1.0  # the modality is honoured
     keys = list(first.model.state_dict())
     _check_report(first.model, ek.accelerate(first.model), keys)
     for m, c in calcs.items():
-        for atoms, want in zip(structures, plain[m]):
-            _assert_close(_evaluate(c, atoms), want, len(atoms))
+        for atoms, want in zip(systems, plain[m]):
+            _assert_close(evaluate(c, atoms), want, len(atoms))

@@ -18,6 +18,7 @@ from sevenn.model_build import build_E3_equivariant_model  # noqa: E402
 from sevenn.train.dataload import unlabeled_atoms_to_graph  # noqa: E402
 
 import equikernels as ek  # noqa: E402
+from sevenn_cases import evaluate, structures  # noqa: E402
 
 MODALS = {"mpa": 0, "omat24": 1}
 
@@ -41,25 +42,6 @@ def _model():
     return build_E3_equivariant_model(cfg)
 
 
-def _structures():
-    import ase.build  # noqa: PLC0415
-
-    crystal = ase.build.bulk("Si", "diamond", a=5.43, cubic=True)
-    crystal.numbers[3] = 6
-    crystal.rattle(0.05, seed=0)
-    water = ase.build.molecule("H2O")
-    water.center(vacuum=3.0)
-    water.pbc = True
-    return [crystal, water]
-
-
-def _evaluate(calc, atoms):
-    a = atoms.copy()
-    a.calc = calc
-    calc.reset()
-    return a.get_potential_energy(), a.get_forces(), a.get_stress()
-
-
 def _close(a, b, rtol=2e-5):
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     return np.abs(a - b).max() <= rtol * max(np.abs(b).max(), 1e-3)
@@ -69,16 +51,16 @@ def test_ompa_like_sevenn_model_each_modality(single_thread):
     model = _model()
     calcs = {m: sevenn_calc.SevenNetCalculator(model, file_type="model_instance", device="cpu", modal=m)
              for m in MODALS}
-    structures = _structures()
-    plain = {m: [_evaluate(c, atoms) for atoms in structures] for m, c in calcs.items()}
+    systems = structures(water_vacuum=3.0, water_rattle=None)
+    plain = {m: [evaluate(c, atoms) for atoms in systems] for m, c in calcs.items()}
     report = ek.accelerate(model)
     fused = {n for n, _, _ in report.fused}
     for i in range(3):
         assert {f"{i}_convolution", f"{i}_self_connection_intro.fc_tensor_product"} <= fused, str(report)
     assert not report.not_fused and not report.left_alone, str(report)
     for m, c in calcs.items():
-        for atoms, want in zip(structures, plain[m]):
-            got = _evaluate(c, atoms)
+        for atoms, want in zip(systems, plain[m]):
+            got = evaluate(c, atoms)
             assert all(_close(g, w) for g, w in zip(got, want)), (m, atoms.get_chemical_formula())
 
 
@@ -95,7 +77,7 @@ def test_ompa_like_sevenn_model_batched_training_gradients(single_thread):
         model.set_is_batch_data(True)
         model.train()
         graphs = []
-        for atoms, modal in zip(_structures(), MODALS):
+        for atoms, modal in zip(structures(water_vacuum=3.0, water_rattle=None), MODALS):
             data = AtomGraphData.from_numpy_dict(unlabeled_atoms_to_graph(atoms, 4.0))
             data[KEY.DATA_MODALITY] = modal
             graphs.append(data)
