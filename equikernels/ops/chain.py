@@ -34,6 +34,7 @@ from torch import Tensor
 
 from .. import reference
 from . import trilinear
+from .batching import BATCHED_TABLE_ERROR, DEPTH, legacy_batched, batched_cotangents
 from .trilinear import have_of  # noqa: F401 (re-exported: the methods name their cotangents with it)
 
 NEED_X, NEED_Y, NEED_W, NEED_G = 1, 2, 4, 8
@@ -44,44 +45,12 @@ _AUTOCAST_DEVICES = ("cuda", "cpu")
 def is_eager(*ts) -> bool:
     """Plain tensors outside tracing (None: an absent cotangent, skipped). A loop, not a generator:
     every eager call asks this (host time)."""
-    if _LEGACY[0] or torch.compiler.is_compiling():
+    if DEPTH[0] or torch.compiler.is_compiling():
         return False
     for t in ts:
         if t is not None and t.__class__ not in _PLAIN:
             return False
     return True
-
-
-try:
-    _legacy_batched = torch._C._functorch.is_legacy_batchedtensor
-except AttributeError:  # a torch without the query: no batched cotangents to see
-    def _legacy_batched(t: Tensor) -> bool:
-        return False
-
-_LEGACY = [0]  # depth of derivative passes running on batched cotangents (see ``batched_cotangents``)
-BATCHED_TABLE_ERROR = ("batched cotangents (torch.autograd.grad(is_grads_batched=True), torch.autograd.functional's "
-                       "vectorize=True) cannot pass a path table such as the symmetric contraction; use "
-                       "torch.func.vmap over torch.autograd.grad, torch.func.jacrev / hessian, or vectorize=False")
-
-
-def legacy_batched(*ts) -> bool:
-    """Whether a cotangent carries autograd's own batch dimension (``is_grads_batched=True``): the
-    kernels cannot read such a tensor, while the custom ops run once per batch entry under it."""
-    for t in ts:
-        if t is not None and _legacy_batched(t):
-            return True
-    return False
-
-
-class batched_cotangents:
-    """Inside: every chain call takes its custom op (``is_eager`` is False), which autograd's batching
-    runs once per batch entry."""
-
-    def __enter__(self):
-        _LEGACY[0] += 1
-
-    def __exit__(self, *exc):
-        _LEGACY[0] -= 1
 
 
 def functorch_wrapped(t: Tensor) -> bool:
@@ -276,9 +245,6 @@ class Chain:
         c = gc.contiguous() if need & NEED_W and gc is not None else None
         if not torch.compiler.is_compiling() and in_transform():
             with torch.enable_grad():  # the composed form: the fused pass cannot run on transformed tensors
-                return trilinear.double_backward(self, call, math, x, y, w, g, a, b, c, ni[0], ni[1], ni[2], ni[3])
-        if legacy_batched(g, a, b, c):
-            with batched_cotangents():
                 return trilinear.double_backward(self, call, math, x, y, w, g, a, b, c, ni[0], ni[1], ni[2], ni[3])
         return trilinear.double_backward(self, call, math, x, y, w, g, a, b, c, ni[0], ni[1], ni[2], ni[3])
 

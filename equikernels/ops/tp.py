@@ -18,7 +18,7 @@ from torch import Tensor
 from .. import reference, settings
 from ..dtypes import MATH_DTYPES, STORAGE_DTYPES, math_dtype_of
 from . import cpu_e3nn, cpu_grouped, cpu_tp, native, trilinear
-from .chain import NEED_W, NEED_X, NEED_Y, Chain, Method, batched_cotangents, have_of, legacy_batched
+from .chain import NEED_W, NEED_X, NEED_Y, Chain, Method, have_of
 from .chain import autocast_dtype, is_eager  # noqa: F401 (public names for equikernels.experimental)
 from ..ir import Table, double_backward_tables, grad_table, tp_table
 from ..problem import TPProblem, problem_from_spec
@@ -146,9 +146,6 @@ def _has_unweighted(spec: str) -> bool:
 def _double_backward(x, y, w, g, a, b, c, spec, be, m, nx, ny, nw, ng):
     """(dx, dy, dw, dg) of the trilinear identity (ops.trilinear), None for those not asked for
     (nx ... ng); a, b, c the cotangents, None where absent."""
-    if legacy_batched(g, a, b, c):  # (the C++ node's fallback: it does not pass through the chain's Function)
-        with batched_cotangents():
-            return trilinear.double_backward(TP, (spec, be), m, x, y, w, g, a, b, c, nx, ny, nw, ng)
     return trilinear.double_backward(TP, (spec, be), m, x, y, w, g, a, b, c, nx, ny, nw, ng)
 
 

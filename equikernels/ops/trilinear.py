@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from .batching import batched_cotangents, legacy_batched
+
 
 def have_of(a, b, c) -> str:
     """The cotangents present (None: absent), as a fused double backward's ``have``."""
@@ -29,8 +31,16 @@ def double_backward(chain, call, math, x, y, w, g, a, b, c, nx, ny, nw, ng):
 
     When no higher derivative is being recorded (the usual force-training step) one fused pass
     computes all four results; otherwise the identity is composed from the chain's forward and
-    backward, which are differentiable themselves.
+    backward, which are differentiable themselves. Batched cotangents (``ops.batching``) take the
+    chain's custom ops.
     """
+    if legacy_batched(g, a, b, c):
+        with batched_cotangents():
+            return _double_backward(chain, call, math, x, y, w, g, a, b, c, nx, ny, nw, ng)
+    return _double_backward(chain, call, math, x, y, w, g, a, b, c, nx, ny, nw, ng)
+
+
+def _double_backward(chain, call, math, x, y, w, g, a, b, c, nx, ny, nw, ng):
     if not torch.is_grad_enabled():
         # plain arithmetic, not generators: this runs once per force-training step and is host time
         need = nx + 2 * ny + 4 * nw + 8 * ng
