@@ -337,13 +337,12 @@ class Linear(nn.Module):
     def _in_sizes(self) -> List[int]:
         return self._in_dims
 
-    def _scaled_weight(self, alpha: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def _scaled_weight(self, alpha: torch.Tensor, dtype: torch.dtype, traced: bool) -> torch.Tensor:
         """weight * path weights in ``dtype`` (the features': float32 masters round to half for
         half features, as autocast would), one op; kept between calls while the weight is frozen
-        and unchanged (inference: no per-call work at all)."""
+        and unchanged (inference: no per-call work at all), never under a tracer (``traced``)."""
         w = self.weight
         akey = (w.device, w.dtype)
-        traced = tracing()
         if akey in alpha:
             alpha = alpha[akey]
         else:  # per device and dtype, so no host->device copy per call; not kept from a trace (a constant there)
@@ -390,10 +389,10 @@ class Linear(nn.Module):
     def _dense_weight(self, alpha, dtype: torch.dtype, idx) -> torch.Tensor:
         """[dim_in, dim_out] in ``dtype``: the weights times their path weights at their places, zeros
         elsewhere. A frozen weight's matrix is kept between calls; a trained one's is one op (the
-        zero-padded weights gathered to every place, times the path weights there)."""
+        zero-padded weights gathered to every place, times the path weights there). Not under a tracer."""
         w = self.weight
         din, dout = self.irreps_in.dim, self.irreps_out.dim
-        if w.requires_grad or tracing() or functorch_wrapped(w):
+        if w.requires_grad or functorch_wrapped(w):
             key = (w.device, w.dtype)
             gather = self.__dict__.setdefault("_dense_gather", {})
             if key not in gather:
@@ -405,7 +404,7 @@ class Linear(nn.Module):
                 gather[key] = (place.to(w.device), scale.to(device=w.device, dtype=w.dtype))
             place, scale = gather[key]
             return spread(w, place, scale, (din, dout)).to(dtype)  # one autograd node, its backward one too
-        ws = self._scaled_weight(alpha, dtype)
+        ws = self._scaled_weight(alpha, dtype, False)
         cached = self.__dict__.get("_dense_w")
         if cached is not None and cached[0] is ws and cached[2] == version(ws):
             return cached[1]
@@ -448,7 +447,7 @@ class Linear(nn.Module):
             if idx is not None:
                 out = torch.mm(x, self._dense_weight(alpha, features.dtype, idx))
                 return out.view(lead + (out.shape[-1],))
-        w = self._scaled_weight(alpha, features.dtype)
+        w = self._scaled_weight(alpha, features.dtype, traced)
         ir_mul = self.layout == "ir_mul"
         if (ir_mul and not w.requires_grad and features.device.type in BLOCK_DEVICES
                 and not traced and not functorch_wrapped(features)
