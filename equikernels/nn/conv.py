@@ -41,7 +41,25 @@ class TensorProductConv(TensorProduct):
         (see ``ops.tensor_product_conv``)."""
         if graph is None and (src is None or dst is None):
             raise ValueError("src and dst: required (or pass graph=ConvGraph.build(src, dst, num_nodes))")
+        if torch.jit.is_tracing():  # a trace holds plain operations, not the fused kernels' Functions
+            return self._traced_conv(x, y, weight, src, dst, num_nodes, graph)
         return tensor_product_conv(self.problem, x, y, self._get_weights(weight), src, dst, num_nodes, graph=graph,
                                    layout=self.layout, backend=self.backend, dataflow=self.dataflow,
                                    deterministic=self.deterministic, math_dtype=self.math_dtype,
                                    output_dtype=self.output_dtype)
+
+    @torch.jit.unused
+    def _traced_conv(self, x: torch.Tensor, y: torch.Tensor, weight, src: Optional[torch.Tensor],
+                     dst: Optional[torch.Tensor], num_nodes: Optional[int], graph: Optional[ConvGraph]) -> torch.Tensor:
+        """``forward`` under torch.jit.trace: gather, the product's plain form, ``index_add`` (the
+        trace reads the edges it is given, any number of them, and the module's current weights)."""
+        if graph is not None:
+            if not isinstance(graph, ConvGraph):
+                raise TypeError(f"graph: expected a ConvGraph (ConvGraph.build), got {type(graph).__name__}")
+            rows = x.shape[0] if num_nodes is None else num_nodes
+            if graph.num_nodes != rows:
+                raise ValueError(f"graph: built for {graph.num_nodes} nodes, but num_nodes is {rows}")
+            src, dst = graph.src, graph.dst
+        msgs = self._traced_tp(x.index_select(0, src), y, self._get_weights(weight))
+        rows = x.shape[0] if num_nodes is None else num_nodes
+        return msgs.new_zeros(rows, msgs.shape[-1]).index_add(0, dst, msgs)
