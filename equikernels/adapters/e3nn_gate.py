@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from .._compat import e3nn  # noqa: F401  (safe e3nn import first)
-from ..nn.frozen import make_fx_tracing
+from ..nn.frozen import make_fx_tracing, tracing
 from .classes import accelerated_class, original_class, register_overrides
 from .registry import Adapter, NotFused, register
 
@@ -90,12 +90,15 @@ def _activate(activation: nn.Module, x: torch.Tensor, sizes: List[int]) -> torch
 class _GatePlan:
     def __init__(self, gate: nn.Module):
         self.scalars, self.gates, self.gated = _group_slices(gate.sc.cut)
-        self.split = _segments([self.scalars, self.gates, self.gated], gate.irreps_in.dim)
+        self.dim, self.irreps_in = gate.irreps_in.dim, str(gate.irreps_in)
+        self.split = _segments([self.scalars, self.gates, self.gated], self.dim)
         self.expand = _expand_index(gate.irreps_gated)
         self.act_sizes = (_block_sizes(gate.act_scalars), _block_sizes(gate.act_gates))
         self._on = {}
 
     def expand_on(self, device: torch.device) -> torch.Tensor:
+        if tracing():  # a trace records the copy only when the cache is empty: both check runs must record it
+            return self.expand.to(device)
         t = self._on.get(device)
         if t is None:
             t = self._on[device] = self.expand.to(device)
@@ -104,7 +107,7 @@ class _GatePlan:
 
 def _plan(gate: nn.Module) -> _GatePlan:
     plan = gate.__dict__.get("_ek_gate")
-    if plan is None or not all(hasattr(plan, a) for a in ("split", "act_sizes")):  # unpickled, or by an earlier version
+    if plan is None or not all(hasattr(plan, a) for a in ("split", "act_sizes", "dim")):  # unpickled, or by an earlier version
         plan = gate.__dict__["_ek_gate"] = _GatePlan(gate)
     return plan
 
@@ -112,6 +115,9 @@ def _plan(gate: nn.Module) -> _GatePlan:
 def _fused(gate: nn.Module, features: torch.Tensor) -> torch.Tensor:
     plan = _plan(gate)
     sizes, members = plan.split
+    if not torch.jit.is_tracing() and (features.dim() == 0 or features.shape[-1] != plan.dim):
+        raise ValueError(f"features: expected last dimension {plan.dim} (irreps_in={plan.irreps_in}), "
+                         f"got shape {tuple(features.shape)}")
     parts = features.split(sizes, dim=-1)
     scalars, gates, gated = (parts[ids[0]] if len(ids) == 1 else
                              torch.cat([parts[k] for k in ids], dim=-1) if ids else features.narrow(-1, 0, 0)

@@ -329,13 +329,20 @@ register_overrides(ADAPTER, _overrides)
 
 
 def _matches(module: nn.Module) -> bool:
-    if getattr(type(module), "_ek_adapter", None) is not None or isinstance(module, TensorProduct):
+    adapter = getattr(type(module), "_ek_adapter", None)
+    if adapter == ADAPTER:  # fused by an earlier call: reported as such
+        return True
+    if adapter is not None or isinstance(module, TensorProduct):
+        return False
+    if type(module).forward is nn.Module.forward:  # a container (ModuleList, ModuleDict) has no forward to fuse
         return False
     # message passing holds a tensor product fed with per-edge weights
     return any(isinstance(c, TensorProduct) and c.weight_numel and not fusable_tp(c) for c in module.children())
 
 
 def _apply(module: nn.Module) -> str:
+    if getattr(type(module), "_ek_adapter", None) == ADAPTER:
+        return ""
     fn, n, why = rewrite(module)
     if fn is None:
         raise NotFused(why)

@@ -263,8 +263,8 @@ class Linear(nn.Module):
         """Resolve and check ``weight``/``bias``; returns it with batch dims first (or None if empty)."""
         if value is None:
             if numel > 0 and not self.internal_weights:
-                raise ValueError(f"{name}: required, this Linear has internal_weights=False "
-                                 f"(expected shape {'' if self.shared_weights else '(..., '}{tail})")
+                want = tail if self.shared_weights else "(..., " + ", ".join(map(str, tail)) + ")"
+                raise ValueError(f"{name}: required, this Linear has internal_weights=False (expected shape {want})")
             value = getattr(self, name)
         if numel == 0:
             return None
