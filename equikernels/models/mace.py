@@ -325,7 +325,10 @@ class MACE(nn.Module):
             displacement = data.get("displacement")
             if displacement is None:
                 displacement = torch.zeros((num_graphs, 3, 3), dtype=positions.dtype, device=positions.device)
-                displacement = displacement + positions.sum() * 0.0  # in the graph, so it gets a gradient
+                # in the autograd graph (for a gradient), per structure: a NaN one's 0 * NaN stays out of the others
+                zero = (positions.sum() * 0.0).view(1, 1, 1) if num_graphs == 1 else \
+                    _scatter(positions.sum(dim=1) * 0.0, batch, num_graphs).view(-1, 1, 1)
+                displacement = displacement + zero
             sym = 0.5 * (displacement + displacement.transpose(-1, -2))
             # mace-torch strains positions and cell: pos (1 + S), shifts = unit_shifts cell (1 + S). Every
             # edge vector is then vec0 (1 + S) with vec0 the unstrained vector, so the strain is applied
