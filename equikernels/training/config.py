@@ -132,6 +132,17 @@ class TrainConfig:
         need(self.ema_decay is None or 0.0 <= self.ema_decay < 1.0,
              f"ema_decay must be in [0, 1), got {self.ema_decay}")
         need(self.checkpoint_every >= 1, f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
+        need(self.eval_every_epochs >= 1, f"eval_every_epochs must be >= 1, got {self.eval_every_epochs}")
+        need(self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        need(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        need(0.0 < self.plateau_factor < 1.0, f"plateau_factor must be in (0, 1), got {self.plateau_factor}")
+        need(self.plateau_patience >= 0, f"plateau_patience must be >= 0, got {self.plateau_patience}")
+        # a negative norm would flip the gradients' sign: training would climb the loss
+        need(self.clip_grad_norm is None or self.clip_grad_norm >= 0,
+             f"clip_grad_norm must be >= 0 (0 or null: no clipping), got {self.clip_grad_norm}")
+        need(self.loss != "huber" or self.huber_delta > 0,
+             f"huber_delta must be > 0 for loss 'huber', got {self.huber_delta}")
+        need(self.seed >= 0, f"seed must be >= 0, got {self.seed}")
         need(self.keep_checkpoints is None or self.keep_checkpoints >= 1,
              f"keep_checkpoints must be >= 1 (or null: keep every checkpoint), got {self.keep_checkpoints}")
         need(self.patience is None or self.patience >= 1, f"patience must be >= 1, got {self.patience}")

@@ -111,6 +111,8 @@ def to_mace(model, template: Optional[str] = None) -> torch.nn.Module:
                "equikernels.models.builder, not read from mace-torch)") if "products" in diff else ""
         raise ValueError(f"this model cannot be written as a mace-torch model: mace-torch's constructor gives a "
                          f"different {', '.join(diff)}{why}")
+    # in the model's dtype before the copy: a float32 template would round float64 weights
+    target = target.to(dtype=model.atomic_energies.dtype)
     ours = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     state = target.state_dict()
     for mine, theirs in mace_key_map(target, theirs_cfg).items():
@@ -119,4 +121,4 @@ def to_mace(model, template: Optional[str] = None) -> torch.nn.Module:
                              f"{tuple(state[theirs].shape)}")
         state[theirs] = ours[mine].to(state[theirs].dtype)
     target.load_state_dict(state)
-    return target.to(dtype=model.atomic_energies.dtype).cpu().eval()
+    return target.cpu().eval()
