@@ -370,7 +370,7 @@ class Trainer:
             return False
         self.load_state_dict(ckpt.load(path))
         self.resumed = True
-        self._say(f"resumed from {path} (step {self.step}, epoch {self.epoch})")
+        self._say(f"resumed from {path} at step {self.step}, continuing with epoch {self.epoch + 1}")
         return True
 
     # ---- evaluation ---------------------------------------------------------------------------

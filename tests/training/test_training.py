@@ -137,7 +137,7 @@ def test_cli_yaml_flags_resume(data_files, foundation, tmp_path, capsys, single_
     assert main(args + ["--epochs", "2", "--resume"]) == 0
     history = json.load(open(out / "metrics.json"))["history"]
     assert [r["epoch"] for r in history["valid"]] == [1, 2]  # epoch 1 kept, only epoch 2 trained
-    assert "resumed from" in capsys.readouterr().out
+    assert "continuing with epoch 2" in capsys.readouterr().out  # numbered as the epoch lines
 
 
 @pytest.mark.mace
