@@ -53,13 +53,12 @@ class TensorProductConv(TensorProduct):
                      dst: Optional[torch.Tensor], num_nodes: Optional[int], graph: Optional[ConvGraph]) -> torch.Tensor:
         """``forward`` under torch.jit.trace: gather, the product's plain form, ``index_add`` (the
         trace reads the edges it is given, any number of them, and the module's current weights)."""
+        rows = x.shape[0] if num_nodes is None else num_nodes
         if graph is not None:
             if not isinstance(graph, ConvGraph):
                 raise TypeError(f"graph: expected a ConvGraph (ConvGraph.build), got {type(graph).__name__}")
-            rows = x.shape[0] if num_nodes is None else num_nodes
             if graph.num_nodes != rows:
                 raise ValueError(f"graph: built for {graph.num_nodes} nodes, but num_nodes is {rows}")
             src, dst = graph.src, graph.dst
         msgs = self._traced_tp(x.index_select(0, src), y, self._get_weights(weight))
-        rows = x.shape[0] if num_nodes is None else num_nodes
         return msgs.new_zeros(rows, msgs.shape[-1]).index_add(0, dst, msgs)

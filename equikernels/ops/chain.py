@@ -34,7 +34,7 @@ from torch import Tensor
 
 from .. import reference
 from . import trilinear
-from .batching import BATCHED_TABLE_ERROR, DEPTH, legacy_batched, batched_cotangents
+from .batching import BATCHED_TABLE_ERROR, DEPTH, batched_cotangents, legacy_batched
 from .trilinear import have_of  # noqa: F401 (re-exported: the methods name their cotangents with it)
 
 NEED_X, NEED_Y, NEED_W, NEED_G = 1, 2, 4, 8
