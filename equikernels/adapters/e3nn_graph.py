@@ -328,13 +328,24 @@ def _overrides(cls: type) -> dict:
 register_overrides(ADAPTER, _overrides)
 
 
+def _own_forward(module: nn.Module) -> bool:
+    """Whether a class above ``nn.Module`` defines ``forward`` (read from the classes' dicts: a
+    ScriptModule's ``forward`` descriptor raises when read from its class)."""
+    for klass in type(module).__mro__:
+        if klass is nn.Module:
+            return False
+        if "forward" in vars(klass):
+            return True
+    return False
+
+
 def _matches(module: nn.Module) -> bool:
     adapter = getattr(type(module), "_ek_adapter", None)
     if adapter == ADAPTER:  # fused by an earlier call: reported as such
         return True
     if adapter is not None or isinstance(module, TensorProduct):
         return False
-    if type(module).forward is nn.Module.forward:  # a container (ModuleList, ModuleDict) has no forward to fuse
+    if not _own_forward(module):  # a container (ModuleList, ModuleDict) has no forward to fuse
         return False
     # message passing holds a tensor product fed with per-edge weights
     return any(isinstance(c, TensorProduct) and c.weight_numel and not fusable_tp(c) for c in module.children())
