@@ -6,15 +6,19 @@ from typing import Dict, Mapping, Optional, Sequence
 
 import numpy as np
 
-from .data import Config
+from .data import Config, check_elements
 
 
 def _composition(configs: Sequence[Config], z_table: Sequence[int]) -> np.ndarray:
     index = {int(z): k for k, z in enumerate(z_table)}
     counts = np.zeros((len(configs), len(z_table)))
-    for g, c in enumerate(configs):
-        for z in c.atomic_numbers:
-            counts[g, index[int(z)]] += 1
+    try:
+        for g, c in enumerate(configs):
+            for z in c.atomic_numbers:
+                counts[g, index[int(z)]] += 1
+    except KeyError:  # an element the model lacks: named with its file and frame
+        check_elements(configs, z_table)
+        raise
     return counts
 
 

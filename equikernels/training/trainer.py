@@ -246,8 +246,7 @@ class Trainer:
     def _e0s(self, model, z_table) -> Dict[int, float]:
         """Elements -> E0 to write into the model ({} = keep the model's own)."""
         mode = self.cfg.e0s
-        # before any fit: an element the model lacks is named here, not met as a bare KeyError
-        check_elements(self.isolated_configs + self.train_configs, z_table)
+        check_elements(self.isolated_configs, z_table)
         isolated = self.isolated_e0s
         if isolated:
             from ase.data import chemical_symbols
