@@ -19,7 +19,8 @@ named in the summary.
 A cell timed in several rounds (``ms_rounds``: the MACE, MD and training groups, whose cells are
 bound by host work at 1,008 atoms) is judged against its baseline's slowest round: the rounds of one
 process have differed by up to 45 % on such cells with unchanged code, and a slowdown inside the
-baseline's own spread cannot be told from that noise. Cells of one round keep ``ms``.
+baseline's own spread cannot be told from that noise. Cells of one round keep ``ms``. Measuring
+with ``--check``, such a cell over its limit is first timed in more rounds (``bench.suite._rounds``).
 
 Cells bound by host work (1,008-atom model calls, MD steps and training steps) follow the speed of
 the machine's processor as much as the code. Each cell records its run's host probe (``host_us``,
@@ -323,6 +324,20 @@ def _summary(run: dict) -> dict:
             "groups": (run.get("scope") or {}).get("groups"), **{k: env.get(k) for k in VERSION_KEYS if k in env}}
 
 
+def limit_ms(base_cell: dict, margin: float = DEFAULT_MARGIN, slack_ms: float = DEFAULT_SLACK_MS) -> float:
+    """The slowest time a measured cell may take against this baseline cell (an ``ok`` one)."""
+    return max([float(base_cell["ms"])] + [float(r) for r in base_cell.get("ms_rounds") or ()]) * (1 + margin) \
+        + slack_ms
+
+
+def limits(baseline: dict, *, margin: float = DEFAULT_MARGIN, slack_ms: float = DEFAULT_SLACK_MS,
+           impls: Optional[Iterable[str]] = ("equikernels",)) -> Dict[Tuple[str, str], float]:
+    """``{(cell id, impl): limit_ms}`` for the baseline's guarded ``ok`` cells."""
+    guarded = None if impls is None else set(impls)
+    return {key: limit_ms(b, margin, slack_ms) for key, b in _index(baseline["cells"]).items()
+            if b.get("status") == "ok" and (guarded is None or key[1] in guarded)}
+
+
 def compare(baseline: dict, current: dict, *, margin: float = DEFAULT_MARGIN, slack_ms: float = DEFAULT_SLACK_MS,
             impls: Optional[Iterable[str]] = ("equikernels",)) -> Comparison:
     """Compare ``current`` with ``baseline`` (both as written by ``equikernels bench``).
@@ -381,7 +396,7 @@ def compare(baseline: dict, current: dict, *, margin: float = DEFAULT_MARGIN, sl
             continue
         res.compared += 1
         bm, cm = float(b["ms"]), float(c["ms"])
-        limit = max([bm] + [float(r) for r in b.get("ms_rounds") or ()]) * (1 + margin) + slack_ms
+        limit = limit_ms(b, margin, slack_ms)
         host = None
         if b.get("host_us") and c.get("host_us"):
             host = float(c["host_us"]) / float(b["host_us"])

@@ -9,7 +9,9 @@ result against e3nn in float64 and writes ``<gpu-kind>.json``, ``<gpu-kind>.md``
 
 ``--check BASELINE.json`` compares the run with a stored run of the same GPU kind and exits with
 status 1 when a cell is slower than ``baseline x (1 + margin) + slack`` (default margin 10 %, slack
-0.05 ms; see ``equikernels.bench.compare``), or when no cell could be compared; a run of some
+0.05 ms; see ``equikernels.bench.compare``), or when no cell could be compared; a MACE, MD or
+training cell over its limit is first timed again (``--confirm-rounds``, all its implementations
+taking turns), as host work slows whole rounds on some machines; a run of some
 groups, problems or ``--atoms`` sizes, or a ``--quick`` run, is compared on the cells it measured.
 ``--results RUN.json --check BASELINE.json`` compares two stored runs without measuring (no GPU
 needed). ``--merge RUN.json ...`` joins runs of one GPU kind (the suite measured group by group) into
@@ -32,10 +34,12 @@ from typing import Optional
 GROUPS = ("conv", "mace", "md", "tp", "train")
 IMPLS = "equikernels,e3nn,cuequivariance,openequivariance"
 TARGET_MS = 200.0
+CONFIRM_ROUNDS = 3
 # options that only shape a measurement, with their defaults: with --results or --merge they would do nothing
 MEASURING = (("--quick", "quick", False), ("--problems", "problems", None), ("--groups", "groups", ",".join(GROUPS)),
              ("--impls", "impls", IMPLS), ("--atoms", "atoms", None), ("--model", "model", None),
-             ("--target-ms", "target_ms", TARGET_MS), ("--time-budget-s", "time_budget_s", None))
+             ("--target-ms", "target_ms", TARGET_MS), ("--time-budget-s", "time_budget_s", None),
+             ("--confirm-rounds", "confirm_rounds", CONFIRM_ROUNDS))
 
 
 def register(sub) -> None:
@@ -65,6 +69,9 @@ def register(sub) -> None:
                    help="with --check: compare this stored run instead of measuring")
     p.add_argument("--merge", metavar="RUN.json", nargs="+", default=None,
                    help="join stored runs of one GPU kind into one result in --out (no GPU needed)")
+    p.add_argument("--confirm-rounds", type=int, default=CONFIRM_ROUNDS,
+                   help="with --check: time a MACE, MD or training cell over its limit up to this many more "
+                   f"rounds before judging it (default {CONFIRM_ROUNDS}; 0: judge the first rounds)")
     p.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
                    help=f"relative noise margin of --check (default {DEFAULT_MARGIN})")
     p.add_argument("--slack-ms", type=float, default=DEFAULT_SLACK_MS,
@@ -175,6 +182,7 @@ def _merge_notes(paths, runs) -> None:
 
 def run(args) -> int:
     from ..bench.compare import GPUKindMismatch, load_run, merge
+    from ..bench.compare import limits as guard_limits
     _number("--margin", args.margin)
     _number("--slack-ms", args.slack_ms)
     if args.merge or args.results:
@@ -223,6 +231,11 @@ def run(args) -> int:
     if args.model:
         args.model = _model(args.model)
     _number("--target-ms", args.target_ms, positive=True)
+    if args.confirm_rounds < 0:
+        raise ValueError(f"--confirm-rounds: expected a whole number >= 0, got {args.confirm_rounds}")
+    if args.confirm_rounds != CONFIRM_ROUNDS and not args.check:
+        raise ValueError("--confirm-rounds: only with --check BASELINE.json (it re-times cells over the baseline's "
+                         "limits)")
     if args.time_budget_s is not None:
         _number("--time-budget-s", args.time_budget_s)
     out = _out_folder(args.out)
@@ -233,9 +246,10 @@ def run(args) -> int:
     device = torch.device("cuda")
     if base is not None:  # fail before measuring when the baseline cannot be used
         _same_kind(args, base, gpu_kind(device))
+    limits = None if base is None else guard_limits(base, margin=args.margin, slack_ms=args.slack_ms)
     opts = suite.Options(quick=args.quick, problems=problems, model=args.model, target_ms=args.target_ms,
                          impls=impls, groups=groups, time_budget_s=args.time_budget_s, systems=systems,
-                         log=lambda s: print(s, flush=True))
+                         limits=limits, confirm_rounds=args.confirm_rounds, log=lambda s: print(s, flush=True))
     with interrupt_on_sigterm():
         data = suite.run_suite(opts, device)
     written = _write(data, out)

@@ -290,3 +290,43 @@ def test_a_quick_run_is_compared_on_what_it_measures():
     no_md = copy.deepcopy(quick)
     no_md["cells"] = [c for c in no_md["cells"] if c["group"] != "md"]
     assert [f.cell for f in compare(base, no_md).findings] == ["md/float32/1008atoms/step"]
+
+
+def test_the_check_hands_its_limits_to_the_rounds(tmp_path, monkeypatch, capsys):
+    """Measuring with --check gives the suite each guarded cell's limit (slowest baseline round x margin + slack)."""
+    import torch
+
+    from equikernels.bench import environment, suite
+    from equikernels.bench.compare import limits
+
+    base = _run(**BASE)
+    mace = next(c for c in base["cells"] if c["id"] == "mace/float64/10192atoms/E+F")
+    mace["ms_rounds"] = [50.0, 60.0]
+    assert limits(base) == {("tp/mace-large/float32/50000/fwd", "equikernels"): pytest.approx(0.8 * 1.1 + 0.05),
+                            ("conv/mace-mp-medium-L2/float32/10192atoms/dbwd", "equikernels"): pytest.approx(13.25),
+                            ("mace/float64/10192atoms/E+F", "equikernels"): pytest.approx(66.05)}
+    seen = {}
+
+    def run_suite(opts, device):
+        seen["opts"] = opts
+        return dict(copy.deepcopy(base), wall_s=1.0)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(environment, "gpu_kind", lambda device: base["gpu_kind"])
+    monkeypatch.setattr(suite, "run_suite", run_suite)
+    monkeypatch.setattr("equikernels.cli.bench._write", lambda data, out: [])
+    b = _write(tmp_path, "base.json", base)
+    assert main(["bench", "--groups", "mace", "--check", b, "--margin", "0.2", "--confirm-rounds", "5",
+                 "--out", str(tmp_path / "o")]) == 0
+    opts = seen["opts"]
+    assert opts.confirm_rounds == 5
+    assert opts.limits[("mace/float64/10192atoms/E+F", "equikernels")] == pytest.approx(60.0 * 1.2 + 0.05)
+    assert main(["bench", "--groups", "mace", "--out", str(tmp_path / "o")]) == 0
+    assert seen["opts"].limits is None
+    capsys.readouterr()
+    for args, needle in ((["--confirm-rounds", "-1", "--check", str(b)], ">= 0"),
+                         (["--confirm-rounds", "5"], "only with --check"),
+                         (["--results", str(b), "--check", str(b), "--confirm-rounds", "1"], "--confirm-rounds")):
+        assert main(["bench", "--out", str(tmp_path / "o")] + args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err
