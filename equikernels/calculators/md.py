@@ -60,7 +60,10 @@ class MDSettings:
         if not self.temperature_K >= 0:
             raise ValueError(f"temperature_K must be >= 0, got {self.temperature_K!r}")
         if self.ensemble != "nve" and not self.temperature_K > 0:
-            raise ValueError(f"ensemble {self.ensemble!r} needs a positive temperature_K, got {self.temperature_K!r}")
+            raise ValueError(f"temperature_K: ensemble {self.ensemble!r} needs a positive temperature, "
+                             f"got {self.temperature_K!r}")
+        if int(self.seed) != self.seed or self.seed < 0:  # numpy's generators take no negative seed
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
         for name in ("log_interval", "traj_interval"):
             if int(getattr(self, name)) != getattr(self, name) or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a non-negative integer (0 disables), got {getattr(self, name)!r}")

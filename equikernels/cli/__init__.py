@@ -13,7 +13,7 @@ import re
 import signal
 import sys
 import warnings
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from .. import settings
 
@@ -92,19 +92,55 @@ def _joined_negatives(argv: List[str]) -> List[str]:
     return out
 
 
+def option_names(message: str, options: Dict[str, str]) -> str:
+    """``message`` of an error raised below the command line with the Python argument names of
+    ``options`` (``{"device": "--device"}``) given as the options that set them: the name it starts
+    with (``device must be ...``) and any it asks for (``pass head=``)."""
+    names = "|".join(re.escape(n) for n in sorted(options, key=len, reverse=True))
+    message = re.sub(rf"^({names})(?![\w.=])", lambda m: options[m.group(1)], message)
+    return re.sub(rf"(?<=pass )({names})=(?![\w.=])", lambda m: options[m.group(1)], message)
+
+
+def _interrupted(who: str, exc: BaseException) -> int:
+    """One line for Ctrl-C (or the signal the interrupt carries) and its exit status, 128 + the signal."""
+    signum = getattr(exc, "signum", signal.SIGINT)
+    print(f"{who}: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
+    return 128 + int(signum)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = _parse(argv)
+    except KeyboardInterrupt as exc:  # before the command runs: importing the commands, parsing
+        try:
+            debug = settings.get().debug
+        except settings.SettingsError:
+            debug = False
+        if debug or "--debug" in argv:
+            raise
+        return _interrupted("equikernels", exc)
+    return args if isinstance(args, int) else _dispatch(args)
+
+
+def _parse(argv: List[str]):
+    """The parsed arguments of a command to run, or the exit status when there is none to run."""
     try:
         settings.get()  # a malformed EQUIKERNELS_* variable: one line, before anything reads it
     except settings.SettingsError as exc:
-        if "--debug" in (sys.argv[1:] if argv is None else argv):
+        if "--debug" in argv:
             raise
         print(f"equikernels: error: {exc} (run with --debug for the traceback)", file=sys.stderr)
         return 2
     parser = build_parser()
-    args = parser.parse_args(_joined_negatives(sys.argv[1:] if argv is None else list(argv)))
+    args = parser.parse_args(_joined_negatives(argv))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    return args
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     debug = _debug_requested(args)
     saved = warnings.formatwarning
     if not debug:  # warnings as one line each, like the errors below
@@ -114,9 +150,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt as exc:
         if debug:
             raise
-        signum = getattr(exc, "signum", signal.SIGINT)
-        print(f"equikernels {args.command}: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
-        return 128 + int(signum)
+        return _interrupted(f"equikernels {args.command}", exc)
     except BrokenPipeError:  # the reader stopped early (``| head``): end quietly, as SIGPIPE would
         try:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit

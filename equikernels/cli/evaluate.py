@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from typing import List
 
 from . import label_keys
@@ -58,6 +59,35 @@ def _non_finite(preds) -> List[int]:
                     and (p.stress is None or np.all(np.isfinite(p.stress))))]
 
 
+PREDICTED = ("energy", "forces", "stress")
+
+
+def _check_prefix(prefix: str, keys) -> None:
+    """Raise, naming ``--prefix``, when its keys would not read back from extxyz or would replace the
+    labels the predictions are compared with."""
+    if not re.fullmatch(r"[\w.+-]*", prefix):  # extxyz reads keys with spaces, quotes, ':' or '=' back wrongly
+        raise ValueError(f"--prefix {prefix!r}: expected letters, digits and _ . + - only (a key prefix such as "
+                         "MACE_)")
+    labels = {keys.energy, keys.forces, keys.stress}
+    clash = [prefix + p for p in PREDICTED if prefix + p in labels]
+    if clash:
+        raise ValueError(f"--prefix {prefix!r} writes the predictions under the label key(s) {', '.join(clash)}, "
+                         "replacing the labels in --out; choose another prefix such as MACE_")
+
+
+def _check_calculator_keys(prefix: str, frames, source: str) -> None:
+    """An empty prefix writes ``energy``/``forces``/``stress``, the keys of ASE's calculator results."""
+    if prefix:
+        return
+    for i, f in enumerate(frames):
+        results = getattr(f.calc, "results", None) or {}
+        taken = [p for p in PREDICTED if p in results]
+        if taken:
+            raise ValueError(f"--prefix '' writes the predictions under {', '.join(taken)}, which frame {i} of "
+                             f"{source} already holds as its calculator results (labels); choose a prefix such as "
+                             "MACE_")
+
+
 def run(args: argparse.Namespace) -> int:
     import dataclasses
     import warnings
@@ -71,9 +101,14 @@ def run(args: argparse.Namespace) -> int:
     from ..training.data import configs_from_frames, label_sources, read_frames, split_selection
     from .._files import atomic_write, check_output_file, same_file
     from ..training.evaluate import metrics_lines, predict
+    from . import option_names
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be a positive integer, got {args.batch_size}")
+    try:
+        device = resolve_device(args.device)
+    except ValueError as exc:  # the flag, not the function's argument
+        raise ValueError(option_names(str(exc), {"device": "--device"})) from None
     path, _ = split_selection(args.structures)
     out = args.out or default_out(path)
     if same_file(out, path):
@@ -82,15 +117,19 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {out!r} is the --model file itself; name another file")
     check_output_file(out, "--out", "pred.xyz", overwrite=args.overwrite)  # before the (slow) evaluation
     keys = DataKeys(**label_keys.given(args))
+    _check_prefix(args.prefix, keys)
     frames = read_frames(args.structures)
     configs = configs_from_frames(frames, keys, args.structures)
+    _check_calculator_keys(args.prefix, frames, args.structures)
 
-    device = resolve_device(args.device)
     model = resolve_model(args.model, device)
     dtype = resolve_dtype(args.dtype, model)
     model = model.to(device=device, dtype=dtype)
     heads = model_heads(model)
-    given = heads[resolve_head(args.head, heads)] if args.head is not None else None
+    try:
+        given = heads[resolve_head(args.head, heads)] if args.head is not None else None
+    except ValueError as exc:
+        raise ValueError(option_names(str(exc), {"head": "--head"})) from None
     for i, f in enumerate(frames):
         head = given if given is not None else f.info.get(keys.head)
         if head is None:

@@ -3,12 +3,13 @@ example, with the bundled default model or ``--model``."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
 import numpy as np
 
-from ..calculators.md import BUILTIN_STRUCTURES, ENSEMBLES
+from ..calculators.md import BUILTIN_STRUCTURES, ENSEMBLES, MDSettings
 from ..calculators.threads import DEFAULT_MAX_THREADS
 
 # default steps: a GPU run long enough to measure; a CPU run that ends well within a minute
@@ -33,8 +34,10 @@ def register(subparsers) -> None:
     p.add_argument("--temperature", type=float, default=300.0,
                    help="temperature in K: initial velocities and thermostat (default 300)")
     p.add_argument("--ensemble", choices=ENSEMBLES, default="nvt-langevin", help="default nvt-langevin")
-    p.add_argument("--pressure", type=float, default=1.0, help="npt pressure in bar (default 1.0)")
-    p.add_argument("--friction", type=float, default=10.0, help="Langevin friction in 1/ps (default 10)")
+    p.add_argument("--pressure", type=float, default=None,
+                   help=f"npt pressure in bar (default {MDSettings.pressure_bar:g})")
+    p.add_argument("--friction", type=float, default=None,
+                   help=f"nvt-langevin friction in 1/ps (default {MDSettings.friction_per_ps:g})")
     p.add_argument("--tdamp", type=float, default=None,
                    help="thermostat time constant in fs of nvt-nose-hoover, nvt-bussi and npt (default 100 timesteps)")
     p.add_argument("--pdamp", type=float, default=None,
@@ -94,6 +97,51 @@ MD_FLAGS = {"timestep_fs": "--timestep", "temperature_K": "--temperature", "ense
             "log_interval": "--log-interval", "traj_interval": "--traj-interval", "seed": "--seed",
             "tdamp_fs": "--tdamp", "pdamp_fs": "--pdamp"}
 
+# MACECalculator argument -> the flag that sets it
+CALC_FLAGS = {"device": "--device", "head": "--head", "default_dtype": "--dtype", "skin": "--skin",
+              "num_threads": "--threads"}
+
+# flags that only some ensembles read: flag -> (argument, those ensembles)
+ENSEMBLE_FLAGS = {"--pressure": ("pressure", ("npt",)), "--pdamp": ("pdamp", ("npt",)),
+                  "--friction": ("friction", ("nvt-langevin",)),
+                  "--tdamp": ("tdamp", ("nvt-nose-hoover", "nvt-bussi", "npt"))}
+
+
+def md_settings(args: argparse.Namespace, steps: int) -> MDSettings:
+    """The run's settings from the flags, checked; an error names the flag (``--timestep``), not the field."""
+    from . import option_names
+
+    for flag, (name, ensembles) in ENSEMBLE_FLAGS.items():
+        if getattr(args, name) is not None and args.ensemble not in ensembles:
+            raise ValueError(f"{flag} applies to --ensemble {' or '.join(ensembles)} only, and this run's is "
+                             f"{args.ensemble}")
+    given = {"pressure_bar": args.pressure, "friction_per_ps": args.friction}
+    settings = MDSettings(steps=steps, timestep_fs=args.timestep, temperature_K=args.temperature,
+                          ensemble=args.ensemble, tdamp_fs=args.tdamp, pdamp_fs=args.pdamp, seed=args.seed,
+                          log_interval=args.log_interval, traj_interval=args.traj_interval,
+                          **{k: v for k, v in given.items() if v is not None})
+    try:
+        settings.validate()
+    except ValueError as exc:
+        raise ValueError(option_names(str(exc), MD_FLAGS)) from None
+    return settings
+
+
+def check_out_dir(out: str) -> None:
+    """Raise, naming ``--out``, unless ``out`` is a directory, or one that can be created, that takes
+    new files: checked before the model loads, not when the run starts writing."""
+    if not out:
+        raise ValueError("--out: empty, expected a directory name such as md_out")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise NotADirectoryError(f"--out {out!r} is a file; expected a directory (it is created if missing)")
+    base = os.path.abspath(out)
+    while not os.path.exists(base):  # the nearest existing folder, where the first new one is made
+        base = os.path.dirname(base)
+    if not os.path.isdir(base):
+        raise NotADirectoryError(f"--out {out!r}: {base!r} is a file, not a folder; choose another --out")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise PermissionError(f"--out {out!r}: cannot create files in {base!r}; choose another --out")
+
 
 def _seconds(s: float) -> str:
     return f"{s:.0f} s" if s >= 10 else f"{s:.1f} s"
@@ -102,9 +150,10 @@ def _seconds(s: float) -> str:
 def run(args: argparse.Namespace) -> int:
     from ..calculators.calculator import MACECalculator
     from ..calculators.loading import default_model_path
-    from ..calculators.md import Interrupted, MDSettings, earlier_md_run, run_md, time_one_step
+    from ..calculators.md import Interrupted, earlier_md_run, run_md, time_one_step
     from ..calculators.neighbors import DEFAULT_SKIN
     from ..models.foundations import DownloadError, foundation_checkpoint
+    from . import option_names
 
     atoms, structure = load_structure(args.structure)
     if args.supercell:
@@ -115,8 +164,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--steps must be >= 0, got {args.steps}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be a positive integer, got {args.threads}")
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise NotADirectoryError(f"--out {args.out!r} is a file; expected a directory (it is created if missing)")
+    if args.skin is not None and not (math.isfinite(args.skin) and args.skin >= 0):
+        raise ValueError(f"--skin must be a finite number >= 0 Angstrom, got {args.skin:g}")
+    md_settings(args, steps=args.steps or 0)  # a bad flag is named before the model loads
+    check_out_dir(args.out)
     earlier = earlier_md_run(args.out)
     if earlier and not args.overwrite:
         raise FileExistsError(f"--out {args.out!r} holds an earlier run ({', '.join(earlier)}); --overwrite "
@@ -129,24 +180,18 @@ def run(args: argparse.Namespace) -> int:
             args.model = foundation_checkpoint(args.model) or args.model
         except DownloadError as exc:  # it says which model and why
             raise DownloadError(f"--model {args.model!r}: {exc}") from exc
-    calc = MACECalculator(args.model, device=args.device, default_dtype=args.dtype, head=args.head,
-                          skin=DEFAULT_SKIN if args.skin is None else args.skin, num_threads=args.threads)
+    try:
+        calc = MACECalculator(args.model, device=args.device, default_dtype=args.dtype, head=args.head,
+                              skin=DEFAULT_SKIN if args.skin is None else args.skin, num_threads=args.threads)
+    except ValueError as exc:  # the flag, not the calculator's argument (--device, not device)
+        raise ValueError(option_names(str(exc), CALC_FLAGS)) from exc
     device_kind = "cuda" if calc.device.type == "cuda" else "cpu"
     steps_note = ""
     steps = args.steps
     if steps is None:
         steps = DEFAULT_STEPS[device_kind]
         steps_note = f" (the {device_kind.upper()} default; --steps N for more)"
-    settings = MDSettings(steps=steps, timestep_fs=args.timestep, temperature_K=args.temperature,
-                          ensemble=args.ensemble, pressure_bar=args.pressure, friction_per_ps=args.friction,
-                          tdamp_fs=args.tdamp, pdamp_fs=args.pdamp,
-                          seed=args.seed, log_interval=args.log_interval, traj_interval=args.traj_interval)
-    try:
-        settings.validate()
-    except ValueError as exc:  # name the flag, not the MDSettings field
-        msg = str(exc)
-        field = msg.split(" ", 1)[0]
-        raise ValueError(f"{MD_FLAGS[field]}{msg[len(field):]}" if field in MD_FLAGS else msg) from None
+    settings = md_settings(args, steps)
     calc.elements.check(atoms.numbers)
     atoms.calc = calc
     model = args.model if args.model is not None else "the bundled default model"
