@@ -6,6 +6,7 @@ import glob
 import os
 import random
 import re
+import zipfile
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -71,6 +72,41 @@ def checkpoint_step(path: str) -> Optional[int]:
 def latest(directory: str) -> Optional[str]:
     found = list_checkpoints(directory)
     return found[-1] if found else None
+
+
+# top-level keys of Trainer.state_dict that a model file does not hold
+_MARKERS = (b"batch_in_epoch", b"epoch_evaluated", b"optimizer", b"scheduler", b"world_size")
+
+
+def is_checkpoint(path: str) -> bool:
+    """Whether ``path`` is a training checkpoint written here; its pickle is read as bytes, never run."""
+    try:
+        if os.path.isdir(path) or not zipfile.is_zipfile(path):
+            return False
+        with zipfile.ZipFile(path) as archive:
+            pickles = [n for n in archive.namelist() if n.rsplit("/", 1)[-1] == "data.pkl"]
+            if len(pickles) != 1:
+                return False
+            data = archive.read(pickles[0])
+    except (OSError, zipfile.BadZipFile, RuntimeError):
+        return False
+    return all(marker in data for marker in _MARKERS)
+
+
+def refuse_as_model(path: str) -> None:
+    """Raise a one-line ``ValueError`` when ``path``, given as the model to fine-tune, is a training
+    checkpoint: it names ``--resume`` (and the run's model.pt, when there is one)."""
+    if not is_checkpoint(path):
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.basename(folder) != "checkpoints":  # --resume reads OUT/checkpoints/
+        raise ValueError(f"model: {path} is a training checkpoint, not a model file; to continue its run, put it "
+                         "in OUT/checkpoints/ and give --resume --out OUT (with the run's other options)")
+    run = os.path.relpath(os.path.dirname(folder))
+    saved = os.path.join(run, "model.pt")
+    weights = f", or fine-tune the run's saved model with --model {saved}" if os.path.isfile(saved) else ""
+    raise ValueError(f"model: {path} is a training checkpoint, not a model file; continue its run with --resume "
+                     f"--out {run} (with the run's other options){weights}")
 
 
 def load(path: str) -> Dict[str, Any]:

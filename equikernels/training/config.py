@@ -134,6 +134,9 @@ class TrainConfig:
         need(self.checkpoint_every >= 1, f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
         need(self.eval_every_epochs >= 1, f"eval_every_epochs must be >= 1, got {self.eval_every_epochs}")
         need(self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        need(self.warmup_steps == 0 or self.lr_schedule != "plateau",  # plateau sets the rate at evaluations only
+             f"warmup_steps {self.warmup_steps}: the plateau schedule has no warm-up here; give lr_schedule "
+             "cosine or constant for a warm-up, or warmup_steps 0")
         need(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         need(0.0 < self.plateau_factor < 1.0, f"plateau_factor must be in (0, 1), got {self.plateau_factor}")
         need(self.plateau_patience >= 0, f"plateau_patience must be >= 0, got {self.plateau_patience}")
@@ -149,6 +152,9 @@ class TrainConfig:
         for name in ("energy_weight", "forces_weight", "stress_weight", "huber_delta", "weight_decay",
                      "replay_weight"):
             need(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
+        need(self.replay_weight == 1.0 or self.replay_file is not None,
+             f"replay_weight {self.replay_weight} given without replay_file (--replay): there are no replay "
+             "structures to weight")
         need(self.energy_weight + self.forces_weight + self.stress_weight > 0,
              "energy_weight, forces_weight and stress_weight are all 0: the loss would be exactly 0 "
              "and nothing would be trained; give at least one a positive weight")
@@ -167,6 +173,10 @@ class TrainConfig:
                 raise IsADirectoryError(f"{name}: {path!r} is a directory, expected a file of structures")
             if path is not None and not os.path.exists(path):
                 raise FileNotFoundError(f"{name}: no such file {path!r}")
+        if self.model is not None and os.path.isfile(self.model):  # before the data is read
+            from .checkpoint import refuse_as_model  # noqa: PLC0415 (torch is loaded only to train)
+
+            refuse_as_model(self.model)
         need(not os.path.exists(self.out_dir) or os.path.isdir(self.out_dir),
              f"out_dir: {self.out_dir!r} exists and is not a directory")
         if self.device is not None and str(self.device).startswith("cuda"):

@@ -1,8 +1,10 @@
 """A fine-tuning YAML written for mace-torch's training script: its options that mean what an option
-here means are renamed to it, the foundation model's architecture and the script's output and
-logging options are set aside with one warning (the model file fixes the architecture, ``out_dir``
-holds every output), switches such as ``swa: false`` are accepted with the value that is what
-fine-tuning here does, mace-torch's losses map onto ours (``weighted`` -> mse without stress,
+here means are renamed to it, the foundation model's architecture, the script's output and
+logging options, and the label keys and loss weights of quantities not trained here (``dipole_key``,
+``charges_key``, ``polarizability_key``, ``dipole_weight``, ...) are set aside with one warning (the
+model file fixes the architecture, ``out_dir`` holds every output, energies, forces and stress are
+trained), switches such as ``swa: false`` or ``compute_atomic_dipole: false`` are accepted with the
+value that is what fine-tuning here does, mace-torch's losses map onto ours (``weighted`` -> mse without stress,
 ``stress`` -> mse, ``huber``, ``forces_only``), and the rest stay as given, so the trainer's own
 check names what it does not know. mace-torch's ``scheduler_patience`` or ``lr_factor`` without a
 ``scheduler`` select the plateau schedule, mace-torch's default, which they tune (ours is cosine).
@@ -46,10 +48,15 @@ SET_ASIDE = {
     # data loading and kernel backends of mace-torch's script
     "num_workers", "pin_memory", "valid_batch_size", "enable_cueq", "enable_oeq", "only_cueq", "launcher",
 }
+# labels and loss weights of quantities no loss here trains (energies, forces and stress are trained; virials
+# labels train the stress term, weighted by stress_weight), and inputs of charge- and spin-aware models
+UNTRAINED = {"dipole_key", "charges_key", "polarizability_key", "elec_temp_key", "total_charge_key",
+             "total_spin_key", "dipole_weight", "polarizability_weight", "virials_weight"}
 # mace-torch's stage-two (swa) settings: without swa, which is refused, mace-torch does not use them either
 STAGE_TWO = ("start_swa", "swa_lr", "swa_energy_weight", "swa_forces_weight", "swa_stress_weight", "swa_virials_weight",
              "start_stage_two", "stage_two_lr", "stage_two_energy_weight", "stage_two_forces_weight",
-             "stage_two_stress_weight", "stage_two_virials_weight")
+             "stage_two_stress_weight", "stage_two_virials_weight", "swa_dipole_weight", "swa_polarizability_weight",
+             "stage_two_dipole_weight", "stage_two_polarizability_weight")
 # mace-torch's multi-head replay fine-tuning (a second head trained on pretraining data): none here
 REPLAY_OPTIONS = ("pt_train_file", "pt_valid_file", "weight_pt_head", "num_samples_pt", "subselect_pt",
                   "filter_type_pt", "real_pt_data_ratio_threshold", "pseudolabel_replay", "force_mh_ft_lr")
@@ -70,7 +77,7 @@ def from_mace_options(values: Dict[str, Any], source: str = "config") -> Dict[st
         raise ValueError(f"{source}: E0s (mace-torch's name) and e0s mean the same option; give one")
     if "distributed" in out:
         _distributed(out.pop("distributed"), source)
-    aside = [k for k in out if k in SET_ASIDE or k in STAGE_TWO]
+    aside = [k for k in out if k in SET_ASIDE or k in STAGE_TWO or k in UNTRAINED]
     for k in aside:
         out.pop(k)
     if out.get("model") in ARCHITECTURES:
@@ -121,8 +128,10 @@ def from_mace_options(values: Dict[str, Any], source: str = "config") -> Dict[st
         raise ValueError(f"{source}: freeze: expected a list of parameter-name prefixes (mace-torch's layer "
                          f"count has no counterpart here), got {out['freeze']!r}")
     if aside:
+        untrained = ", energies, forces and stress are what is trained here" if UNTRAINED & set(aside) else ""
         warnings.warn(f"{source}: mace-torch options set aside (the model file fixes the architecture, out_dir "
-                      f"holds the outputs, stage two needs swa): {', '.join(sorted(aside))}", UserWarning, stacklevel=2)
+                      f"holds the outputs, stage two needs swa{untrained}): {', '.join(sorted(aside))}",
+                      UserWarning, stacklevel=2)
     if "foundation_model" in values and "multiheads_finetuning" not in values:
         warnings.warn(f"{source}: foundation_model: {REPLAY_NOTE} (mace-torch adds replay of the pretraining data "
                       "to fine-tuning its Materials Project models unless multiheads_finetuning is false, which "
@@ -143,14 +152,16 @@ def _distributed(value, source: str) -> None:
 PLATEAU_OPTIONS = ("scheduler_patience", "lr_factor")
 # mace-torch switches accepted only with the value that is what fine-tuning here does
 SAME_WHEN = {"swa": False, "stage_two": False, "multiheads_finetuning": False, "keep_isolated_atoms": False,
-             "optimizer": "adamw"}
+             "optimizer": "adamw", "compute_atomic_dipole": False, "compute_polarizability": False}
 HINTS = {"optimizer": "; the optimiser here is AdamW (decoupled weight decay), with amsgrad as an option",
          "multiheads_finetuning": "; against forgetting use replay_file (--replay) with a sample of the foundation "
                                   "model's training data",
-         "keep_isolated_atoms": "; isolated-atom frames (config_type=IsolatedAtom) give E0s and are not trained on"}
+         "keep_isolated_atoms": "; isolated-atom frames (config_type=IsolatedAtom) give E0s and are not trained on",
+         "compute_atomic_dipole": "; fine-tuning here trains energies, forces and stress only",
+         "compute_polarizability": "; fine-tuning here trains energies, forces and stress only"}
 # mace-torch options that its command line takes as switches (--ema, or --swa=False) with a meaning here
 SWITCHES = ("ema", "amsgrad", "keep_checkpoints", "restart_latest", "distributed", "swa", "stage_two",
-            "multiheads_finetuning", "keep_isolated_atoms")
+            "multiheads_finetuning", "keep_isolated_atoms", "compute_atomic_dipole", "compute_polarizability")
 # mace-torch losses -> ours: "weighted" has no stress term, "forces_only" only the forces term
 LOSSES = {"weighted": {"loss": "mse", "stress_weight": 0.0}, "stress": {"loss": "mse"}, "huber": {"loss": "huber"},
           "forces_only": {"loss": "mse", "energy_weight": 0.0, "stress_weight": 0.0}}
@@ -177,7 +188,7 @@ def _mapping(value: str, name: str, source: str) -> Dict[str, Any]:
 
 def names() -> FrozenSet[str]:
     """Every mace-torch option name that ``from_mace_options`` translates, sets aside or refuses by name."""
-    return frozenset({*RENAMES, *KEYS, *SET_ASIDE, *STAGE_TWO, *REPLAY_OPTIONS, *PLATEAU_OPTIONS, *SAME_WHEN, *SWITCHES,
+    return frozenset({*RENAMES, *KEYS, *SET_ASIDE, *UNTRAINED, *STAGE_TWO, *REPLAY_OPTIONS, *PLATEAU_OPTIONS, *SAME_WHEN, *SWITCHES,
                       "E0s", "scheduler", "test_dir", "loss", "freeze", "config_type_weights"})
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from .._compat import o3
+from . import checkpoint
 from ..models import builder as model_builder
 from ..models.foundations import foundation_checkpoint
 
@@ -71,6 +72,7 @@ def load_model(path: str, backend: str = "auto") -> torch.nn.Module:
     path = foundation_checkpoint(path) or path
     if not os.path.exists(path):
         raise FileNotFoundError(f"model file {path!r} does not exist")
+    checkpoint.refuse_as_model(path)
     backend = resolve_backend(backend)
     if backend == "equikernels":
         return ours().load(path)

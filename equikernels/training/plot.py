@@ -1,6 +1,7 @@
 """The end-of-run figure: training loss per step, validation errors per evaluation."""
 from __future__ import annotations
 
+import os
 from typing import Dict, List
 
 
@@ -32,6 +33,12 @@ def plot_history(history: Dict[str, List], path: str) -> str:
     if evals:
         ax_err.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    tmp = f"{path}.tmp{os.getpid()}"  # written whole, then renamed: a failed write leaves the earlier figure
+    try:
+        fig.savefig(tmp, dpi=110, format="png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return path

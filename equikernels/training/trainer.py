@@ -52,7 +52,8 @@ RESUMABLE_CHANGES = ("epochs", "max_steps", "lr", "out_dir", "checkpoint_every",
 
 
 class TrainingInterrupted(Exception):
-    """Training stopped on SIGINT/SIGTERM after writing a checkpoint and the metrics so far."""
+    """A run stopped by SIGINT/SIGTERM, after writing a checkpoint and the metrics so far (or, when
+    the stop came while the results were written, after writing them whole)."""
 
     def __init__(self, signum: int, message: str):
         super().__init__(message)
@@ -150,6 +151,10 @@ class Trainer:
             train, valid = split_train_valid(train, cfg.valid_fraction, cfg.seed)
         else:
             valid = []
+        if not valid and (cfg.patience is not None or cfg.lr_schedule == "plateau"):  # both act at evaluations
+            what = f"patience {cfg.patience}" if cfg.patience is not None else "lr_schedule 'plateau'"
+            raise ValueError(f"{what} needs a validation set, which this run has none of; give valid_file (--valid) "
+                             "or valid_fraction > 0 (--valid-fraction)")
         need = dict(need_energy=cfg.energy_weight > 0, need_forces=cfg.forces_weight > 0,
                     need_stress=cfg.stress_weight > 0, keys=cfg.keys)
         check_labels(train, cfg.train_file, **need)
@@ -447,15 +452,26 @@ class Trainer:
             for s in sigs:
                 signal.signal(s, old[s])
 
-    def _interrupted(self) -> None:
+    def _stop_requested(self) -> bool:
+        """Whether any process has been asked to stop; every process calls it at the same points."""
+        if not self.dist.enabled:
+            return self._stop_signal is not None
+        flag = torch.tensor([1.0 if self._stop_signal is not None else 0.0], dtype=torch.float64, device=self.device)
+        return bool(reduce_sums(flag)[0] > 0)
+
+    def _interrupted(self, where: Optional[str] = None, checkpointed: bool = False) -> None:
+        """Write a checkpoint (unless the newest one already holds this state) and the metrics so far,
+        then raise ``TrainingInterrupted``; ``where`` names the phase when it is not a training step."""
         signum = self._stop_signal or signal.SIGTERM
         name = signal.Signals(signum).name
-        self.save_checkpoint()
+        if not checkpointed:
+            self.save_checkpoint()
         summary = {"interrupted": name, "step": self.step, "epoch": self.epoch,
                    "valid_start": self.history.get("valid_start"), "test_start": self.history.get("test_start")}
         metrics = dist_utils.on_main(lambda: self._write_metrics(summary))
-        msg = (f"stopped by {name} at step {self.step} (epoch {self.epoch + 1}): checkpoint in {self.ckpt_dir}, "
-               f"metrics so far in {metrics}; continue with --resume")
+        at = where or f"at step {self.step} (epoch {self.epoch + 1})"
+        msg = (f"stopped by {name} {at}: checkpoint in {self.ckpt_dir}, metrics so far in {metrics}; "
+               "continue with --resume")
         self._say(msg)
         raise TrainingInterrupted(signum, msg)
 
@@ -471,11 +487,16 @@ class Trainer:
         dist_utils.on_main(self._prepare_out_dir)
         if resume and not self.resume():
             self._say(f"no checkpoint in {self.ckpt_dir}; starting from the beginning")
-        with self._stop_on_signals():
+        with self._stop_on_signals():  # a stop asked for in any phase ends the run with TrainingInterrupted
             if self.step == 0 and self.batch_in_epoch == 0:
                 self._evaluate_start()
+                if self._stop_requested():
+                    self._interrupted("during the starting model's evaluation, before the first step")
             self._loop()
-        return self._finish()
+            if self._stop_requested():  # asked during the last evaluation: the final one is not run
+                self._interrupted(f"after step {self.step}, before the final evaluation and model files",
+                                  checkpointed=True)
+            return self._finish()
 
     def _prepare_out_dir(self) -> None:
         os.makedirs(self.cfg.out_dir, exist_ok=True)
@@ -572,6 +593,9 @@ class Trainer:
             summary["valid"] = self.evaluate(self.valid_set)
         if len(self.test_set):
             summary["test"] = self.evaluate(self.test_set)
+        if self._stop_requested():  # the model now holds the final weights: the loop's checkpoint stays
+            self._interrupted(f"after step {self.step}, during the final evaluation (no model file written)",
+                              checkpointed=True)
         for key in ("valid_start", "test_start"):
             if key in self.history:
                 summary[key] = self.history[key]
@@ -590,6 +614,12 @@ class Trainer:
         else:  # an earlier, interrupted part of this run may have left last weights that are not these
             dist_utils.on_main(lambda: self._remove_outputs(outputs.MODEL_LAST, outputs.MACE_MODEL_LAST))
         summary.update(dist_utils.on_main(lambda: self._report(summary)))
+        if self._stop_requested():  # the files were written whole; the run still ends as interrupted
+            signum = self._stop_signal or signal.SIGTERM
+            msg = (f"stopped by {signal.Signals(signum).name} while the results were written; they are complete "
+                   f"(model and metrics in {cfg.out_dir})")
+            self._say(msg)
+            raise TrainingInterrupted(signum, msg)
         return summary
 
     def _save_models(self, model, name: str, mace_name: str) -> Dict[str, str]:
