@@ -97,8 +97,10 @@ class MACECalculator(Calculator):
     ``energies`` are per-atom energies (including the isolated-atom reference energies E0),
     ``stress`` is Voigt (xx, yy, zz, yz, xz, xy) in eV/A^3. Stress is computed when asked for, and
     from then on with every energy and forces evaluation of a structure with a 3-D cell (NPT and
-    cell relaxation ask for forces and stress at each step: one model call serves both).
-    A NaN or infinite result raises ``checks.NonFiniteError`` naming the cause (e.g. coincident atoms).
+    cell relaxation ask for forces and stress at each step: one model call serves both). Stress of a
+    structure without a 3-D cell raises ASE's ``PropertyNotImplementedError`` (``checks.NoCellError``,
+    also a ``ValueError``), as ASE's calculators do. A NaN or infinite result raises
+    ``checks.NonFiniteError`` naming the cause (e.g. coincident atoms).
     """
 
     implemented_properties = ["energy", "free_energy", "energies", "node_energy", "forces", "stress"]

@@ -1,9 +1,10 @@
 """Checks of what goes into and comes out of the model, with messages that name the cause.
 
-``check_structure`` refuses input a model cannot run (no atoms, non-finite positions, a periodic
-direction without a cell vector); ``check_finite`` refuses non-finite energies, forces, stress,
-per-atom stresses and virials, Hessians or descriptors and says why when it can tell (atoms on top
-of each other, with their indices).
+``check_structure`` refuses input a model cannot run (no atoms, non-finite positions or cell, a
+periodic direction without a cell vector); ``check_stress_cell`` refuses stress without a 3-D
+cell; ``check_finite`` refuses non-finite energies, forces, stress, per-atom stresses and virials,
+Hessians or descriptors and says why when it can tell (atoms on top of each other, with their
+indices).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Dict, List
 
 import numpy as np
 from ase import Atoms
+from ase.calculators.calculator import PropertyNotImplementedError
 
 MIN_VOLUME = 1e-8      # A^3: below this the cell has no volume and stress is undefined
 CLOSE_DISTANCE = 0.1   # A: atoms closer than this coincide for any interatomic potential
@@ -21,6 +23,12 @@ CHECKED = ("energy", "forces", "stress", "stresses", "virials", "hessian", "desc
 
 class NonFiniteError(ValueError):
     """The model gave a NaN or infinite result (energy, forces, stress, Hessian, descriptors, ...)."""
+
+
+class NoCellError(PropertyNotImplementedError, ValueError):
+    """Stress (or per-atom stress) asked of a structure whose cell has no volume: ASE's
+    ``PropertyNotImplementedError``, which ASE's own calculators raise there and ASE's tools catch,
+    and a ``ValueError`` (an input the calculation cannot take)."""
 
 
 def check_structure(atoms, what: str = "atoms", cell: bool = True) -> None:
@@ -36,11 +44,16 @@ def check_structure(atoms, what: str = "atoms", cell: bool = True) -> None:
         bad = np.flatnonzero(~np.isfinite(atoms.positions).all(axis=1))
         if bad.size:
             raise ValueError(f"{what}: positions of atoms {_indices(bad)} are not finite (NaN or infinite)")
+    if not cell:
+        return
+    h = np.asarray(atoms.cell.array, dtype=float)
+    if not np.isfinite(h).all():  # also along open directions: the model reads the cell there too
+        raise ValueError(f"{what}: its cell is not finite (NaN or infinite: {h.tolist()}); set a finite cell, "
+                         "or a zero cell for a molecule")
     pbc = np.broadcast_to(np.asarray(atoms.pbc, dtype=bool), (3,))
-    if cell and pbc.any():
-        h = np.asarray(atoms.cell.array, dtype=float)
+    if pbc.any():
         vectors = h[pbc]
-        if not np.isfinite(h).all() or np.linalg.matrix_rank(vectors, tol=1e-6) < len(vectors):
+        if np.linalg.matrix_rank(vectors, tol=1e-6) < len(vectors):
             axes = ", ".join(_AXES[k] for k in np.flatnonzero(pbc))
             raise ValueError(f"{what} is periodic along {axes} (pbc={pbc.tolist()}) but its cell vectors there are "
                              f"zero or degenerate ({h.round(6).tolist()}): set the cell of the periodic box, "
@@ -48,9 +61,10 @@ def check_structure(atoms, what: str = "atoms", cell: bool = True) -> None:
 
 
 def check_stress_cell(atoms: Atoms, what: str = "atoms", prop: str = "stress") -> None:
+    """Raise ``NoCellError`` when ``atoms`` has no 3-D cell to divide a stress by."""
     if abs(atoms.cell.volume) < MIN_VOLUME:
-        raise ValueError(f"{prop} was requested but {what} has a cell without volume ({atoms.cell.array.tolist()}); "
-                         f"{prop} needs a 3-D cell (set atoms.cell, or do not ask for {prop})")
+        raise NoCellError(f"{prop} was requested but {what} has a cell without volume ({atoms.cell.array.tolist()}); "
+                          f"{prop} needs a 3-D cell (set atoms.cell, or do not ask for {prop})")
 
 
 def close_pairs(atoms: Atoms, cutoff: float = CLOSE_DISTANCE, limit: int = 5) -> List[tuple]:
