@@ -34,17 +34,22 @@ def _layers(net: nn.Module) -> List[nn.Module]:
     return [getattr(net, f"layer{i}") for i in range(len(net.hs) - 1)]
 
 
+def _scale(carried: float, fan: float) -> float:
+    """``carried / sqrt(fan)``; a layer of no inputs has an empty weight, which any scale leaves zero."""
+    return carried / fan ** 0.5 if fan > 0 else 0.0
+
+
 def _factors(net: nn.Module) -> Tuple[List[float], list, float]:
     """(weight scale per layer, activation per layer or None, factor after the last layer)."""
     scales, gates, carried = [], [], 1.0
     for layer in _layers(net):
         act = layer.act
         if act is None:
-            scales.append(carried / (layer.h_in * layer.var_in / layer.var_out) ** 0.5)
+            scales.append(_scale(carried, layer.h_in * layer.var_in / layer.var_out))
             gates.append(None)
             carried = 1.0
         else:
-            scales.append(carried / (layer.h_in * layer.var_in) ** 0.5)
+            scales.append(_scale(carried, layer.h_in * layer.var_in))
             if hasattr(act, "f") and hasattr(act, "cst"):  # e3nn normalize2mom: f(x) * cst unless ~identity
                 gates.append(silu if act.f is torch.nn.functional.silu else act.f)
                 cst = 1.0 if getattr(act, "_is_id", False) else float(act.cst)

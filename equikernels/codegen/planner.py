@@ -55,13 +55,13 @@ def channelwise_rows(problem) -> bool:
 
 def narrow_channelwise(problem) -> bool:
     """Channel-wise products with per-row weights and at most 32 channels per block (nequip-lips)."""
-    return channelwise_rows(problem) and max(m for m, _, _ in problem.irreps_in1) <= 32
+    return channelwise_rows(problem) and max((m for m, _, _ in problem.irreps_in1), default=0) <= 32
 
 
 def wide_channelwise(problem) -> bool:
     """Channel-wise products with per-row weights and at least 128 channels in every block (the MACE
     products): partial channel sums, early loads, one-row backward programs, L2 prefetch."""
-    return channelwise_rows(problem) and min(m for m, _, _ in problem.irreps_in1) >= 128
+    return channelwise_rows(problem) and min((m for m, _, _ in problem.irreps_in1), default=0) >= 128
 
 
 @functools.lru_cache(maxsize=256)

@@ -64,9 +64,11 @@ def script_tensor_product(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor
                           w3j: torch.Tensor, dim_out: int, ir_mul: bool) -> torch.Tensor:
     """TP(x, y, weight) with e3nn's broadcasting: x [..., dim1], y [..., dim2], weight [nw] shared or
     [..., nw] per row (empty when unweighted) -> [..., dim_out]."""
-    lead = torch.broadcast_tensors(x[..., 0], y[..., 0])[0].shape
+    # zero-width views: the batch shapes broadcast without reading a column (irreps may be empty)
+    lead = torch.broadcast_tensors(x.narrow(-1, 0, 0), y.narrow(-1, 0, 0))[0].shape[:-1]
     if not shared and weight.numel() > 0:
-        lead = torch.broadcast_tensors(x[..., 0].expand(lead), weight[..., 0])[0].shape
+        rows_x = x.narrow(-1, 0, 0).expand(list(lead) + [0])
+        lead = torch.broadcast_tensors(rows_x, weight.narrow(-1, 0, 0))[0].shape[:-1]
     shape: List[int] = list(lead)
     rows = 1
     for s in shape:

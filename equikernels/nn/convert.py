@@ -104,6 +104,7 @@ def _convert_linear(module):
                         "build equikernels.Linear with the same arguments instead")
     new.internal_weights = module.internal_weights
     new.instructions = list(module.instructions)  # the exact numbers
+    new._set_weight_index_slices()
     _adopt(new, module, ("weight", "bias", "output_mask"))
     new.__dict__.pop("_plan", None)  # the plan built at construction saw external weights: rebuild it
     new._derived()

@@ -16,6 +16,7 @@ from torch import nn
 
 from .._compat import o3
 from e3nn.o3._linear import Instruction  # noqa: E402 (after the safe e3nn import)
+from e3nn.o3 import _linear as _e3nn_linear  # noqa: E402
 from e3nn.util.jit import compile_mode  # noqa: E402
 
 from ..problem import (MissingWeightError, TensorProductError, TensorProductIndexError, TensorProductTypeError,
@@ -217,7 +218,20 @@ class Linear(nn.Module):
         else:
             output_mask = torch.ones(0)
         self.register_buffer("output_mask", output_mask)
+        self._set_weight_index_slices()
         self._derived()
+
+    def _set_weight_index_slices(self) -> None:
+        """e3nn's ``weight_index_slices`` (newer e3nn versions define it): per instruction, its slice of
+        the flat weights and its 2D shape, offsets counted over every instruction as e3nn counts them."""
+        slices = getattr(_e3nn_linear, "LinearSlices", None)
+        if slices is None:
+            return
+        self.weight_index_slices, offset = [], 0
+        for ins in self.instructions:
+            n = math.prod(ins.path_shape)
+            self.weight_index_slices.append(slices(slice(offset, offset + n, None), ins.path_shape))
+            offset += n
 
     def _derived(self) -> None:
         """Plain-int forms of the irreps (the hot path, TorchScript): torch.compile cannot guard on
