@@ -59,6 +59,23 @@ class _Int:
         return v
 
 
+class _PowerOfTwo(_Int):
+    """An integer power of two >= ``lo`` (a Triton block size: tl.arange takes powers of two only)."""
+
+    def __init__(self, lo: int):
+        super().__init__(lo)
+        self.text = f"power of two >= {lo}"
+
+    def __call__(self, s: str) -> int:
+        try:
+            v = super().__call__(s)
+        except ValueError:
+            v = None
+        if v is None or v & (v - 1):
+            raise ValueError(f"expected a {self.text}, got {s!r}")
+        return v
+
+
 class _Float:
     text = "number >= 0"
 
@@ -198,14 +215,14 @@ class Settings:
                                                              "included")
 
     # --- batched tensor product: launch shape (per direction: _FWD, _BWD, _DBWD) --------------------
-    rows: Optional[int] = _var(None, _Int(1), "Rows per program of every tensor-product kernel")
-    rows_fwd: Optional[int] = _var(None, _Int(1), "Rows per program; forward only (overrides rows)")
-    rows_bwd: Optional[int] = _var(None, _Int(1), "Rows per program; backward only (overrides rows)")
-    rows_dbwd: Optional[int] = _var(None, _Int(1), "Rows per program; double backward only (overrides rows)")
-    warps: Optional[int] = _var(None, _Int(1), "Warps per program of every tensor-product kernel")
-    warps_fwd: Optional[int] = _var(None, _Int(1), "Warps per program; forward only (overrides warps)")
-    warps_bwd: Optional[int] = _var(None, _Int(1), "Warps per program; backward only (overrides warps)")
-    warps_dbwd: Optional[int] = _var(None, _Int(1), "Warps per program; double backward only (overrides warps)")
+    rows: Optional[int] = _var(None, _PowerOfTwo(1), "Rows per program of every tensor-product kernel")
+    rows_fwd: Optional[int] = _var(None, _PowerOfTwo(1), "Rows per program; forward only (overrides rows)")
+    rows_bwd: Optional[int] = _var(None, _PowerOfTwo(1), "Rows per program; backward only (overrides rows)")
+    rows_dbwd: Optional[int] = _var(None, _PowerOfTwo(1), "Rows per program; double backward only (overrides rows)")
+    warps: Optional[int] = _var(None, _PowerOfTwo(1), "Warps per program of every tensor-product kernel")
+    warps_fwd: Optional[int] = _var(None, _PowerOfTwo(1), "Warps per program; forward only (overrides warps)")
+    warps_bwd: Optional[int] = _var(None, _PowerOfTwo(1), "Warps per program; backward only (overrides warps)")
+    warps_dbwd: Optional[int] = _var(None, _PowerOfTwo(1), "Warps per program; double backward only (overrides warps)")
     prefetch: Optional[int] = _var(None, _Int(0), "Loads issued this many loads early (0: none)")
     prefetch_fwd: Optional[int] = _var(None, _Int(0), "Load prefetch distance; forward only (overrides prefetch)")
     prefetch_bwd: Optional[int] = _var(None, _Int(0), "Load prefetch distance; backward only (overrides prefetch)")
@@ -244,16 +261,16 @@ class Settings:
                                          "weight evaluated once, over their weighted sum")
     uvw_rows: bool = _var(True, _FLAG, "Per-row uvw weights (DiffDock) use the uvw_rows kernels")
     uvw_fuse: Optional[bool] = _var(None, _FLAG, "uvw_rows: weight gradient in the same kernel as the rest")
-    uvw_ub: int = _var(16, _Int(1), "uvw_rows: u (weight-block rows) per chunk")
-    uvw_wb: int = _var(16, _Int(1), "uvw_rows: w (contiguous) per chunk")
+    uvw_ub: int = _var(16, _PowerOfTwo(1), "uvw_rows: u (weight-block rows) per chunk")
+    uvw_wb: int = _var(16, _PowerOfTwo(1), "uvw_rows: w (contiguous) per chunk")
     uvw_exact: bool = _var(False, _FLAG, "uvw_rows: split channel remainders into powers of two instead of "
                                          "padding")
     uvw_lazy_h: bool = _var(False, _FLAG, "uvw_rows: keep H un-reduced over the chunks of w")
-    rows_contraction: int = _var(1, _Int(1), "Rows per program of the symmetric contraction's kernels")
+    rows_contraction: int = _var(1, _PowerOfTwo(1), "Rows per program of the symmetric contraction's kernels")
 
     # --- convolution (node-parallel kernels; per direction: _FWD, _BWD, _DBWD) ---------------------
-    conv_rows: Optional[int] = _var(None, _Int(1), "Rows (edges) per program of convolution kernels")
-    conv_warps: Optional[int] = _var(None, _Int(1), "Warps per program of convolution kernels")
+    conv_rows: Optional[int] = _var(None, _PowerOfTwo(1), "Rows (edges) per program of convolution kernels")
+    conv_warps: Optional[int] = _var(None, _PowerOfTwo(1), "Warps per program of convolution kernels")
     conv_grad_loops: Optional[str] = _var(None, _Choice("one", "in1all"),
                                           "Gradient kernels: one edge loop, or one per first-input segment "
                                           "(in1all, default)")
@@ -305,8 +322,8 @@ class Settings:
     conv_maxnreg_dbwd: Optional[int] = _var(None, _Int(0), "Register cap; double backward only")
 
     # --- fused radial convolution ---------------------------------------------------------------------
-    rconv_block: int = _var(16, _Int(16), "Edges per block (a power of two >= 16)")
-    rconv_warps: int = _var(4, _Int(1), "Warps per program")
+    rconv_block: int = _var(16, _PowerOfTwo(16), "Edges per block")
+    rconv_warps: int = _var(4, _PowerOfTwo(1), "Warps per program")
     rconv_precision: str = _var("tf32x3", _Choice("ieee", "tf32x3", "tf32"), "Matmul precision (float64: ieee)")
     rconv_stages: Optional[int] = _var(None, _Int(1), "Software-pipelining stages (default: 3, transposed "
                                                       "kernels 1)")
@@ -453,8 +470,10 @@ def environ_items(prefixes: Tuple[str, ...]) -> Dict[str, str]:
 
 
 def in_environment(field: dataclasses.Field) -> bool:
-    """Whether the variable of ``field`` is set in the process environment."""
-    return env_name(field) in os.environ
+    """Whether the variable of ``field`` sets it: present in the process environment, and not empty
+    unless empty is one of its values (an empty variable counts as unset)."""
+    raw = os.environ.get(env_name(field))
+    return raw is not None and (raw != "" or field.metadata["empty"])
 
 
 def table() -> str:

@@ -71,8 +71,11 @@ def test_defaults_and_parsing():
 
 
 @pytest.mark.parametrize("name,value,expected", [
-    ("EQUIKERNELS_ROWS", "four", "an integer >= 1"),
-    ("EQUIKERNELS_ROWS_FWD", "0", "an integer >= 1"),
+    ("EQUIKERNELS_ROWS", "four", "a power of two >= 1"),
+    ("EQUIKERNELS_ROWS_FWD", "0", "a power of two >= 1"),
+    ("EQUIKERNELS_CONV_WARPS", "3", "a power of two >= 1"),  # a Triton block or warp count: 3 fails deep in Triton
+    ("EQUIKERNELS_UVW_WB", "12", "a power of two >= 1"),
+    ("EQUIKERNELS_TUNE_ROUNDS", "0", "an integer >= 1"),
     ("EQUIKERNELS_AUTOTUNE", "maybe", "0 or 1"),
     ("EQUIKERNELS_BACKEND", "cuda", "one of 'auto', 'triton', 'reference'"),
     ("EQUIKERNELS_L2_PREFETCH", "soon", "'off', 'row' or an integer >= 0"),
@@ -92,7 +95,7 @@ def test_get_is_cached_and_follows_reload(monkeypatch):
     first = settings.get()
     assert first.rows == 2 and settings.get() is first
     monkeypatch.setenv("EQUIKERNELS_ROWS", "bad")
-    with pytest.raises(SettingsError, match="EQUIKERNELS_ROWS: expected an integer"):
+    with pytest.raises(SettingsError, match="EQUIKERNELS_ROWS: expected a power of two"):
         settings.get()
     monkeypatch.delenv("EQUIKERNELS_ROWS")
     assert settings.get().rows is None
@@ -107,7 +110,7 @@ def test_override_validates_nests_and_restores(monkeypatch):
             assert (settings.get().rows_bwd, settings.get().l2_prefetch, settings.get().autotune) == (None, "off", True)
         assert settings.get().rows_bwd == 4
     assert settings.get() == before
-    with pytest.raises(SettingsError, match=r"override\(rows=...\): expected an integer >= 1, got '0'"):
+    with pytest.raises(SettingsError, match=r"override\(rows=...\): expected a power of two >= 1, got '0'"):
         with settings.override(rows=0):
             pass
     with pytest.raises(SettingsError, match="unknown setting 'no_such'"):
@@ -122,6 +125,6 @@ def test_override_validates_nests_and_restores(monkeypatch):
 def test_override_reaches_the_code(monkeypatch):
     from equikernels.codegen.tp import default_config
     monkeypatch.delenv("EQUIKERNELS_ROWS", raising=False)
-    with settings.override(rows_dbwd=3, warps=2):
+    with settings.override(rows_dbwd=8, warps=2):
         cfg = default_config("dbwd", torch.float32)
-    assert (cfg.rows, cfg.num_warps) == (3, 2)
+    assert (cfg.rows, cfg.num_warps) == (8, 2)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 
 import torch
@@ -33,14 +34,26 @@ def _convert(args: argparse.Namespace) -> int:
 
     args.input = foundation_checkpoint(args.input) or args.input  # "medium", "small_off", ...
     if not os.path.exists(args.input):
-        raise FileNotFoundError(f"IN {args.input!r}: no such file or directory; expected a mace-torch .model file "
-                                "or an equikernels model")
+        names = ("expected a mace-torch .model file, an equikernels model or a foundation-model name mace-torch "
+                 "knows, such as 'medium' or 'small_off'" if importlib.util.find_spec("mace") is not None else
+                 "expected a mace-torch .model file or an equikernels model (foundation-model names such as "
+                 "'medium' need mace-torch: pip install mace-torch)")
+        raise FileNotFoundError(f"IN {args.input!r}: no such file or directory; {names}")
     _check_output(args)  # before the (slow) load
+    if args.to == "mace" and importlib.util.find_spec("mace") is None:
+        raise ImportError("--to mace: writing a mace-torch .model file needs mace-torch (pip install mace-torch)")
     model = load(args.input, device="cpu", dtype=DTYPES[args.dtype] if args.dtype else None)
     if args.to == "mace":
+        from ..training.mace_export import to_mace  # noqa: PLC0415
         from ..training.model_factory import save_mace_torch  # noqa: PLC0415
 
-        save_mace_torch(model, args.output, template=args.input)
+        mace_model = to_mace(model, args.input)
+        try:
+            save_mace_torch(mace_model, args.output)
+        except (OSError, RuntimeError) as exc:  # torch.save reports a failed write as a RuntimeError
+            text = str(exc).strip().splitlines()
+            raise OSError(f"OUT {args.output!r}: cannot write the model there "
+                          f"({text[0] if text else type(exc).__name__})") from exc
         print(f"converted {args.input} -> {args.output}: mace-torch {model.config['model']}")
         return 0
     save(model, args.output)
@@ -61,12 +74,15 @@ def _check_output(args: argparse.Namespace) -> None:
     if not os.path.isdir(parent):
         what = "is a file, not a folder" if os.path.exists(parent) else "does not exist; create it first"
         raise FileNotFoundError(f"OUT {out!r}: folder {parent} {what}")
+    if out.endswith((os.sep, "/")) and not os.path.isdir(out):  # a folder was meant: none is created
+        raise FileNotFoundError(f"OUT {out!r}: no such directory; create it first, or give a file name")
     if os.path.isdir(out):
         if args.to == "mace":
             raise IsADirectoryError(f"OUT {out!r}: is a directory; --to mace writes one .model file, give its name")
         existing = [n for n in (CONFIG_FILE, WEIGHTS_FILE) if os.path.exists(os.path.join(out, n))]
     else:
         existing = [out] if os.path.exists(out) else []
+    _check_writable(out)
     if not existing or args.overwrite:
         return
     if os.path.exists(args.input) and not os.path.isdir(args.input) and os.path.samefile(args.input, out):
@@ -75,3 +91,16 @@ def _check_output(args: argparse.Namespace) -> None:
         raise FileExistsError(f"OUT {out!r}: already exists; give another name, or --overwrite to replace it")
     raise FileExistsError(f"OUT {out!r}: already holds {' and '.join(existing)}; give another directory, or "
                           "--overwrite to replace them")
+
+
+def _check_writable(out: str) -> None:
+    """Refuse, naming OUT, a place that takes no new file (read-only, a system folder), before the model is read."""
+    from .._files import temp_path  # noqa: PLC0415
+
+    probe = temp_path(os.path.join(out, "probe") if os.path.isdir(out) else out)
+    try:
+        with open(probe, "xb"):  # "x": never truncates or removes what another writer holds there
+            pass
+    except OSError as exc:
+        raise OSError(f"OUT {out!r}: cannot write the model there ({exc.strerror or type(exc).__name__})") from None
+    os.remove(probe)

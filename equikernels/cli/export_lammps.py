@@ -26,7 +26,7 @@ def register(subparsers) -> None:
 
 def _export(args: argparse.Namespace) -> int:
     from .._files import check_output_file, same_file  # noqa: PLC0415
-    from ..lammps.export import export_mliap  # noqa: PLC0415 (keeps `equikernels --help` light)
+    from ..lammps.export import export_mliap, is_torch_file  # noqa: PLC0415 (keeps `equikernels --help` light)
 
     if not same_file(args.model, args.output):  # export_mliap names a MODEL given as OUT
         check_output_file(args.output, "OUT", "model-mliap.pt", overwrite=args.overwrite)
@@ -43,7 +43,7 @@ def _export(args: argparse.Namespace) -> int:
           f"head {obj.head!r}, cutoff {2 * obj.rcutfac:g} A\n"
           f"LAMMPS input:\n  pair_style mliap unified {args.output} 0\n"
           f"  pair_coeff * * <one of {elements} per atom type>")
-    if args.output.lower().endswith((".pt", ".pth")):
+    if is_torch_file(args.output):
         print("LAMMPS reads .pt files with torch.load: with torch >= 2.6 set TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 "
               "for it, or export to a .pkl name (read with pickle.load)")
     return 0

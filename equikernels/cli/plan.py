@@ -84,7 +84,23 @@ def model_text(path: str, args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+# the plan's parameter names -> this command's options, for its error messages
+OPTIONS = {"need": "--need", "have": "--have", "direction": "--direction", "dtype": "--dtype", "layout": "--layout"}
+
+
 def run(args) -> int:
+    try:
+        return _run(args)
+    except ValueError as exc:
+        from . import option_names  # noqa: PLC0415
+        text = str(exc)
+        named = option_names(text, OPTIONS)
+        if named == text or (args.model and text.startswith(args.model)):  # a model file's error names the file
+            raise
+        raise type(exc)(named) from exc
+
+
+def _run(args) -> int:
     from ..catalog import standard_problems
     _plan.check_direction_options(args.direction, args.need, args.have)
     if args.model and args.problem:

@@ -37,7 +37,7 @@ def unknown_variables() -> List[str]:
     for name in sorted(settings.environ_items((settings.PREFIX,))):
         if name in known:
             continue
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
+        close = difflib.get_close_matches(name.upper(), known, n=1, cutoff=0.85)  # EQUIKERNELS_autotune too
         hint = f"; did you mean {close[0]}?" if close else ""
         lines.append(f"{name} is set but is no equikernels setting: ignored{hint}")
     return lines

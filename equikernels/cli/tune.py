@@ -27,7 +27,7 @@ def register(sub) -> None:
     p.add_argument("--structure", default=None,
                    help="structure for --model: a file ASE reads (its last frame, as equikernels md reads it) or the "
                         "frames ASE's FILE@INDEX selects (FILE@-1, FILE@:10, FILE@::2), one training step each; "
-                        "default: Cu fcc")
+                        "default: Cu fcc (its sites take the model's elements when it has no Cu)")
     p.add_argument("--atoms", type=int, default=1008, help="Cu fcc size for --model without --structure (default 1008)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="math dtype (default float32)")
     p.add_argument("--layout", choices=("ir_mul", "mul_ir"), default="ir_mul",
@@ -68,6 +68,25 @@ def _structures(spec, atoms: int) -> list:
     return [at]
 
 
+def _fit_elements(structures: list, spec, elements) -> list:
+    """``structures`` for a model with element table ``elements``: the frames of ``--structure`` must
+    hold only those (else ValueError naming the option); the default crystal's sites take the model's
+    elements in turn when copper is not among them (a MACE-OFF model: the same graph)."""
+    elements = [int(z) for z in elements]
+    if spec:
+        for i, at in enumerate(structures):
+            unknown = sorted(set(at.numbers.tolist()) - set(elements))
+            if unknown:
+                raise ValueError(f"--structure {spec}: frame {i} holds atomic numbers {unknown}, which are not in "
+                                 f"the model's table {elements}")
+        return structures
+    at = structures[0]
+    if set(at.numbers.tolist()) - set(elements):
+        at = at.copy()
+        at.numbers = [elements[i % len(elements)] for i in range(len(at))]
+    return [at]
+
+
 def _model_step(model, at, dtype, device) -> None:
     from ..models import atoms_to_data
     model = model.to(device=device, dtype=dtype)
@@ -98,12 +117,14 @@ def run(args) -> int:
     from ..catalog import standard_problems
     from ..tune.cache import check_persistent, configured_path, variable
     # the arguments first: a mistyped one is named even where no GPU is visible
-    names = list(standard_problems()) if args.problems == "all" else [n for n in args.problems.split(",") if n]
+    names = (list(standard_problems()) if args.problems.strip() == "all"
+             else [n.strip() for n in args.problems.split(",") if n.strip()])  # "a, b" as "a,b"
     unknown = [n for n in names if n not in standard_problems()]
     if unknown:
         raise ValueError(f"--problems: unknown {unknown}; known: {', '.join(standard_problems())}")
     if not names and not args.model:
-        raise ValueError("give --problems and/or --model")
+        raise ValueError("give --problems and/or --model" if not args.problems.strip() else
+                         f"--problems {args.problems!r}: no problem name; expected names such as mace-mp-medium-L2")
     if names and args.rows < 1:
         raise ValueError(f"--rows: expected a positive number of rows, got {args.rows}")
     if args.model and args.structure is None and args.atoms < 1:
@@ -116,6 +137,7 @@ def run(args) -> int:
         from ..models import load
         structures = _structures(args.structure, args.atoms)  # before the model: reading a large one takes a while
         model = load(args.model, device="cpu")
+        structures = _fit_elements(structures, args.structure, model.atomic_numbers.tolist())
     target = configured_path()
     check_persistent(target)  # tunings kept only until exit would be work thrown away
     device = _device(args.device)

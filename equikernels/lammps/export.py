@@ -1,7 +1,7 @@
 """Write and read the ML-IAP object LAMMPS loads with ``pair_style mliap unified FILE 0``.
 
-LAMMPS reads ``FILE`` with ``torch.load`` when it ends in ``.pt``/``.pth`` and with ``pickle.load``
-otherwise, so ``export_mliap`` writes it the same way. The pickled object holds the model's
+LAMMPS reads ``FILE`` with ``torch.load`` when it ends in ``.pt``/``.pth`` (lower case) and with
+``pickle.load`` otherwise, so ``export_mliap`` writes it the same way. The pickled object holds the model's
 config (JSON) and weights (plain tensors), and rebuilds the model on load: the file needs
 equikernels (not mace-torch) where LAMMPS runs.
 """
@@ -17,14 +17,15 @@ from typing import Optional, Union
 import torch
 
 from .._files import atomic_write, check_output_file, same_file
-from ..models.io import check_torch_file
+from ..models.io import check_torch_file, is_mliap_file
 from .mliap import EquikernelsMLIAP
 
 TORCH_SUFFIXES = (".pt", ".pth")
 
 
-def _is_torch_file(path: str) -> bool:
-    return path.lower().endswith(TORCH_SUFFIXES)
+def is_torch_file(path: str) -> bool:
+    """Whether LAMMPS reads ``path`` with ``torch.load``: its test is case-sensitive (``x.PT`` is unpickled)."""
+    return path.endswith(TORCH_SUFFIXES)
 
 
 def export_mliap(model, path: Union[str, os.PathLike], dtype: Optional[str] = None, head: Optional[str] = None
@@ -38,14 +39,14 @@ def export_mliap(model, path: Union[str, os.PathLike], dtype: Optional[str] = No
     if isinstance(model, (str, os.PathLike)):
         if os.path.abspath(os.fspath(model)) == os.path.abspath(path) or same_file(os.fspath(model), path):
             raise ValueError(f"path: {path!r} is the model file itself; choose another name such as model-mliap.pt")
-        if _holds_mliap(os.fspath(model)):
+        if is_mliap_file(os.fspath(model)):
             raise ValueError(f"model: {os.fspath(model)!r} is an ML-IAP file written by export-lammps, not a model; "
                              "export from the model file it was written from")
         model = load(model, device="cpu")
     obj = EquikernelsMLIAP(model, head=head, dtype=dtype)
 
     def write(tmp: str) -> None:
-        if _is_torch_file(path):
+        if is_torch_file(path):
             torch.save(obj, tmp)
         else:
             with open(tmp, "wb") as f:
@@ -55,29 +56,6 @@ def export_mliap(model, path: Union[str, os.PathLike], dtype: Optional[str] = No
     except (OSError, RuntimeError) as exc:  # full disk, a folder turned read-only meanwhile
         raise OSError(f"path: cannot write {path!r} ({_first_line(exc)})") from None
     return obj
-
-
-_MLIAP_MARK = b"equikernels.lammps.mliap"
-
-
-def _holds_mliap(path: str) -> bool:
-    """Whether ``path`` is a file ``export_mliap`` wrote (its pickle names the ML-IAP class first)."""
-    if not os.path.isfile(path):
-        return False
-    try:
-        if zipfile.is_zipfile(path):
-            with zipfile.ZipFile(path) as archive:
-                names = [n for n in archive.namelist() if n.endswith("/data.pkl")]
-                if len(names) != 1:
-                    return False
-                with archive.open(names[0]) as f:
-                    head = f.read(64)
-        else:
-            with open(path, "rb") as f:
-                head = f.read(64)
-    except (OSError, zipfile.BadZipFile):
-        return False
-    return head[:1] == b"\x80" and _MLIAP_MARK in head
 
 
 EXPECTED = "an ML-IAP model file written by equikernels export-lammps"
@@ -95,7 +73,7 @@ def load_mliap(path: Union[str, os.PathLike]) -> EquikernelsMLIAP:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"path: no such file: {path!r}")
-    if _is_torch_file(path):
+    if is_torch_file(path):
         check_torch_file(path, EXPECTED)
         try:
             with torch.serialization.safe_globals([EquikernelsMLIAP]):

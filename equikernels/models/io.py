@@ -277,6 +277,7 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
         raise FileNotFoundError(f"{path}: no such model file or directory ({names})")
     else:
         remove_stale_temps(path)
+        _refuse_mliap(path)
         obj = _torch_load_safe(path, "an equikernels model file or a mace-torch .model file")
         if obj is _NEEDS_PICKLE and _pickled_class(path) in _OUR_CLASSES:
             model = _load_pickled_ours(path)
@@ -306,6 +307,35 @@ def load(path: Union[str, os.PathLike], device: Union[str, torch.device, None] =
 
 _NEEDS_PICKLE = object()  # a valid torch archive that only a full unpickle can read
 _LEGACY_MAGIC = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"  # pre-1.6 torch.save
+_MLIAP_MARK = b"equikernels.lammps.mliap"  # the module of the object export-lammps pickles
+
+
+def is_mliap_file(path: str) -> bool:
+    """Whether ``path`` is a file ``equikernels export-lammps`` wrote: its pickle names the ML-IAP class
+    first (read without unpickling)."""
+    if not os.path.isfile(path):
+        return False
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                names = [n for n in archive.namelist() if n.endswith("/data.pkl")]
+                if len(names) != 1:
+                    return False
+                with archive.open(names[0]) as f:
+                    head = f.read(64)
+        else:
+            with open(path, "rb") as f:
+                head = f.read(64)
+    except (OSError, zipfile.BadZipFile):
+        return False
+    return head[:1] == b"\x80" and _MLIAP_MARK in head
+
+
+def _refuse_mliap(path: str) -> None:
+    """``ValueError`` for a file ``equikernels export-lammps`` wrote (what LAMMPS loads), not a model."""
+    if is_mliap_file(path):
+        raise ValueError(f"{path}: an ML-IAP file written by equikernels export-lammps (what LAMMPS loads), not a "
+                         "model file; give the model file it was exported from")
 
 
 def check_torch_file(path: str, expected: str) -> None:
@@ -502,6 +532,8 @@ def load_mace_module(path: Union[str, os.PathLike]) -> Optional[torch.nn.Module]
     """The mace-torch module pickled in ``path`` (checked and announced as ``load`` does), or None
     when ``path`` is in our own format; ``ValueError`` for a file that is neither."""
     path = os.fspath(path)
+    if not os.path.isdir(path):
+        _refuse_mliap(path)
     if os.path.isdir(path) or _torch_load_safe(path, "a mace-torch .model file") is not _NEEDS_PICKLE:
         return None
     if _pickled_class(path) in _OUR_CLASSES:  # an equikernels model saved whole

@@ -8,7 +8,7 @@ from cli_checks import one_line_error
 
 
 def test_lists_every_setting_with_the_value_in_force(monkeypatch, capsys):
-    monkeypatch.setenv("EQUIKERNELS_ROWS", "3")
+    monkeypatch.setenv("EQUIKERNELS_ROWS", "4")
     monkeypatch.delenv("EQUIKERNELS_WARPS", raising=False)
     settings.reload()
     try:
@@ -19,7 +19,7 @@ def test_lists_every_setting_with_the_value_in_force(monkeypatch, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == len(settings.FIELDS)
     by_name = {ln.split()[0]: ln.split()[1:] for ln in lines}
-    assert by_name["EQUIKERNELS_ROWS"] == ["3", "(environment)"]
+    assert by_name["EQUIKERNELS_ROWS"] == ["4", "(environment)"]
     assert by_name["EQUIKERNELS_WARPS"] == ["None", "(default)"]
 
 

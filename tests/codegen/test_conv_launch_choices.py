@@ -61,5 +61,5 @@ def test_float64_node_kernels_warps_and_shared_sums_per_direction():
     uvw = TPProblem.create(**fully_connected_problem("2x0e", "0e", "2x0e", shared=False))
     assert conv_in1_outer(uvu, "bwd", torch.float64, True) and not conv_in1_outer(uvu, "bwd", torch.float32, True)
     assert not conv_in1_outer(uvu, "bwd", torch.float64, False) and not conv_in1_outer(uvw, "bwd", torch.float64, True)
-    with settings.override(conv_warps=3):
-        assert conv_config("fwd", "nodes", torch.float64).num_warps == 3
+    with settings.override(conv_warps=8):
+        assert conv_config("fwd", "nodes", torch.float64).num_warps == 8
