@@ -25,6 +25,7 @@ import torch
 
 from .._compat import default_dtype  # importing _compat also lets torch.load read e3nn objects
 from .._files import atomic_write, remove_stale_temps
+from ..adapters.classes import original_class
 from .blocks import INTERACTIONS
 from .foundations import foundation_checkpoint
 from .mace_keys import mace_key_names
@@ -63,8 +64,9 @@ def config_from_mace(model) -> dict:
     """The JSON-able structure of a mace-torch ``MACE``/``ScaleShiftMACE``."""
     from mace import modules as mm  # noqa: PLC0415 (optional dependency)
 
-    if type(model) not in (mm.MACE, mm.ScaleShiftMACE):
-        raise TypeError(f"mace_model: expected a mace-torch MACE or ScaleShiftMACE, got {type(model).__name__}")
+    cls = original_class(model)  # a model that equikernels.accelerate ran on keeps its structure
+    if cls not in (mm.MACE, mm.ScaleShiftMACE):
+        raise TypeError(f"mace_model: expected a mace-torch MACE or ScaleShiftMACE, got {cls.__name__}")
     _check_plain_e3nn(model)
     if hasattr(model, "joint_embedding"):
         raise ValueError("mace_model: models with embedding_specs (joint embeddings) are not supported")
@@ -85,7 +87,7 @@ def config_from_mace(model) -> dict:
         raise ValueError("mace_model: expected spherical harmonics with normalize=True, normalization='component'")
     cfg = {
         "version": CONFIG_VERSION,
-        "model": type(model).__name__,
+        "model": cls.__name__,
         "layout": "ir_mul",
         "r_max": float(model.r_max),
         "num_bessel": int(re.out_dim),
@@ -115,7 +117,8 @@ def _interaction_config(inter) -> dict:
     if kind not in INTERACTIONS:
         raise ValueError(f"mace_model: interaction block {kind} is not supported (supported: {tuple(INTERACTIONS)})")
     tp = inter.conv_tp
-    if getattr(inter, "conv_fusion", None):
+    # equikernels.accelerate's own fusion keeps e3nn's product (and its instructions) on conv_tp
+    if getattr(inter, "conv_fusion", None) and getattr(type(tp), "_ek_adapter", None) is None:
         raise ValueError("mace_model: fused-convolution (cuEquivariance/OpenEquivariance) blocks are not supported")
     instructions = [(i.i_in1, i.i_in2, i.i_out, i.connection_mode, bool(i.has_weight)) for i in tp.instructions]
     return {
@@ -222,7 +225,11 @@ def save(model: MACE, path: Union[str, os.PathLike]) -> None:
     only once both are written (an interrupted write leaves the previous files; its leftover is removed
     by the next save or load)."""
     if not isinstance(model, MACE):
-        raise TypeError(f"model: expected an equikernels.models.MACE/ScaleShiftMACE, got {type(model).__name__}")
+        cls = original_class(model)
+        hint = ("; a mace-torch model is saved as equikernels.models.save(equikernels.models.from_mace(model), path)"
+                if cls.__module__.split(".")[0] == "mace" else "")
+        raise TypeError(f"model: expected an equikernels.models.MACE/ScaleShiftMACE, got {cls.__module__}."
+                        f"{cls.__name__}{hint}")
     path = os.fspath(path)
     if not path:
         raise ValueError("path: expected a file name or an existing directory, got ''")
