@@ -25,7 +25,6 @@ import torch
 
 from .._compat import default_dtype  # importing _compat also lets torch.load read e3nn objects
 from .._files import atomic_write, remove_stale_temps
-from ..adapters.classes import original_class
 from .blocks import INTERACTIONS
 from .foundations import foundation_checkpoint
 from .mace_keys import mace_key_names
@@ -60,11 +59,16 @@ def _check_plain_e3nn(model) -> None:
                              "back to e3nn first (mace.cli.convert_cueq_e3nn / convert_oeq_e3nn)")
 
 
+def _class_before_accelerate(model) -> type:
+    """The class of ``model`` before ``equikernels.accelerate`` (its subclasses name their base ``_ek_base``)."""
+    return getattr(type(model), "_ek_base", type(model))
+
+
 def config_from_mace(model) -> dict:
     """The JSON-able structure of a mace-torch ``MACE``/``ScaleShiftMACE``."""
     from mace import modules as mm  # noqa: PLC0415 (optional dependency)
 
-    cls = original_class(model)  # a model that equikernels.accelerate ran on keeps its structure
+    cls = _class_before_accelerate(model)
     if cls not in (mm.MACE, mm.ScaleShiftMACE):
         raise TypeError(f"mace_model: expected a mace-torch MACE or ScaleShiftMACE, got {cls.__name__}")
     _check_plain_e3nn(model)
@@ -225,7 +229,7 @@ def save(model: MACE, path: Union[str, os.PathLike]) -> None:
     only once both are written (an interrupted write leaves the previous files; its leftover is removed
     by the next save or load)."""
     if not isinstance(model, MACE):
-        cls = original_class(model)
+        cls = _class_before_accelerate(model)
         hint = ("; a mace-torch model is saved as equikernels.models.save(equikernels.models.from_mace(model), path)"
                 if cls.__module__.split(".")[0] == "mace" else "")
         raise TypeError(f"model: expected an equikernels.models.MACE/ScaleShiftMACE, got {cls.__module__}."
