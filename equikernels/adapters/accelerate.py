@@ -10,7 +10,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import nn
 
-from .._compat import e3nn
+from .._compat import e3nn, o3
 from ..nn.convert import from_e3nn, why_not_convertible
 from ..ops.tp import resolve_backend
 from .registry import accelerate_layers
@@ -19,10 +19,11 @@ from .registry import accelerate_layers
 @dataclass
 class AccelerateReport:
     """What ``accelerate`` did: ``replaced`` (name, e3nn type, new type), ``left_alone`` (name, type,
-    reason) for e3nn modules it kept, ``fused`` (name, layer class, what) for whole layers rewired
-    in place by an adapter (``equikernels.adapters``) and ``not_fused`` (name, class, reason) for
-    layers an adapter recognised but left as they were; ``already`` (name, class) for layers an
-    earlier call rewired; ``device``, where the model's parameters were when it ran."""
+    reason) for e3nn modules it kept (and TorchScript modules holding some), ``fused`` (name, layer
+    class, what) for whole layers rewired in place by an adapter (``equikernels.adapters``) and
+    ``not_fused`` (name, class, reason) for layers an adapter recognised but left as they were;
+    ``already`` (name, class) for layers an earlier call rewired; ``device``, where the model's
+    parameters were when it ran."""
     replaced: List[Tuple[str, str, str]] = field(default_factory=list)
     left_alone: List[Tuple[str, str, str]] = field(default_factory=list)
     fused: List[Tuple[str, str, str]] = field(default_factory=list)
@@ -94,6 +95,40 @@ def _e3nn_eager():
         e3nn.set_optimization_defaults(jit_mode=mode)
 
 
+_CONVERTED = (o3.TensorProduct, o3.Linear, o3.SphericalHarmonics)  # the e3nn kinds from_e3nn replaces
+_SCRIPTED = ("compiled by TorchScript (e3nn.util.jit.compile, torch.jit.script): "
+             "accelerate the model before scripting it")
+
+
+def _scripted_e3nn(module: nn.Module) -> bool:
+    """A TorchScript module (compiled code, which ``accelerate`` cannot rewire) holding e3nn modules."""
+    for m in module.modules():
+        try:
+            name = m._c._type().qualified_name()
+        except (AttributeError, RuntimeError):
+            continue
+        if name.startswith("__torch__.e3nn."):
+            return True
+    return False
+
+
+_HOOKS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+          "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
+          "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
+
+
+def _carry_hooks(old: nn.Module, new: nn.Module) -> None:
+    """The hooks registered on ``old`` (feature capture, checkpoint key rewrites) kept on its replacement:
+    ``new`` takes ``old``'s hook dicts themselves, so the handles that registered them still remove them."""
+    for attr in _HOOKS:
+        hooks, own = old.__dict__.get(attr), new.__dict__.get(attr)
+        if hooks and own is not None:
+            hooks.update(own)
+            new.__dict__[attr] = hooks
+    if old.__dict__.get("_is_full_backward_hook") is not None:
+        new._is_full_backward_hook = old._is_full_backward_hook
+
+
 def _module_hint(obj) -> str:
     """Where the torch module(s) of a calculator passed as ``model`` are, as '; pass ...', or ''."""
     if isinstance(getattr(obj, "models", None), list):
@@ -111,18 +146,24 @@ def _module_hint(obj) -> str:
 def accelerate(model: nn.Module, fuse: bool = True) -> AccelerateReport:
     """Replace, in place, every supported e3nn submodule of ``model`` (at any depth, including inside
     ModuleList/Sequential/ModuleDict and e3nn containers such as ``nn.Gate``) by its equikernels
-    equivalent sharing the same Parameters. ``model.state_dict()`` is unchanged. A module reached
-    through several parents is converted once and stays shared.
+    equivalent sharing the same Parameters and keeping the hooks registered on it.
+    ``model.state_dict()`` is unchanged. A module reached through several parents is converted once
+    and stays shared. TorchScript modules are compiled code: a scripted ``model`` is refused
+    (``TypeError``), scripted submodules holding e3nn modules are kept and listed in ``left_alone``.
 
     With ``fuse`` (default), whole layers are then rewired by the adapters of
     ``equikernels.adapters``: message passing (gather -> tensor product with per-edge weights ->
     scatter-sum) becomes one fused convolution on a graph shared by every layer, and mace-torch's
     symmetric contraction runs as generated kernels; the layers keep their class names,
-    parameters, ``state_dict`` keys and call signatures. The report lists what was fused and why
+    parameters, ``state_dict`` keys and call signatures, and script (``torch.jit.script``,
+    ``e3nn.util.jit.compile``) as their original forward. The report lists what was fused and why
     a recognised layer was not.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}{_module_hint(model)}")
+    if isinstance(model, torch.jit.ScriptModule):
+        raise TypeError("model: a TorchScript module (torch.jit.script / torch.jit.load) cannot be accelerated; "
+                        "accelerate the Python model, then script it")
     if _is_e3nn(model) and _acceleratewhy_not_convertible(model) is None:
         raise TypeError(f"model: {type(model).__name__} is itself a supported e3nn module and cannot be replaced "
                         "in place; use equikernels.from_e3nn(model)")
@@ -142,6 +183,12 @@ def accelerate(model: nn.Module, fuse: bool = True) -> AccelerateReport:
             if id(child) in done:
                 setattr(parent, name, done[id(child)])
                 continue
+            if isinstance(child, torch.jit.ScriptModule):  # compiled: nothing inside can be replaced
+                if _scripted_e3nn(child):
+                    scripted.append(full)
+                    if report_e3nn:
+                        report.left_alone.append((full, child.original_name, _SCRIPTED))
+                continue
             why = _acceleratewhy_not_convertible(child) if _is_e3nn(child) else None
             new = None
             if _is_e3nn(child) and why is None:
@@ -151,27 +198,34 @@ def accelerate(model: nn.Module, fuse: bool = True) -> AccelerateReport:
                 except (TypeError, ValueError, NotImplementedError) as exc:  # kept as it is, with the reason
                     why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             if new is not None:
+                _carry_hooks(child, new)
                 done[id(child)] = new
                 setattr(parent, name, new)
                 report.replaced.append((full, type(child).__name__, f"equikernels.{type(new).__name__}"))
                 count += 1
                 continue
-            if _is_e3nn(child) and report_e3nn:  # report the outermost kept e3nn module only
+            # report the outermost kept e3nn module, and every kept module of a kind accelerate converts
+            if _is_e3nn(child) and (report_e3nn or isinstance(child, _CONVERTED)):
                 entry = len(report.left_alone)
                 report.left_alone.append((full, type(child).__name__, why))
                 n = walk(child, full, False)
-                if n:
-                    report.left_alone[entry] = (full, type(child).__name__,
-                                                f"{why}; {n} submodule(s) inside it replaced")
+                report.left_alone[entry] = (full, type(child).__name__, why + _inside(n, full))
             else:
                 n = walk(child, full, report_e3nn and not _is_e3nn(child))
             count += n
         return count
 
+    def _inside(n: int, prefix: str) -> str:
+        """What happened inside a kept e3nn module: its replaced and its compiled submodules."""
+        kept = sum(1 for name in scripted if not prefix or name.startswith(prefix + "."))
+        return ((f"; {n} submodule(s) inside it replaced" if n else "")
+                + (f"; {kept} submodule(s) inside it {_SCRIPTED}" if kept else ""))
+
+    scripted: List[str] = []  # TorchScript modules holding e3nn modules
     n = walk(model, "", not _is_e3nn(model))
     if _is_e3nn(model):
-        note = f"; {n} submodule(s) inside it replaced" if n else ""
-        report.left_alone.insert(0, ("", type(model).__name__, f"{_acceleratewhy_not_convertible(model)}{note}"))
+        why = _acceleratewhy_not_convertible(model)
+        report.left_alone.insert(0, ("", type(model).__name__, f"{why}{_inside(n, '')}"))
     if fuse:
         accelerate_layers(model, report)
     return report

@@ -13,8 +13,6 @@ generated from the graph, installed on a same-name subclass of the layer's class
 from __future__ import annotations
 
 import inspect
-import itertools
-import linecache
 import operator
 import types
 import warnings
@@ -26,7 +24,7 @@ from torch import fx, nn
 from .._compat import e3nn  # noqa: F401  (safe e3nn import first)
 from e3nn import math as e3nn_math  # noqa: E402
 from ..nn.tensor_product import TensorProduct
-from .classes import accelerated_class, original_class, register_overrides
+from .classes import accelerated_class, forward_like, original_class, register_overrides
 from .fused import fusable_tp, message_passing
 from .registry import Adapter, NotFused, register
 
@@ -273,39 +271,6 @@ def rewrite(layer: nn.Module) -> Tuple[Callable, int, str]:
     return namespace["forward"], fused, ""
 
 
-_SOURCES = itertools.count()
-
-
-def _forward_like(orig: Callable, call: Callable) -> Callable:
-    """A function with ``orig``'s parameters (names, kinds, defaults, annotations, globals) that calls
-    ``call(self, ...)``, and under TorchScript ``self._ek_script_forward(...)`` (the layer's own
-    forward, see ``classes``): TorchScript compiles a method from its source and signature, which a
-    ``*args, **kwargs`` wrapper does not give."""
-    sig = inspect.signature(orig)
-    params = list(sig.parameters.values())
-    plain = sig.replace(parameters=[p.replace(annotation=p.empty, default=p.empty) for p in params],
-                        return_annotation=sig.empty)
-    me = params[0].name
-    args = ", ".join(p.name if p.kind != p.KEYWORD_ONLY else f"{p.name}={p.name}" for p in params[1:])
-    src = (f"def _ek_make(torch, _ek_call):\n"
-           f"    def forward{plain}:\n"
-           f"        if torch.jit.is_scripting():\n"
-           f"            return {me}._ek_script_forward({args})\n"
-           f"        return _ek_call({', '.join([me] + ([args] if args else []))})\n"
-           f"    return forward\n")
-    filename = f"<equikernels fused {orig.__qualname__} {next(_SOURCES)}>"
-    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)  # for TorchScript's getsource
-    namespace: dict = {}
-    exec(compile(src, filename, "exec"), namespace)  # noqa: S102
-    inner = namespace["_ek_make"](torch, call)
-    # the original's globals: TorchScript resolves the names of its annotations there
-    fn = types.FunctionType(inner.__code__, orig.__globals__, "forward", orig.__defaults__, inner.__closure__)
-    fn.__kwdefaults__ = orig.__kwdefaults__
-    fn.__annotations__ = dict(getattr(orig, "__annotations__", {}))
-    fn.__doc__, fn.__module__ = orig.__doc__, orig.__module__
-    return fn
-
-
 def _overrides(cls: type) -> dict:
     def call(self, *args, **kwargs):
         fn = self.__dict__.get("_ek_forward")
@@ -319,7 +284,7 @@ def _overrides(cls: type) -> dict:
         return fn(self, *args, **kwargs)
 
     if isinstance(cls.forward, types.FunctionType) and not hasattr(cls.forward, "__wrapped__"):
-        return {"forward": _forward_like(cls.forward, call)}
+        return {"forward": forward_like(cls.forward, call)}
     call.__signature__ = inspect.signature(cls.forward)
     call.__doc__ = cls.forward.__doc__
     return {"forward": call}

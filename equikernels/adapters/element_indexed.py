@@ -9,6 +9,7 @@ one-hot or that require a gradient, explicit weights and traced calls take the o
 from __future__ import annotations
 
 import inspect
+from typing import Optional
 
 import torch
 from torch import nn
@@ -50,7 +51,9 @@ def _linear(tp: TensorProduct) -> ElementLinear:
 
 
 def _overrides(cls: type) -> dict:
-    def forward(self, x, y, weight=None):
+    def forward(self, x: torch.Tensor, y: torch.Tensor, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if torch.jit.is_scripting():  # TorchScript compiles the product's own forward
+            return self._ek_script_forward(x, y, weight)
         if (weight is None and isinstance(x, torch.Tensor) and x.dim() == 2 and x.dtype == self.weight.dtype
                 and isinstance(y, torch.Tensor) and y.shape[:1] == x.shape[:1]):
             groups = one_hot_groups(y, _elements(self))

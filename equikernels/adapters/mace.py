@@ -17,6 +17,7 @@ Element-indexed skip products (``skip_tp``, node features times one-hot node att
 from __future__ import annotations
 
 import inspect
+from typing import Optional
 
 import torch
 from torch import nn
@@ -36,7 +37,13 @@ CONV, CONTRACTION = "mace", "mace_contraction"
 
 # --- interaction blocks -------------------------------------------------------------------------
 def _conv_overrides(cls: type) -> dict:
-    def forward(self, x, y, weight=None, edge_index=None):
+    def forward(self, x: torch.Tensor, y: torch.Tensor, weight: Optional[torch.Tensor] = None,
+                edge_index: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if torch.jit.is_scripting():  # TorchScript: the product's own forward, gathered and summed
+            if edge_index is None:
+                return self._ek_script_forward(x, y, weight)
+            msg = self._ek_script_forward(x.index_select(0, edge_index[0]), y, weight)
+            return msg.new_zeros(x.shape[0], msg.shape[1]).index_add(0, edge_index[1], msg)
         if edge_index is None:
             return cls.forward(self, x, y, weight)
         return message_passing(self, x, y, weight, edge_index[0], edge_index[1], x.shape[0])
@@ -131,6 +138,8 @@ def _mono(sc) -> MonomialContraction:
 
 def _contraction_overrides(cls: type) -> dict:
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():  # TorchScript compiles mace-torch's own forward
+            return self._ek_script_forward(x, y)
         n, channels = x.shape[0], x.shape[1]
         table = _weight_table(self)
         groups = one_hot_groups(y, table.shape[0])

@@ -11,6 +11,8 @@ model (pickled with it). The equikernels model is rebuilt when a parameter or bu
 by another tensor (``.to()``, ``.double()``) or a buffer changes in place (U tensors, E0, scale
 and shift loaded from a file). While being compiled without a built model, and for a model whose
 structure could not be read, the layer-by-layer acceleration (``adapters.mace``) runs instead.
+TorchScript (``e3nn.util.jit.compile``, as mace-torch's training script and LAMMPS export run it)
+compiles mace-torch's own forward.
 """
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ import torch
 from torch import nn
 
 from ..models.io import build, check_normalisation, config_from_mace, mace_key_map
+from ..models.mace import MACE as EquikernelsMACE
 from ..nn.frozen import mode, version
-from .classes import accelerated_class, original_class, register_overrides
+from .classes import accelerated_class, forward_like, original_class, register_overrides
 from .registry import Adapter, NotFused, register
 
 MODEL = "mace_model"
@@ -78,19 +81,28 @@ def _twin(model: nn.Module):
 
 
 def _overrides(cls: type) -> dict:
-    ours = set(inspect.signature(cls.forward).parameters)
+    params = list(inspect.signature(cls.forward).parameters.values())[1:]
+    names = [p.name for p in params]
+    defaults = {p.name: p.default for p in params if p.default is not p.empty}
+    ours = set(inspect.signature(EquikernelsMACE.forward).parameters)
 
-    def forward(self, data, *args, **kwargs):
-        if _CONFIG not in self.__dict__ or not set(kwargs) <= ours:
-            return cls.forward(self, data, *args, **kwargs)
+    def call(self, *args, **kwargs):
+        bound = dict(zip(names, args), **kwargs)
+        data = bound.pop(names[0])
+        # a mace-torch option the equikernels MACE lacks, left at its default, changes nothing
+        extra = {k: v for k, v in bound.items() if k not in ours}
+        if _CONFIG not in self.__dict__ or any(k not in defaults or v != defaults[k] for k, v in extra.items()):
+            return cls.forward(self, *args, **kwargs)
+        bound = {k: v for k, v in bound.items() if k in ours}
         if torch.compiler.is_compiling():
             cached = self.__dict__.get("_ek_twin")
             if cached is None:
-                return cls.forward(self, data, *args, **kwargs)
-            return cached[0](data, *args, **kwargs)
-        return _twin(self)(data, *args, **kwargs)
+                return cls.forward(self, *args, **kwargs)
+            return cached[0](data, **bound)
+        return _twin(self)(data, **bound)
 
-    forward.__signature__ = inspect.signature(cls.forward)
+    # mace-torch's signature (TorchScript, e3nn.util.jit.compile: mace-torch's own forward)
+    forward = forward_like(cls.forward, call)
     forward.__doc__ = cls.forward.__doc__
     return {"forward": forward}
 
