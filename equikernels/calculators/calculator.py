@@ -29,7 +29,7 @@ from ..models.mace import MACE, trusted_inputs
 from .checks import MIN_VOLUME, check_finite, check_stress_cell, check_structure
 from .committee import committee_properties, committee_results, member_properties
 from .descriptors import descriptor_columns, layer_irreps
-from .graph import ElementTable, single_graph
+from .graph import AtomicNumbers, ElementTable, single_graph
 from .loading import model_heads, resolve_device, resolve_dtype, resolve_head, resolve_model
 from .mace_args import NAMES as MACE_TORCH_NAMES
 from .mace_args import model_files, take_mace_torch_arguments
@@ -271,6 +271,22 @@ class MACECalculator(Calculator):
     def available_heads(self) -> List[str]:
         """The model's heads (mace-torch's name of ``heads``)."""
         return list(self.heads)
+
+    @property
+    def z_table(self):
+        """The model's atomic numbers in one-hot order: mace-torch's ``AtomicNumberTable`` where
+        mace-torch is installed, else an object with the same ``zs``, ``z_to_index`` and ``index_to_z``."""
+        zs = list(self.elements.atomic_numbers)
+        try:
+            from mace.tools.utils import AtomicNumberTable  # noqa: PLC0415
+        except ImportError:
+            return AtomicNumbers(zs)
+        return AtomicNumberTable(zs)
+
+    @property
+    def default_dtype(self) -> str:
+        """The evaluation dtype as mace-torch's calculator names it (``"float64"`` or ``"float32"``)."""
+        return str(self.dtype).replace("torch.", "")
 
     # ---- ASE interface ---------------------------------------------------------------------
     def check_state(self, atoms, tol=1e-15):

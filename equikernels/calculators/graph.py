@@ -11,6 +11,25 @@ from .neighbors import Edges
 MAX_Z = 119  # atomic numbers 0..118
 
 
+class AtomicNumbers:
+    """Atomic numbers in one-hot order, with mace-torch's ``AtomicNumberTable`` interface."""
+
+    def __init__(self, zs: Sequence[int]):
+        self.zs = [int(z) for z in zs]
+
+    def __len__(self) -> int:
+        return len(self.zs)
+
+    def __str__(self) -> str:
+        return f"AtomicNumberTable: {tuple(self.zs)}"
+
+    def index_to_z(self, index: int) -> int:
+        return self.zs[index]
+
+    def z_to_index(self, atomic_number: int) -> int:
+        return self.zs.index(atomic_number)
+
+
 class ElementTable:
     """Atomic number -> one-hot over the model's elements, as a device lookup (no Python loop)."""
 

@@ -23,6 +23,16 @@ def test_mace_torch_attributes(cu_model, single_thread):
     assert committee.models[0] is not committee.models[1]
 
 
+def test_z_table_and_default_dtype_read_as_mace_torch_names_them(single_thread):
+    model = small_random_model([8, 1, 29], seed=2)
+    calc = MACECalculator(model, device="cpu", default_dtype="float32")
+    assert calc.default_dtype == "float32"
+    table = calc.z_table
+    assert list(table.zs) == [int(z) for z in model.atomic_numbers] and len(table) == 3
+    assert [table.z_to_index(z) for z in table.zs] == [0, 1, 2] and table.index_to_z(2) == table.zs[2]
+    assert MACECalculator(model, device="cpu", default_dtype="float64").default_dtype == "float64"
+
+
 @pytest.mark.parametrize("ensemble", ["nvt-langevin", "nvt-bussi"])
 def test_the_first_thermostat_step_does_not_repeat_the_initial_velocities(ensemble):
     """Velocities and thermostat noise come from the same seed; were they one stream, the first
