@@ -87,6 +87,9 @@ def resolve_backend(backend: Optional[str], device: torch.device) -> str:
         if device.type == "cuda" and triton_available():
             return "triton"
         return "cpu" if device.type == "cpu" else "reference"
+    if b == "triton" and not triton_available():
+        raise ValueError("backend 'triton' needs Triton, which is not installed (pip install triton); "
+                         "backend 'auto' chooses one that runs here (argument or EQUIKERNELS_BACKEND)")
     if b == "triton" and device.type != "cuda" and not settings.get().triton_interpret:
         settings.reload()  # TRITON_INTERPRET may have been set after the settings were read
         if not settings.get().triton_interpret:

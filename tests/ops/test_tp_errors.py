@@ -263,3 +263,13 @@ def test_internal_weights_need_shared_weights():
     with pytest.raises(ValueError, match=r"internal_weights=True requires shared_weights=True"):
         TPProblem.create("1x0e", "1x0e", "1x0e", [(0, 0, 0, "uvw", True)], internal_weights=True,
                          shared_weights=False)
+
+
+def test_triton_backend_without_triton_says_so_in_one_line(monkeypatch):
+    from equikernels.ops import tp as tp_ops
+
+    monkeypatch.setattr(tp_ops, "triton_available", lambda: False)
+    with pytest.raises(ValueError, match=r"^backend 'triton' needs Triton, which is not installed") as info:
+        tp_ops.resolve_backend("triton", torch.device("cpu"))
+    assert "\n" not in str(info.value)
+    assert tp_ops.resolve_backend("auto", torch.device("cpu")) == "cpu"
