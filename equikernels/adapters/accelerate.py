@@ -204,6 +204,10 @@ def accelerate(model: nn.Module, fuse: bool = True) -> AccelerateReport:
                 report.replaced.append((full, type(child).__name__, f"equikernels.{type(new).__name__}"))
                 count += 1
                 continue
+            if not fuse and getattr(type(child), "_ek_adapter", None) is not None:  # rewired by a fusing call
+                report.already.append((full, type(child).__name__))
+                count += walk(child, full, False)
+                continue
             # report the outermost kept e3nn module, and every kept module of a kind accelerate converts
             if _is_e3nn(child) and (report_e3nn or isinstance(child, _CONVERTED)):
                 entry = len(report.left_alone)

@@ -56,3 +56,12 @@ def test_copied_gate_traces(copier):
     ek.accelerate(gate)
     traced = torch.jit.trace(copier(gate), (x,))  # its first call is the trace (and the trace's check)
     torch.testing.assert_close(traced(x[:3]), want[:3])
+
+
+def test_call_without_fusing_lists_layers_fused_before_as_already():
+    model = torch.nn.Sequential(_gate(), e3nn_nn.FullyConnectedNet([3, 8, 4], torch.nn.functional.silu))
+    first = ek.accelerate(model)
+    assert {"0", "1"} <= set(first.fused_names), str(first)
+    again = ek.accelerate(model, fuse=False)
+    assert {n for n, _ in again.already} == {"0", "1"}, str(again)
+    assert [n for n, _, _ in again.left_alone if n in ("0", "1")] == [], str(again)
