@@ -158,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
         f.arrays[args.prefix + "forces"] = p.forces
         if p.stress is not None:
             f.info[args.prefix + "stress"] = p.stress
+        else:  # a re-evaluated output file's earlier stress would pass for this model's
+            f.info.pop(args.prefix + "stress", None)
     # renamed into place: a failed or interrupted write leaves the earlier file, never a truncated one
     atomic_write(out, lambda tmp: ase.io.write(tmp, frames, format="extxyz"))
     written = [args.prefix + "energy", args.prefix + "forces"]
