@@ -169,6 +169,13 @@ class TrainConfig:
              "give a model file to fine-tune (model) or the hyper-parameters of a new one (new_model)")
         for name in ("train_file", "valid_file", "test_file", "replay_file"):
             path = getattr(self, name)
+            if path is not None:  # FILE@INDEX (ASE's frame selection) names FILE
+                from .data import split_selection  # noqa: PLC0415 (torch is loaded only to train)
+
+                try:
+                    path = split_selection(path)[0]
+                except ValueError as exc:
+                    raise ValueError(f"{name}: {exc}") from None
             if path is not None and os.path.isdir(path):
                 raise IsADirectoryError(f"{name}: {path!r} is a directory, expected a file of structures")
             if path is not None and not os.path.exists(path):
