@@ -184,6 +184,7 @@ class Trainer:
         cutoff = (mf.r_max(model) if model is not None
                   else float((cfg.new_model or {}).get("r_max", mf.DEFAULT_NEW_MODEL["r_max"])))
         head_names = mf.heads(model) if model is not None else ["Default"]
+        self.head_names = head_names
         unknown = sorted(set(cfg.head_weights) - set(head_names))
         if unknown:
             raise ValueError(f"head_weights: {unknown} not among the model's heads {head_names}")
@@ -198,8 +199,9 @@ class Trainer:
                                            scale, shift, head_names, cfg.model_backend)
         elif e0s:
             table = mf.get_e0s(model)
-            for z, e in e0s.items():
-                table[:, z_table.index(z)] = e
+            for row, values in self._head_e0s(e0s, z_table, head_names).items():
+                for z, e in values.items():
+                    table[row, z_table.index(z)] = e
             mf.set_e0s(model, table)
         model = model.to(device=self.device, dtype=dtype)
         self.model, self.dtype = model, dtype
@@ -207,6 +209,12 @@ class Trainer:
         train = [self._weighted(c, self._frame_factor(c)) for c in self.train_configs]
         train += [self._weighted(c, cfg.replay_weight * self._frame_factor(c)) for c in replay]
         self.train_set = build_dataset(train, z_table, cutoff, head_names)
+        trained = {self._head_of(c) for c in self.train_configs + replay}
+        idle = sorted(h for h, w in cfg.head_weights.items() if h not in trained and w != 1)
+        if idle:
+            self._say(f"head_weights: no training frame is of head {', '.join(map(repr, idle))} (the frames' "
+                      f"heads: {', '.join(map(repr, sorted(trained)))}; a frame names its head in info "
+                      f"'{cfg.keys.head}')")
         types = {c.config_type for c in self.train_configs + replay}
         unused = sorted(str(k) for k, w in cfg.config_type_weights.items() if str(k) not in types and w != 1)
         if unused:
@@ -223,7 +231,11 @@ class Trainer:
     def _frame_factor(self, c: Config) -> float:
         """A training frame's loss-weight multiplier from its head and its config_type."""
         by_type = {str(k): float(w) for k, w in self.cfg.config_type_weights.items()}
-        return self.cfg.head_weights.get(c.head, 1.0) * by_type.get(c.config_type, 1.0)
+        return self.cfg.head_weights.get(self._head_of(c), 1.0) * by_type.get(c.config_type, 1.0)
+
+    def _head_of(self, c: Config) -> str:
+        """The model head a frame trains (a frame naming no head, 'Default', trains a single-head model's one)."""
+        return c.head if c.head in self.head_names else self.head_names[0]
 
     @staticmethod
     def _weighted(c: Config, factor: float) -> Config:
@@ -247,6 +259,17 @@ class Trainer:
         self._say(f"{self.cfg.replay_file}: {len(missing)} of {len(configs)} replay frames labelled by the "
                   "starting model")
         return out
+
+    def _head_e0s(self, e0s: Dict[int, float], z_table, head_names) -> Dict[int, Dict[int, float]]:
+        """Head row -> E0s to write: only the heads the training frames name, since the others are
+        not trained and must keep their predictions; 'average' is fitted per head on its own frames."""
+        rows: Dict[int, list] = {}
+        for c in self.train_configs:
+            rows.setdefault(head_names.index(self._head_of(c)), []).append(c)
+        if self.cfg.e0s != "average" or len(rows) == 1:
+            return {row: e0s for row in rows}
+        return {row: average_e0s(configs, z_table, fixed=self.isolated_e0s) for row, configs in rows.items()
+                if self.isolated_e0s or any(c.energy is not None for c in configs)}
 
     def _e0s(self, model, z_table) -> Dict[int, float]:
         """Elements -> E0 to write into the model ({} = keep the model's own)."""
