@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional, Union
 
 import yaml
 
+from .frames import split_selection
 from .mace_options import from_mace_options
 
 LR_SCHEDULES = ("cosine", "plateau", "constant")
@@ -170,8 +171,6 @@ class TrainConfig:
         for name in ("train_file", "valid_file", "test_file", "replay_file"):
             path = getattr(self, name)
             if path is not None:  # FILE@INDEX (ASE's frame selection) names FILE
-                from .data import split_selection  # noqa: PLC0415 (torch is loaded only to train)
-
                 try:
                     path = split_selection(path)[0]
                 except ValueError as exc:
