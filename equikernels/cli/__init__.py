@@ -130,8 +130,9 @@ def _parse(argv: List[str]):
     except settings.SettingsError as exc:
         if "--debug" in argv:
             raise
-        print(f"equikernels: error: {exc} (run with --debug for the traceback)", file=sys.stderr)
-        return 2
+        if not {"-h", "--help", "--version"} & set(argv):  # help and the version read no setting
+            print(f"equikernels: error: {exc} (run with --debug for the traceback)", file=sys.stderr)
+            return 2
     parser = build_parser()
     args = parser.parse_args(_joined_negatives(argv))
     if not getattr(args, "func", None):

@@ -21,8 +21,10 @@ def register(subparsers) -> None:
                     "mace-torch's evaluation script writes. Frames with reference labels (the REF_* keys, or "
                     "the calculator results ASE writes) are compared: RMSE and MAE per property.")
     a = p.add_argument
-    a("structures", help="structure file: extxyz or any format ASE reads; every frame is evaluated, or those "
-                         "ASE's FILE@INDEX selects (FILE@-1, FILE@:10, FILE@::2)")
+    a("structures", nargs="?", default=None,
+      help="structure file: extxyz or any format ASE reads; every frame is evaluated, or those "
+           "ASE's FILE@INDEX selects (FILE@-1, FILE@:10, FILE@::2); or given as --configs")
+    a("--configs", default=None, help="the structure file, as mace_eval_configs names it")
     a("--model", default=None,
       help="model file or directory (ours, as `equikernels convert` writes, or a mace-torch .model), "
            "or a foundation-model name (medium, small_off, ...; needs mace-torch); "
@@ -37,12 +39,76 @@ def register(subparsers) -> None:
     a("--head", default=None, help="head of a multi-head model for every frame (default: a frame's own "
                                    "head key, else the model's only or 'default' head)")
     a("--no-stress", action="store_true", help="do not predict stresses")
+    a("--compute-stress", "--compute_stress", action="store_true",
+      help="accepted for mace_eval_configs' command lines: stresses of periodic frames are predicted by default")
+    a("--enable-cueq", "--enable_cueq", action="store_true",
+      help="accepted for mace_eval_configs' command lines: equikernels' kernels always run")
+    a("--return-node-energies", "--return_node_energies", action="store_true",
+      help="also write each atom's energy (E0 included) as PREFIXnode_energies")
+    a("--return-contributions", "--return_contributions", action="store_true",
+      help="also write the energy's terms (E0, pair repulsion, one per interaction layer) as PREFIXBO_contributions; "
+           "mace-torch's MACE models give them, its ScaleShiftMACE models do not")
+    a("--return-descriptors", "--return_descriptors", action="store_true",
+      help="also write the node features as PREFIXdescriptors (per atom, or per structure with "
+           "--descriptor-aggregation-method)")
+    a("--descriptor-num-layers", "--descriptor_num_layers", type=int, default=None,
+      help="descriptors from the first N interaction layers (default -1: all)")
+    a("--descriptor-aggregation-method", "--descriptor_aggregation_method", choices=("mean", "per_element_mean"),
+      default=None, help="average the descriptors over a structure's atoms, or over those of each element "
+                         "(default: one row per atom)")
+    a("--descriptor-invariants-only", "--descriptor_invariants_only", type=_yes_no, default=None,
+      metavar="{true,false}", help="descriptors from the invariant (0e) channels only (default true)")
     a("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     a("--dtype", "--default-dtype", "--default_dtype", choices=("float64", "float32"), default=None,
       help="model precision (default: the model's own)")
     label_keys.add_flags(p)
     a("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
+
+
+def _yes_no(text: str) -> bool:
+    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(text.strip().lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value
+
+
+def _structures(args: argparse.Namespace) -> str:
+    """The structures file, given as STRUCTURES or as mace_eval_configs' --configs."""
+    if args.structures is None and args.configs is None:
+        raise ValueError("no structures file: pass it as the first argument (or as --configs)")
+    if args.structures is not None and args.configs is not None and args.structures != args.configs:
+        raise ValueError(f"two structures files, {args.structures!r} and --configs {args.configs!r}: pass one")
+    return args.structures if args.structures is not None else args.configs
+
+
+DESCRIPTOR_FLAGS = (("descriptor_num_layers", "--descriptor-num-layers"),
+                    ("descriptor_aggregation_method", "--descriptor-aggregation-method"),
+                    ("descriptor_invariants_only", "--descriptor-invariants-only"))
+
+
+def _descriptors(args: argparse.Namespace):
+    """The descriptors asked for, or None; a descriptor option without --return-descriptors is refused."""
+    from ..training.evaluate import Descriptors
+
+    if not args.return_descriptors:
+        given = [flag for name, flag in DESCRIPTOR_FLAGS if getattr(args, name) is not None]
+        if given:
+            raise ValueError(f"{given[0]} needs --return-descriptors")
+        return None
+    return Descriptors(num_layers=-1 if args.descriptor_num_layers is None else args.descriptor_num_layers,
+                       invariants_only=True if args.descriptor_invariants_only is None
+                       else args.descriptor_invariants_only)
+
+
+def _aggregate(descriptors, symbols, method: str):
+    """A structure's descriptors [N, D] as written: per atom, their mean, or their mean per element."""
+    import numpy as np
+
+    if method == "mean":
+        return descriptors.mean(axis=0)
+    symbols = np.asarray(symbols)
+    return {str(e): descriptors[symbols == e].mean(axis=0).tolist() for e in np.unique(symbols)}
 
 
 def default_out(structures: str) -> str:
@@ -60,6 +126,8 @@ def _non_finite(preds) -> List[int]:
 
 
 PREDICTED = ("energy", "forces", "stress")
+# every key eval may write under its prefix; a re-evaluated file's earlier values are removed first
+WRITTEN = PREDICTED + ("node_energies", "BO_contributions", "descriptors")
 
 
 def _check_prefix(prefix: str, keys) -> None:
@@ -105,11 +173,15 @@ def run(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be a positive integer, got {args.batch_size}")
+    if args.compute_stress and args.no_stress:
+        raise ValueError("--compute-stress and --no-stress contradict each other: pass one")
+    descriptors = _descriptors(args)
+    structures = _structures(args)
     try:
         device = resolve_device(args.device)
     except ValueError as exc:  # the flag, not the function's argument
         raise ValueError(option_names(str(exc), {"device": "--device"})) from None
-    path, _ = split_selection(args.structures)
+    path, _ = split_selection(structures)
     out = args.out or default_out(path)
     if same_file(out, path):
         raise ValueError(f"--out {out!r} is the structures file itself; name another file")
@@ -118,9 +190,9 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(out, "--out", "pred.xyz", overwrite=args.overwrite)  # before the (slow) evaluation
     keys = DataKeys(**label_keys.given(args))
     _check_prefix(args.prefix, keys)
-    frames = read_frames(args.structures)
-    configs = configs_from_frames(frames, keys, args.structures)
-    _check_calculator_keys(args.prefix, frames, args.structures)
+    frames = read_frames(structures)
+    configs = configs_from_frames(frames, keys, structures)
+    _check_calculator_keys(args.prefix, frames, structures)
 
     model = resolve_model(args.model, device)
     dtype = resolve_dtype(args.dtype, model)
@@ -144,27 +216,43 @@ def run(args: argparse.Namespace) -> int:
     name = args.model if args.model is not None else default_model_path()
     print(f"equikernels eval: {len(configs)} structure{'s' if len(configs) != 1 else ''} "
           f"({atoms} atom{'s' if atoms != 1 else ''}) from "
-          f"{args.structures}, model {name} on {device} ({str(dtype).replace('torch.', '')})", flush=True)
+          f"{structures}, model {name} on {device} ({str(dtype).replace('torch.', '')})", flush=True)
     with tqdm(total=len(configs), unit="structure", disable=args.no_progress, leave=False) as bar:
         preds, metrics = predict(model, configs, dtype=dtype, device=device, batch_size=args.batch_size,
-                                 stress=not args.no_stress, on_batch=bar.update)
+                                 stress=not args.no_stress, node_energies=args.return_node_energies,
+                                 contributions=args.return_contributions, descriptors=descriptors,
+                                 on_batch=bar.update)
     bad = _non_finite(preds)
     if bad:  # written as nan, as mace-torch writes them, but not silently
         warnings.warn(f"non-finite (NaN or inf) predictions for {len(bad)} structure(s), first "
                       f"{configs[bad[0]].source}: atoms too close together, or a model that does not describe them")
 
     for f, p in zip(frames, preds):
+        for key in WRITTEN:  # a re-evaluated output file's earlier values would pass for this model's
+            f.info.pop(args.prefix + key, None)
+            if key != "forces":
+                f.arrays.pop(args.prefix + key, None)
         f.info[args.prefix + "energy"] = p.energy
         f.arrays[args.prefix + "forces"] = p.forces
         if p.stress is not None:
             f.info[args.prefix + "stress"] = p.stress
-        else:  # a re-evaluated output file's earlier stress would pass for this model's
-            f.info.pop(args.prefix + "stress", None)
+        if p.node_energies is not None:
+            f.arrays[args.prefix + "node_energies"] = p.node_energies
+        if p.contributions is not None:
+            f.info[args.prefix + "BO_contributions"] = p.contributions
+        if p.descriptors is not None:
+            if args.descriptor_aggregation_method is None:
+                f.arrays[args.prefix + "descriptors"] = p.descriptors
+            else:
+                f.info[args.prefix + "descriptors"] = _aggregate(p.descriptors, f.get_chemical_symbols(),
+                                                                 args.descriptor_aggregation_method)
     # renamed into place: a failed or interrupted write leaves the earlier file, never a truncated one
     atomic_write(out, lambda tmp: ase.io.write(tmp, frames, format="extxyz"))
     written = [args.prefix + "energy", args.prefix + "forces"]
-    if any(p.stress is not None for p in preds):
-        written.append(args.prefix + "stress")
+    for key, field in (("stress", "stress"), ("node_energies", "node_energies"),
+                       ("BO_contributions", "contributions"), ("descriptors", "descriptors")):
+        if any(getattr(p, field) is not None for p in preds):
+            written.append(args.prefix + key)
     print(f"  wrote {out} ({', '.join(written)})")
     if metrics:
         print(f"  against the labels: {label_sources(configs)}")

@@ -48,7 +48,10 @@ except ImportError:  # pragma: no cover - Triton missing or an older layout: alw
 def env_enabled() -> bool:
     # on by default for the Triton it was validated with (3.6, H200: bit-identical to the normal
     # path); other versions opt in with =1
-    on = settings.get().fast_launch
+    try:
+        on = settings.get().fast_launch
+    except settings.SettingsError:  # left to the first reader that needs settings, so `--help` still imports
+        on = None
     return _TRITON_VERSION.startswith("3.6.") if on is None else on
 
 

@@ -42,22 +42,66 @@ def forward(model, batch: Dict[str, torch.Tensor], *, training: bool, stress: bo
 @dataclasses.dataclass
 class Prediction:
     """One structure's predicted energy (eV), forces [N, 3] (eV/Å) and, for a frame periodic in
-    all three directions, stress [3, 3] (eV/Å^3, ASE's sign convention), as float64 arrays."""
+    all three directions, stress [3, 3] (eV/Å^3, ASE's sign convention), as float64 arrays; and where
+    ``predict`` was asked for them, the per-atom energies [N] (E0 included), the energy's terms
+    (mace-torch's ``contributions``: E0, pair repulsion, then one per interaction layer) and the
+    per-atom descriptors [N, D]."""
     energy: float
     forces: np.ndarray
     stress: Optional[np.ndarray] = None
+    node_energies: Optional[np.ndarray] = None
+    contributions: Optional[np.ndarray] = None
+    descriptors: Optional[np.ndarray] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Descriptors:
+    """Which node features ``predict`` returns as descriptors: those of the first ``num_layers``
+    interaction layers (-1: all), only their invariant (0e) channels with ``invariants_only``, in the
+    order of the model's ``node_feats`` output (mace-torch's layout)."""
+    num_layers: int = -1
+    invariants_only: bool = True
+
+
+def descriptor_columns(model: torch.nn.Module, spec: Descriptors) -> torch.Tensor:
+    """Indices into the model's ``node_feats`` columns that ``spec`` selects; the layers' irreps are
+    read from ``model.products[i].linear.irreps_out`` as in mace-torch's models."""
+    from e3nn import o3
+
+    products = getattr(model, "products", None)
+    try:
+        layers = [o3.Irreps(str(p.linear.irreps_out)) for p in products]
+    except (TypeError, AttributeError, ValueError):
+        raise ValueError(f"descriptors: {type(model).__name__} has no MACE product layers "
+                         "(products[i].linear.irreps_out) to take node features from") from None
+    n = spec.num_layers
+    if n != -1 and not 1 <= n <= len(layers):
+        raise ValueError(f"descriptors: num_layers must be -1 (all) or 1 to {len(layers)} (the model's interaction "
+                         f"layers), got {n}")
+    cols: List[int] = []
+    start = 0
+    for k, irreps in enumerate(layers):
+        if n == -1 or k < n:
+            for mul_ir, part in zip(irreps, irreps.slices()):
+                if not spec.invariants_only or (mul_ir.ir.l == 0 and mul_ir.ir.p == 1):
+                    cols.extend(range(start + part.start, start + part.stop))
+        start += irreps.dim
+    return torch.tensor(cols, dtype=torch.int64)
 
 
 def predict(model: torch.nn.Module, configs: Sequence[Config], *, dtype: torch.dtype, device,
-            batch_size: int = 8, stress: bool = True,
+            batch_size: int = 8, stress: bool = True, node_energies: bool = False, contributions: bool = False,
+            descriptors: Optional[Descriptors] = None,
             on_batch: Optional[Callable[[int], None]] = None) -> Tuple[List[Prediction], Dict[str, float]]:
     """Predictions for ``configs`` (in their order) with ``model`` (a MACE of mace-torch's call
     convention, already in ``dtype`` on ``device``), ``batch_size`` structures per call, and the
     MAE/RMSE per property over the labels the configs carry (an empty dict when none do).
-    ``stress``: predict the stress of periodic frames. ``on_batch(n)``: called after each batch of
-    n structures (progress)."""
+    ``stress``: predict the stress of periodic frames. ``node_energies`` / ``contributions`` /
+    ``descriptors``: fill those fields of every prediction (see ``Prediction``). ``on_batch(n)``:
+    called after each batch of n structures (progress)."""
     if batch_size < 1:
         raise ValueError(f"batch_size: expected a positive number of structures, got {batch_size}")
+    columns = descriptor_columns(model, descriptors) if descriptors is not None else None
     dataset = build_dataset(configs, mf.atomic_numbers(model), mf.r_max(model), mf.heads(model))
     sums = torch.zeros(3, 3, dtype=torch.float64)
     preds: List[Prediction] = []
@@ -75,14 +119,43 @@ def predict(model: torch.nn.Module, configs: Sequence[Config], *, dtype: torch.d
             forces = out["forces"].detach().double().cpu().numpy()
             s = out.get("stress") if want_stress else None
             s = s.detach().double().cpu().numpy() if s is not None else None
+            extra = _extras(model, out, node_energies, contributions, columns)
             for j, c in enumerate(chunk):
-                preds.append(Prediction(float(energy[j]), forces[ptr[j]:ptr[j + 1]].copy(),
-                                        s[j].copy() if s is not None and c.pbc.all() else None))
+                rows = slice(ptr[j], ptr[j + 1])
+                preds.append(Prediction(
+                    float(energy[j]), forces[rows].copy(), s[j].copy() if s is not None and c.pbc.all() else None,
+                    node_energies=extra["node_energy"][rows].copy() if "node_energy" in extra else None,
+                    contributions=extra["contributions"][j].copy() if "contributions" in extra else None,
+                    descriptors=extra["node_feats"][rows].copy() if "node_feats" in extra else None))
             if on_batch is not None:
                 on_batch(len(chunk))
     finally:
         model.train(was_training)
     return preds, metrics_from_sums(sums)
+
+
+def _extras(model, out, node_energies: bool, contributions: bool, columns: Optional[torch.Tensor]
+            ) -> Dict[str, np.ndarray]:
+    """The model outputs asked for beyond energy, forces and stress, as float64 arrays."""
+    wanted = {"node_energy": node_energies, "contributions": contributions, "node_feats": columns is not None}
+    got: Dict[str, np.ndarray] = {}
+    for key, asked in wanted.items():
+        if not asked:
+            continue
+        value = out.get(key)
+        if value is None:
+            what = " (mace-torch's MACE models do, its ScaleShiftMACE models do not)" if key == "contributions" else ""
+            raise ValueError(f"{key}: {type(model).__name__} does not return them{what}")
+        if key == "node_feats":
+            value = value.index_select(-1, columns.to(value.device))
+        got[key] = value.detach().double().cpu().numpy()
+    return got
+
+
+def _number(value: float) -> str:
+    """A metric in meV for a 13-wide column: fixed point, or exponent form where that would not fit."""
+    text = f"{value:.3f}"
+    return text if len(text) <= 12 else f"{value:.4g}"
 
 
 def metrics_lines(rows: Sequence[Tuple[str, Dict[str, float]]]) -> List[str]:
@@ -93,5 +166,5 @@ def metrics_lines(rows: Sequence[Tuple[str, Dict[str, float]]]) -> List[str]:
     for label, m in rows:
         if m:
             lines.append(f"{label:<{width}}" + "".join(
-                f"{1000 * m[k]:>13.3f}" if k in m else f"{'-':>13}" for k, _ in METRIC_COLUMNS))
+                f"{_number(1000 * m[k]):>13}" if k in m else f"{'-':>13}" for k, _ in METRIC_COLUMNS))
     return lines

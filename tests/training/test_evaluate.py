@@ -32,3 +32,14 @@ def test_batch_size_is_checked():
 
     with pytest.raises(ValueError, match="batch_size: expected a positive number"):
         predict(resolve_model(None, torch.device("cpu")), [], dtype=torch.float64, device="cpu", batch_size=0)
+
+
+def test_metrics_table_keeps_its_columns_for_diverged_errors():
+    from equikernels.training.evaluate import METRIC_COLUMNS, metrics_lines
+
+    huge = {k: 3.2e40 for k, _ in METRIC_COLUMNS}
+    small = {k: 0.0123 for k, _ in METRIC_COLUMNS}
+    lines = metrics_lines([("diverged", huge), ("fine", small), ("nan", {k: float("nan") for k in huge})])
+    header, rows = lines[1], lines[2:]
+    assert [len(r) for r in rows] == [len(header)] * 3
+    assert rows[0].split()[1:] == ["3.2e+43"] * 6 and rows[1].split()[1:] == ["12.300"] * 6
