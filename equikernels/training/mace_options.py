@@ -73,6 +73,9 @@ def from_mace_options(values: Dict[str, Any], source: str = "config") -> Dict[st
             raise ValueError(f"{source}: {name}: mace-torch's multi-head replay fine-tuning has no counterpart here; "
                              "replay_file (--replay) mixes structures such as a sample of the foundation model's "
                              "training data into the training batches, against forgetting")
+    if "heads" in out:
+        raise ValueError(f"{source}: heads: mace-torch's per-head data files are not read here; give each frame's "
+                         "head in its `head` info key (one train file may mix heads; --head-key names another key)")
     if "E0s" in out and "e0s" in out:
         raise ValueError(f"{source}: E0s (mace-torch's name) and e0s mean the same option; give one")
     if "distributed" in out:
@@ -189,7 +192,7 @@ def _mapping(value: str, name: str, source: str) -> Dict[str, Any]:
 def names() -> FrozenSet[str]:
     """Every mace-torch option name that ``from_mace_options`` translates, sets aside or refuses by name."""
     return frozenset({*RENAMES, *KEYS, *SET_ASIDE, *UNTRAINED, *STAGE_TWO, *REPLAY_OPTIONS, *PLATEAU_OPTIONS, *SAME_WHEN, *SWITCHES,
-                      "E0s", "scheduler", "test_dir", "loss", "freeze", "config_type_weights"})
+                      "E0s", "scheduler", "test_dir", "loss", "freeze", "config_type_weights", "heads"})
 
 
 def _e0s(value, source: str):

@@ -56,6 +56,7 @@ def test_e0s_written_as_a_string_mapping():
     ({"freeze": 3}, r"freeze: expected a list of parameter-name prefixes"),
     ({"max_num_epochs": 2, "epochs": 3}, r"max_num_epochs \(mace-torch's name\) and epochs mean the same option"),
     ({"ema": "yes"}, r"ema: expected true or false"),
+    ({"heads": {"a": {"train_file": "a.xyz"}}}, r"heads: mace-torch's per-head data files .* `head` info key"),
 ])
 def test_values_without_a_counterpart_are_refused(values, needle):
     with pytest.raises(ValueError, match=rf"^cfg.yaml: {needle}"):
