@@ -57,6 +57,20 @@ def problem_of(kwargs: dict) -> TPProblem:
     return TPProblem.create(**kwargs)
 
 
+def e3nn_example_network() -> torch.nn.Module:
+    """e3nn's example ``gate_points_2101.Network``, small (one layer, hidden 4x0e+2x1o, scalar output);
+    the calling test is skipped where it cannot be imported."""
+    import pytest  # noqa: PLC0415
+
+    try:
+        from e3nn.nn.models.gate_points_2101 import Network
+    except ImportError as exc:  # e3nn 0.4.4's example network needs torch_cluster
+        pytest.skip(f"e3nn's example network: {exc}")
+    return Network(irreps_in=None, irreps_hidden="4x0e+2x1o", irreps_out="0e", irreps_node_attr=None,
+                   irreps_edge_attr="0e+1o", layers=1, max_radius=2.0, number_of_basis=3, radial_layers=1,
+                   radial_neurons=4, num_neighbors=2.0, num_nodes=3.0)
+
+
 # --- random problems ----------------------------------------------------------------------------
 def _rand_mul(rng: random.Random) -> int:
     """1..MAX_MUL, skewed towards small values (large ones still occur) to keep the tests fast."""

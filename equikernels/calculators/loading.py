@@ -147,14 +147,8 @@ def model_heads(model: torch.nn.Module) -> List[str]:
 
 
 def resolve_head(head: Optional[str], heads: List[str]) -> int:
-    """Index of ``head``; with no head given, the only head or the one called 'default'."""
-    if head is None:
-        if len(heads) == 1:
-            return 0
-        defaults = [k for k, name in enumerate(heads) if str(name).lower() == "default"]
-        if not defaults:
-            raise ValueError(f"the model has several heads and none is called 'default': pass head=, one of {heads}")
-        return defaults[0]
-    if head not in heads:
-        raise ValueError(f"head {head!r} is not one of the model's heads {heads}")
-    return heads.index(head)
+    """Index of ``head`` in ``heads`` by ``equikernels.models.data.head_index``'s rule: with no head
+    given, the only head or the one called 'default'; a name matches exactly, else up to letter case."""
+    from ..models.data import head_index  # noqa: PLC0415 (models load lazily, see above)
+
+    return head_index(head, heads)

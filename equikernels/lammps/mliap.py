@@ -377,13 +377,7 @@ def _write_eatoms(data, node_energy: torch.Tensor, nlocal: int) -> None:
 
 
 def _resolve_head(head: Optional[str], heads: List[str]) -> str:
-    if head is None:
-        if len(heads) == 1:
-            return heads[0]
-        for name in ("Default", "default"):
-            if name in heads:
-                return name
-        raise ValueError(f"head: the model has several heads {heads}; choose one")
-    if head not in heads:
-        raise ValueError(f"head: {head!r} is not one of the model's heads {heads}")
-    return head
+    from ..models.data import head_index  # noqa: PLC0415
+
+    return heads[head_index(head, heads, unknown="head: {head!r} is not one of the model's heads {heads}",
+                            missing="head: the model has several heads {heads}, none called 'default'; choose one")]

@@ -49,17 +49,45 @@ def atoms_to_data(atoms, r_max: float, atomic_numbers: Union[Sequence[int], torc
                   device: Union[str, torch.device, None] = None, dtype: Optional[torch.dtype] = None,
                   head: Union[int, str, None] = None, heads: Optional[Sequence[str]] = None) -> Dict[str, torch.Tensor]:
     """One structure as a batch of one graph. ``atomic_numbers``: the model's element table (the
-    one-hot order); ``head``: index or name (with ``heads``) of the model head to evaluate."""
+    one-hot order); ``head``: index or name (with ``heads``, resolved by ``head_index``) of the model
+    head to evaluate; None is ``heads``' default head, or head 0 without ``heads``."""
     return atoms_list_to_data([atoms], r_max, atomic_numbers, device, dtype, head, heads)
 
 
-def _head_index(head, heads) -> int:
+HEAD_UNKNOWN = "head {head!r} is not one of the model's heads {heads}"
+HEAD_MISSING = "the model has several heads and none is called 'default': pass head=, one of {heads}"
+
+
+def head_index(head: Optional[str], heads: Sequence[str], unknown: str = HEAD_UNKNOWN,
+               missing: str = HEAD_MISSING) -> int:
+    """Index in ``heads`` of the model head ``head`` names: a name given exactly; with no name (None),
+    the only head, else the first called 'default' in any letter case (mace-torch's 'Default'); a name
+    differing from exactly one head only in letter case, that head. Anything else raises ValueError
+    with the one-line ``unknown`` (a name) or ``missing`` (no name), formatted with ``head`` and
+    ``heads`` (a list). Unlike mace-torch, an unknown name never falls back to one of the heads."""
+    heads = list(heads)
     if head is None:
+        if len(heads) == 1:
+            return 0
+        defaults = [k for k, name in enumerate(heads) if str(name).lower() == "default"]
+        if not defaults:
+            raise ValueError(missing.format(head=head, heads=heads))
+        return defaults[0]
+    if head in heads:
+        return heads.index(head)
+    folded = [k for k, name in enumerate(heads) if isinstance(head, str) and str(name).lower() == head.lower()]
+    if len(folded) == 1:
+        return folded[0]
+    raise ValueError(unknown.format(head=head, heads=heads))
+
+
+def _head_index(head, heads) -> int:
+    if head is None and not heads:
         return 0
-    if isinstance(head, str):
-        if heads is None or head not in list(heads):
-            raise ValueError(f"head: {head!r} is not one of the model's heads {list(heads or [])}")
-        return list(heads).index(head)
+    if head is None or isinstance(head, str):
+        return head_index(head, heads or [], unknown="head: {head!r} is not one of the model's heads {heads}",
+                          missing="head: the model has several heads {heads} and none is called 'default'; "
+                                  "pass a head name")
     if not isinstance(head, int) or head < 0 or (heads is not None and head >= len(heads)):
         raise ValueError(f"head: expected a head name or an index < {len(heads) if heads else '?'}, got {head!r}")
     return head

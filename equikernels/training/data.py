@@ -15,6 +15,7 @@ import torch
 from torch_geometric.data import Batch, Data
 from vesin import NeighborList
 
+from ..models.data import head_index
 from .config import DataKeys
 from .frames import select, split_selection
 
@@ -282,10 +283,22 @@ def check_elements(configs: Sequence[Config], atomic_numbers: Sequence[int]) -> 
             raise DataError(f"{c.source}: element(s) {names} unknown to the model, which knows: {have}")
 
 
+def frame_head(config: Config, heads: Sequence[str]) -> int:
+    """Index of the model head a frame trains, by ``head_index``'s rule; a frame naming no head reads
+    'Default' (as in mace-torch), which is no head given unless a head is called exactly that."""
+    name = None if config.head == "Default" and "Default" not in heads else config.head
+    where = config.source.replace("{", "{{").replace("}", "}}")  # the messages are format strings
+    try:
+        return head_index(name, heads, unknown=where + ": head {head!r} is not one of the model's heads {heads}",
+                          missing=where + ": no head named (or 'Default') and none of the model's heads {heads} "
+                                          "is called 'default': name the frame's head")
+    except ValueError as exc:
+        raise DataError(str(exc)) from None
+
+
 def check_heads(configs: Sequence[Config], heads: Sequence[str]) -> None:
     for c in configs:
-        if c.head not in heads and not (len(heads) == 1 and c.head == "Default"):
-            raise DataError(f"{c.source}: head {c.head!r} is not one of the model's heads {list(heads)}")
+        frame_head(c, heads)
 
 
 def usable_cell(cell: np.ndarray, pbc: np.ndarray) -> np.ndarray:
@@ -333,7 +346,7 @@ def config_to_data(config: Config, z_table: Sequence[int], cutoff: float, heads:
     edge_index, unit_shifts = neighbour_graph(config.positions, fixed_cell, config.pbc, cutoff)
     cell = torch.tensor(fixed_cell, dtype=torch.float64)
     unit_shifts_t = torch.tensor(unit_shifts, dtype=torch.float64)
-    head = heads.index(config.head) if config.head in heads else 0
+    head = frame_head(config, heads)
     f64 = dict(dtype=torch.float64)
     return Data(
         num_nodes=n,

@@ -35,7 +35,8 @@ from . import distributed as dist_utils
 from . import model_factory as mf
 from . import outputs
 from .config import TrainConfig
-from .data import (Config, DataError, GraphDataset, build_dataset, check_elements, check_labels, collate,
+from ..models.data import head_index
+from .data import (Config, DataError, GraphDataset, build_dataset, check_elements, check_labels, collate, frame_head,
                    is_isolated_atom, isolated_atom_e0s, label_sources, read_configs, split_train_valid)
 from .ema import EMA
 from .evaluate import forward, metrics_lines, predict
@@ -95,6 +96,17 @@ def backward_step(model, batch: Dict[str, torch.Tensor], cfg: TrainConfig, stop:
     stats = torch.stack([loss.detach()] + [p.detach() for p in parts.values()] + [flag])
     stats = reduce_sums(stats)
     return float(stats[0]), {k: float(v) for k, v in zip(parts, stats[1:-1])}, bool(stats[-1] > 0)
+
+
+def _head_weights(given: Dict[str, float], heads: List[str]) -> Dict[str, float]:
+    """``given`` keyed by the model's own head names (matched by ``head_index``'s rule)."""
+    out: Dict[str, float] = {}
+    for name, weight in given.items():
+        head = heads[head_index(name, heads, unknown="head_weights: {head!r} is not one of the model's heads {heads}")]
+        if head in out:
+            raise ValueError(f"head_weights: two weights for the head {head!r}; give one")
+        out[head] = weight
+    return out
 
 
 class Trainer:
@@ -185,9 +197,7 @@ class Trainer:
                   else float((cfg.new_model or {}).get("r_max", mf.DEFAULT_NEW_MODEL["r_max"])))
         head_names = mf.heads(model) if model is not None else ["Default"]
         self.head_names = head_names
-        unknown = sorted(set(cfg.head_weights) - set(head_names))
-        if unknown:
-            raise ValueError(f"head_weights: {unknown} not among the model's heads {head_names}")
+        self.head_weights = _head_weights(cfg.head_weights, head_names)
 
         e0s = self._e0s(model, z_table)
         if model is None:
@@ -210,7 +220,7 @@ class Trainer:
         train += [self._weighted(c, cfg.replay_weight * self._frame_factor(c)) for c in replay]
         self.train_set = build_dataset(train, z_table, cutoff, head_names)
         trained = {self._head_of(c) for c in self.train_configs + replay}
-        idle = sorted(h for h, w in cfg.head_weights.items() if h not in trained and w != 1)
+        idle = sorted(h for h, w in self.head_weights.items() if h not in trained and w != 1)
         if idle:
             self._say(f"head_weights: no training frame is of head {', '.join(map(repr, idle))} (the frames' "
                       f"heads: {', '.join(map(repr, sorted(trained)))}; a frame names its head in info "
@@ -231,11 +241,11 @@ class Trainer:
     def _frame_factor(self, c: Config) -> float:
         """A training frame's loss-weight multiplier from its head and its config_type."""
         by_type = {str(k): float(w) for k, w in self.cfg.config_type_weights.items()}
-        return self.cfg.head_weights.get(self._head_of(c), 1.0) * by_type.get(c.config_type, 1.0)
+        return self.head_weights.get(self._head_of(c), 1.0) * by_type.get(c.config_type, 1.0)
 
     def _head_of(self, c: Config) -> str:
         """The model head a frame trains (a frame naming no head, 'Default', trains a single-head model's one)."""
-        return c.head if c.head in self.head_names else self.head_names[0]
+        return self.head_names[frame_head(c, self.head_names)]
 
     @staticmethod
     def _weighted(c: Config, factor: float) -> Config:

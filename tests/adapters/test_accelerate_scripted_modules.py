@@ -7,6 +7,7 @@ import torch
 import equikernels as ek
 from equikernels._compat import o3
 from e3nn.util import jit  # noqa: E402  (after equikernels: e3nn 0.4.4 loads its constants)
+from problems import e3nn_example_network
 
 
 def test_scripted_model_is_refused_in_one_line():
@@ -26,14 +27,7 @@ def test_scripted_submodule_is_reported_left_alone():
 
 
 def test_e3nn_network_compiled_by_e3nn_says_why_nothing_was_replaced():
-    try:
-        from e3nn.nn.models.gate_points_2101 import Network
-    except ImportError as exc:  # e3nn 0.4.4's example network needs torch_cluster
-        pytest.skip(f"e3nn's example network: {exc}")
-
-    net = Network(irreps_in=None, irreps_hidden="4x0e+2x1o", irreps_out="0e", irreps_node_attr=None,
-                  irreps_edge_attr="0e+1o", layers=1, max_radius=2.0, number_of_basis=3, radial_layers=1,
-                  radial_neurons=4, num_neighbors=2.0, num_nodes=3.0)
+    net = e3nn_example_network()
     report = ek.accelerate(jit.compile(net))  # the root stays a Python module, its layers are scripted
     assert not report.replaced and not report.fused, str(report)
     (name, _, why), = report.left_alone

@@ -129,7 +129,7 @@ def test_replay_frames_are_mixed_in_weighted_and_labelled(files, tmp_path, singl
     assert weights == [2.0] * 4 + [0.5] * len(frames)
     assert all(c.energy is not None and c.forces is not None for c in t.train_set.configs[4:])
     assert any("labelled by the starting model" in s for s in said)
-    with pytest.raises(ValueError, match=r"head_weights: \['pt_head'\] not among the model's heads"):
+    with pytest.raises(ValueError, match=r"head_weights: 'pt_head' is not one of the model's heads"):
         Trainer(_cfg(files, tmp_path / "r2", head_weights={"pt_head": 1.0}), log=None)
 
 
