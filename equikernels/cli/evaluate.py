@@ -24,7 +24,7 @@ def register(subparsers) -> None:
     a("structures", nargs="?", default=None,
       help="structure file: extxyz or any format ASE reads; every frame is evaluated, or those "
            "ASE's FILE@INDEX selects (FILE@-1, FILE@:10, FILE@::2); or given as --configs")
-    a("--configs", default=None, help="the structure file, as mace_eval_configs names it")
+    a("--configs", default=None, metavar="STRUCTURES", help="the structure file, as mace_eval_configs names it")
     a("--model", default=None,
       help="model file or directory (ours, as `equikernels convert` writes, or a mace-torch .model), "
            "or a foundation-model name (medium, small_off, ...; needs mace-torch); "
@@ -51,7 +51,7 @@ def register(subparsers) -> None:
     a("--return-descriptors", "--return_descriptors", action="store_true",
       help="also write the node features as PREFIXdescriptors (per atom, or per structure with "
            "--descriptor-aggregation-method)")
-    a("--descriptor-num-layers", "--descriptor_num_layers", type=int, default=None,
+    a("--descriptor-num-layers", "--descriptor_num_layers", type=int, default=None, metavar="N",
       help="descriptors from the first N interaction layers (default -1: all)")
     a("--descriptor-aggregation-method", "--descriptor_aggregation_method", choices=("mean", "per_element_mean"),
       default=None, help="average the descriptors over a structure's atoms, or over those of each element "
