@@ -159,7 +159,8 @@ class Settings:
                         "Default backend of every op: triton on CUDA when Triton is importable, cpu (dense "
                         "contractions) on CPU (auto), or always the given one; a backend= argument wins")
     autotune: bool = _var(False, _FLAG, "Time candidate launch shapes / dataflows on first use and cache the "
-                                        "fastest (equikernels.tune)")
+                                        "fastest (equikernels.tune); also needed to use the choices "
+                                        "`equikernels tune` stored")
     native: str = _var("auto", _Choice("auto", "0", "1"),
                        "The C++ autograd node of the eager double backward: auto (CUDA tensors), 1 (every "
                        "device), 0 (off)", at_import=True)

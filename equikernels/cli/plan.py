@@ -102,6 +102,8 @@ def run(args) -> int:
 
 def _run(args) -> int:
     from ..catalog import standard_problems
+    from .show_settings import warn_unknown
+    warn_unknown("plan")  # the plan shows the settings in force: a misspelt one is named
     _plan.check_direction_options(args.direction, args.need, args.have)
     if args.model and args.problem:
         raise ValueError(f"give a problem name or --model, not both (got {args.problem!r} and --model {args.model})")

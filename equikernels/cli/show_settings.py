@@ -29,18 +29,28 @@ def text() -> str:
     return "\n".join(lines)
 
 
-def unknown_variables() -> List[str]:
+def unknown_variables(close_only: bool = False) -> List[str]:
     """One line per ``EQUIKERNELS_*`` environment variable that is no setting (a misspelt name is ignored
-    by the library), with the closest setting's name where one is close."""
+    by the library), with the closest setting's name where one is close; ``close_only``: only those."""
     known = [settings.env_name(f) for f in settings.FIELDS]
     lines = []
     for name in sorted(settings.environ_items((settings.PREFIX,))):
         if name in known:
             continue
         close = difflib.get_close_matches(name.upper(), known, n=1, cutoff=0.85)  # EQUIKERNELS_autotune too
+        if close_only and not close:
+            continue
         hint = f"; did you mean {close[0]}?" if close else ""
         lines.append(f"{name} is set but is no equikernels setting: ignored{hint}")
     return lines
+
+
+def warn_unknown(command: str) -> None:
+    """Warns on stderr about each ``EQUIKERNELS_*`` variable that is no setting but close to one's name,
+    for a command whose output depends on the settings (a misspelt variable would go unnoticed; other
+    tools' variables of the prefix are left to ``equikernels settings``)."""
+    for line in unknown_variables(close_only=True):
+        print(f"equikernels {command}: warning: {line}", file=sys.stderr)
 
 
 def run(args) -> int:

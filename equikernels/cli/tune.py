@@ -22,15 +22,16 @@ def register(sub) -> None:
                        description=__doc__.replace("``", "'"), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--problems", default="", help="comma-separated names from equikernels.catalog "
                    "(e.g. mace-mp-medium-L2,nequip-water; 'all' for every standard problem)")
-    p.add_argument("--rows", type=int, default=50000, help="rows for the named problems (default 50000)")
+    p.add_argument("--rows", type=int, default=None, help="rows for the named problems (default 50000)")
     p.add_argument("--model", default=None, help="a model file (ours or mace-torch): tunes one training step")
     p.add_argument("--structure", default=None,
                    help="structure for --model: a file ASE reads (its last frame, as equikernels md reads it) or the "
                         "frames ASE's FILE@INDEX selects (FILE@-1, FILE@:10, FILE@::2), one training step each; "
                         "default: Cu fcc (its sites take the model's elements when it has no Cu)")
-    p.add_argument("--atoms", type=int, default=1008, help="Cu fcc size for --model without --structure (default 1008)")
+    p.add_argument("--atoms", type=int, default=None,
+                   help="Cu fcc size for --model without --structure (default 1008)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="math dtype (default float32)")
-    p.add_argument("--layout", choices=("ir_mul", "mul_ir"), default="ir_mul",
+    p.add_argument("--layout", choices=("ir_mul", "mul_ir"), default=None,
                    help="operand layout of the named problems (default ir_mul)")
     p.add_argument("--device", default="cuda", help="the CUDA device to tune on (default cuda)")
     p.set_defaults(func=run)
@@ -116,6 +117,8 @@ def run(args) -> int:
     from .. import tune
     from ..catalog import standard_problems
     from ..tune.cache import check_persistent, configured_path, variable
+    from .show_settings import warn_unknown
+    warn_unknown("tune")  # the EQUIKERNELS_TUNE_* settings shape the run: a misspelt one is named
     # the arguments first: a mistyped one is named even where no GPU is visible
     names = (list(standard_problems()) if args.problems.strip() == "all"
              else [n.strip() for n in args.problems.split(",") if n.strip()])  # "a, b" as "a,b"
@@ -125,17 +128,26 @@ def run(args) -> int:
     if not names and not args.model:
         raise ValueError("give --problems and/or --model" if not args.problems.strip() else
                          f"--problems {args.problems!r}: no problem name; expected names such as mace-mp-medium-L2")
-    if names and args.rows < 1:
-        raise ValueError(f"--rows: expected a positive number of rows, got {args.rows}")
-    if args.model and args.structure is None and args.atoms < 1:
-        raise ValueError(f"--atoms: expected a positive number of atoms, got {args.atoms}")
+    # an option that does not apply to what is tuned is named, not ignored
+    for option, value, why in (("--rows", args.rows, "a model is tuned on --structure or the --atoms crystal"),
+                               ("--layout", args.layout, "a model is tuned in its own layout")):
+        if value is not None and not names:
+            raise ValueError(f"{option}: only with --problems ({why})")
+    if args.atoms is not None and (not args.model or args.structure is not None):
+        raise ValueError("--atoms: only with --model and without --structure (the size of the default Cu crystal)")
+    rows, atoms = (50000 if args.rows is None else args.rows), (1008 if args.atoms is None else args.atoms)
+    layout = "ir_mul" if args.layout is None else args.layout
+    if names and rows < 1:
+        raise ValueError(f"--rows: expected a positive number of rows, got {rows}")
+    if args.model and args.structure is None and atoms < 1:
+        raise ValueError(f"--atoms: expected a positive number of atoms, got {atoms}")
     if args.structure is not None:
         if not args.model:
             raise ValueError("--structure: only with --model (the named problems take --rows)")
     model, structures = None, []
     if args.model:  # read here, on the CPU: a bad file or structure is named before the GPU is looked for
         from ..models import load
-        structures = _structures(args.structure, args.atoms)  # before the model: reading a large one takes a while
+        structures = _structures(args.structure, atoms)  # before the model: reading a large one takes a while
         model = load(args.model, device="cpu")
         structures = _fit_elements(structures, args.structure, model.atomic_numbers.tolist())
     target = configured_path()
@@ -148,7 +160,7 @@ def run(args) -> int:
     with settings.override(autotune=True):  # this run tunes; later runs read the cache when enabled
         for kind, what in tqdm(jobs, desc="tuning", unit="job"):
             if kind == "problem":
-                _problem_step(what, args.rows, dtype, args.layout, device)
+                _problem_step(what, rows, dtype, layout, device)
             else:
                 _model_step(model, what, dtype, device)
     torch.cuda.synchronize()
@@ -165,6 +177,8 @@ def run(args) -> int:
         ms, d = _ms(v.get("ms")), _ms(v.get("default_ms"))  # entries of other writers may lack either
         sp = f"{d / ms:.2f}x" if d and ms else "-"
         print(f"{what[:70]:70s} {str(v['config'])[:34]:34s} {_shown(ms):>8s} {_shown(d):>10s} {sp:>8s}")
+    if not settings.get().autotune:  # the cache is read only with tuning on: without it the work is unused
+        print("later runs use these tunings only with EQUIKERNELS_AUTOTUNE=1 set (same GPU and versions)")
     return 0
 
 

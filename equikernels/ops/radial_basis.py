@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .batching import legacy_batched
 from .chain import in_transform
 from .tp import resolve_backend, triton_available
 
@@ -84,6 +85,8 @@ class _BesselEnvelope(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         r, w, consts = ctx.saved_tensors
+        if legacy_batched(g):  # autograd's batched cotangents: the kernels cannot read them, torch formulas can
+            return (g * derivative(r, w, consts, ctx.p)).sum(-1, keepdim=True), None, None, None
         if torch.is_grad_enabled():  # the derivative is differentiated again (force training)
             return _BesselEnvelopeGrad.apply(r, g, w, consts, ctx.p), None, None, None
         return _first(r, g, w, consts, ctx.p), None, None, None
@@ -113,7 +116,7 @@ class _BesselEnvelopeGrad(torch.autograd.Function):
     def backward(ctx, ggr):
         r, g, w, consts = ctx.saved_tensors
         p = ctx.p
-        if torch.is_grad_enabled():  # a third order: torch operations, differentiable again
+        if torch.is_grad_enabled() or legacy_batched(ggr):  # a third order or batched cotangents: torch operations
             return ((ggr * second_derivative(r, w, consts, p) * g).sum(-1, keepdim=True),
                     ggr * derivative(r, w, consts, p), None, None, None)
         from ._radial_basis_kernel import launch_bwd2  # noqa: PLC0415

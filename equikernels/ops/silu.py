@@ -16,6 +16,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from .batching import legacy_batched
 from .chain import in_transform
 from .tp import resolve_backend, triton_available
 
@@ -54,7 +55,8 @@ def _derivatives(z: Tensor) -> Tuple[Tensor, Tensor]:
 def second_order(z: Tensor, g: Tensor, gg: Tensor, need_z: bool, need_g: bool) -> Tuple[Optional[Tensor], Optional[Tensor]]:
     """The cotangents of ``silu_backward(g, z) = g silu'(z)`` given its cotangent ``gg``:
     (gg g silu''(z), gg silu'(z)), None where not needed."""
-    if torch.is_grad_enabled() or resolve_backend(None, z.device) != "triton" or not triton_available():
+    if (torch.is_grad_enabled() or resolve_backend(None, z.device) != "triton" or not triton_available()
+            or legacy_batched(gg, g)):  # autograd's batched cotangents: the kernel cannot read them
         d1, d2 = _derivatives(z)
         return (gg * g * d2 if need_z else None), (gg * d1 if need_g else None)
     z, g, gg = z.contiguous(), g.contiguous(), gg.contiguous()
