@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import warnings
 
 import torch
 
@@ -21,7 +22,7 @@ def register(subparsers) -> None:
                                                "foundation-model name (medium, small_off, ...)")
     p.add_argument("output", metavar="OUT", help="output file, or an existing directory")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="convert the weights to this dtype")
-    p.add_argument("--to", choices=("equikernels", "mace"), default="equikernels",
+    p.add_argument("--to", choices=("equikernels", "mace"), default=None,
                    help="output format: equikernels' (default) or a mace-torch .model file (needs mace-torch)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing OUT file (or the model files in an OUT directory)")
@@ -39,6 +40,7 @@ def _convert(args: argparse.Namespace) -> int:
                  "expected a mace-torch .model file or an equikernels model (foundation-model names such as "
                  "'medium' need mace-torch: pip install mace-torch)")
         raise FileNotFoundError(f"IN {args.input!r}: no such file or directory; {names}")
+    format_implied, args.to = args.to is None, args.to or "equikernels"
     _check_output(args)  # before the (slow) load
     if args.to == "mace" and importlib.util.find_spec("mace") is None:
         raise ImportError("--to mace: writing a mace-torch .model file needs mace-torch (pip install mace-torch)")
@@ -57,6 +59,10 @@ def _convert(args: argparse.Namespace) -> int:
         print(f"converted {args.input} -> {args.output}: mace-torch {model.config['model']}")
         return 0
     save(model, args.output)
+    if format_implied and args.output.lower().endswith(".model") and not os.path.isdir(args.output):
+        # mace-torch's suffix on our format: whoever meant a mace-torch file learns it now, not when loading it
+        warnings.warn(f"OUT {args.output!r}: written in equikernels' format, which mace-torch cannot read; "
+                      "convert with --to mace for a mace-torch .model file", stacklevel=2)
     n = sum(p.numel() for p in model.parameters())
     print(f"converted {args.input} -> {args.output}: {type(model).__name__}, {len(model.interactions)} interactions, "
           f"{n} parameters, {model.atomic_energies.dtype}, heads {model.heads}")
