@@ -9,6 +9,7 @@ import re
 from typing import List
 
 from . import label_keys
+from .switch_words import switch_value
 
 
 def register(subparsers) -> None:
@@ -67,7 +68,7 @@ def register(subparsers) -> None:
 
 
 def _yes_no(text: str) -> bool:
-    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}.get(text.strip().lower())
+    value = switch_value(text)
     if value is None:
         raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
     return value
@@ -230,8 +231,7 @@ def run(args: argparse.Namespace) -> int:
     for f, p in zip(frames, preds):
         for key in WRITTEN:  # a re-evaluated output file's earlier values would pass for this model's
             f.info.pop(args.prefix + key, None)
-            if key != "forces":
-                f.arrays.pop(args.prefix + key, None)
+            f.arrays.pop(args.prefix + key, None)
         f.info[args.prefix + "energy"] = p.energy
         f.arrays[args.prefix + "forces"] = p.forces
         if p.stress is not None:

@@ -22,6 +22,7 @@ import warnings
 
 from .. import settings
 from . import label_keys
+from .switch_words import switch_value
 
 # flag -> TrainConfig field, for the plain one-value options
 _SIMPLE = {
@@ -34,9 +35,6 @@ _SIMPLE = {
     "seed": "seed", "device": "device", "dtype": "dtype", "backend": "model_backend",
     "replay": "replay_file", "replay_weight": "replay_weight", "test": "test_file", "amsgrad": "amsgrad",
 }
-# mace-torch's str2bool words, for its switches given a value (--multiheads_finetuning=False)
-_WORDS = {"true": True, "t": True, "yes": True, "y": True, "1": True,
-          "false": False, "f": False, "no": False, "n": False, "0": False}
 
 
 class _MaceName(argparse.Action):
@@ -186,9 +184,10 @@ def _typed(name: str, text):
                 kind = "an integer" if base == "int" else "a number"
                 raise ValueError(f"--{name}: expected {kind}, got {text!r}") from None
     if switch:
-        if text.strip().lower() not in _WORDS:
+        value = switch_value(text)
+        if value is None:
             raise ValueError(f"--{name}: expected true or false, got {text!r}")
-        return _WORDS[text.strip().lower()]
+        return value
     return text
 
 

@@ -75,9 +75,10 @@ def head_index(head: Optional[str], heads: Sequence[str], unknown: str = HEAD_UN
         return defaults[0]
     if head in heads:
         return heads.index(head)
-    folded = [k for k, name in enumerate(heads) if isinstance(head, str) and str(name).lower() == head.lower()]
-    if len(folded) == 1:
-        return folded[0]
+    if isinstance(head, str):
+        folded = [k for k, name in enumerate(heads) if str(name).lower() == head.lower()]
+        if len(folded) == 1:
+            return folded[0]
     raise ValueError(unknown.format(head=head, heads=heads))
 
 

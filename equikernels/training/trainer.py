@@ -275,7 +275,7 @@ class Trainer:
         not trained and must keep their predictions; 'average' is fitted per head on its own frames."""
         rows: Dict[int, list] = {}
         for c in self.train_configs:
-            rows.setdefault(head_names.index(self._head_of(c)), []).append(c)
+            rows.setdefault(frame_head(c, head_names), []).append(c)
         if self.cfg.e0s != "average" or len(rows) == 1:
             return {row: e0s for row in rows}
         return {row: average_e0s(configs, z_table, fixed=self.isolated_e0s) for row, configs in rows.items()
