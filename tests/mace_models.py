@@ -65,3 +65,25 @@ def mixed_atoms():
     mol = ase.build.molecule("CH3CH2OH")
     mol.rattle(0.05, seed=1)
     return [crystal, lone, mol]
+
+
+def mace_torch_two_heads(path, heads=("pt_head", "Default")):
+    """A small float64 mace-torch ScaleShiftMACE with two heads (distinct E0s, scales, shifts and readout
+    weights), saved whole as mace-torch saves its models; needs mace-torch."""
+    from mace import modules
+
+    from equikernels._compat import default_dtype, o3
+
+    with default_dtype(torch.float64), torch.random.fork_rng():
+        torch.manual_seed(0)
+        inter = modules.interaction_classes["RealAgnosticResidualInteractionBlock"]
+        model = modules.ScaleShiftMACE(
+            r_max=R_MAX, num_bessel=4, num_polynomial_cutoff=5, max_ell=2, interaction_cls=inter,
+            interaction_cls_first=inter, num_interactions=2, num_elements=3, hidden_irreps=o3.Irreps("4x0e+4x1o"),
+            MLP_irreps=o3.Irreps("4x0e"), atomic_energies=np.array([[-1.0, -2.0, -3.0], [-1.5, -2.5, -3.5]]),
+            avg_num_neighbors=6.0, atomic_numbers=list(ZS), correlation=2, gate=torch.nn.functional.silu,
+            radial_MLP=[8], heads=list(heads), atomic_inter_scale=[1.0, 0.5], atomic_inter_shift=[0.0, 0.1])
+        for p in model.parameters():  # every readout weight away from its initial value
+            p.data += 0.1 * torch.randn_like(p)
+    torch.save(model, str(path))
+    return str(path)

@@ -24,6 +24,9 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="convert the weights to this dtype")
     p.add_argument("--to", choices=("equikernels", "mace"), default=None,
                    help="output format: equikernels' (default) or a mace-torch .model file (needs mace-torch)")
+    p.add_argument("--head", default=None, metavar="NAME",
+                   help="write only this head of a multi-head model, as a single-head model (mace-torch's "
+                        "mace_select_head); the heads are listed when NAME is not one of them")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing OUT file (or the model files in an OUT directory)")
     p.set_defaults(func=_convert)
@@ -33,6 +36,10 @@ def _convert(args: argparse.Namespace) -> int:
     from ..models.foundations import foundation_checkpoint  # noqa: PLC0415
     from ..models.io import load, save  # noqa: PLC0415 (keeps `equikernels --help` light)
 
+    format_implied, args.to = args.to is None, args.to or "equikernels"
+    _check_output(args)  # before a download or the (slow) load
+    if args.to == "mace" and importlib.util.find_spec("mace") is None:
+        raise ImportError("--to mace: writing a mace-torch .model file needs mace-torch (pip install mace-torch)")
     args.input = foundation_checkpoint(args.input) or args.input  # "medium", "small_off", ...
     if not os.path.exists(args.input):
         names = ("expected a mace-torch .model file, an equikernels model or a foundation-model name mace-torch "
@@ -40,11 +47,11 @@ def _convert(args: argparse.Namespace) -> int:
                  "expected a mace-torch .model file or an equikernels model (foundation-model names such as "
                  "'medium' need mace-torch: pip install mace-torch)")
         raise FileNotFoundError(f"IN {args.input!r}: no such file or directory; {names}")
-    format_implied, args.to = args.to is None, args.to or "equikernels"
-    _check_output(args)  # before the (slow) load
-    if args.to == "mace" and importlib.util.find_spec("mace") is None:
-        raise ImportError("--to mace: writing a mace-torch .model file needs mace-torch (pip install mace-torch)")
     model = load(args.input, device="cpu", dtype=DTYPES[args.dtype] if args.dtype else None)
+    if args.head is not None:
+        from ..models.select_head import select_head  # noqa: PLC0415
+
+        model = select_head(model, args.head, argument="--head")
     if args.to == "mace":
         from ..training.mace_export import to_mace  # noqa: PLC0415
         from ..training.model_factory import save_mace_torch  # noqa: PLC0415

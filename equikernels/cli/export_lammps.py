@@ -39,7 +39,8 @@ def _export(args: argparse.Namespace) -> int:
                 raise type(exc)(f"{name}: {text[len(param) + 2:]}") from exc
         raise
     elements = " ".join(obj.element_types)
-    print(f"wrote {args.output}: {type(obj.model).__name__}, {obj.num_layers} interaction layers, {obj.dtype_name}, "
+    layers = f"{obj.num_layers} interaction layer" + ("" if obj.num_layers == 1 else "s")
+    print(f"wrote {args.output}: {type(obj.model).__name__}, {layers}, {obj.dtype_name}, "
           f"head {obj.head!r}, cutoff {2 * obj.rcutfac:g} A\n"
           f"LAMMPS input:\n  pair_style mliap unified {args.output} 0\n"
           f"  pair_coeff * * <one of {elements} per atom type>")

@@ -68,6 +68,11 @@ def mace_off_checkpoint(model=None) -> str:
     """The local file of MACE-OFF model ``model``: None ("medium"), "small", "medium", "large" or an
     https URL, downloaded into mace-torch's cache the first time (the MACE-OFF models are distributed
     under the Academic Software License); any other value is a path to a model file."""
+    return _mace_off_checkpoint(model, model)
+
+
+def _mace_off_checkpoint(model, given) -> str:
+    """``mace_off_checkpoint(model)``, a failed download named ``given`` (the name the user typed)."""
     path = _given_file("mace_off", model, "mace_off_urls")
     if path is not None:
         return path
@@ -79,8 +84,13 @@ def mace_off_checkpoint(model=None) -> str:
         os.makedirs(cache, exist_ok=True)
         print(f"downloading {url} to {path} (Academic Software License: https://github.com/gabor1/ASL)")
         partial = path + ".part"
-        _fetched(model, lambda: urllib.request.urlretrieve(url, partial))
-        os.replace(partial, path)  # an interrupted download leaves no file that looks complete
+        try:
+            _fetched(given, lambda: urllib.request.urlretrieve(url, partial))
+        except BaseException:  # a failed or interrupted download leaves no partial file in the cache
+            if os.path.exists(partial):
+                os.remove(partial)
+            raise
+        os.replace(partial, path)  # only a whole download takes the name that looks complete
     return path
 
 
@@ -97,5 +107,5 @@ def foundation_checkpoint(name) -> Optional[str]:
     if name in fm.mace_mp_names:
         return mace_mp_checkpoint(name)
     if name.endswith("_off") and name[:-len("_off")] in fm.mace_off_urls:
-        return mace_off_checkpoint(name[:-len("_off")])
+        return _mace_off_checkpoint(name[:-len("_off")], name)
     return None

@@ -100,6 +100,6 @@ def test_a_failed_download_names_the_model(stood_in, monkeypatch, name):
     monkeypatch.setattr(fm, "download_mace_mp_checkpoint", offline)
     monkeypatch.setattr(fm, "get_cache_dir", lambda: str(stood_in[2] / "empty"))
     monkeypatch.setattr(urllib.request, "urlretrieve", offline)
-    with pytest.raises(DownloadError, match=rf"foundation model '{name.split('_')[0]}' could not be fetched "
+    with pytest.raises(DownloadError, match=rf"foundation model '{name}' could not be fetched "
                                             r"\(URLError: .*Name or service not known"):
         load(name)
