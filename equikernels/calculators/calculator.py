@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Sequence, Union
 import numpy as np
 import torch
 from ase import Atoms
-from ase.calculators.calculator import Calculator, all_changes
+from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
 from ase.stress import full_3x3_to_voigt_6_stress
 
 from .. import settings
@@ -289,6 +289,14 @@ class MACECalculator(Calculator):
         return str(self.dtype).replace("torch.", "")
 
     # ---- ASE interface ---------------------------------------------------------------------
+    def get_property(self, name, atoms=None, allow_calculation=True):
+        """ASE's, with per-atom stresses and virials asked of a calculator made without them refused
+        saying how to get them (ASE's own message calls them not implemented)."""
+        if name in ATOMIC_PROPERTIES and name not in self.implemented_properties:
+            raise PropertyNotImplementedError(f"{name}: per-atom stresses and virials need "
+                                              "MACECalculator(..., compute_atomic_stresses=True)")
+        return Calculator.get_property(self, name, atoms, allow_calculation)
+
     def check_state(self, atoms, tol=1e-15):
         """ASE's check, its tolerance test run only on the properties that are not exactly equal (the
         repeated asks within one MD step need exact comparisons only)."""
@@ -296,6 +304,8 @@ class MACECalculator(Calculator):
 
     def calculate(self, atoms=None, properties=None, system_changes=all_changes):
         properties = list(properties) if properties else ["energy"]
+        if system_changes:  # another structure's results must not outlive a failed calculation of this one
+            self.results = {}
         Calculator.calculate(self, atoms, properties, system_changes)
         atoms = self.atoms
         if atoms is None:

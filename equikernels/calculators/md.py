@@ -165,10 +165,17 @@ def make_dynamics(atoms: Atoms, settings: MDSettings, continued: bool = False):
 
 
 def check_ensemble(atoms: Atoms, settings: MDSettings) -> None:
-    """Raise ``ValueError`` when ``atoms`` cannot run ``settings.ensemble`` (npt needs a 3-D periodic cell)."""
-    if settings.ensemble == "npt" and (not atoms.pbc.all() or abs(atoms.cell.volume) < 1e-8):
+    """Raise ``ValueError`` when ``atoms`` cannot run ``settings.ensemble`` (npt needs a 3-D periodic cell
+    and no constraints: ASE's MTK barostat takes none)."""
+    if settings.ensemble != "npt":
+        return
+    if not atoms.pbc.all() or abs(atoms.cell.volume) < 1e-8:
         raise ValueError(f"ensemble 'npt' needs a periodic structure with a 3-D cell (pbc=True in all directions); "
                          f"this one has pbc={atoms.pbc.tolist()} and a cell of volume {abs(atoms.cell.volume):.4g} A^3")
+    if atoms.constraints:
+        names = ", ".join(sorted({type(c).__name__ for c in atoms.constraints}))
+        raise ValueError(f"ensemble 'npt' (ASE's IsotropicMTKNPT) takes no constraints, and this structure has "
+                         f"{names}; remove them (atoms.set_constraint()) or choose another ensemble")
 
 
 def evaluation_properties(settings: MDSettings):

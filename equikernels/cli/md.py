@@ -150,7 +150,7 @@ def _seconds(s: float) -> str:
 def run(args: argparse.Namespace) -> int:
     from ..calculators.calculator import MACECalculator
     from ..calculators.loading import default_model_path
-    from ..calculators.md import Interrupted, earlier_md_run, run_md, time_one_step
+    from ..calculators.md import Interrupted, check_ensemble, earlier_md_run, run_md, time_one_step
     from ..calculators.neighbors import DEFAULT_SKIN
     from ..models.foundations import DownloadError, foundation_checkpoint
     from . import option_names
@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--threads must be a positive integer, got {args.threads}")
     if args.skin is not None and not (math.isfinite(args.skin) and args.skin >= 0):
         raise ValueError(f"--skin must be a finite number >= 0 Angstrom, got {args.skin:g}")
-    md_settings(args, steps=args.steps or 0)  # a bad flag is named before the model loads
+    check_ensemble(atoms, md_settings(args, steps=args.steps or 0))  # a bad flag or structure before the model loads
     check_out_dir(args.out)
     earlier = earlier_md_run(args.out)
     if earlier and not args.overwrite:
