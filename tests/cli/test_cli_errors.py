@@ -56,7 +56,7 @@ def test_bad_model_file_traceback_with_debug(tmp_path, cu_file):
     bad = tmp_path / "empty.model"
     bad.write_bytes(b"")
     with pytest.raises(ValueError, match="is empty"):
-        main(["--debug", "md", cu_file, "--model", str(bad), "--device", "cpu"])
+        main(["--debug", "md", cu_file, "--model", str(bad), "--device", "cpu", "--out", str(tmp_path / "out")])
 
 
 def test_convert_missing_input_and_missing_output_folder(cu_model, tmp_path, capsys):
