@@ -1,10 +1,11 @@
-"""Import e3nn safely on every supported torch/e3nn pair.
+"""Import e3nn (and torch-geometric's data classes) safely on every supported torch/e3nn pair.
 
 e3nn 0.4.4 (pinned by mace-torch) calls ``torch.load`` on its bundled constants at import time;
 with torch >= 2.6 (``weights_only=True`` by default) that fails unless ``slice`` is an allowed
 global. We register it before the first e3nn import so users never see the error.
 """
 import contextlib
+import warnings
 
 import torch
 
@@ -31,4 +32,13 @@ def default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(old)
 
 
-__all__ = ["o3", "e3nn", "E3NN_VERSION", "default_dtype"]
+def pyg_data():
+    """torch-geometric's ``(Batch, Data)``. Its first import calls ``torch.jit.script``, which torch
+    2.14 warns is deprecated: a warning the user can do nothing about, so it is not shown."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`torch.jit.script` is deprecated")  # Deprecation/Future
+        from torch_geometric.data import Batch, Data  # noqa: PLC0415
+    return Batch, Data
+
+
+__all__ = ["o3", "e3nn", "E3NN_VERSION", "default_dtype", "pyg_data"]

@@ -23,6 +23,7 @@ from ase.calculators.calculator import Calculator, PropertyNotImplementedError, 
 from ase.stress import full_3x3_to_voigt_6_stress
 
 from .. import settings
+from .._compat import pyg_data
 from ..models.graphed import GraphedModel
 from ..models.data import PAIRED_KEY, pair_edges
 from ..models.mace import MACE, trusted_inputs
@@ -421,7 +422,7 @@ class MACECalculator(Calculator):
         nodes concatenated, edge indices offset, one graph index per atom). Returns one results
         dict per structure (the keys of ``self.results``). ``max_atoms_per_batch`` bounds the
         atoms per model call (device memory); by default everything goes in one call."""
-        from torch_geometric.data import Batch, Data
+        Batch, Data = pyg_data()
 
         if isinstance(atoms_list, Atoms):  # iterating it would give its Atom objects
             raise TypeError("atoms_list must be a sequence of ase.Atoms, got one Atoms (pass [atoms])")

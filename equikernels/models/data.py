@@ -15,6 +15,8 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
+from .._compat import pyg_data
+
 NON_PERIODIC_CELL_FACTOR = 5  # mace-torch: non-periodic cell vectors = (max|pos| + 1) * 5 * r_max
 # optional data key: True (a bool or a CPU bool tensor) when edges E/2 + p are edges p reversed
 # (sender and receiver swapped, shifts negated); the models then run their radial MLPs on one half
@@ -154,7 +156,7 @@ def atoms_list_to_data(atoms_list, r_max: float, atomic_numbers: Union[Sequence[
                        ) -> Dict[str, torch.Tensor]:
     """Several structures as one batch (torch_geometric ``Batch`` of per-structure graphs)."""
     from ase import Atoms  # noqa: PLC0415
-    from torch_geometric.data import Batch, Data  # noqa: PLC0415
+    Batch, Data = pyg_data()
 
     if isinstance(atoms_list, Atoms) or not len(atoms_list):
         raise ValueError("atoms_list: expected a non-empty list of ase.Atoms")

@@ -20,6 +20,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -42,11 +43,18 @@ _failed: Optional[str] = None
 _SENT: set = set()  # (entry id, have, need) whose plan the extension has
 
 
+def cxx_standard(torch_version: str) -> str:
+    """The C++ standard to compile against torch ``torch_version``'s headers: C++20 from torch 2.14 on
+    (its headers refuse older ones), C++17 before."""
+    major, minor = (int(re.match(r"\d+", part).group()) for part in torch_version.split(".")[:2])
+    return "c++20" if (major, minor) >= (2, 14) else "c++17"
+
+
 def build_command(src: Path, out: Path) -> list:
     """The g++ command line: torch's and Python's headers, linked against torch's libraries."""
     tdir = Path(torch.__file__).resolve().parent
     abi = int(torch.compiled_with_cxx11_abi())
-    return [settings.get().cxx, "-O2", "-shared", "-fPIC", "-std=c++17", "-w",
+    return [settings.get().cxx, "-O2", "-shared", "-fPIC", f"-std={cxx_standard(torch.__version__)}", "-w",
             f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-DTORCH_EXTENSION_NAME={NAME}",
             f"-I{tdir / 'include'}", f"-I{tdir / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
             "-I" + sysconfig.get_paths()["include"], str(src), f"-L{tdir / 'lib'}", "-lc10", "-ltorch",
@@ -62,6 +70,13 @@ def library_path() -> Path:
     return subdir("native") / h.hexdigest()[:20] / (NAME + sysconfig.get_config_var("EXT_SUFFIX"))
 
 
+def compiler_error(stderr: str) -> str:
+    """One line of a failed compile's output that says why: its first error, else its last line."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower()]
+    return (errors[0] if errors else lines[-1] if lines else "no output")[:500]
+
+
 def _build(path: Path) -> None:
     """Compile the node into ``path`` (atomically: a concurrent process sees no half-written library)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -71,7 +86,7 @@ def _build(path: Path) -> None:
         log.info("equikernels: compiling the native autograd node (once per machine, ~30 s)")
         r = subprocess.run(build_command(SOURCE, Path(tmp)), capture_output=True, text=True, timeout=900)
         if r.returncode != 0:
-            raise RuntimeError(f"g++ exited with {r.returncode}: {r.stderr[-1500:]}")
+            raise RuntimeError(f"g++ exited with {r.returncode}: {compiler_error(r.stderr)}")
         os.replace(tmp, path)
     finally:  # a failed or timed-out build leaves no temporary file
         if os.path.exists(tmp):

@@ -12,12 +12,14 @@ from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import torch
-from torch_geometric.data import Batch, Data
 from vesin import NeighborList
 
+from .._compat import pyg_data
 from ..models.data import head_index
 from .config import DataKeys
 from .frames import select, split_selection
+
+Batch, Data = pyg_data()
 
 
 class DataError(ValueError):

@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from . import model_factory as mf
-from .data import Config, build_dataset, collate
+from .config import DataKeys
+from .data import Config, build_dataset, collate, config_from_atoms
 from .loss import error_sums, metrics_from_sums
 
 # metric columns of the tables: (key, heading); values are printed in meV units
@@ -89,18 +90,38 @@ def descriptor_columns(model: torch.nn.Module, spec: Descriptors) -> torch.Tenso
     return torch.tensor(cols, dtype=torch.int64)
 
 
+def _as_configs(configs) -> List[Config]:
+    """``configs`` as checked Configs: ASE Atoms converted, anything else refused in one line."""
+    from ase import Atoms  # noqa: PLC0415
+
+    if isinstance(configs, Atoms):
+        raise TypeError("configs: expected a sequence of structures, got one ase.Atoms (pass [atoms])")
+    configs = list(configs)
+    out = []
+    for i, c in enumerate(configs):
+        if isinstance(c, Atoms):
+            c = config_from_atoms(c, DataKeys(), f"configs[{i}]")
+        elif not isinstance(c, Config):
+            raise TypeError(f"configs[{i}]: expected an ase.Atoms or a training.data.Config, got {type(c).__name__}")
+        out.append(c)
+    return out
+
+
 def predict(model: torch.nn.Module, configs: Sequence[Config], *, dtype: torch.dtype, device,
             batch_size: int = 8, stress: bool = True, node_energies: bool = False, contributions: bool = False,
             descriptors: Optional[Descriptors] = None,
             on_batch: Optional[Callable[[int], None]] = None) -> Tuple[List[Prediction], Dict[str, float]]:
     """Predictions for ``configs`` (in their order) with ``model`` (a MACE of mace-torch's call
     convention, already in ``dtype`` on ``device``), ``batch_size`` structures per call, and the
-    MAE/RMSE per property over the labels the configs carry (an empty dict when none do).
+    MAE/RMSE per property over the labels the configs carry (an empty dict when none do). ``configs``:
+    ``Config`` objects (``training.data.read_configs``) or ASE Atoms, whose labels are read with the
+    default ``DataKeys``.
     ``stress``: predict the stress of periodic frames. ``node_energies`` / ``contributions`` /
     ``descriptors``: fill those fields of every prediction (see ``Prediction``). ``on_batch(n)``:
     called after each batch of n structures (progress)."""
     if batch_size < 1:
         raise ValueError(f"batch_size: expected a positive number of structures, got {batch_size}")
+    configs = _as_configs(configs)
     columns = descriptor_columns(model, descriptors) if descriptors is not None else None
     dataset = build_dataset(configs, mf.atomic_numbers(model), mf.r_max(model), mf.heads(model))
     sums = torch.zeros(3, 3, dtype=torch.float64)

@@ -1,5 +1,5 @@
 """``training.evaluate.predict``: its errors are those of the labels the configs carry (unlabelled
-values left out), computed by hand from its predictions."""
+values left out), computed by hand from its predictions; ASE Atoms give what their read configs give."""
 import numpy as np
 import pytest
 import torch
@@ -25,6 +25,25 @@ def test_errors_are_those_of_the_labels(tmp_path):
     assert metrics["mae_forces"] == pytest.approx(np.mean(np.abs(df)), rel=1e-10)
     assert metrics["rmse_stress"] == pytest.approx(np.sqrt(np.mean(ds ** 2)), rel=1e-10)
     assert metrics["rmse_forces"] > 1e-4  # the model is not the labels: the comparison is not trivially 0
+
+
+def test_atoms_give_what_their_configs_give(tmp_path):
+    import ase.io
+
+    from equikernels.calculators.loading import resolve_model
+
+    path = write_emt_dataset(str(tmp_path / "emt.xyz"), 3, seed=3, elements=("Cu", "Ni"), max_atoms=4)
+    model = resolve_model(None, torch.device("cpu"))
+    kw = dict(dtype=torch.float64, device="cpu")
+    want, want_metrics = predict(model, read_configs(path, DataKeys()), **kw)
+    got, got_metrics = predict(model, ase.io.read(path, ":"), **kw)
+    assert got_metrics == want_metrics and want_metrics["rmse_forces"] > 0
+    for a, b in zip(got, want):
+        assert a.energy == b.energy and np.array_equal(a.forces, b.forces)
+    with pytest.raises(TypeError, match=r"^configs: expected a sequence of structures, got one ase.Atoms"):
+        predict(model, ase.io.read(path, 0), **kw)
+    with pytest.raises(TypeError, match=r"^configs\[1\]: expected an ase.Atoms or a training.data.Config, got str"):
+        predict(model, [ase.io.read(path, 0), "emt.xyz"], **kw)
 
 
 def test_batch_size_is_checked():
