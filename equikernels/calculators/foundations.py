@@ -50,6 +50,10 @@ def _with_d3(calc: MACECalculator, damping: str, xc: str, cutoff: float) -> Calc
     try:
         from torch_dftd.torch_dftd3_calculator import TorchDFTD3Calculator  # noqa: PLC0415
     except ImportError as exc:
+        missing = getattr(exc, "name", None) or ""
+        if missing and missing.split(".")[0] != "torch_dftd":  # installed, but one of its own imports fails
+            raise ImportError(f"dispersion=True: torch-dftd is installed but cannot be imported: {exc} "
+                              f"(pip install {missing.split('.')[0]})") from exc
         raise ImportError("dispersion=True: needs torch-dftd for the D3 correction (pip install torch-dftd)") from exc
     dtype = torch.float64 if calc.dtype == torch.float64 else torch.float32
     d3 = TorchDFTD3Calculator(device=str(calc.device), damping=damping, dtype=dtype, xc=xc, cutoff=cutoff)

@@ -139,3 +139,17 @@ def test_dispersion_without_torch_dftd(model_file, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch_dftd", None)
     with pytest.raises(ImportError, match=r"dispersion=True: needs torch-dftd"):
         mace_mp(model_file, device="cpu", dispersion=True)
+
+
+@pytest.mark.mace
+def test_dispersion_with_a_broken_torch_dftd_names_what_is_missing(model_file, monkeypatch, tmp_path):
+    pkg = tmp_path / "torch_dftd"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "torch_dftd3_calculator.py").write_text("import a_missing_dependency_of_torch_dftd\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("torch_dftd", "torch_dftd.torch_dftd3_calculator"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    with pytest.raises(ImportError, match=r"torch-dftd is installed but cannot be imported: .*"
+                                          r"\(pip install a_missing_dependency_of_torch_dftd\)$"):
+        mace_mp(model_file, device="cpu", dispersion=True)
