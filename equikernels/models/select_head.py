@@ -48,7 +48,7 @@ def select_head(model: MACE, head: Optional[str] = None, argument: str = "head")
     for i, (old, new) in enumerate(zip(model.readouts, selected.readouts)):
         if isinstance(old, NonLinearReadout):
             hidden = o3.Irreps(new.linear_1.irreps_out).dim
-            block = range(h * hidden, (h + 1) * hidden) if n > 1 else range(hidden)
+            block = range(h * hidden, (h + 1) * hidden)  # the head's block of the hidden channels
             state.update(_linear_slice(f"readouts.{i}.linear_1", old.linear_1, new.linear_1, None, block))
             state.update(_linear_slice(f"readouts.{i}.linear_2", old.linear_2, new.linear_2, block, [h]))
         else:
