@@ -28,6 +28,8 @@ from .mace_options import from_mace_options
 LR_SCHEDULES = ("cosine", "plateau", "constant")
 E0_MODES = ("foundation", "average")  # or a {symbol or Z: energy} mapping
 LOSSES = ("mse", "huber")
+# what each entry of `heads` may set; an option a head does not set is the run's own
+HEAD_OPTIONS = ("train_file", "valid_file", "test_file", "valid_fraction", "e0s", "config_type_weights", "keys")
 
 
 @dataclass
@@ -62,6 +64,10 @@ class TrainConfig:
     # loss weight multipliers per config_type (info key), as mace-torch's config_type_weights:
     # a frame's weight is its config_weight times this (1 for config types not listed)
     config_type_weights: Dict[str, float] = field(default_factory=dict)
+    # per-head data, as mace-torch's `heads:` block: head name -> {train_file, valid_file, test_file,
+    # valid_fraction, e0s, config_type_weights, keys}. Every frame read for a head trains that head; an
+    # option a head leaves out is the run's own. A new model gets these heads; a model file must have them.
+    heads: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     # model: a model file to fine-tune (mace-torch .model or ours), or None to build `new_model`
     model: Optional[str] = None
     new_model: Optional[Dict[str, Any]] = None  # hyper-parameters of a model trained from scratch
@@ -110,6 +116,19 @@ class TrainConfig:
             if bad:
                 raise ValueError(f"unknown data key option(s) {bad}; known: {sorted(key_names)}")
             self.keys = DataKeys(**self.keys)
+
+    def head_data(self) -> List["HeadData"]:
+        """One entry per head of ``heads`` with the run's own options filled in where the head gives
+        none; without ``heads``, one entry whose frames train the head each names (``name`` None)."""
+        own = {n: getattr(self, n) for n in HEAD_OPTIONS}
+        if not self.heads:
+            return [HeadData(name=None, **own)]
+        out = []
+        for name, given in self.heads.items():
+            values = {**own, **{k: v for k, v in given.items() if k != "keys"}}
+            keys = {**dataclasses.asdict(self.keys), **dict(given.get("keys") or {})}
+            out.append(HeadData(name=str(name), **{**values, "keys": DataKeys(**keys)}))
+        return out
 
     def validate(self) -> "TrainConfig":
         def need(cond: bool, msg: str):
@@ -165,11 +184,20 @@ class TrainConfig:
             for key, w in weights.items():
                 need(isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0,
                      f"{name}[{key!r}] must be a number >= 0, got {w!r}")
-        need(self.train_file is not None, "train_file is required (the structures to train on)")
+        _check_heads(self.heads)
+        need(self.train_file is not None or bool(self.heads), "train_file is required (the structures to train on)")
+        for head in self.head_data() if self.heads else []:
+            need(head.train_file is not None, f"heads: {head.name}: no train_file, and the run gives none")
+            need(0.0 <= head.valid_fraction < 1.0,
+                 f"heads: {head.name}: valid_fraction must be in [0, 1), got {head.valid_fraction}")
+            need(isinstance(head.e0s, dict) or head.e0s in E0_MODES,
+                 f"heads: {head.name}: e0s must be one of {E0_MODES} or a mapping element -> energy, got {head.e0s!r}")
         need(self.model is not None or self.new_model is not None,
              "give a model file to fine-tune (model) or the hyper-parameters of a new one (new_model)")
-        for name in ("train_file", "valid_file", "test_file", "replay_file"):
-            path = getattr(self, name)
+        files = [(name, getattr(self, name)) for name in ("train_file", "valid_file", "test_file", "replay_file")]
+        files += [(f"heads: {h.name}: {name}", getattr(h, name)) for h in (self.head_data() if self.heads else [])
+                  for name in ("train_file", "valid_file", "test_file")]
+        for name, path in files:
             if path is not None:  # FILE@INDEX (ASE's frame selection) names FILE
                 try:
                     path = split_selection(path)[0]
@@ -201,6 +229,56 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown training option(s) {unknown}; known: {sorted(names)}")
         return cls(**values)
+
+
+@dataclass
+class HeadData:
+    """The data options of one head (``TrainConfig.head_data``)."""
+    name: Optional[str]
+    train_file: Optional[str]
+    valid_file: Optional[str]
+    test_file: Optional[str]
+    valid_fraction: float
+    e0s: Union[str, Dict[Any, float]]
+    config_type_weights: Dict[str, float]
+    keys: DataKeys
+
+
+def _check_heads(heads: Any) -> None:
+    """``heads`` is a mapping of distinct head names to mappings of ``HEAD_OPTIONS``."""
+    if not isinstance(heads, dict):
+        raise ValueError(f"heads must be a mapping head name -> its data options, got {heads!r}")
+    seen: Dict[str, str] = {}
+    key_names = {f.name for f in dataclasses.fields(DataKeys)}
+    for name, given in heads.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"heads: head names must be non-empty strings, got {name!r}")
+        if name.lower() in seen:  # heads are matched by name without regard to case
+            raise ValueError(f"heads: {seen[name.lower()]!r} and {name!r} name the same head; give one")
+        seen[name.lower()] = name
+        if not isinstance(given, dict):
+            raise ValueError(f"heads: {name}: expected a mapping of {', '.join(HEAD_OPTIONS)}, got {given!r}")
+        unknown = sorted(set(given) - set(HEAD_OPTIONS))
+        if unknown:
+            raise ValueError(f"heads: {name}: unknown option(s) {unknown}; known: {list(HEAD_OPTIONS)}")
+        for option in ("train_file", "valid_file", "test_file"):
+            if given.get(option) is not None and not isinstance(given[option], str):
+                raise ValueError(f"heads: {name}: {option} must be a file name, got {given[option]!r}")
+        fraction = given.get("valid_fraction", 0.0)
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+            raise ValueError(f"heads: {name}: valid_fraction must be a number, got {fraction!r}")
+        weights = given.get("config_type_weights", {})
+        if not isinstance(weights, dict) or any(isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0
+                                                for w in weights.values()):
+            raise ValueError(f"heads: {name}: config_type_weights must map config_type -> a number >= 0, "
+                             f"got {weights!r}")
+        keys = given.get("keys") or {}
+        if not isinstance(keys, dict) or set(keys) - key_names:
+            raise ValueError(f"heads: {name}: keys must be a mapping with names among {sorted(key_names)}, "
+                             f"got {keys!r}")
+        if "head" in keys:
+            raise ValueError(f"heads: {name}: keys: head: every frame read for this head trains it; no head key "
+                             "is read")
 
 
 _TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}

@@ -19,7 +19,8 @@ what running under ``torchrun`` means here, and is refused outside it. Its multi
 (``pt_train_file``, ...) are refused with ``replay_file`` as the alternative, and a ``foundation_model``
 without ``multiheads_finetuning: false`` gets one note (``REPLAY_NOTE``): mace-torch would fine-tune
 its Materials Project models with replay of their pretraining data by default, fine-tuning here
-trains on the given data only."""
+trains on the given data only. A ``heads:`` block (data per head) reads with the names inside each head
+translated as above; a head's statistics (``mean``, ``std``, ``statistics_file``, ...) are set aside."""
 from __future__ import annotations
 
 import ast
@@ -73,16 +74,14 @@ def from_mace_options(values: Dict[str, Any], source: str = "config") -> Dict[st
             raise ValueError(f"{source}: {name}: mace-torch's multi-head replay fine-tuning has no counterpart here; "
                              "replay_file (--replay) mixes structures such as a sample of the foundation model's "
                              "training data into the training batches, against forgetting")
-    if "heads" in out:
-        raise ValueError(f"{source}: heads: mace-torch's per-head data files are not read here; give each frame's "
-                         "head in its `head` info key (one train file may mix heads; --head-key names another key)")
+    head_aside = _heads(out, source)
     if "E0s" in out and "e0s" in out:
         raise ValueError(f"{source}: E0s (mace-torch's name) and e0s mean the same option; give one")
     if "distributed" in out:
         _distributed(out.pop("distributed"), source)
-    aside = [k for k in out if k in SET_ASIDE or k in STAGE_TWO or k in UNTRAINED]
+    aside = [k for k in out if k in SET_ASIDE or k in STAGE_TWO or k in UNTRAINED] + head_aside
     for k in aside:
-        out.pop(k)
+        out.pop(k, None)
     if out.get("model") in ARCHITECTURES:
         if "foundation_model" not in out:
             raise ValueError(f"{source}: model: {out['model']!r} is a mace-torch architecture; give the model "
@@ -141,6 +140,44 @@ def from_mace_options(values: Dict[str, Any], source: str = "config") -> Dict[st
                       "silences this note); replay_file (--replay) mixes in structures against forgetting",
                       UserWarning, stacklevel=2)
     return out
+
+
+# a head's statistics: mace-torch computes or reads them per head; here the model file (or, for a new model,
+# the head's own training frames) gives them
+HEAD_SET_ASIDE = {"statistics_file", "atomic_numbers", "mean", "std", "avg_num_neighbors", "compute_avg_num_neighbors"}
+
+
+def _heads(out: Dict[str, Any], source: str) -> list:
+    """mace-torch's names inside each entry of ``out['heads']`` translated in place; returns the
+    options set aside, as ``heads: NAME: OPTION``."""
+    if not isinstance(out.get("heads"), dict):
+        return []
+    aside = []
+    out["heads"] = dict(out["heads"])
+    for name, given in list(out["heads"].items()):
+        if not isinstance(given, dict):
+            continue  # the config's own check names it
+        where = f"{source}: heads: {name}"
+        head = dict(given)
+        if "test_dir" in head:
+            raise ValueError(f"{where}: test_dir: mace-torch's folder of preprocessed *_test.h5 files has no "
+                             "counterpart here; give test_file")
+        if head.pop("keep_isolated_atoms", False) is not False:
+            raise ValueError(f"{where}: keep_isolated_atoms: only false has a counterpart here{HINTS['keep_isolated_atoms']}")
+        for k in sorted(set(head) & (HEAD_SET_ASIDE | UNTRAINED)):
+            head.pop(k)
+            aside.append(f"heads: {name}: {k}")
+        if "E0s" in head:
+            if "e0s" in head:
+                raise ValueError(f"{where}: E0s (mace-torch's name) and e0s mean the same option; give one")
+            head["e0s"] = _e0s(head.pop("E0s"), where)
+        if isinstance(head.get("config_type_weights"), str):
+            head["config_type_weights"] = _mapping(head["config_type_weights"], "config_type_weights", where)
+        keys = {KEYS[k]: head.pop(k) for k in list(head) if k in KEYS}
+        if keys:
+            head["keys"] = {**keys, **dict(head.get("keys") or {})}
+        out["heads"][name] = head
+    return aside
 
 
 def _distributed(value, source: str) -> None:

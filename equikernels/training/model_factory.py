@@ -115,9 +115,10 @@ _have_mace = have_mace
 
 
 def build_new_model(hparams: Optional[Dict[str, Any]], atomic_numbers: Sequence[int],
-                    e0s: np.ndarray, avg_num_neighbors: float, scale: float, shift: float,
+                    e0s: np.ndarray, avg_num_neighbors: float, scale, shift,
                     heads: Sequence[str] = ("Default",), backend: str = "auto") -> torch.nn.Module:
-    """A fresh ScaleShiftMACE in the current default dtype. Built by mace-torch's constructor
+    """A fresh ScaleShiftMACE in the current default dtype; ``scale`` and ``shift`` are numbers, or
+    one per head. Built by mace-torch's constructor
     when it is installed (its initialisation and symmetric-contraction basis), converted to ours
     for backend 'equikernels'; without mace-torch, built by ``equikernels.models.builder``."""
     hp = dict(DEFAULT_NEW_MODEL)
@@ -150,7 +151,7 @@ def _build_mace(hp, atomic_numbers, e0s, avg_num_neighbors, scale, shift, heads)
         atomic_energies=np.asarray(e0s, dtype=np.float64), avg_num_neighbors=float(avg_num_neighbors),
         atomic_numbers=[int(z) for z in atomic_numbers], correlation=int(hp["correlation"]),
         gate=torch.nn.functional.silu, radial_MLP=list(hp["radial_MLP"]), heads=list(heads),
-        atomic_inter_scale=float(scale), atomic_inter_shift=float(shift),
+        atomic_inter_scale=_per_head(scale), atomic_inter_shift=_per_head(shift),
     )
 
 
@@ -167,9 +168,14 @@ def _build_ours(hp, atomic_numbers, e0s, avg_num_neighbors, scale, shift, heads)
     model = model_builder.random_model(config, seed=int(torch.randint(0, 2**31 - 1, ()).item()))
     set_e0s(model, torch.as_tensor(np.asarray(e0s, dtype=np.float64)).expand(len(heads), -1))
     with torch.no_grad():
-        model.scale.fill_(float(scale))
-        model.shift.fill_(float(shift))
+        model.scale.copy_(torch.as_tensor(_per_head(scale), dtype=model.scale.dtype).expand_as(model.scale))
+        model.shift.copy_(torch.as_tensor(_per_head(shift), dtype=model.shift.dtype).expand_as(model.shift))
     return model
+
+
+def _per_head(value):
+    """A number, or a list of one number per head."""
+    return [float(v) for v in value] if isinstance(value, (list, tuple)) else float(value)
 
 
 # ---- introspection shared by both kinds (same attribute names as mace-torch) -------------------

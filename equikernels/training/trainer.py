@@ -36,9 +36,10 @@ from . import model_factory as mf
 from . import outputs
 from .config import TrainConfig
 from ..models.data import head_index
-from .data import (Config, DataError, GraphDataset, build_dataset, check_elements, check_labels, collate, frame_head,
-                   is_isolated_atom, isolated_atom_e0s, label_sources, read_configs, split_train_valid)
+from .data import (Config, DataError, GraphDataset, build_dataset, check_elements, collate, frame_head, label_sources,
+                   read_configs)
 from .ema import EMA
+from .head_frames import load_head
 from .evaluate import forward, metrics_lines, predict
 from .loss import error_sums, local_counts, loss_terms, metrics_from_sums, reduce_sums
 from .statistics import avg_num_neighbors, average_e0s, parse_given_e0s, scale_shift
@@ -116,6 +117,9 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, *, train_configs: Optional[Sequence[Config]] = None,
                  valid_configs: Optional[Sequence[Config]] = None,
                  test_configs: Optional[Sequence[Config]] = None, log=print):
+        if cfg.heads and not (train_configs is None and valid_configs is None and test_configs is None):
+            raise ValueError("heads: each head's frames are read from its files; give heads or structures in "
+                             "memory (train_configs, valid_configs, test_configs), not both")
         if train_configs is not None and cfg.train_file is None:
             cfg = copy.deepcopy(cfg)
             cfg.train_file = "<in memory>"
@@ -139,48 +143,24 @@ class Trainer:
         self.resumed = False  # a checkpoint was loaded (resume): fit continues that run
 
     # ---- setup --------------------------------------------------------------------------------
-    def _read(self, path: str) -> List[Config]:
-        configs = read_configs(path, self.cfg.keys)
+    def _read(self, path: str, keys=None) -> List[Config]:
+        configs = read_configs(path, keys or self.cfg.keys)
         self._say(f"{path}: {len(configs)} structures; {label_sources(configs)}")
         return configs
 
     def _load_data(self, train_configs, valid_configs, test_configs=None):
         cfg = self.cfg
-        train = list(train_configs) if train_configs is not None else self._read(cfg.train_file)
-        # as mace-torch: isolated-atom frames of the training data give E0s and are not trained on
-        self.isolated_e0s = isolated_atom_e0s(train)
-        self.isolated_configs = [c for c in train if is_isolated_atom(c)]
-        if self.isolated_configs:
-            train = [c for c in train if not is_isolated_atom(c)]
-            if not train:
-                raise DataError(f"{cfg.train_file}: holds only isolated-atom frames (config_type=IsolatedAtom), "
-                                "which give E0s; add structures to train on")
-        if valid_configs is not None:
-            valid = list(valid_configs)
-        elif cfg.valid_file:
-            valid = self._read(cfg.valid_file)
-        elif cfg.valid_fraction > 0:
-            train, valid = split_train_valid(train, cfg.valid_fraction, cfg.seed)
-        else:
-            valid = []
+        self.head_frames = [load_head(head, cfg, self._read, self._say, train_configs, valid_configs, test_configs)
+                            for head in cfg.head_data()]
+        self.isolated_configs = [c for g in self.head_frames for c in g.isolated]
+        train = [c for g in self.head_frames for c in g.train]
+        valid = [c for g in self.head_frames for c in g.valid]
+        test = [c for g in self.head_frames for c in g.test]
         if not valid and (cfg.patience is not None or cfg.lr_schedule == "plateau"):  # both act at evaluations
             what = f"patience {cfg.patience}" if cfg.patience is not None else "lr_schedule 'plateau'"
             raise ValueError(f"{what} needs a validation set, which this run has none of; give valid_file (--valid) "
                              "or valid_fraction > 0 (--valid-fraction)")
-        need = dict(need_energy=cfg.energy_weight > 0, need_forces=cfg.forces_weight > 0,
-                    need_stress=cfg.stress_weight > 0, keys=cfg.keys)
-        check_labels(train, cfg.train_file, **need)
-        if valid:
-            check_labels(valid, cfg.valid_file or cfg.train_file, **{**need, "need_stress": False})
-        if cfg.stress_weight > 0 and all(c.stress is None for c in train):
-            self._say(f"{cfg.train_file}: no frame has a stress label (and a periodic cell): training on "
-                      "energies and forces only")
         self.replay_configs = self._read(cfg.replay_file) if cfg.replay_file else []
-        test = list(test_configs) if test_configs is not None else self._read(cfg.test_file) if cfg.test_file else []
-        if test and all(c.energy is None and c.forces is None and c.stress is None for c in test):
-            raise DataError(f"test_file: {cfg.test_file or '<in memory>'}: no frame has an energy, forces or stress "
-                            f"label, so there are no test errors to report (a frame has {test[0].available}); "
-                            "set the label keys, or predict unlabelled structures with `equikernels eval`")
         self.train_configs, self.valid_configs, self.test_configs = train, valid, test
 
     def _build_model(self):
@@ -195,29 +175,43 @@ class Trainer:
         dtype = _DTYPES[cfg.dtype] if cfg.dtype else (mf.model_dtype(model) if model is not None else torch.float64)
         cutoff = (mf.r_max(model) if model is not None
                   else float((cfg.new_model or {}).get("r_max", mf.DEFAULT_NEW_MODEL["r_max"])))
-        head_names = mf.heads(model) if model is not None else ["Default"]
+        named = [g.head.name for g in self.head_frames if g.head.name is not None]
+        if model is None:
+            head_names = named or ["Default"]
+        else:
+            head_names = mf.heads(model)
+            for name in named:  # before any frame is matched, so that the message names the option
+                head_index(name, head_names, unknown="heads: {head!r} is not one of the model's heads {heads} (a "
+                                                     "model's heads are fixed by its file; a new model gets the "
+                                                     "heads given)")
         self.head_names = head_names
         self.head_weights = _head_weights(cfg.head_weights, head_names)
 
-        e0s = self._e0s(model, z_table)
+        row_e0s = self._row_e0s(model, z_table, head_names)
         if model is None:
-            e0_vec = np.array([e0s.get(z, 0.0) for z in z_table])
-            scale, shift = scale_shift(self.train_configs, e0s)
+            e0_vec = np.array([row_e0s.get(0, {}).get(z, 0.0) for z in z_table])
+            by_row: Dict[int, List[Config]] = {}
+            for c in self.train_configs:
+                by_row.setdefault(frame_head(c, head_names), []).append(c)
+            stats = [scale_shift(by_row.get(r, []), row_e0s.get(r, {})) for r in range(len(head_names))]
+            scale, shift = ((stats[0][0], stats[0][1]) if len(stats) == 1
+                            else ([s for s, _ in stats], [t for _, t in stats]))
             graphs = build_dataset(self.train_configs, z_table, cutoff, head_names).graphs
             with _default_dtype(dtype):
                 model = mf.build_new_model(cfg.new_model, z_table, e0_vec, avg_num_neighbors(graphs),
                                            scale, shift, head_names, cfg.model_backend)
-        elif e0s:
+        if any(row_e0s.values()):
             table = mf.get_e0s(model)
-            for row, values in self._head_e0s(e0s, z_table, head_names).items():
+            for row, values in row_e0s.items():
                 for z, e in values.items():
                     table[row, z_table.index(z)] = e
             mf.set_e0s(model, table)
         model = model.to(device=self.device, dtype=dtype)
         self.model, self.dtype = model, dtype
         replay = self._label_replay(self.replay_configs)
-        train = [self._weighted(c, self._frame_factor(c)) for c in self.train_configs]
-        train += [self._weighted(c, cfg.replay_weight * self._frame_factor(c)) for c in replay]
+        train = [self._weighted(c, self._frame_factor(c, g.head.config_type_weights))
+                 for g in self.head_frames for c in g.train]
+        train += [self._weighted(c, cfg.replay_weight * self._frame_factor(c, cfg.config_type_weights)) for c in replay]
         self.train_set = build_dataset(train, z_table, cutoff, head_names)
         trained = {self._head_of(c) for c in self.train_configs + replay}
         idle = sorted(h for h, w in self.head_weights.items() if h not in trained and w != 1)
@@ -238,9 +232,9 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.ddp = dist_utils.wrap_ddp(model, self.params, self.device) if self.dist.enabled else model
 
-    def _frame_factor(self, c: Config) -> float:
+    def _frame_factor(self, c: Config, type_weights: Dict) -> float:
         """A training frame's loss-weight multiplier from its head and its config_type."""
-        by_type = {str(k): float(w) for k, w in self.cfg.config_type_weights.items()}
+        by_type = {str(k): float(w) for k, w in type_weights.items()}
         return self.head_weights.get(self._head_of(c), 1.0) * by_type.get(c.config_type, 1.0)
 
     def _head_of(self, c: Config) -> str:
@@ -270,32 +264,35 @@ class Trainer:
                   "starting model")
         return out
 
-    def _head_e0s(self, e0s: Dict[int, float], z_table, head_names) -> Dict[int, Dict[int, float]]:
-        """Head row -> E0s to write: only the heads the training frames name, since the others are
-        not trained and must keep their predictions; 'average' is fitted per head on its own frames."""
-        rows: Dict[int, list] = {}
-        for c in self.train_configs:
-            rows.setdefault(frame_head(c, head_names), []).append(c)
-        if self.cfg.e0s != "average" or len(rows) == 1:
-            return {row: e0s for row in rows}
-        return {row: average_e0s(configs, z_table, fixed=self.isolated_e0s) for row, configs in rows.items()
-                if self.isolated_e0s or any(c.energy is not None for c in configs)}
+    def _row_e0s(self, model, z_table, head_names) -> Dict[int, Dict[int, float]]:
+        """Head row -> E0s to write ({} keeps the model's own), for the rows the training frames name
+        only, since the other heads are not trained and must keep their predictions. Per head's data:
+        given values win over its isolated-atom frames, which win over 'foundation'; 'average' (and
+        any new model) is fitted on the head's frames, per row where they name several heads."""
+        from ase.data import chemical_symbols
 
-    def _e0s(self, model, z_table) -> Dict[int, float]:
-        """Elements -> E0 to write into the model ({} = keep the model's own)."""
-        mode = self.cfg.e0s
-        check_elements(self.isolated_configs, z_table)
-        isolated = self.isolated_e0s
-        if isolated:
-            from ase.data import chemical_symbols
-
-            self._say("E0s from the isolated-atom frames (config_type=IsolatedAtom): "
-                      + ", ".join(f"{chemical_symbols[z]} {e:.6g} eV" for z, e in sorted(isolated.items())))
-        if isinstance(mode, dict):  # given values win over the isolated-atom frames
-            return {**isolated, **parse_given_e0s(mode, z_table)}
-        if mode == "average" or model is None:  # a new model has no E0s to keep
-            return average_e0s(self.train_configs, z_table, fixed=isolated)
-        return dict(isolated)
+        out: Dict[int, Dict[int, float]] = {}
+        for g in self.head_frames:
+            check_elements(g.isolated, z_table)
+            mode, isolated = g.head.e0s, g.isolated_e0s
+            if isolated:
+                of = f"heads: {g.head.name}: " if g.head.name is not None else ""
+                self._say(f"{of}E0s from the isolated-atom frames (config_type=IsolatedAtom): "
+                          + ", ".join(f"{chemical_symbols[z]} {e:.6g} eV" for z, e in sorted(isolated.items())))
+            rows: Dict[int, List[Config]] = {}
+            for c in g.train:
+                rows.setdefault(frame_head(c, head_names), []).append(c)
+            if isinstance(mode, dict):
+                values = {**isolated, **parse_given_e0s(mode, z_table)}
+                out.update({row: values for row in rows})
+            elif mode != "average" and model is not None:
+                out.update({row: dict(isolated) for row in rows})
+            elif len(rows) == 1:
+                out.update({row: average_e0s(g.train, z_table, fixed=isolated) for row in rows})
+            else:
+                out.update({row: average_e0s(configs, z_table, fixed=isolated) for row, configs in rows.items()
+                            if isolated or any(c.energy is not None for c in configs)})
+        return out
 
     def _schedule_factor(self, step: int) -> float:
         cfg = self.cfg

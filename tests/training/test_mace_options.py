@@ -56,7 +56,10 @@ def test_e0s_written_as_a_string_mapping():
     ({"freeze": 3}, r"freeze: expected a list of parameter-name prefixes"),
     ({"max_num_epochs": 2, "epochs": 3}, r"max_num_epochs \(mace-torch's name\) and epochs mean the same option"),
     ({"ema": "yes"}, r"ema: expected true or false"),
-    ({"heads": {"a": {"train_file": "a.xyz"}}}, r"heads: mace-torch's per-head data files .* `head` info key"),
+    ({"heads": {"a": {"test_dir": "tests/"}}}, r"heads: a: test_dir: mace-torch's folder"),
+    ({"heads": {"a": {"E0s": "estimated"}}}, r"heads: a: E0s: mace-torch's 'estimated' has no counterpart here"),
+    ({"heads": {"a": {"E0s": 1, "e0s": 1}}}, r"heads: a: E0s \(mace-torch's name\) and e0s mean the same option"),
+    ({"heads": {"a": {"keep_isolated_atoms": True}}}, r"heads: a: keep_isolated_atoms: only false"),
 ])
 def test_values_without_a_counterpart_are_refused(values, needle):
     with pytest.raises(ValueError, match=rf"^cfg.yaml: {needle}"):
