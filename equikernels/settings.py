@@ -37,12 +37,24 @@ class SettingsError(ValueError):
 class _Flag:
     text = "0 or 1"
     _ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+    WORDS = "0 or 1 (or true/false, yes/no, on/off)"  # every word taken, for error messages
 
     def __call__(self, s: str) -> bool:
         v = s.strip().lower()
         if v in self._ON or v in self._OFF:
             return v in self._ON
-        raise ValueError(f"expected 0 or 1, got {s!r}")
+        raise ValueError(f"expected {self.WORDS}, got {s!r}")
+
+
+class _FlagOrAuto(_Flag):
+    """'auto', or an on/off word as the 0-or-1 settings take it (True / False)."""
+    text = "0 or 1, or auto"
+    WORDS = "one of auto, 0/1, true/false, yes/no, on/off"
+
+    def __call__(self, s: str) -> Union[str, bool]:
+        if s.strip().lower() == "auto":
+            return "auto"
+        return super().__call__(s)
 
 
 class _Int:
@@ -147,6 +159,7 @@ def _var(default: Any, parse: Callable[[str], Any], doc: str, env: Optional[str]
 
 
 _FLAG = _Flag()
+FLAG_OR_AUTO = _FlagOrAuto()  # also parses the calculator's cuda_graph= strings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,8 +184,7 @@ class Settings:
                                        at_import=True)
     ptxas_rescue: bool = _var(True, _FLAG, "Rebuild a kernel at ptxas -O1 when the default build collapses to a few "
                                            "registers and kilobytes of stack per thread")
-    cuda_graph: str = _var("auto", _Choice("auto", "0", "1", "true", "false", lower=True),
-                           "Default of the ASE calculator's cuda_graph argument")
+    cuda_graph: Union[str, bool] = _var("auto", FLAG_OR_AUTO, "Default of the ASE calculator's cuda_graph argument")
     edge_chunk: Union[str, int] = _var("auto", _AutoOrInt("'auto' or a non-negative integer (edges per chunk, "
                                                           "0 = never chunk)"),
                                        "MACE interaction edges per chunk: auto (chunk when the per-edge "

@@ -37,7 +37,7 @@ from .mace_args import model_files, take_mace_torch_arguments
 from .neighbors import DEFAULT_SKIN, SkinNeighborList, pbc_tensor, vesin_pairs
 from .state import changes
 from .threads import apply_threads
-# cuda_graph=None reads EQUIKERNELS_CUDA_GRAPH (0, 1 or auto), else this. On: H200, MACE-MP-medium
+# cuda_graph=None reads EQUIKERNELS_CUDA_GRAPH (an on/off word or auto), else this. On: H200, MACE-MP-medium
 # shape, 1,008 atoms, E+F 4.8 ms as one graph replay vs 11.5 ms eager
 CUDA_GRAPH_DEFAULT = "auto"
 CUDA_GRAPH_MAX_ATOMS = 16384  # "auto": graphs up to this size (no host syncs or launches; bigger steps fill the GPU)
@@ -187,12 +187,16 @@ class MACECalculator(Calculator):
     def _resolve_cuda_graph(self, value) -> Union[bool, str]:
         if value is None:
             value = settings.get().cuda_graph
-        if isinstance(value, str):
-            v = value.strip().lower()
-            if v not in ("0", "1", "auto", "false", "true"):
-                raise ValueError(f"cuda_graph: expected True, False or 'auto' (EQUIKERNELS_CUDA_GRAPH: 0, 1 or auto), "
-                                 f"got {value!r}")
-            value = "auto" if v == "auto" else v in ("1", "true")
+        if isinstance(value, str):  # the words EQUIKERNELS_CUDA_GRAPH takes
+            try:
+                value = settings.FLAG_OR_AUTO(value)
+            except ValueError:
+                raise ValueError(f"cuda_graph: expected True, False or a word EQUIKERNELS_CUDA_GRAPH takes "
+                                 f"({settings.FLAG_OR_AUTO.WORDS}), got {value!r}") from None
+        elif isinstance(value, (bool, np.bool_)):
+            value = bool(value)
+        else:  # the checks below test `is False`: an integer 0 would take graphs
+            raise ValueError(f"cuda_graph: expected True, False or 'auto', got {value!r}")
         if value is False:
             return False
         why = None

@@ -8,17 +8,28 @@ import glob
 import os
 from typing import Any, Dict
 
+import numpy as np
+
 NO_EFFECT = ("enable_cueq", "enable_oeq", "compile_mode", "fullgraph", "pad_num_atoms", "pad_num_edges", "warmup",
              "charges_key", "info_keys", "arrays_keys")
 NAMES = ("model_paths", "model_path", "models", "model_type", "energy_units_to_eV", "length_units_to_A",
          "compute_atomic_stresses") + NO_EFFECT
 
 
+def _boolean(name: str, value: Any) -> bool:
+    """``value`` of switch ``name``: True or False (numpy's too); a string such as "no" is refused, not
+    taken for True."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ValueError(f"{name}: expected True or False, got {value!r}")
+
+
 def take_mace_torch_arguments(kwargs: Dict[str, Any]) -> Dict[str, Any]:
     """Remove mace-torch's calculator arguments from ``kwargs``; returns ``models``, ``model_path``
     (its older name of ``model_paths``: both go through ``model_files``) and ``compute_atomic_stresses``."""
+    stresses = kwargs.pop("compute_atomic_stresses", False)
     taken = {"models": kwargs.pop("models", None), "model_path": kwargs.pop("model_path", None),
-             "compute_atomic_stresses": bool(kwargs.pop("compute_atomic_stresses", False))}
+             "compute_atomic_stresses": _boolean("compute_atomic_stresses", stresses)}
     model_type = kwargs.pop("model_type", "MACE")
     if model_type != "MACE":
         raise ValueError(f"model_type: only 'MACE' (energy, forces, stress) is supported, got {model_type!r}")

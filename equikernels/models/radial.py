@@ -20,6 +20,7 @@ from ..nn.frozen import frozen_key, held, state_without
 from ..ops import radial_basis
 from ..ops.matmul import matmul
 from ..ops.silu import silu
+from ..ops.tp import check_backend
 from . import hooks
 from .data import both_halves
 from .._compat import e3nn  # noqa: F401  (safe e3nn import before e3nn.math)
@@ -246,6 +247,7 @@ class RadialMLP(nn.Module):
             raise ValueError(f"act: expected one of {tuple(GATES)}, got {act!r}")
         self.act = normalize2mom(GATES[act]) if GATES[act] is not None else None
         self.fused = act == "silu"  # the fused op's activation
+        check_backend(backend)  # said at construction, not at the first call
         self.backend = backend
         self.layers = nn.ModuleList()
         for h_in, h_out in zip(self.hs, self.hs[1:]):

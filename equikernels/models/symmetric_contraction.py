@@ -34,6 +34,7 @@ from ..dtypes import HALF, acc_dtype, math_dtype_of
 from ..ir import Factor, Operand, Path, Segment, Table
 from ..ops.chain import in_transform
 from ..ops.table_chain import TableOp
+from ..ops.tp import check_backend
 from ..nn.frozen import frozen_key, held, state_without, version
 from .cpu_contraction import MonomialContraction
 
@@ -154,6 +155,7 @@ class SymmetricContraction(nn.Module):
             raise ValueError(f"correlation: expected one degree per output irrep ({len(ls_out)}), got {correlation}")
         self.channels, self.ls_in, self.ls_out = channels, list(ls_in), list(ls_out)
         self.correlation, self.num_elements, self.layout = list(correlation), num_elements, layout
+        check_backend(backend)  # said at construction, not at the first call
         self.backend = backend  # None: EQUIKERNELS_BACKEND / automatic (triton on CUDA)
         d = sum(2 * l + 1 for l in ls_in)
         self.weights = nn.ModuleList()

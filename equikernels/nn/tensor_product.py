@@ -21,7 +21,7 @@ from e3nn.util.jit import compile_mode  # noqa: E402
 from ..ops import tensor_product as _tensor_product
 from .frozen import outside_inference_mode
 from ..ops.chain import autocast_dtype
-from ..ops.tp import BACKENDS, check_dtypes
+from ..ops.tp import check_backend, check_dtypes
 from ..problem import MissingWeightError, TensorProductError, TPProblem, parse_irreps
 from ._script import script_tensor_product, tp_script_data
 
@@ -90,8 +90,7 @@ class TensorProduct(nn.Module):
             irrep_normalization = normalization
         if layout not in ("mul_ir", "ir_mul"):
             raise TensorProductError(f"layout: expected 'mul_ir' or 'ir_mul', got {layout!r}")
-        if backend is not None and backend not in BACKENDS:  # said at construction, not at the first call
-            raise ValueError(f"backend: expected None or one of {BACKENDS}, got {backend!r}")
+        check_backend(backend)  # said at construction, not at the first call
         self.problem = TPProblem.create(
             irreps_in1, irreps_in2, irreps_out, instructions, in1_var, in2_var, out_var,
             irrep_normalization, path_normalization, internal_weights, shared_weights)

@@ -79,6 +79,14 @@ def plan_of(spec: str) -> Plan:
         return Plan(problem_from_spec(d), layout)
 
 
+def check_backend(backend: Optional[str]) -> Optional[str]:
+    """``backend`` when it is None (the setting decides at the call) or one of ``BACKENDS``; raises a
+    one-line ``ValueError`` otherwise, so that a module refuses a misspelt backend when it is built."""
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend: expected None or one of {BACKENDS}, got {backend!r}")
+    return backend
+
+
 def resolve_backend(backend: Optional[str], device: torch.device) -> str:
     b = backend if backend is not None else settings.get().backend
     if b not in BACKENDS:
