@@ -66,7 +66,8 @@ class TrainConfig:
     config_type_weights: Dict[str, float] = field(default_factory=dict)
     # per-head data, as mace-torch's `heads:` block: head name -> {train_file, valid_file, test_file,
     # valid_fraction, e0s, config_type_weights, keys}. Every frame read for a head trains that head; an
-    # option a head leaves out is the run's own. A new model gets these heads; a model file must have them.
+    # option a head leaves out is the run's own. A new model gets these heads; a model file must have them
+    # (one head given for a one-head model names that head).
     heads: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     # model: a model file to fine-tune (mace-torch .model or ours), or None to build `new_model`
     model: Optional[str] = None

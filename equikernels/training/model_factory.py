@@ -192,6 +192,17 @@ def heads(model: torch.nn.Module) -> List[str]:
     return list(getattr(model, "heads", None) or ["Default"])
 
 
+def rename_heads(model: torch.nn.Module, names: Sequence[str]) -> None:
+    """Give the model's heads ``names`` (as many as it has), in the model and in the configuration
+    its file is written from."""
+    if len(names) != len(heads(model)):
+        raise ValueError(f"heads: {len(names)} name(s) for a model of {len(heads(model))} head(s)")
+    model.heads = list(names)
+    config = getattr(model, "config", None)
+    if isinstance(config, dict) and "heads" in config:
+        config["heads"] = list(names)
+
+
 def model_dtype(model: torch.nn.Module) -> torch.dtype:
     return next(model.parameters()).dtype
 

@@ -99,6 +99,14 @@ def backward_step(model, batch: Dict[str, torch.Tensor], cfg: TrainConfig, stop:
     return float(stats[0]), {k: float(v) for k, v in zip(parts, stats[1:-1])}, bool(stats[-1] > 0)
 
 
+def _names_a_head(name: str, heads: List[str]) -> bool:
+    try:
+        head_index(name, heads)
+    except ValueError:
+        return False
+    return True
+
+
 def _head_weights(given: Dict[str, float], heads: List[str]) -> Dict[str, float]:
     """``given`` keyed by the model's own head names (matched by ``head_index``'s rule)."""
     out: Dict[str, float] = {}
@@ -180,6 +188,11 @@ class Trainer:
             head_names = named or ["Default"]
         else:
             head_names = mf.heads(model)
+            if len(named) == 1 and len(head_names) == 1 and not _names_a_head(named[0], head_names):
+                self._say(f"heads: the model's one head {head_names[0]!r} is trained as {named[0]!r}, the name "
+                          "the fine-tuned model gives it (as mace-torch's does)")
+                mf.rename_heads(model, named)
+                head_names = named
             for name in named:  # before any frame is matched, so that the message names the option
                 head_index(name, head_names, unknown="heads: {head!r} is not one of the model's heads {heads} (a "
                                                      "model's heads are fixed by its file; a new model gets the "

@@ -168,3 +168,29 @@ def test_the_fine_tune_command_reads_a_heads_block(tmp_path, capsys):
         assert main(["fine-tune", "--config", str(path), "--no-progress", "--no-plot"]) == 0
     out = mf.load_model(str(tmp_path / "run" / "model.pt"), "equikernels")
     np.testing.assert_array_equal(mf.get_e0s(out).double()[0].numpy(), [-3.0, -4.0])
+
+
+def test_one_head_given_for_a_one_head_model_trains_it_under_the_given_name(tmp_path):
+    from equikernels.cli import main
+    from equikernels.training import model_factory as mf
+    from equikernels.default_model import default_model_path
+
+    train = _frames(str(tmp_path / "a.xyz"), 4, 0)
+    test = _frames(str(tmp_path / "t.xyz"), 2, 40)
+    path = tmp_path / "one.yaml"
+    path.write_text(yaml.safe_dump({"foundation_model": default_model_path(), "multiheads_finetuning": False,
+                                    "max_num_epochs": 1, "batch_size": 2, "device": "cpu", "lr": 1e-6,
+                                    "work_dir": str(tmp_path / "run"),
+                                    "heads": {"my_dft": {"train_file": train, "valid_fraction": 0.5,
+                                                         "test_file": test}}}))
+    assert main(["fine-tune", "--config", str(path), "--no-progress", "--no-plot"]) == 0
+    out = mf.load_model(str(tmp_path / "run" / "model.pt"), "equikernels")
+    assert mf.heads(out) == ["my_dft"]
+    start = mf.load_model(default_model_path(), "equikernels")
+    from equikernels.training.data import read_configs
+    from equikernels.training.config import DataKeys
+    from equikernels.training.evaluate import predict
+    configs = read_configs(test, DataKeys())
+    before, _ = predict(start, configs, dtype=torch.float64, device="cpu")
+    after, _ = predict(out, configs, dtype=torch.float64, device="cpu")
+    np.testing.assert_allclose([p.energy for p in after], [p.energy for p in before], rtol=1e-3)  # lr 1e-6
