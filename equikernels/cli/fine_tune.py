@@ -266,6 +266,28 @@ def _translated(args: argparse.Namespace):
     return values, cli
 
 
+# a head's options that a command-line flag sets in every head of the file (the --*-key flags too)
+_HEAD_FLAGS = ("train_file", "valid_file", "test_file", "valid_fraction", "e0s")
+
+
+def _flags_over_heads(heads, cli, cli_keys):
+    """The file's ``heads`` with the command line's options over each head's own: flags win over the
+    file in every head (config_type_weights and label keys merged over the head's)."""
+    out = {}
+    for name, given in heads.items():
+        head = dict(given) if isinstance(given, dict) else given
+        if isinstance(head, dict):  # anything else: the config's own check names it
+            # a head's valid_fraction stands for its valid_file (none: its own split)
+            head.update({k: cli[k] for k in _HEAD_FLAGS if k in cli and (k in head or (
+                k == "valid_file" and "valid_fraction" in head))})
+            if isinstance(head.get("config_type_weights"), dict) and isinstance(cli.get("config_type_weights"), dict):
+                head["config_type_weights"] = {**head["config_type_weights"], **cli["config_type_weights"]}
+            if cli_keys and isinstance(head.get("keys"), dict):
+                head["keys"] = {**head["keys"], **cli_keys}
+        out[name] = head
+    return out
+
+
 def config_from_args(args: argparse.Namespace):
     from ..training.config import TrainConfig
 
@@ -275,9 +297,12 @@ def config_from_args(args: argparse.Namespace):
         if not isinstance(resume, bool):
             raise ValueError(f"{where}: resume (mace-torch's restart_latest): expected true or false, got {resume!r}")
         args.resume = args.resume or resume
-    keys = {**dict(values.get("keys") or {}), **dict(cli.pop("keys", None) or {}), **label_keys.given(args)}
+    cli_keys = {**dict(cli.pop("keys", None) or {}), **label_keys.given(args)}
+    keys = {**dict(values.get("keys") or {}), **cli_keys}
     if keys:
         values["keys"] = keys
+    if isinstance(values.get("heads"), dict) and "heads" not in cli:
+        values["heads"] = _flags_over_heads(values["heads"], cli, cli_keys)
     for name in ("config_type_weights", "head_weights"):  # the command line's weights over the file's
         if isinstance(values.get(name), dict) and isinstance(cli.get(name), dict):
             cli[name] = {**values[name], **cli[name]}

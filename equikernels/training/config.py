@@ -120,13 +120,16 @@ class TrainConfig:
 
     def head_data(self) -> List["HeadData"]:
         """One entry per head of ``heads`` with the run's own options filled in where the head gives
-        none; without ``heads``, one entry whose frames train the head each names (``name`` None)."""
+        none (a head's ``valid_fraction`` splits its frames, whatever the run's ``valid_file``); without
+        ``heads``, one entry whose frames train the head each names (``name`` None)."""
         own = {n: getattr(self, n) for n in HEAD_OPTIONS}
         if not self.heads:
             return [HeadData(name=None, **own)]
         out = []
         for name, given in self.heads.items():
             values = {**own, **{k: v for k, v in given.items() if k != "keys"}}
+            if "valid_fraction" in given and "valid_file" not in given:  # the head's split, not the run's file
+                values["valid_file"] = None
             keys = {**dataclasses.asdict(self.keys), **dict(given.get("keys") or {})}
             out.append(HeadData(name=str(name), **{**values, "keys": DataKeys(**keys)}))
         return out

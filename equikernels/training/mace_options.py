@@ -150,6 +150,10 @@ HEAD_SET_ASIDE = {"statistics_file", "atomic_numbers", "mean", "std", "avg_num_n
 def _heads(out: Dict[str, Any], source: str) -> list:
     """mace-torch's names inside each entry of ``out['heads']`` translated in place; returns the
     options set aside, as ``heads: NAME: OPTION``."""
+    if out.get("heads", {}) is None:  # mace-torch's default: no heads block
+        out.pop("heads")
+    if isinstance(out.get("heads"), str):  # mace-torch's command line: --heads="{'dft': {'train_file': ...}}"
+        out["heads"] = _heads_text(out["heads"], source)
     if not isinstance(out.get("heads"), dict):
         return []
     aside = []
@@ -178,6 +182,23 @@ def _heads(out: Dict[str, Any], source: str) -> list:
             head["keys"] = {**keys, **dict(head.get("keys") or {})}
         out["heads"][name] = head
     return aside
+
+
+def _heads_text(value: str, source: str) -> Dict[str, Any]:
+    """mace-torch's ``heads`` string (a Python dict, as its script reads it), or the same as YAML."""
+    import yaml  # noqa: PLC0415
+
+    try:
+        parsed = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            parsed = None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"{source}: heads: expected a mapping head name -> its data options, such as "
+                         f"\"{{'dft': {{'train_file': 'train.xyz'}}}}\", got {value!r}")
+    return parsed
 
 
 def _distributed(value, source: str) -> None:

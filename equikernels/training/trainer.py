@@ -158,6 +158,11 @@ class Trainer:
 
     def _load_data(self, train_configs, valid_configs, test_configs=None):
         cfg = self.cfg
+        for name in ("train_file", "valid_file", "test_file"):  # heads that give their own leave the run's unread
+            own = ("valid_file", "valid_fraction") if name == "valid_file" else (name,)  # a head's fraction: its split
+            if cfg.heads and getattr(cfg, name) is not None and all(set(own) & set(h) for h in cfg.heads.values()):
+                self._say(f"{name} {getattr(cfg, name)!r} is not read: every head of heads gives its own "
+                          + " or ".join(own))
         self.head_frames = [load_head(head, cfg, self._read, self._say, train_configs, valid_configs, test_configs)
                             for head in cfg.head_data()]
         self.isolated_configs = [c for g in self.head_frames for c in g.isolated]
@@ -202,7 +207,9 @@ class Trainer:
 
         row_e0s = self._row_e0s(model, z_table, head_names)
         if model is None:
-            e0_vec = np.array([row_e0s.get(0, {}).get(z, 0.0) for z in z_table])
+            # one row per head: mace-torch's constructor sizes its E0 table by the rows it is given
+            e0_rows = np.array([[row_e0s.get(r, {}).get(z, 0.0) for z in z_table] for r in range(len(head_names))])
+            e0_vec = e0_rows[0] if len(head_names) == 1 else e0_rows
             by_row: Dict[int, List[Config]] = {}
             for c in self.train_configs:
                 by_row.setdefault(frame_head(c, head_names), []).append(c)
@@ -232,11 +239,17 @@ class Trainer:
             self._say(f"head_weights: no training frame is of head {', '.join(map(repr, idle))} (the frames' "
                       f"heads: {', '.join(map(repr, sorted(trained)))}; a frame names its head in info "
                       f"'{cfg.keys.head}')")
-        types = {c.config_type for c in self.train_configs + replay}
-        unused = sorted(str(k) for k, w in cfg.config_type_weights.items() if str(k) not in types and w != 1)
-        if unused:
-            self._say(f"config_type_weights: no training frame has config_type {', '.join(map(repr, unused))} "
-                      f"(the frames have {', '.join(map(repr, sorted(types)))})")
+        own = [g for g in self.head_frames
+               if g.head.name is not None and "config_type_weights" in cfg.heads[g.head.name]]
+        uses = [(f"heads: {g.head.name}: ", g.head.config_type_weights, g.train) for g in own]
+        uses.append(("", cfg.config_type_weights,
+                     [c for g in self.head_frames if all(g is not o for o in own) for c in g.train] + replay))
+        for where, weights, frames in uses:  # each mapping against the frames it weights
+            types = {c.config_type for c in frames}
+            unused = sorted(str(k) for k, w in weights.items() if str(k) not in types and w != 1)
+            if unused and frames:
+                self._say(f"{where}config_type_weights: no training frame has config_type "
+                          f"{', '.join(map(repr, unused))} (the frames have {', '.join(map(repr, sorted(types)))})")
         self.valid_set = build_dataset(self.valid_configs, z_table, cutoff, head_names)
         self.test_set = build_dataset(self.test_configs, z_table, cutoff, head_names)
         if cfg.freeze:
@@ -295,17 +308,26 @@ class Trainer:
             rows: Dict[int, List[Config]] = {}
             for c in g.train:
                 rows.setdefault(frame_head(c, head_names), []).append(c)
-            if isinstance(mode, dict):
-                values = {**isolated, **parse_given_e0s(mode, z_table)}
-                out.update({row: values for row in rows})
-            elif mode != "average" and model is not None:
-                out.update({row: dict(isolated) for row in rows})
-            elif len(rows) == 1:
-                out.update({row: average_e0s(g.train, z_table, fixed=isolated) for row in rows})
-            else:
-                out.update({row: average_e0s(configs, z_table, fixed=isolated) for row, configs in rows.items()
-                            if isolated or any(c.energy is not None for c in configs)})
+            try:
+                out.update(self._head_e0s(g, mode, isolated, rows, model, z_table))
+            except ValueError as exc:  # name the head whose E0s they are
+                if g.head.name is None or isinstance(exc, DataError):
+                    raise
+                raise ValueError(f"heads: {g.head.name}: {exc}") from None
         return out
+
+    @staticmethod
+    def _head_e0s(g, mode, isolated, rows, model, z_table) -> Dict[int, Dict[int, float]]:
+        """Head row -> E0s for the rows (``rows``: row -> frames) of one head's data ``g``."""
+        if isinstance(mode, dict):
+            values = {**isolated, **parse_given_e0s(mode, z_table)}
+            return {row: values for row in rows}
+        if mode != "average" and model is not None:
+            return {row: dict(isolated) for row in rows}
+        if len(rows) == 1:
+            return {row: average_e0s(g.train, z_table, fixed=isolated) for row in rows}
+        return {row: average_e0s(configs, z_table, fixed=isolated) for row, configs in rows.items()
+                if isolated or any(c.energy is not None for c in configs)}
 
     def _schedule_factor(self, step: int) -> float:
         cfg = self.cfg
