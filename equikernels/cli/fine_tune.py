@@ -34,6 +34,7 @@ _SIMPLE = {
     "clip_grad_norm": "clip_grad_norm", "checkpoint_every": "checkpoint_every", "patience": "patience",
     "seed": "seed", "device": "device", "dtype": "dtype", "backend": "model_backend",
     "replay": "replay_file", "replay_weight": "replay_weight", "test": "test_file", "amsgrad": "amsgrad",
+    "model_head": "model_head",
 }
 
 
@@ -80,6 +81,8 @@ def register(subparsers) -> None:
     a("--config", help="YAML file of training options")
     a("--model", help="model file to fine-tune, or a foundation-model name (medium, small_off, ...; needs "
                        "mace-torch); default: the bundled default model")
+    a("--model-head", metavar="HEAD", help="the head of a multi-head --model to fine-tune, alone, as a one-head "
+                                           "model (mace-torch's --foundation_head)")
     a("--train", help="training structures (extxyz or any ASE-readable file)")
     a("--valid", help="validation structures (default: a random --valid-fraction of --train)")
     a("--test", metavar="FILE", help="held-out test structures: the starting and the fine-tuned model are "

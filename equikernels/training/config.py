@@ -72,6 +72,9 @@ class TrainConfig:
     # model: a model file to fine-tune (mace-torch .model or ours), or None to build `new_model`
     model: Optional[str] = None
     new_model: Optional[Dict[str, Any]] = None  # hyper-parameters of a model trained from scratch
+    # the head of a multi-head model file to fine-tune: the run trains that head alone, as a one-head model
+    # (mace-torch's foundation_head; the model file is read as `equikernels convert --head` reads it)
+    model_head: Optional[str] = None
     model_backend: str = "auto"   # "auto" | "equikernels" | "mace"
     dtype: Optional[str] = None   # "float32" | "float64"; default: the model's own
     device: Optional[str] = None  # default: cuda:LOCAL_RANK when available, else cpu
@@ -196,6 +199,8 @@ class TrainConfig:
                  f"heads: {head.name}: valid_fraction must be in [0, 1), got {head.valid_fraction}")
             need(isinstance(head.e0s, dict) or head.e0s in E0_MODES,
                  f"heads: {head.name}: e0s must be one of {E0_MODES} or a mapping element -> energy, got {head.e0s!r}")
+        need(self.model_head is None or self.model is not None,
+             f"model_head {self.model_head!r} names a head of the model file to fine-tune; give the file (model)")
         need(self.model is not None or self.new_model is not None,
              "give a model file to fine-tune (model) or the hyper-parameters of a new one (new_model)")
         files = [(name, getattr(self, name)) for name in ("train_file", "valid_file", "test_file", "replay_file")]

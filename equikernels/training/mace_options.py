@@ -32,7 +32,8 @@ from .. import settings
 
 RENAMES = {"foundation_model": "model", "max_num_epochs": "epochs", "default_dtype": "dtype",
            "clip_grad": "clip_grad_norm", "scheduler_patience": "plateau_patience", "lr_factor": "plateau_factor",
-           "eval_interval": "eval_every_epochs", "work_dir": "out_dir", "restart_latest": "resume"}
+           "eval_interval": "eval_every_epochs", "work_dir": "out_dir", "restart_latest": "resume",
+           "foundation_head": "model_head"}
 KEYS = {"energy_key": "energy", "forces_key": "forces", "stress_key": "stress", "virials_key": "virials",
         "head_key": "head"}
 ARCHITECTURES = {"MACE", "ScaleShiftMACE", "ScaleShiftBOTNet", "BOTNet", "AtomicDipolesMACE", "EnergyDipolesMACE"}

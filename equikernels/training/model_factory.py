@@ -203,6 +203,18 @@ def rename_heads(model: torch.nn.Module, names: Sequence[str]) -> None:
         config["heads"] = list(names)
 
 
+def one_head(model: torch.nn.Module, head: str) -> torch.nn.Module:
+    """Head ``head`` of ``model`` as a one-head model of the same kind (ours or mace-torch's), with the
+    energies that head gives (``models.select_head``); errors name ``model_head``."""
+    from ..models import select_head  # noqa: PLC0415
+
+    if is_ours(model):
+        return select_head(model, head, argument="model_head")
+    from .mace_export import to_mace  # noqa: PLC0415
+
+    return to_mace(select_head(convert(model, "equikernels"), head, argument="model_head"))
+
+
 def model_dtype(model: torch.nn.Module) -> torch.dtype:
     return next(model.parameters()).dtype
 

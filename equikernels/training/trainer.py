@@ -180,6 +180,8 @@ class Trainer:
         cfg = self.cfg
         if cfg.model is not None:
             model = mf.load_model(cfg.model, cfg.model_backend)
+            if cfg.model_head is not None:
+                model = mf.one_head(model, cfg.model_head)
             z_table = mf.atomic_numbers(model)
         else:
             zs = sorted({int(z) for c in self.train_configs + self.valid_configs + self.replay_configs
