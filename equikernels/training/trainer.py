@@ -24,7 +24,7 @@ import random
 import signal
 import threading
 import warnings
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -447,17 +447,37 @@ class Trainer:
     # ---- evaluation ---------------------------------------------------------------------------
     def evaluate(self, dataset: GraphDataset, batch_size: Optional[int] = None) -> Dict[str, float]:
         """RMSE/MAE over ``dataset`` with the weights now in the model, shared across processes."""
-        sums = torch.zeros(3, 3, dtype=torch.float64, device=self.device)
+        return self._metrics(self._error_sums(dataset, batch_size).sum(0))
+
+    def evaluate_heads(self, dataset: GraphDataset, batch_size: Optional[int] = None
+                       ) -> Tuple[Dict[str, float], Dict[str, Dict[str, float]]]:
+        """``evaluate``'s errors over ``dataset``, and the same per model head (name -> errors) over
+        that head's frames, for the heads with frames in ``dataset``; one pass over the frames."""
+        sums = self._error_sums(dataset, batch_size)
+        rows = sorted({int(g.head) for g in dataset.graphs})
+        return self._metrics(sums.sum(0)), {self.head_names[r]: self._metrics(sums[r]) for r in rows}
+
+    def _error_sums(self, dataset: GraphDataset, batch_size: Optional[int] = None) -> torch.Tensor:
+        """``error_sums`` over ``dataset``, [head rows, 3, 3], summed across processes."""
+        sums = torch.zeros(len(self.head_names), 3, 3, dtype=torch.float64, device=self.device)
         mine = list(range(self.dist.rank, len(dataset), self.dist.world_size))
         bs = batch_size or self.cfg.batch_size
         need_stress = any(dataset.graphs[i].stress_weight > 0 for i in mine)
+        by_row: Dict[int, List[int]] = {}
+        for i in mine:  # one head's frames per batch, so that each head's sums stay apart
+            by_row.setdefault(int(dataset.graphs[i].head), []).append(i)
         self.model.eval()
-        for k in range(0, len(mine), bs):
-            batch = collate([dataset.graphs[i] for i in mine[k:k + bs]], self.dtype, self.device)
-            out = forward(self.model, batch, training=False, stress=need_stress)
-            sums += error_sums(out, batch)
+        for row, idx in sorted(by_row.items()):
+            for k in range(0, len(idx), bs):
+                batch = collate([dataset.graphs[i] for i in idx[k:k + bs]], self.dtype, self.device)
+                out = forward(self.model, batch, training=False, stress=need_stress)
+                sums[row] += error_sums(out, batch)
         self.model.train()
-        result = metrics_from_sums(reduce_sums(sums))
+        return reduce_sums(sums)
+
+    def _metrics(self, sums: torch.Tensor) -> Dict[str, float]:
+        """MAE/RMSE from [3, 3] error sums, and the validation loss they make."""
+        result = metrics_from_sums(sums)
         cfg = self.cfg
         result["loss"] = (cfg.energy_weight * result.get("rmse_energy_per_atom", 0.0) ** 2
                           + cfg.forces_weight * result.get("rmse_forces", 0.0) ** 2
@@ -472,9 +492,21 @@ class Trainer:
         for key, dataset, what in (("valid_start", self.valid_set, ""), ("test_start", self.test_set, " (test)")):
             if key in self.history or not len(dataset):
                 continue
-            metrics = self.evaluate(dataset)
+            metrics, heads = self.evaluate_heads(dataset)
             self.history[key] = metrics
+            if self._per_head():
+                self.history.setdefault("per_head_start", {})[key] = heads
             self._say(f"starting model{what}: " + _format_metrics(metrics))
+
+    def _per_head(self) -> bool:
+        """Whether errors are also reported per head: the frames evaluated (training, validation and
+        test sets) are of more than one head."""
+        return len({int(g.head) for d in (self.train_set, self.valid_set, self.test_set) for g in d.graphs}) > 1
+
+    def _per_head_summary(self, by_key: Dict[str, Dict[str, Dict]]) -> Dict[str, Dict[str, Dict]]:
+        """Summary key -> head -> errors, as head -> summary key -> errors in the model's head order."""
+        return {h: {k: heads[h] for k, heads in by_key.items() if h in heads}
+                for h in self.head_names if any(h in heads for heads in by_key.values())}
 
     def _end_of_epoch(self) -> None:
         cfg = self.cfg
@@ -535,6 +567,8 @@ class Trainer:
             self.save_checkpoint()
         summary = {"interrupted": name, "step": self.step, "epoch": self.epoch,
                    "valid_start": self.history.get("valid_start"), "test_start": self.history.get("test_start")}
+        if self.history.get("per_head_start"):
+            summary["per_head"] = self._per_head_summary(self.history["per_head_start"])
         metrics = dist_utils.on_main(lambda: self._write_metrics(summary))
         at = where or f"at step {self.step} (epoch {self.epoch + 1})"
         msg = (f"stopped by {name} {at}: checkpoint in {self.ckpt_dir}, metrics so far in {metrics}; "
@@ -655,31 +689,41 @@ class Trainer:
         final = self.load_final_weights()
         best_is_last = self.best["step"] == self.step
         saved = "best" if cfg.save_best and self.best["state"] is not None and not best_is_last else "last"
-        summary: Dict = {"train": self.evaluate(self.train_set)}
+        by_key: Dict[str, Dict[str, Dict]] = {}  # summary key -> head -> errors
+
+        def evaluate(key: str, dataset: GraphDataset) -> None:
+            summary[key], by_key[key] = self.evaluate_heads(dataset)
+
+        summary: Dict = {}
+        evaluate("train", self.train_set)
         if len(self.valid_set):
-            summary["valid"] = self.evaluate(self.valid_set)
+            evaluate("valid", self.valid_set)
         if len(self.test_set):
-            summary["test"] = self.evaluate(self.test_set)
+            evaluate("test", self.test_set)
         if self._stop_requested():  # the model now holds the final weights: the loop's checkpoint stays
             self._interrupted(f"after step {self.step}, during the final evaluation (no model file written)",
                               checkpointed=True)
         for key in ("valid_start", "test_start"):
             if key in self.history:
                 summary[key] = self.history[key]
+                if key in self.history.get("per_head_start", {}):
+                    by_key[key] = self.history["per_head_start"][key]
         summary.update(step=self.step, epochs_completed=self.epoch, stopped_early=self.stopped_early,
                        best_step=self.best["step"], best_epoch=self.best.get("epoch"), saved=saved)
         summary.update(dist_utils.on_main(lambda: self._save_models(final, outputs.MODEL, outputs.MACE_MODEL)))
         if saved == "best":  # keep the last weights as well
             self.model.load_state_dict(last)
-            summary["valid_last"] = self.evaluate(self.valid_set)
+            evaluate("valid_last", self.valid_set)
             if len(self.test_set):
-                summary["test_last"] = self.evaluate(self.test_set)
+                evaluate("test_last", self.test_set)
             paths = dist_utils.on_main(
                 lambda: self._save_models(self.model, outputs.MODEL_LAST, outputs.MACE_MODEL_LAST))
             summary.update({k.replace("_path", "_last_path"): v for k, v in paths.items()})
             self.model.load_state_dict(self.best["state"])
         else:  # an earlier, interrupted part of this run may have left last weights that are not these
             dist_utils.on_main(lambda: self._remove_outputs(outputs.MODEL_LAST, outputs.MACE_MODEL_LAST))
+        if self._per_head():
+            summary["per_head"] = self._per_head_summary(by_key)
         summary.update(dist_utils.on_main(lambda: self._report(summary)))
         if self._stop_requested():  # the files were written whole; the run still ends as interrupted
             signum = self._stop_signal or signal.SIGTERM
@@ -758,14 +802,15 @@ def _format_metrics(m: Dict[str, float]) -> str:
 def metrics_table(summary: Dict) -> str:
     """The closing table: the starting and the saved model on the validation set and on the test
     set (and the last weights when the saved ones are the best epoch's), and the saved model on the
-    training set."""
+    training set; then the same rows per head (``per_head``) where the frames are of several heads."""
     saved = summary.get("saved", "last")
     which = (f"best validation epoch ({summary.get('best_epoch')})" if saved == "best"
              else "last weights")
     rows = [("valid_start", "valid, starting model"), ("valid", f"valid, saved = {which}"),
             ("valid_last", "valid, last weights"), ("test_start", "test, starting model"),
             ("test", f"test, saved = {which}"), ("test_last", "test, last weights"), ("train", "train, saved model")]
-    lines = metrics_lines([(label, summary.get(key)) for key, label in rows])
+    blocks = [("", summary)] + [(f"head {head}: ", m) for head, m in summary.get("per_head", {}).items()]
+    lines = metrics_lines([(prefix + label, block.get(key)) for prefix, block in blocks for key, label in rows])
     if "model_path" in summary:
         lines.append(f"saved: {summary['model_path']} ({which})"
                      + (f", {summary['model_last_path']} (last weights)" if "model_last_path" in summary else "")
