@@ -99,6 +99,12 @@ def backward_step(model, batch: Dict[str, torch.Tensor], cfg: TrainConfig, stop:
     return float(stats[0]), {k: float(v) for k, v in zip(parts, stats[1:-1])}, bool(stats[-1] > 0)
 
 
+def _without_tests(heads: Dict) -> Dict:
+    """``heads`` without each head's ``test_file``, which a resumed run may change as the run's own."""
+    return {name: {k: v for k, v in h.items() if k != "test_file"} if isinstance(h, dict) else h
+            for name, h in (heads or {}).items()}
+
+
 def _names_a_head(name: str, heads: List[str]) -> bool:
     try:
         head_index(name, heads)
@@ -382,7 +388,8 @@ class Trainer:
             before["amsgrad"] = bool(groups[0]["amsgrad"])
         saved = {**before, **saved}
         changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
-        refused = [k for k in changed if k not in RESUMABLE_CHANGES]
+        refused = [k for k in changed if k not in RESUMABLE_CHANGES
+                   and not (k == "heads" and _without_tests(saved[k]) == _without_tests(now[k]))]
         if refused:
             what = ", ".join(f"{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in refused)
             hint = (" (amsgrad defaults to true, as in mace-torch: a run of plain AdamW continues with --no-amsgrad "

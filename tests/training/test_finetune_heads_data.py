@@ -101,6 +101,10 @@ def test_a_run_with_heads_resumes_exactly_and_refuses_a_changed_heads_block(data
     assert [r["loss"] for r in resumed.history["train"]] == [r["loss"] for r in full.history["train"]]
     assert resumed.history["valid"] == full.history["valid"]
     assert all(torch.equal(full.model.state_dict()[k], v) for k, v in resumed.model.state_dict().items())
+    tested = {**heads, "a": {**heads["a"], "test_file": data["v"]}}  # as the run's own test_file: honoured
+    again = Trainer(_cfg(tmp_path / "part", tested, **kw), log=None)
+    summary = again.fit(resume=True)
+    assert "test" in summary and "a" in summary["per_head"]
     changed = {**heads, "b": {**heads["b"], "e0s": "average"}}
     with pytest.raises(ValueError, match=r"^cannot resume with changed heads "):
         Trainer(_cfg(tmp_path / "part", changed, **kw), log=None).fit(resume=True)
