@@ -244,9 +244,10 @@ class Trainer:
         trained = {self._head_of(c) for c in self.train_configs + replay}
         idle = sorted(h for h, w in self.head_weights.items() if h not in trained and w != 1)
         if idle:
+            how = ("the heads block names each head's files" if cfg.heads
+                   else f"a frame names its head in info '{cfg.keys.head}'")
             self._say(f"head_weights: no training frame is of head {', '.join(map(repr, idle))} (the frames' "
-                      f"heads: {', '.join(map(repr, sorted(trained)))}; a frame names its head in info "
-                      f"'{cfg.keys.head}')")
+                      f"heads: {', '.join(map(repr, sorted(trained)))}; {how})")
         own = [g for g in self.head_frames
                if g.head.name is not None and "config_type_weights" in cfg.heads[g.head.name]]
         uses = [(f"heads: {g.head.name}: ", g.head.config_type_weights, g.train) for g in own]

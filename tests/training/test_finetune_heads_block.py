@@ -194,3 +194,15 @@ def test_one_head_given_for_a_one_head_model_trains_it_under_the_given_name(tmp_
     before, _ = predict(start, configs, dtype=torch.float64, device="cpu")
     after, _ = predict(out, configs, dtype=torch.float64, device="cpu")
     np.testing.assert_allclose([p.energy for p in after], [p.energy for p in before], rtol=1e-3)  # lr 1e-6
+
+
+def test_a_head_weight_for_a_head_without_files_says_where_heads_come_from(tmp_path):
+    from equikernels.training import Trainer
+
+    model = _two_head_model(str(tmp_path / "two.pt"))
+    a = _frames(str(tmp_path / "a.xyz"), 2, 0)
+    said = []
+    Trainer(_config(tmp_path, {"model": model, "heads": {"pt_head": {"train_file": a}},
+                               "head_weights": {"Default": 2.0}}), log=said.append)
+    assert ("head_weights: no training frame is of head 'Default' (the frames' heads: 'pt_head'; the heads block "
+            "names each head's files)") in said
