@@ -19,7 +19,10 @@ what running under ``torchrun`` means here, and is refused outside it. Its multi
 (``pt_train_file``, ...) are refused with ``replay_file`` as the alternative, and a ``foundation_model``
 without ``multiheads_finetuning: false`` gets one note (``REPLAY_NOTE``): mace-torch would fine-tune
 its Materials Project models with replay of their pretraining data by default, fine-tuning here
-trains on the given data only. A ``heads:`` block (data per head) reads with the names inside each head
+trains on the given data only; as in mace-torch, ``multiheads_finetuning: true`` with a foundation model
+file and no ``pt_train_file`` is plain fine-tuning. Options at the values that mean "not given" in
+mace-torch (``NOT_GIVEN``: ``pt_train_file: null``, ``freeze: null``, ...) read as absent, and the replay
+options that only tune replay are set aside, so that a whole dump of mace-torch's options reads. A ``heads:`` block (data per head) reads with the names inside each head
 translated as above; a head's statistics (``mean``, ``std``, ``statistics_file``, ...) are set aside."""
 from __future__ import annotations
 
@@ -49,6 +52,18 @@ SET_ASIDE = {
     "wandb_log_hypers",
     # data loading and kernel backends of mace-torch's script
     "num_workers", "pin_memory", "valid_batch_size", "enable_cueq", "enable_oeq", "only_cueq", "launcher",
+    "multi_processed_test", "save_all_checkpoints", "plot_interaction_e", "statistics_file",
+    # more of the architecture, and the elements kept (the model file fixes both)
+    "edge_irreps", "embedding_specs", "use_agnostic_product", "use_edge_irreps_first", "use_embedding_readout",
+    "use_last_readout_only", "use_reduced_cg", "use_so3", "foundation_filter_elements", "foundation_model_elements",
+    "foundation_model_kwargs",
+    # PolarMACE and LES models (the architectures refused above)
+    "les_arguments", "add_local_electron_energy", "atomic_multipoles_max_l", "atomic_multipoles_smearing_width",
+    "field_feature_max_l", "field_feature_norms", "field_feature_widths", "field_norm_factor", "field_readout_config",
+    "field_si", "fixedpoint_update_config", "include_electrostatic_self_interaction", "kspace_cutoff_factor",
+    "num_recursion_steps", "quadrupole_feature_corrections", "return_electrostatic_potentials",
+    # settings of schedulers and optimisers other than the ones run here, and of LoRA (off, below)
+    "lr_scheduler_gamma", "beta1_schedulefree", "beta2_schedulefree", "lora_rank", "lora_alpha",
 }
 # labels and loss weights of quantities no loss here trains (energies, forces and stress are trained; virials
 # labels train the stress term, weighted by stress_weight), and inputs of charge- and spin-aware models
@@ -59,9 +74,18 @@ STAGE_TWO = ("start_swa", "swa_lr", "swa_energy_weight", "swa_forces_weight", "s
              "start_stage_two", "stage_two_lr", "stage_two_energy_weight", "stage_two_forces_weight",
              "stage_two_stress_weight", "stage_two_virials_weight", "swa_dipole_weight", "swa_polarizability_weight",
              "stage_two_dipole_weight", "stage_two_polarizability_weight")
-# mace-torch's multi-head replay fine-tuning (a second head trained on pretraining data): none here
-REPLAY_OPTIONS = ("pt_train_file", "pt_valid_file", "weight_pt_head", "num_samples_pt", "subselect_pt",
-                  "filter_type_pt", "real_pt_data_ratio_threshold", "pseudolabel_replay", "force_mh_ft_lr")
+# mace-torch's multi-head replay fine-tuning (a second head trained on pretraining data): none here. These
+# turn it on (refused when given a value); REPLAY_TUNING only tune it (set aside, unused without it)
+REPLAY_OPTIONS = ("pt_train_file", "pt_valid_file", "pseudolabel_replay")
+REPLAY_TUNING = ("weight_pt_head", "num_samples_pt", "subselect_pt", "filter_type_pt", "real_pt_data_ratio_threshold",
+                 "force_mh_ft_lr", "allow_random_padding_pt", "disallow_random_padding_pt",
+                 "pseudolabel_replay_compute_stress", "skip_evaluate_heads")
+# mace-torch options that mean "not given" at these values (its defaults), so a full dump of its options reads
+NOT_GIVEN = {"pt_train_file": None, "pt_valid_file": None, "pseudolabel_replay": False, "test_dir": None,
+             "freeze": None, "heads": None, "foundation_model_kwargs": "{}", "lr_params_factors": None,
+             "config": None, "E0s": None}
+# mace-torch's Materials Project foundation models, which its multi-head fine-tuning replays by default
+MP_FOUNDATIONS = ("small", "medium", "large")
 REPLAY_NOTE = "fine-tuning here trains on the given structures only"
 
 
@@ -69,7 +93,10 @@ def from_mace_options(values: Dict[str, Any], source: str = "config") -> Dict[st
     """``values`` with mace-torch's option names translated (module docstring); options already
     named as here are kept. Raises ``ValueError`` naming the option where a mace-torch value has no
     counterpart here."""
-    out = dict(values)
+    out = {k: v for k, v in values.items() if not (k in NOT_GIVEN and _same(v, NOT_GIVEN[k]))}
+    _lr_factors(out, source)
+    if out.get("multiheads_finetuning") is True and _replay_off(out):
+        out.pop("multiheads_finetuning")  # as mace-torch: a foundation file without pt_train_file is not replayed
     for name in REPLAY_OPTIONS:
         if name in out:
             raise ValueError(f"{source}: {name}: mace-torch's multi-head replay fine-tuning has no counterpart here; "
@@ -80,7 +107,7 @@ def from_mace_options(values: Dict[str, Any], source: str = "config") -> Dict[st
         raise ValueError(f"{source}: E0s (mace-torch's name) and e0s mean the same option; give one")
     if "distributed" in out:
         _distributed(out.pop("distributed"), source)
-    aside = [k for k in out if k in SET_ASIDE or k in STAGE_TWO or k in UNTRAINED] + head_aside
+    aside = [k for k in out if k in SET_ASIDE or k in STAGE_TWO or k in UNTRAINED or k in REPLAY_TUNING] + head_aside
     for k in aside:
         out.pop(k, None)
     if out.get("model") in ARCHITECTURES:
@@ -202,6 +229,29 @@ def _heads_text(value: str, source: str) -> Dict[str, Any]:
     return parsed
 
 
+def _same(value, default) -> bool:
+    return value is default if default is None or isinstance(default, bool) else value == default
+
+
+def _replay_off(out: Dict[str, Any]) -> bool:
+    """Whether mace-torch would turn its multi-head fine-tuning off: a foundation model other than its
+    Materials Project names, and no pretraining data given."""
+    foundation = out.get("foundation_model")
+    return foundation is not None and foundation not in MP_FOUNDATIONS and out.get("pt_train_file") is None
+
+
+def _lr_factors(out: Dict[str, Any], source: str) -> None:
+    """mace-torch's per-block learning-rate factors: accepted (and dropped) when every factor is 1."""
+    if "lr_params_factors" not in out:
+        return
+    value = out["lr_params_factors"]
+    factors = _mapping(value, "lr_params_factors", source) if isinstance(value, str) else value
+    if not isinstance(factors, dict) or any(f != 1 for f in factors.values()):
+        raise ValueError(f"{source}: lr_params_factors: per-block learning-rate factors have no counterpart here "
+                         f"(only every factor 1), got {value!r}; freeze keeps chosen blocks fixed")
+    out.pop("lr_params_factors")
+
+
 def _distributed(value, source: str) -> None:
     if not isinstance(value, bool):
         raise ValueError(f"{source}: distributed: expected true or false, got {value!r}")
@@ -214,8 +264,13 @@ def _distributed(value, source: str) -> None:
 PLATEAU_OPTIONS = ("scheduler_patience", "lr_factor")
 # mace-torch switches accepted only with the value that is what fine-tuning here does
 SAME_WHEN = {"swa": False, "stage_two": False, "multiheads_finetuning": False, "keep_isolated_atoms": False,
+             "lora": False, "lbfgs": False, "dry_run": False, "foundation_model_readout": True, "beta": 0.9,
              "optimizer": "adamw", "compute_atomic_dipole": False, "compute_polarizability": False}
 HINTS = {"optimizer": "; the optimiser here is AdamW (decoupled weight decay), with amsgrad as an option",
+         "lora": "; fine-tuning here trains every weight (freeze keeps chosen ones fixed)",
+         "lbfgs": "; the optimiser here is AdamW",
+         "beta": "; AdamW's first-moment decay here",
+         "foundation_model_readout": "; fine-tuning here starts from the model's own readouts",
          "multiheads_finetuning": "; against forgetting use replay_file (--replay) with a sample of the foundation "
                                   "model's training data",
          "keep_isolated_atoms": "; isolated-atom frames (config_type=IsolatedAtom) give E0s and are not trained on",
@@ -250,7 +305,8 @@ def _mapping(value: str, name: str, source: str) -> Dict[str, Any]:
 
 def names() -> FrozenSet[str]:
     """Every mace-torch option name that ``from_mace_options`` translates, sets aside or refuses by name."""
-    return frozenset({*RENAMES, *KEYS, *SET_ASIDE, *UNTRAINED, *STAGE_TWO, *REPLAY_OPTIONS, *PLATEAU_OPTIONS, *SAME_WHEN, *SWITCHES,
+    return frozenset({*RENAMES, *KEYS, *SET_ASIDE, *UNTRAINED, *STAGE_TWO, *REPLAY_OPTIONS, *REPLAY_TUNING,
+                      *PLATEAU_OPTIONS, *SAME_WHEN, *SWITCHES, *NOT_GIVEN,
                       "E0s", "scheduler", "test_dir", "loss", "freeze", "config_type_weights", "heads"})
 
 

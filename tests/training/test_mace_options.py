@@ -68,8 +68,8 @@ def test_values_without_a_counterpart_are_refused(values, needle):
 
 def test_other_mace_options_are_named_by_the_trainer(tmp_path):
     with pytest.warns(UserWarning):
-        with pytest.raises(ValueError, match=r"unknown training option\(s\) \['lr_scheduler_gamma'\]"):
-            parsed(mace_yaml(tmp_path, lr_scheduler_gamma=0.99))
+        with pytest.raises(ValueError, match=r"unknown training option\(s\) \['lr_sheduler_gamma'\]"):
+            parsed(mace_yaml(tmp_path, lr_sheduler_gamma=0.99))  # misspelt: no option of mace-torch's
 
 
 def test_switches_with_the_value_that_is_ours_are_accepted():
