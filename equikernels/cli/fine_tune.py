@@ -169,9 +169,11 @@ def _field_types():
 
 def _typed(name: str, text):
     """The value of ``--name`` (mace-torch's or a YAML name) as the type its option takes."""
-    from ..training.mace_options import RENAMES, SET_ASIDE, SWITCHES
+    from ..training.mace_options import RENAMES, SAME_WHEN, SET_ASIDE, SWITCHES
 
-    base, optional = _field_types().get(RENAMES.get(name, name), ("str", False))
+    same = SAME_WHEN.get(name)  # a number mace-torch takes (--beta=0.9) read as one
+    kind = ("float", False) if isinstance(same, float) else ("str", False)
+    base, optional = _field_types().get(RENAMES.get(name, name), kind)
     switch = name in SWITCHES or base == "bool"
     if text is True:  # given without a value
         if switch or name in SET_ASIDE:

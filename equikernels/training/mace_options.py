@@ -278,7 +278,8 @@ HINTS = {"optimizer": "; the optimiser here is AdamW (decoupled weight decay), w
          "compute_polarizability": "; fine-tuning here trains energies, forces and stress only"}
 # mace-torch options that its command line takes as switches (--ema, or --swa=False) with a meaning here
 SWITCHES = ("ema", "amsgrad", "keep_checkpoints", "restart_latest", "distributed", "swa", "stage_two",
-            "multiheads_finetuning", "keep_isolated_atoms", "compute_atomic_dipole", "compute_polarizability")
+            "multiheads_finetuning", "keep_isolated_atoms", "compute_atomic_dipole", "compute_polarizability",
+            "lora", "lbfgs", "dry_run", "foundation_model_readout", "pseudolabel_replay")
 # mace-torch losses -> ours: "weighted" has no stress term, "forces_only" only the forces term
 LOSSES = {"weighted": {"loss": "mse", "stress_weight": 0.0}, "stress": {"loss": "mse"}, "huber": {"loss": "huber"},
           "forces_only": {"loss": "mse", "energy_weight": 0.0, "stress_weight": 0.0}}

@@ -81,6 +81,7 @@ def test_the_documented_command_line_fine_tunes(cu_model, train, tmp_path, capsy
     (["--loss", "huber"], {"loss": "huber"}),
     (["--weight_decay=1e-6", "--plot=False"], {"weight_decay": 1e-6, "plot": False}),
     (["--swa=False", "--keep_isolated_atoms=f", "--optimizer=adamw"], {}),
+    (["--lora=False", "--lbfgs=false", "--beta=0.9", "--foundation_model_readout=True"], {}),
     (["--batch_size=3", "--huber_delta=0.1", "--no_plot"], {"batch_size": 3, "huber_delta": 0.1, "plot": False}),
     (["--no-ema", "--ema_decay=0.5"], {"ema_decay": None}),
 ])
@@ -109,6 +110,8 @@ def test_e0s_from_mace_torchs_json_file(train, tmp_path):
 
 @pytest.mark.parametrize("argv, needle", [
     (["--swa"], "command line: swa: True has no counterpart here"),
+    (["--lora=True"], "command line: lora: True has no counterpart here"),
+    (["--beta=0.95"], "command line: beta: 0.95 has no counterpart here"),
     (["--multiheads_finetuning=True"], "command line: multiheads_finetuning: True .*use replay_file \\(--replay\\)"),
     (["--multiheads_finetuning=maybe"], "--multiheads_finetuning: expected true or false, got 'maybe'"),
     (["--pt_train_file=mp.xyz"], "command line: pt_train_file: mace-torch's multi-head replay .* replay_file"),
