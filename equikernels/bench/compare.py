@@ -161,18 +161,31 @@ def _run_problem(data: dict) -> Optional[str]:
     for key in ("env", "copy", "scope", "interrupted"):
         if data.get(key) is not None and not isinstance(data[key], dict):
             return f"{key!r} is a JSON {_json_type(data[key])}; expected an object"
-    scope = data.get("scope") or {}
-    for key, item, what in (("groups", str, "names"), ("problems", str, "names"), ("atoms", int, "atom counts")):
-        value = scope.get(key)
-        # a string would be searched by substring ("md" in "mace,md"), silently widening the scope
-        if value is not None and (not isinstance(value, list)
-                                  or not all(isinstance(v, item) and not isinstance(v, bool) for v in value)):
-            return f"'scope' {key!r} is {value!r}; expected a list of {what}"
-    if data.get("quick") is not None and not isinstance(data["quick"], bool):
-        return f"'quick' is {data['quick']!r}; expected true or false"
     merged = data.get("merged")
     if merged is not None and (not isinstance(merged, list) or not all(isinstance(m, dict) for m in merged)):
         return f"'merged' is {str(merged)[:60]!r}; expected a list of objects (one per joined run)"
+    # the report and the merge notes read each run's versions and groups from these objects
+    runs = [("'env'", data.get("env") or {})] + [(f"'merged'[{i}]", m) for i, m in enumerate(merged or ())]
+    for where, info in runs:
+        value = info.get("equikernels")
+        if value is not None and not isinstance(value, dict):
+            return f"{where} 'equikernels' is a JSON {_json_type(value)}; expected an object"
+        for key in VERSION_KEYS:
+            if info.get(key) is not None and not isinstance(info[key], (str, int, float)):
+                return f"{where} {key!r} is a JSON {_json_type(info[key])}; expected a version"
+        groups = info.get("groups")
+        if groups is not None and (not isinstance(groups, list) or not all(isinstance(g, str) for g in groups)):
+            return f"{where} 'groups' is {str(groups)[:60]}; expected a list of names"
+    scope = data.get("scope") or {}
+    for key, item, what in (("groups", str, "names"), ("problems", str, "names"), ("atoms", int, "atom counts")):
+        if key not in scope or (key == "atoms" and scope[key] is None):  # null atoms: every size
+            continue
+        value = scope[key]
+        # a string would be searched by substring ("md" in "mace,md"), silently widening the scope
+        if not isinstance(value, list) or not all(isinstance(v, item) and not isinstance(v, bool) for v in value):
+            return f"'scope' {key!r} is {value!r}; expected a list of {what}"
+    if data.get("quick") is not None and not isinstance(data["quick"], bool):
+        return f"'quick' is {data['quick']!r}; expected true or false"
     wall = data.get("wall_s")
     if wall is not None and not _is_number(wall):
         return f"'wall_s' is {wall!r}; expected seconds"
@@ -203,6 +216,8 @@ def _cell_problem(c) -> Optional[str]:
             return f"has no {key!r} string"
     if "/" not in c["id"]:
         return f"id {c['id']!r} is not '<group>/...'"
+    if c.get("group") is not None and not isinstance(c["group"], str):
+        return f"({c['id']}, {c['impl']}) has 'group' {c['group']!r}; expected a group name"
     if c["status"] == "ok":
         ms = c.get("ms")
         if not _time(ms):
@@ -211,7 +226,7 @@ def _cell_problem(c) -> Optional[str]:
         # an infinite baseline round would lift the limit of that cell out of reach
         if rounds is not None and (not isinstance(rounds, list) or not all(_time(r) for r in rounds)):
             return f"({c['id']}, {c['impl']}) has 'ms_rounds' {rounds!r}; expected a list of times > 0"
-    for key in ("err", "tol", "host_us"):
+    for key in ("err", "tol", "host_us", "gbps"):  # gbps: the bandwidth plot's bars
         if c.get(key) is not None and not _is_number(c[key]):
             return f"({c['id']}, {c['impl']}) has {key!r} {c[key]!r}; expected a number"
     if c.get("host_us") is not None and not _time(c["host_us"]):

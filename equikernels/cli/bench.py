@@ -17,7 +17,8 @@ groups, problems or ``--atoms`` sizes, or a ``--quick`` run, is compared on the 
 needed). ``--merge RUN.json ...`` joins runs of one GPU kind (the suite measured group by group) into
 one result in ``--out``, e.g. a new baseline; it names the measured cells a later run's failure
 replaced. Stopped by Ctrl-C or SIGTERM (``timeout``), a run still writes the cells it finished
-(marked ``interrupted``) and exits with status 130.
+(marked ``interrupted``) and exits with status 130. An earlier run's ``<gpu-kind>.json`` or ``.md`` in
+``--out`` is kept unless ``--overwrite`` is given.
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ from pathlib import Path
 from typing import Optional
 
 GROUPS = ("conv", "mace", "md", "tp", "train")
+SIZED = ("mace", "md", "train")  # the groups whose system sizes --atoms picks
+OUT = "bench-results"
 IMPLS = "equikernels,e3nn,cuequivariance,openequivariance"
 TARGET_MS = 200.0
 CONFIRM_ROUNDS = 3
@@ -46,12 +49,14 @@ def register(sub) -> None:
     from ..bench.compare import DEFAULT_MARGIN, DEFAULT_SLACK_MS
     p = sub.add_parser("bench", help="benchmark suite side by side with e3nn / cuEquivariance / OpenEquivariance",
                        description=__doc__.replace("``", "'"), formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="bench-results", help="folder for the JSON, markdown and plots "
-                   "(default ./bench-results)")
+    p.add_argument("--out", default=OUT, help="folder for the JSON, markdown and plots "
+                   f"(default ./{OUT})")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier run's <gpu-kind>.json and .md in --out (kept otherwise)")
     p.add_argument("--quick", action="store_true", help="a small subset (3 problems at 20k rows, the "
                    "convolution at 1,008 atoms, float32 MACE at 1,008 atoms)")
     p.add_argument("--problems", default=None, help="comma-separated standard problems for the batched "
-                   "product, or 'all' (default: all but nequip-revmd17-benzene)")
+                   "product (the tp group), or 'all' (default: all but nequip-revmd17-benzene)")
     p.add_argument("--groups", default=",".join(GROUPS), help=f"which groups to run, of {','.join(GROUPS)} "
                    "(default all)")
     p.add_argument("--impls", default=IMPLS,
@@ -84,7 +89,7 @@ def _list(value: str, allowed, what: str):
     bad = [s for s in items if s not in allowed]
     if bad or not items:
         raise ValueError(f"{what}: unknown {bad or value!r}; expected some of {', '.join(allowed)}")
-    return items
+    return list(dict.fromkeys(items))  # a repeated name would time its cells twice: a file --merge and --check refuse
 
 
 def _number(flag: str, value: float, positive: bool = False) -> None:
@@ -106,20 +111,33 @@ def _out_folder(out: str) -> Path:
     return path
 
 
+def _keep_earlier(out: Path, kind: str, overwrite: bool) -> None:
+    """Refuse to replace the results of an earlier run of GPU kind ``kind`` in ``out`` without --overwrite."""
+    earlier = [name for name in (f"{kind}.json", f"{kind}.md") if (out / name).exists()]
+    if earlier and not overwrite:
+        raise FileExistsError(f"--out {str(out)!r} holds an earlier run's {' and '.join(earlier)}; give another "
+                              "--out, or --overwrite to replace it (--merge joins runs)")
+
+
 def _model(value: str) -> str:
     """``--model`` as every other command takes it: a model file, a model directory (as ``equikernels
-    convert`` writes) or a foundation-model name (fetched here, before anything is measured)."""
-    from ..models.foundations import DownloadError, foundation_checkpoint
+    convert`` writes) or a foundation-model name (fetched by ``_fetch`` once a GPU is found)."""
     if os.path.exists(value):
         return os.path.normpath(value)  # a directory's trailing separator would leave its cells unnamed
-    try:
-        found = foundation_checkpoint(value)
-    except DownloadError as exc:
-        raise DownloadError(f"--model {value!r}: {exc}") from exc
-    if found is None:
+    from ..models.foundations import is_foundation_name
+    if not is_foundation_name(value):
         raise FileNotFoundError(f"--model: {value!r} is neither a model file or directory nor a foundation-model "
                                 "name (medium, small_off, ...; those need mace-torch)")
     return value
+
+
+def _fetch(value: str) -> None:
+    """Download the foundation model ``value`` names, if it does, before anything is measured."""
+    from ..models.foundations import DownloadError, foundation_checkpoint
+    try:
+        foundation_checkpoint(value)
+    except DownloadError as exc:
+        raise DownloadError(f"--model {value!r}: {exc}") from exc
 
 
 def _baseline(args, gpu_kind: Optional[str] = None) -> dict:
@@ -181,10 +199,15 @@ def _merge_notes(paths, runs) -> None:
 
 
 def run(args) -> int:
-    from ..bench.compare import GPUKindMismatch, load_run, merge
+    from ..bench.compare import DEFAULT_MARGIN, DEFAULT_SLACK_MS, GPUKindMismatch, load_run, merge
     from ..bench.compare import limits as guard_limits
     _number("--margin", args.margin)
     _number("--slack-ms", args.slack_ms)
+    if not args.check:  # the margins shape only the comparison
+        for flag, value, default in (("--margin", args.margin, DEFAULT_MARGIN),
+                                     ("--slack-ms", args.slack_ms, DEFAULT_SLACK_MS)):
+            if value != default:
+                raise ValueError(f"{flag}: only with --check BASELINE.json (a noise margin of the comparison)")
     if args.merge or args.results:
         given = [flag for flag, name, default in MEASURING if getattr(args, name, default) != default]
         if given:
@@ -202,6 +225,7 @@ def run(args) -> int:
                                   + ", ".join(f"{p!r} on {r['gpu_kind']!r}" for p, r in zip(args.merge, runs)) + ")")
         data = merge(runs)
         base = _baseline(args, data["gpu_kind"]) if args.check else None  # refused before anything is written
+        _keep_earlier(out, data["gpu_kind"], args.overwrite)
         written = _write(data, out)
         print(f"merged {len(args.merge)} runs ({len(data['cells'])} cells); wrote " + ", ".join(map(str, written)))
         _merge_notes(args.merge, runs)
@@ -209,6 +233,9 @@ def run(args) -> int:
     if args.results:
         if not args.check:
             raise ValueError("--results: only with --check BASELINE.json (it compares two stored runs)")
+        for flag, given in (("--out", args.out != OUT), ("--overwrite", args.overwrite)):
+            if given:
+                raise ValueError(f"{flag}: not with --results, which compares two stored runs and writes nothing")
         current = load_run(args.results, "--results")
         return _check(args, current, _baseline(args, current["gpu_kind"]))
 
@@ -228,6 +255,15 @@ def run(args) -> int:
     impls, groups = _list(args.impls, suite.ALL_IMPLS, "--impls"), _list(args.groups, GROUPS, "--groups")
     sizes = [str(a) for a in suite.SYSTEMS]
     systems = None if args.atoms in (None, "") else [int(a) for a in _list(args.atoms, sizes, "--atoms")]
+    # an option of groups this run leaves out would do nothing
+    if args.problems not in (None, "") and "tp" not in groups:
+        raise ValueError(f"--problems: only with the tp group (the batched product), which --groups "
+                         f"{','.join(groups)} leaves out")
+    if systems is not None and not set(groups) & set(SIZED):
+        raise ValueError(f"--atoms: only with the {', '.join(SIZED)} groups, which --groups {','.join(groups)} "
+                         "leaves out")
+    if args.check and "equikernels" not in impls:  # every guarded cell would be missing: a certain failure
+        raise ValueError(f"--check: guards the equikernels cells, which --impls {','.join(impls)} leaves out")
     if args.model:
         args.model = _model(args.model)
     _number("--target-ms", args.target_ms, positive=True)
@@ -246,6 +282,9 @@ def run(args) -> int:
     device = torch.device("cuda")
     if base is not None:  # fail before measuring when the baseline cannot be used
         _same_kind(args, base, gpu_kind(device))
+    _keep_earlier(out, gpu_kind(device), args.overwrite)  # before tens of minutes of measuring
+    if args.model:  # a foundation model is downloaded only where it can be measured
+        _fetch(args.model)
     limits = None if base is None else guard_limits(base, margin=args.margin, slack_ms=args.slack_ms)
     opts = suite.Options(quick=args.quick, problems=problems, model=args.model, target_ms=args.target_ms,
                          impls=impls, groups=groups, time_budget_s=args.time_budget_s, systems=systems,

@@ -94,18 +94,26 @@ def _mace_off_checkpoint(model, given) -> str:
     return path
 
 
+def is_foundation_name(name) -> bool:
+    """Whether ``name`` (not an existing path) is a foundation-model name ``foundation_checkpoint``
+    fetches; False without mace-torch, which knows the names. Nothing is downloaded."""
+    if not isinstance(name, str) or os.path.exists(name):
+        return False
+    try:
+        from mace.calculators import foundations_models as fm  # noqa: PLC0415
+    except ImportError:
+        return False
+    return name in fm.mace_mp_names or (name.endswith("_off") and name[:-len("_off")] in fm.mace_off_urls)
+
+
 def foundation_checkpoint(name) -> Optional[str]:
     """The local file of a foundation-model name given where a model file is expected (a MACE-MP
     name, or a MACE-OFF one with the suffix "_off"), downloading it the first time; None when
     ``name`` is no such name (or mace-torch, which knows the names, is not installed)."""
-    if not isinstance(name, str) or os.path.exists(name):
+    if not is_foundation_name(name):
         return None
-    try:
-        from mace.calculators import foundations_models as fm  # noqa: PLC0415
-    except ImportError:
-        return None
+    from mace.calculators import foundations_models as fm  # noqa: PLC0415
+
     if name in fm.mace_mp_names:
         return mace_mp_checkpoint(name)
-    if name.endswith("_off") and name[:-len("_off")] in fm.mace_off_urls:
-        return _mace_off_checkpoint(name[:-len("_off")], name)
-    return None
+    return _mace_off_checkpoint(name[:-len("_off")], name)

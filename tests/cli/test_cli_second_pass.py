@@ -113,7 +113,7 @@ def test_bench_merge_interrupted_while_writing_keeps_the_earlier_file(tmp_path, 
         real(self, text[: len(text) // 2], *args, **kwargs)
         raise KeyboardInterrupt
     monkeypatch.setattr(pathlib.Path, "write_text", cut_short)
-    assert main(["bench", "--merge", str(src), "--out", str(out)]) == 130
+    assert main(["bench", "--merge", str(src), "--out", str(out), "--overwrite"]) == 130
     assert earlier.read_text() == '{"earlier": true}'
     assert sorted(p.name for p in out.iterdir()) == ["nvidia-h200.json"]
 
