@@ -6,42 +6,8 @@ import pytest
 import torch
 import yaml
 
-
-def _frames(path, n, seed, energy_key="REF_energy", head=None, shift=0.0, config_type=None):
-    import ase.io
-    from ase.build import bulk
-    from ase.calculators.emt import EMT
-
-    out = []
-    for s in range(n):
-        a = bulk("Cu", "fcc", a=3.6, cubic=True)
-        if s % 2:
-            a.numbers[0] = 28
-        a.rattle(0.05, seed=seed + s)
-        a.calc = EMT()
-        a.info[energy_key] = a.get_potential_energy() + shift * len(a)
-        a.arrays["REF_forces"] = a.get_forces()
-        a.calc = None
-        if head:
-            a.info["head"] = head
-        if config_type:
-            a.info["config_type"] = config_type
-        out.append(a)
-    ase.io.write(path, out, format="extxyz")
-    return path
-
-
-def _two_head_model(path):
-    from equikernels.training import model_factory as mf
-
-    hp = dict(hidden_irreps="4x0e+4x1o", MLP_irreps="4x0e", num_interactions=1, correlation=2, max_ell=1, r_max=4.0,
-              radial_MLP=[8], builder="equikernels")
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = mf.build_new_model(hp, [28, 29], np.array([-1.0, -2.0]), 12.0, 1.0, 0.0, heads=("pt_head", "Default"),
-                                   backend="equikernels").double()
-    mf.set_e0s(model, torch.tensor([[-1.0, -2.0], [-1.5, -2.5]], dtype=torch.float64))
-    return mf.save_model(model, path)
+from cu_ni_frames import two_head_model as _two_head_model
+from cu_ni_frames import write_cu_ni_frames as _frames
 
 
 def _config(tmp_path, values):

@@ -3,30 +3,14 @@ mace_run_train's ``--heads`` string reads as the YAML block."""
 import pytest
 import yaml
 
-
-def _frames(path, n, seed):
-    import ase.io
-    from ase.build import bulk
-    from ase.calculators.emt import EMT
-
-    out = []
-    for s in range(n):
-        a = bulk("Cu", "fcc", a=3.6, cubic=True)
-        a.rattle(0.05, seed=seed + s)
-        a.calc = EMT()
-        a.info["REF_energy"] = a.get_potential_energy()
-        a.arrays["REF_forces"] = a.get_forces()
-        a.calc = None
-        out.append(a)
-    ase.io.write(path, out, format="extxyz")
-    return path
+from cu_ni_frames import write_cu_ni_frames
 
 
 @pytest.fixture
 def files(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for name in ("a.xyz", "b.xyz", "v.xyz", "t.xyz", "x.xyz"):
-        _frames(name, 2, len(name))
+        write_cu_ni_frames(name, 2, len(name))
     return tmp_path
 
 

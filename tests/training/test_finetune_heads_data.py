@@ -3,36 +3,16 @@ unread or unused), messages name the head, and a run with heads resumes exactly.
 import pytest
 import torch
 
+from cu_ni_frames import write_cu_ni_frames
+
 NEW = {"hidden_irreps": "4x0e+4x1o", "MLP_irreps": "4x0e", "num_interactions": 1, "correlation": 2, "max_ell": 1,
        "r_max": 4.0, "radial_MLP": [8], "builder": "equikernels"}
-
-
-def _frames(path, n, seed, config_type=None):
-    import ase.io
-    from ase.build import bulk
-    from ase.calculators.emt import EMT
-
-    out = []
-    for s in range(n):
-        a = bulk("Cu", "fcc", a=3.6, cubic=True)
-        if s % 2:
-            a.numbers[0] = 28
-        a.rattle(0.05, seed=seed + s)
-        a.calc = EMT()
-        a.info["REF_energy"] = a.get_potential_energy()
-        a.arrays["REF_forces"] = a.get_forces()
-        a.calc = None
-        if config_type:
-            a.info["config_type"] = config_type
-        out.append(a)
-    ase.io.write(path, out, format="extxyz")
-    return path
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     d = tmp_path_factory.mktemp("heads_data")
-    return {name: _frames(str(d / f"{name}.xyz"), n, seed, "bulk")
+    return {name: write_cu_ni_frames(str(d / f"{name}.xyz"), n, seed, config_type="bulk")
             for name, n, seed in (("a", 4, 0), ("b", 4, 10), ("v", 2, 20))}
 
 

@@ -2,30 +2,11 @@
 saved mace-torch copy gives ours energies per head."""
 import numpy as np
 import pytest
-import torch
+
+from cu_ni_frames import write_cu_ni_frames as _frames
 
 NEW = {"hidden_irreps": "4x0e+4x1o", "MLP_irreps": "4x0e", "num_interactions": 1, "correlation": 2, "max_ell": 1,
        "r_max": 4.0, "radial_MLP": [8], "builder": "mace"}
-
-
-def _frames(path, n, seed, shift=0.0):
-    import ase.io
-    from ase.build import bulk
-    from ase.calculators.emt import EMT
-
-    out = []
-    for s in range(n):
-        a = bulk("Cu", "fcc", a=3.6, cubic=True)
-        if s % 2:
-            a.numbers[0] = 28
-        a.rattle(0.05, seed=seed + s)
-        a.calc = EMT()
-        a.info["REF_energy"] = a.get_potential_energy() + shift * len(a)
-        a.arrays["REF_forces"] = a.get_forces()
-        a.calc = None
-        out.append(a)
-    ase.io.write(path, out, format="extxyz")
-    return path
 
 
 @pytest.mark.mace

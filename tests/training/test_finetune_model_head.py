@@ -5,7 +5,8 @@ import pytest
 import torch
 import yaml
 
-from test_finetune_heads_block import _frames, _two_head_model
+from cu_ni_frames import two_head_model as _two_head_model
+from cu_ni_frames import write_cu_ni_frames as _frames
 
 
 def _energies(model, path):

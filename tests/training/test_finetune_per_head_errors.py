@@ -8,7 +8,9 @@ import numpy as np
 import torch
 
 from ddp_runs import init_rank, run_ranks
-from test_finetune_heads_block import NEW, _config, _frames, _two_head_model
+from cu_ni_frames import two_head_model as _two_head_model
+from cu_ni_frames import write_cu_ni_frames as _frames
+from test_finetune_heads_block import NEW, _config
 
 KEYS = ("train", "valid", "test", "valid_start", "test_start", "valid_last", "test_last")
 
