@@ -117,7 +117,8 @@ class TPKernels:
         self._tuned_cfgs: Dict[tuple, LaunchConfig] = {}  # autotuner choices already looked up
 
     def _step_kernel(self, step: KernelStep):
-        key = (step.key, tuple(m.name for m in step.members))
+        # by source too: one name is built differently per math dtype (e.g. its loads ahead)
+        key = (step.key, tuple((m.name, m.body) for m in step.members))
         k = self._kernels.get(key)
         if k is None:
             ks = [Kernel.of_member(m, step.choice) for m in step.members]

@@ -76,3 +76,44 @@ def test_float64_backward_row_takes_two_warps(name):
         shapes = {dt: [(s.launch.rows, s.launch.num_warps) for s in planner.plan("bwd", 7, "", dt).steps]
                   for dt in (F32, F64)}
     assert shapes == {F32: [(1, 1)], F64: [(1, 2)]}
+
+
+@pytest.mark.parametrize("name", ["mace-mp-medium-L2", "mace-large"])
+def test_backward_loads_ahead_follow_the_math_dtype(name):
+    """A MACE product's backward issues its loads 32 ahead in float32 and 16 in float64 (deeper, a
+    float64 row spills)."""
+    from equikernels.codegen.planner import BWD_PREFETCH
+    planner = plan_of(spec_of(catalog_problem(name), "ir_mul")).kernels.planner
+    with settings.override(autotune=False, prefetch=None, prefetch_bwd=None):
+        got = {dt: [s.choice.prefetch for s in planner.plan("bwd", 7, "", dt).steps] for dt in (F32, F64)}
+    assert got == {F32: [32], F64: [16]} == {dt: [BWD_PREFETCH[dt]] for dt in (F32, F64)}
+
+
+def test_one_launcher_runs_each_dtypes_own_backward(monkeypatch, tmp_path):
+    """A wide channel-wise backward of one name is built per math dtype (its loads ahead differ):
+    float64 then float32 through one launcher, each with its own kernel, outputs NaN-poisoned,
+    against the reference."""
+    from problems import wide_channelwise_problem
+    monkeypatch.setenv("EQUIKERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("EQUIKERNELS_POISON", "1")
+    p = wide_channelwise_problem()
+    kernels = plan_of(spec_of(p, "ir_mul")).kernels
+    with settings.override(autotune=False, prefetch=None, prefetch_bwd=None):
+        s64, s32 = (kernels.planner.plan("bwd", 7, "", dt).steps[0] for dt in (F64, F32))
+        assert s64.key == s32.key and [m.name for m in s64.members] == [m.name for m in s32.members]
+        assert s64.choice.prefetch != s32.choice.prefetch
+        g = torch.Generator().manual_seed(4)
+        x, y, w, gr = (torch.randn(3, d, generator=g, dtype=F64) for d in (p.dim_in1, p.dim_in2, p.weight_numel,
+                                                                            p.dim_out))
+
+        def grads(backend, dt):
+            a, b, c = (t.to(dt).requires_grad_() for t in (x, y, w))
+            return torch.autograd.grad(tensor_product(p, a, b, c, backend=backend), (a, b, c), gr.to(dt))
+        ref = grads("reference", F64)
+        for dt, tol in ((F64, 1e-10), (F32, 1e-4)):
+            for name, u, v in zip(("gx", "gy", "gw"), grads("triton", dt), ref):
+                assert _rel(u.double(), v) <= tol, f"{dt} {name}: {_rel(u.double(), v):.2e}"
+        k64, k32 = kernels._step_kernel(s64), kernels._step_kernel(s32)
+    assert k64 is not k32
+    assert [open(k.source_path).read().endswith(m.body) for k, m in ((k64, s64.members[0]), (k32, s32.members[0]))] \
+        == [True, True]
