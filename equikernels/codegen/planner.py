@@ -32,9 +32,10 @@ UVW_FUSED = {"bwd": True, "dbwd": False}
 # (rows, warps) per uvw_rows kernel: "xy" (gx/gy, or dx/dy/dg), "w" (weight gradient alone), "all"
 UVW_CFG = {("bwd", "xy"): (1, 4), ("bwd", "w"): (2, 2), ("bwd", "all"): (2, 2),
            ("dbwd", "xy"): (4, 4), ("dbwd", "w"): (2, 2), ("dbwd", "all"): (4, 4)}
-PREFETCH: Dict[str, int] = {"fwd": 4}  # kind -> loads ahead, wide channel-wise products
-# math dtype -> loads ahead, backward of wide channel-wise products (float64 spills at 32)
-BWD_PREFETCH: Dict[torch.dtype, int] = {torch.float32: 32, torch.float64: 16}
+PREFETCH: Dict[str, int] = {"fwd": 4, "bwd": 4}  # kind -> loads ahead, wide channel-wise products
+# math dtype -> loads ahead, backward of wide channel-wise products in ir_mul (float64 slows at 32;
+# in mul_ir deeper is slower: mace-large float32 3x at 32, MACE-MP L2 float64 1.7x at 16)
+IR_MUL_BWD_PREFETCH: Dict[torch.dtype, int] = {torch.float32: 32, torch.float64: 16}
 DBWD_PREFETCH = 16  # channel-wise double backwards run as one kernel (_dbwd_prefetched)
 NARROW_PREFETCH = 16  # forward and backward of narrow channel-wise products
 L2_AHEAD: Dict[str, int] = {"bwd": 16}  # kind -> L2 prefetch distance, wide channel-wise products
@@ -308,7 +309,9 @@ class Planner:
             return NARROW_PREFETCH  # small rows: 16 loads ahead keep enough in flight
         if not wide_channelwise(self.problem):
             return 0
-        return BWD_PREFETCH.get(math, BWD_PREFETCH[torch.float32]) if kind == "bwd" else PREFETCH.get(kind, 0)
+        if kind == "bwd" and self.tables.layout == "ir_mul":
+            return IR_MUL_BWD_PREFETCH.get(math, IR_MUL_BWD_PREFETCH[torch.float32])
+        return PREFETCH.get(kind, 0)
 
     def dbwd_prefetched(self, math: torch.dtype = torch.float32) -> bool:
         """Channel-wise per-row double backwards run as one kernel (or one split by first-input

@@ -79,14 +79,16 @@ def test_float64_backward_row_takes_two_warps(name):
 
 
 @pytest.mark.parametrize("name", ["mace-mp-medium-L2", "mace-large"])
-def test_backward_loads_ahead_follow_the_math_dtype(name):
-    """A MACE product's backward issues its loads 32 ahead in float32 and 16 in float64 (deeper, a
-    float64 row spills)."""
-    from equikernels.codegen.planner import BWD_PREFETCH
-    planner = plan_of(spec_of(catalog_problem(name), "ir_mul")).kernels.planner
+def test_backward_loads_ahead_follow_the_math_dtype_and_layout(name):
+    """A MACE product's backward in ir_mul issues its loads 32 ahead in float32 and 16 in float64;
+    in mul_ir 4 in both (deeper is slower there)."""
+    problem = catalog_problem(name)
+    got = {}
     with settings.override(autotune=False, prefetch=None, prefetch_bwd=None):
-        got = {dt: [s.choice.prefetch for s in planner.plan("bwd", 7, "", dt).steps] for dt in (F32, F64)}
-    assert got == {F32: [32], F64: [16]} == {dt: [BWD_PREFETCH[dt]] for dt in (F32, F64)}
+        for layout in ("ir_mul", "mul_ir"):
+            planner = plan_of(spec_of(problem, layout)).kernels.planner
+            got[layout] = [planner.plan("bwd", 7, "", dt).steps[0].choice.prefetch for dt in (F32, F64)]
+    assert got == {"ir_mul": [32, 16], "mul_ir": [4, 4]}
 
 
 def test_one_launcher_runs_each_dtypes_own_backward(monkeypatch, tmp_path):
