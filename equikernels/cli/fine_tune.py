@@ -34,7 +34,7 @@ _SIMPLE = {
     "clip_grad_norm": "clip_grad_norm", "checkpoint_every": "checkpoint_every", "patience": "patience",
     "seed": "seed", "device": "device", "dtype": "dtype", "backend": "model_backend",
     "replay": "replay_file", "replay_weight": "replay_weight", "test": "test_file", "amsgrad": "amsgrad",
-    "model_head": "model_head",
+    "model_head": "model_head", "optimizer": "optimizer",
 }
 
 
@@ -95,9 +95,11 @@ def register(subparsers) -> None:
     a("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     a("--overwrite", action="store_true", help="replace an earlier run in --out (its models, metrics and "
                                               "checkpoints); without --resume or this, such an --out is refused")
-    a("--lr", type=float, help="AdamW learning rate (default 1e-3, for fine-tuning; mace-torch's: 0.01)")
+    a("--lr", type=float, help="learning rate (default 1e-3, for fine-tuning; mace-torch's: 0.01)")
+    a("--optimizer", choices=("adamw", "adam"),
+      help="default adamw (decoupled weight decay); adam: mace-torch's default, the decay added to the gradients")
     a("--amsgrad", action=argparse.BooleanOptionalAction,
-      help="AdamW's AMSGrad variant (default on, as in mace-torch; --no-amsgrad or amsgrad: false for plain AdamW)")
+      help="the AMSGrad variant (default on, as in mace-torch; --no-amsgrad or amsgrad: false for plain AdamW)")
     a("--batch-size", type=int, help="structures per device and step (default 4; mace-torch's: 10)")
     a("--energy-weight", type=float, help="loss weight of energy per atom (default 1)")
     a("--forces-weight", type=float, help="loss weight of forces (default 10; mace-torch's: 100)")

@@ -1,4 +1,4 @@
-"""Fine-tuning and training of MACE potentials: ASE-readable data, force/stress losses, AdamW,
+"""Fine-tuning and training of MACE potentials: ASE-readable data, force/stress losses, AdamW or Adam,
 schedules, EMA, exact-resume checkpoints, early stopping and DDP (``torchrun``).
 
     from equikernels.training import TrainConfig, fine_tune

@@ -10,9 +10,10 @@ where mace-torch's are set for training from scratch (theirs in brackets): ``lr`
 (ReduceLROnPlateau with patience 50; our ``plateau_patience`` is 5, for runs of a few epochs), EMA on
 (off unless ``ema``), ``loss`` mse with the stress term wherever frames have stress labels (``weighted``:
 energies and forces only), ``dtype`` the model's own (``default_dtype`` float64), ``seed`` 0 (123),
-``checkpoint_every`` 100 steps (each evaluation), ``keep_checkpoints`` 2 (the newest only). The
-optimiser is AdamW (mace-torch's ``optimizer: adamw``; its default is Adam), its decoupled weight
-decay on every trainable parameter (mace-torch's: on the interactions' linear and product weights)."""
+``checkpoint_every`` 100 steps (each evaluation), ``keep_checkpoints`` 2 (the newest only),
+``optimizer`` AdamW (adam: mace-torch's default, Adam with the decay added to the gradients; AdamW's
+is decoupled), its weight decay on every trainable parameter (mace-torch's: on the interactions'
+linear and product weights)."""
 from __future__ import annotations
 
 import dataclasses
@@ -28,6 +29,7 @@ from .mace_options import from_mace_options
 LR_SCHEDULES = ("cosine", "plateau", "constant")
 E0_MODES = ("foundation", "average")  # or a {symbol or Z: energy} mapping
 LOSSES = ("mse", "huber")
+OPTIMIZERS = ("adamw", "adam")
 # what each entry of `heads` may set; an option a head does not set is the run's own
 HEAD_OPTIONS = ("train_file", "valid_file", "test_file", "valid_fraction", "e0s", "config_type_weights", "keys")
 
@@ -94,7 +96,8 @@ class TrainConfig:
     batch_size: int = 4              # structures per process and step
     lr: float = 1e-3
     weight_decay: float = 5e-7
-    amsgrad: bool = True             # AdamW's AMSGrad variant, on as in mace-torch (false: plain AdamW)
+    amsgrad: bool = True             # the AMSGrad variant, on as in mace-torch (false: plain AdamW / Adam)
+    optimizer: str = "adamw"         # or "adam", mace-torch's default
     lr_schedule: str = "cosine"
     warmup_steps: int = 0
     min_lr_ratio: float = 0.01       # cosine floor, as a fraction of lr
@@ -166,6 +169,7 @@ class TrainConfig:
              "cosine or constant for a warm-up, or warmup_steps 0")
         need(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         need(0.0 < self.plateau_factor < 1.0, f"plateau_factor must be in (0, 1), got {self.plateau_factor}")
+        need(self.optimizer in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         need(self.plateau_patience >= 0, f"plateau_patience must be >= 0, got {self.plateau_patience}")
         # a negative norm would flip the gradients' sign: training would climb the loss
         need(self.clip_grad_norm is None or self.clip_grad_norm >= 0,

@@ -147,6 +147,9 @@ def from_mace_options(values: Dict[str, Any], source: str = "config") -> Dict[st
                 raise ValueError(f"{source}: {name}: {out[name]!r} has no counterpart here (only {value!r}, "
                                  f"what fine-tuning here does){HINTS.get(name, '')}")
             out.pop(name)
+    if out.get("optimizer") not in (None, "adam", "adamw"):
+        raise ValueError(f"{source}: optimizer: {out['optimizer']!r} has no counterpart here (adamw or adam; "
+                         "mace-torch's schedulefree is not offered)")
     if "test_dir" in out:
         raise ValueError(f"{source}: test_dir: mace-torch's folder of preprocessed *_test.h5 files has no "
                          "counterpart here; give test_file (one ASE-readable file of labelled structures)")
@@ -265,11 +268,10 @@ PLATEAU_OPTIONS = ("scheduler_patience", "lr_factor")
 # mace-torch switches accepted only with the value that is what fine-tuning here does
 SAME_WHEN = {"swa": False, "stage_two": False, "multiheads_finetuning": False, "keep_isolated_atoms": False,
              "lora": False, "lbfgs": False, "dry_run": False, "foundation_model_readout": True, "beta": 0.9,
-             "optimizer": "adamw", "compute_atomic_dipole": False, "compute_polarizability": False}
-HINTS = {"optimizer": "; the optimiser here is AdamW (decoupled weight decay), with amsgrad as an option",
-         "lora": "; fine-tuning here trains every weight (freeze keeps chosen ones fixed)",
-         "lbfgs": "; the optimiser here is AdamW",
-         "beta": "; AdamW's first-moment decay here",
+             "compute_atomic_dipole": False, "compute_polarizability": False}
+HINTS = {         "lora": "; fine-tuning here trains every weight (freeze keeps chosen ones fixed)",
+         "lbfgs": "; the optimisers here are AdamW and Adam (optimizer)",
+         "beta": "; the optimiser's first-moment decay here",
          "foundation_model_readout": "; fine-tuning here starts from the model's own readouts",
          "multiheads_finetuning": "; against forgetting use replay_file (--replay) with a sample of the foundation "
                                   "model's training data",

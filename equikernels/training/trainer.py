@@ -1,4 +1,4 @@
-"""The training loop: data, model, AdamW + schedule + EMA + clipping, evaluation, checkpoints with
+"""The training loop: data, model, AdamW (or Adam) + schedule + EMA + clipping, evaluation, checkpoints with
 exact resume, early stopping, DDP, replay data, a held-out test set, clean stop on SIGINT/SIGTERM.
 
 Exact resume: a checkpoint holds the model, optimiser, scheduler, EMA, best-model and
@@ -350,7 +350,8 @@ class Trainer:
 
     def _build_optimiser(self):
         cfg = self.cfg
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, amsgrad=cfg.amsgrad)
+        adam = torch.optim.Adam if cfg.optimizer == "adam" else torch.optim.AdamW
+        self.optimizer = adam(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, amsgrad=cfg.amsgrad)
         self.steps_per_epoch = len(epoch_batches(len(self.train_set), cfg.batch_size, 0, cfg.seed,
                                                  self.dist.rank, self.dist.world_size))
         if self.steps_per_epoch == 0:

@@ -1,6 +1,6 @@
 """Fine-tuning options as a mace-torch user expects them: AMSGrad on by default with an off switch
-(flag, YAML, resumed runs), mace-torch's plateau-scheduler options, --ema / --no-ema, and the help
-naming mace-torch's default wherever ours differs."""
+(flag, YAML, resumed runs), mace-torch's Adam as an option, mace-torch's plateau-scheduler options,
+--ema / --no-ema, and the help naming mace-torch's default wherever ours differs."""
 import argparse
 import os
 import re
@@ -127,11 +127,51 @@ def test_ema_switch(cu_model, cu_train, tmp_path, yaml_text, flags, expected):
 
 # ---- defaults and their documentation ----------------------------------------------------------
 # options whose default differs from mace-torch's: (flag, our default as the help states it, mace-torch's)
+# ---- optimizer ---------------------------------------------------------------------------------
+def test_adamw_by_default_and_adam_as_mace_torchs_default(cu_model, cu_train, tmp_path):
+    assert type(Trainer(_cfg(cu_model, cu_train, tmp_path / "a"), log=None).optimizer) is torch.optim.AdamW
+    t = Trainer(_cfg(cu_model, cu_train, tmp_path / "b", optimizer="adam", weight_decay=1e-3, amsgrad=False), log=None)
+    assert type(t.optimizer) is torch.optim.Adam  # AdamW is a subclass: the exact type
+    assert {(g["weight_decay"], g["amsgrad"]) for g in t.optimizer.param_groups} == {(1e-3, False)}
+
+
+@pytest.mark.parametrize("yaml_text, flags, expected", [
+    ("optimizer: adam\n", [], "adam"),
+    ("", ["--optimizer", "adam"], "adam"),
+    ("optimizer: adam\n", ["--optimizer", "adamw"], "adamw"),   # a flag wins over the file
+    ("optimizer: adamw\n", [], "adamw"),
+])
+def test_optimizer_from_the_command_line_and_yaml(cu_model, cu_train, tmp_path, yaml_text, flags, expected):
+    options = tmp_path / "options.yaml"
+    options.write_text(yaml_text + f"model: {cu_model}\ntrain_file: {cu_train}\n")
+    assert _parsed("--config", str(options), "--out", str(tmp_path / "out"), *flags).optimizer == expected
+
+
+def test_mace_torchs_optimizer_names_and_the_one_without_counterpart():
+    assert from_mace_options({"optimizer": "adam"}) == {"optimizer": "adam"}
+    with pytest.raises(ValueError, match=r"^cfg.yaml: optimizer: 'schedulefree' has no counterpart here "
+                                         r"\(adamw or adam; mace-torch's schedulefree is not offered\)$"):
+        from_mace_options({"optimizer": "schedulefree"}, "cfg.yaml")
+    with pytest.raises(ValueError, match=r"optimizer must be one of \('adamw', 'adam'\), got 'sgd'"):
+        TrainConfig(model="m.model", train_file="t.xyz", optimizer="sgd").validate()
+
+
+def test_a_run_resumes_only_with_its_optimizer(cu_model, cu_train, tmp_path, single_thread):
+    out = tmp_path / "out"
+    Trainer(_cfg(cu_model, cu_train, out, max_steps=1, optimizer="adam"), log=None).fit()
+    with pytest.raises(ValueError, match=r"cannot resume with changed optimizer 'adam' -> 'adamw'"):
+        Trainer(_cfg(cu_model, cu_train, out, max_steps=2), log=None).resume()
+    t = Trainer(_cfg(cu_model, cu_train, out, max_steps=2, optimizer="adam"), log=None)
+    t.fit(resume=True)
+    assert t.step == 2 and type(t.optimizer) is torch.optim.Adam
+
+
 DIFFERENT = [("--lr", "default 1e-3", "0.01"), ("--epochs", "default 10", "2048"), ("--batch-size", "default 4", "10"),
              ("--forces-weight", "default 10", "100"), ("--seed", "default 0", "123"),
              ("--dtype", "the model's own", "float64"), ("--ema", "default on", "off unless --ema"),
              ("--lr-schedule", "default cosine", "ReduceLROnPlateau, mace-torch's default"),
-             ("--stress-weight", "default 1", "weighted, leaves stress out")]
+             ("--stress-weight", "default 1", "weighted, leaves stress out"),
+             ("--optimizer", "default adamw", "adam: mace-torch's default")]
 
 
 def _help(flag):

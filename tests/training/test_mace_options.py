@@ -73,14 +73,13 @@ def test_other_mace_options_are_named_by_the_trainer(tmp_path):
 
 
 def test_switches_with_the_value_that_is_ours_are_accepted():
-    values = {"swa": False, "stage_two": False, "multiheads_finetuning": False, "keep_isolated_atoms": False,
-              "optimizer": "adamw"}
+    values = {"swa": False, "stage_two": False, "multiheads_finetuning": False, "keep_isolated_atoms": False}
     assert from_mace_options(values) == {}
 
 
 @pytest.mark.parametrize("values, needle", [
     ({"swa": True}, r"swa: True has no counterpart here \(only False"),
-    ({"optimizer": "adam"}, r"optimizer: 'adam' has no counterpart here \(only 'adamw'.*AdamW"),
+    ({"lbfgs": True}, r"lbfgs: True has no counterpart here \(only False.*AdamW and Adam \(optimizer\)"),
     ({"multiheads_finetuning": True}, r"multiheads_finetuning: True .*use replay_file \(--replay\)"),
     ({"loss": "universal"}, r"loss: mace-torch's 'universal' has no counterpart here"),
     ({"test_dir": "h5/"}, r"test_dir: mace-torch's folder of preprocessed \*_test.h5 files has no counterpart"),

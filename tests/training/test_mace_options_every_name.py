@@ -47,7 +47,7 @@ def test_a_whole_dump_of_mace_torchs_options_fine_tunes(tmp_path):
 
     train = write_emt_dataset(str(tmp_path / "train.xyz"), 4, seed=1, elements=("Cu", "Ni"), max_atoms=3)
     values = _mace_defaults("--train_file", train)
-    values.update(foundation_model=default_model_path(), optimizer="adamw", max_num_epochs=1, device="cpu",
+    values.update(foundation_model=default_model_path(), max_num_epochs=1, device="cpu",
                   work_dir=str(tmp_path / "run"), batch_size=2, valid_fraction=0.25)
     (tmp_path / "all.yaml").write_text(yaml.safe_dump(values))
     with warnings.catch_warnings():
