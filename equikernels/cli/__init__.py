@@ -52,7 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _debug_requested(args: Optional[argparse.Namespace]) -> bool:
-    return bool(getattr(args, "debug", False)) or settings.get().debug
+    if getattr(args, "debug", False):
+        return True
+    try:
+        return settings.get().debug
+    except settings.SettingsError:  # only a command that reads no setting gets here with a malformed one
+        return False
 
 
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:
@@ -130,7 +135,8 @@ def _parse(argv: List[str]):
     except settings.SettingsError as exc:
         if "--debug" in argv:
             raise
-        if not {"-h", "--help", "--version"} & set(argv):  # help and the version read no setting
+        # help, the version and the settings' documentation table read no setting
+        if not ({"-h", "--help", "--version"} & set(argv) or argv[:1] == ["settings"] and "--markdown" in argv):
             print(f"equikernels: error: {exc} (run with --debug for the traceback)", file=sys.stderr)
             return 2
     parser = build_parser()

@@ -107,6 +107,9 @@ def _run(args) -> int:
     _plan.check_direction_options(args.direction, args.need, args.have)
     if args.model and args.problem:
         raise ValueError(f"give a problem name or --model, not both (got {args.problem!r} and --model {args.model})")
+    if args.model and args.conv:
+        raise ValueError("--conv applies to a standard problem; with --model each product is planned as it runs "
+                         "(a product inside the fused graph convolution as the convolution)")
     if args.model:
         print(model_text(args.model, args))
     elif args.problem is None:

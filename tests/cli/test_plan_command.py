@@ -51,6 +51,13 @@ def test_model_lists_its_products(capsys, tmp_path):
     assert "dtype float64 (math float64)" in out and "dtype float32" not in out
 
 
+def test_conv_with_a_model_is_refused(capsys):
+    """A model's products are planned as they run: --conv (a standard problem's option) would do nothing."""
+    assert main(["plan", "--model", default_model_path(), "--conv"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("equikernels plan: error: --conv applies to a standard problem;") and "\n" not in err
+
+
 @pytest.mark.parametrize("argv, flow", [(["--conv"], "atomic"), (["--dataflow", "deterministic"], "deterministic")])
 def test_prints_a_standard_problem_conv_plan(argv, flow, capsys, tmp_path):
     with settings.override(cache_dir=str(tmp_path), autotune=False):

@@ -34,6 +34,17 @@ def test_bad_value_is_one_line(monkeypatch, capsys):
     one_line_error(capsys, "EQUIKERNELS_ROWS", "'many'")
 
 
+def test_markdown_is_printed_whatever_the_values_in_force(monkeypatch, capsys):
+    monkeypatch.setenv("EQUIKERNELS_ROWS", "many")  # the table documents the settings: it reads none
+    settings.reload()
+    try:
+        assert main(["settings", "--markdown"]) == 0
+        assert capsys.readouterr().out == settings.table()
+    finally:
+        monkeypatch.delenv("EQUIKERNELS_ROWS")
+        settings.reload()
+
+
 class _ClosedPipe:
     def write(self, text):
         raise BrokenPipeError(32, "Broken pipe")
