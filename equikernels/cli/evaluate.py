@@ -42,6 +42,8 @@ def register(subparsers) -> None:
     a("--no-stress", action="store_true", help="do not predict stresses")
     a("--compute-stress", "--compute_stress", action="store_true",
       help="accepted for mace_eval_configs' command lines: stresses of periodic frames are predicted by default")
+    a("--compute-bec", "--compute_bec", action="store_true",
+      help="mace_eval_configs' Born effective charges of MACELES models: refused, not supported here")
     a("--enable-cueq", "--enable_cueq", action="store_true",
       help="accepted for mace_eval_configs' command lines: equikernels' kernels always run")
     a("--return-node-energies", "--return_node_energies", action="store_true",
@@ -174,6 +176,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be a positive integer, got {args.batch_size}")
+    if args.compute_bec:  # mace_eval_configs' MACELES-only output; refused rather than left out of --out
+        raise ValueError("--compute-bec: Born effective charges (mace-torch's MACELES models) are not supported "
+                         "by equikernels eval")
     if args.compute_stress and args.no_stress:
         raise ValueError("--compute-stress and --no-stress contradict each other: pass one")
     descriptors = _descriptors(args)
@@ -254,6 +259,10 @@ def run(args: argparse.Namespace) -> int:
         if any(getattr(p, field) is not None for p in preds):
             written.append(args.prefix + key)
     print(f"  wrote {out} ({', '.join(written)})")
+    unstressed = [c.source for c, p in zip(configs, preds) if p.stress is None]
+    if args.compute_stress and unstressed:  # mace_eval_configs writes one for every frame: say where ours has none
+        print(f"  no {args.prefix}stress for the {len(unstressed)} structure(s) not periodic in all three "
+              f"directions, first {unstressed[0]}")
     if metrics:
         print(f"  against the labels: {label_sources(configs)}")
         print("\n".join("  " + line for line in metrics_lines([("model", metrics)])))
