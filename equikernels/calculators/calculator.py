@@ -140,6 +140,7 @@ class MACECalculator(Calculator):
         model = models[0]
         self.device = resolve_device(device)
         self.num_threads = apply_threads(self.device, num_threads)
+        self._threads_asked, self._pid = num_threads, os.getpid()  # applied again when unpickled in another process
         model = resolve_model(model, self.device)
         if precision is not None:
             from ..models.mace import PRECISIONS, resolve_precision  # noqa: PLC0415
@@ -183,6 +184,15 @@ class MACECalculator(Calculator):
         state = self.__dict__.copy()
         state["_graphed"] = None
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickled in another process (a spawned multiprocessing worker), the calculator sets that
+        process's torch CPU threads as its constructor did (``num_threads``)."""
+        self.__dict__.update(state)
+        pid = state.get("_pid")
+        if pid is not None and pid != os.getpid():
+            self.num_threads = apply_threads(self.device, state.get("_threads_asked"))
+            self._pid = os.getpid()
 
     def _resolve_cuda_graph(self, value) -> Union[bool, str]:
         if value is None:
@@ -500,7 +510,8 @@ def _head_e0(model: torch.nn.Module, head: int) -> Optional[np.ndarray]:
     if not isinstance(e0, torch.Tensor):
         return None
     e0 = e0.detach().to("cpu", torch.float64)
-    return (e0[head] if e0.dim() == 2 else e0).numpy()
+    # a copy, not a view of the model's buffer (multiprocessing moves that into shared memory)
+    return (e0[head] if e0.dim() == 2 else e0).numpy().copy()
 
 
 def _drop_volumeless_stresses(results: Dict[str, object], atoms: Atoms) -> None:

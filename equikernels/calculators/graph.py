@@ -38,7 +38,8 @@ class ElementTable:
         lookup = torch.full((MAX_Z,), -1, dtype=torch.int64)
         for k, z in enumerate(self.atomic_numbers):
             lookup[z] = k
-        self._lookup_np = lookup.numpy()
+        # a copy: a view would dangle once multiprocessing moves the tensor into shared memory
+        self._lookup_np = lookup.numpy().copy()
         self._lookup = lookup.to(device)
 
     def check(self, numbers: np.ndarray) -> None:
