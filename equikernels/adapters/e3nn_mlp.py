@@ -127,9 +127,16 @@ def _matches(module: nn.Module) -> bool:
                for c in type(module).__mro__)
 
 
+def _e3nn_net(cls: type) -> type:
+    """e3nn's own ``FullyConnectedNet`` class among ``cls``'s bases."""
+    return next(c for c in cls.__mro__ if c.__name__ == "FullyConnectedNet" and c.__module__.startswith("e3nn.nn"))
+
+
 def _apply(net: nn.Module) -> str:
     if getattr(type(net), "_ek_adapter", None) == MLP:
         return ""
+    if type(net).forward is not _e3nn_net(type(net)).forward:  # the rewired forward would drop the subclass's
+        raise NotFused(f"{type(net).__name__} overrides forward(); its semantics are unknown")
     try:
         layers = _layers(net)
         for layer in layers:
