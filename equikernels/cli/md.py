@@ -31,8 +31,8 @@ def register(subparsers) -> None:
                    help=f"number of MD steps (default {DEFAULT_STEPS['cuda']} on a GPU, "
                         f"{DEFAULT_STEPS['cpu']} on a CPU)")
     p.add_argument("--timestep", type=float, default=1.0, help="timestep in fs (default 1.0)")
-    p.add_argument("--temperature", type=float, default=300.0,
-                   help="temperature in K: initial velocities and thermostat (default 300)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help=f"temperature in K: initial velocities and thermostat (default {MDSettings.temperature_K:g})")
     p.add_argument("--ensemble", choices=ENSEMBLES, default="nvt-langevin", help="default nvt-langevin")
     p.add_argument("--pressure", type=float, default=None,
                    help=f"npt pressure in bar (default {MDSettings.pressure_bar:g})")
@@ -65,7 +65,8 @@ def register(subparsers) -> None:
     p.add_argument("--log-interval", type=int, default=10, help="steps between log lines (0: no log; default 10)")
     p.add_argument("--traj-interval", type=int, default=10,
                    help="steps between trajectory frames (0: none; default 10); the last step is always written")
-    p.add_argument("--seed", type=int, default=0, help="random seed for velocities and the thermostat (default 0)")
+    p.add_argument("--seed", type=int, default=None,
+                   help=f"random seed for velocities and the thermostat (default {MDSettings.seed})")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -106,6 +107,10 @@ ENSEMBLE_FLAGS = {"--pressure": ("pressure", ("npt",)), "--pdamp": ("pdamp", ("n
                   "--friction": ("friction", ("nvt-langevin",)),
                   "--tdamp": ("tdamp", ("nvt-nose-hoover", "nvt-bussi", "npt"))}
 
+# ensembles whose thermostat reads --temperature, and those that draw random numbers (--seed) each step
+THERMOSTATS = ("nvt-langevin", "nvt-nose-hoover", "nvt-bussi", "npt")
+STOCHASTIC = ("nvt-langevin", "nvt-bussi")
+
 
 def md_settings(args: argparse.Namespace, steps: int) -> MDSettings:
     """The run's settings from the flags, checked; an error names the flag (``--timestep``), not the field."""
@@ -115,9 +120,18 @@ def md_settings(args: argparse.Namespace, steps: int) -> MDSettings:
         if getattr(args, name) is not None and args.ensemble not in ensembles:
             raise ValueError(f"{flag} applies to --ensemble {' or '.join(ensembles)} only, and this run's is "
                              f"{args.ensemble}")
-    given = {"pressure_bar": args.pressure, "friction_per_ps": args.friction}
-    settings = MDSettings(steps=steps, timestep_fs=args.timestep, temperature_K=args.temperature,
-                          ensemble=args.ensemble, tdamp_fs=args.tdamp, pdamp_fs=args.pdamp, seed=args.seed,
+    if args.keep_velocities:  # velocities come from the file: only a thermostat reads these then
+        unread = [flag for flag, value, ensembles in (("--temperature", args.temperature, THERMOSTATS),
+                                                      ("--seed", args.seed, STOCHASTIC))
+                  if value is not None and args.ensemble not in ensembles]
+        if unread:
+            raise ValueError(f"{' and '.join(unread)}: not read with --keep-velocities and --ensemble "
+                             f"{args.ensemble} (the velocities come from the structure); drop "
+                             f"{'them' if len(unread) > 1 else 'it'}, or draw new velocities without --keep-velocities")
+    given = {"pressure_bar": args.pressure, "friction_per_ps": args.friction, "temperature_K": args.temperature,
+             "seed": args.seed}
+    settings = MDSettings(steps=steps, timestep_fs=args.timestep,
+                          ensemble=args.ensemble, tdamp_fs=args.tdamp, pdamp_fs=args.pdamp,
                           log_interval=args.log_interval, traj_interval=args.traj_interval,
                           **{k: v for k, v in given.items() if v is not None})
     try:
@@ -198,11 +212,15 @@ def run(args: argparse.Namespace) -> int:
     dtype = str(calc.dtype).replace("torch.", "")
     threads = f", {calc.num_threads} thread{'s' if calc.num_threads != 1 else ''}" if calc.device.type == "cpu" else ""
     plural = "s" if len(atoms) != 1 else ""
+    at = (" from the structure's velocities" if args.keep_velocities and settings.ensemble not in THERMOSTATS
+          else f" at {settings.temperature_K:g} K")
     print(f"equikernels md: {len(atoms)} atom{plural} ({atoms.get_chemical_formula()}, {structure}), "
-          f"{settings.ensemble} at {settings.temperature_K:g} K, {steps} steps of {settings.timestep_fs:g} fs"
+          f"{settings.ensemble}{at}, {steps} steps of {settings.timestep_fs:g} fs"
           f"{steps_note}", flush=True)
     compiles = " (the first evaluation compiles kernels)" if calc.device.type == "cuda" else ""
-    print(f"  model {model} on {calc.device} ({dtype}{threads}){compiles}", flush=True)
+    heads = list(getattr(calc, "heads", None) or [])
+    head = f", head {calc.head}" if len(heads) > 1 else ""  # which head a multi-head model ran, --head or not
+    print(f"  model {model}{head} on {calc.device} ({dtype}{threads}){compiles}", flush=True)
     if not args.keep_velocities and atoms.has("momenta") and np.any(atoms.get_momenta()):
         print(f"  the velocities in {structure} are replaced by ones drawn at {settings.temperature_K:g} K "
               "(--keep-velocities starts from them)", flush=True)
@@ -211,6 +229,8 @@ def run(args: argparse.Namespace) -> int:
           flush=True)
     info = {"model": os.path.abspath(args.model if args.model else default_model_path()), "structure": structure,
             "velocities": "from the structure" if args.keep_velocities else "drawn at the temperature"}
+    if head:
+        info["head"] = calc.head
     try:
         summary = run_md(atoms, settings, out_dir=args.out, progress=not args.no_progress, info=info,
                          init_velocities=not args.keep_velocities, overwrite=args.overwrite)
