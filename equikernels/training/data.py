@@ -191,7 +191,8 @@ def _read_file(path: str, index: Union[int, str]) -> list:
     if os.path.isdir(path):
         raise IsADirectoryError(f"{path} is a directory; expected a structure file (extxyz or any ASE-readable format)")
     try:
-        frames = ase.io.read(path, index=index)
+        # a selection was split off already (split_selection): an '@' left is part of the file's name
+        frames = ase.io.read(path, index=index, do_not_split_by_at_sign=True)
     except FileNotFoundError:
         raise FileNotFoundError(f"structure file {path!r} does not exist") from None
     except Exception as exc:  # ASE raises many types for unreadable files

@@ -33,3 +33,13 @@ def test_frame_selection_of_the_structure_files_is_accepted(emt_file, tmp_path):
     with pytest.raises(ValueError, match="valid_file: .*not a frame selection"):
         TrainConfig(model=default_model_path(), train_file=emt_file, valid_file=emt_file + "@foo",
                     out_dir=str(tmp_path / "out")).validate()
+
+
+@pytest.mark.parametrize("suffix, count", [("", 4), ("@1:3", 2), ("@-1", 1)])
+def test_a_file_with_an_at_sign_in_its_name_is_read(emt_file, tmp_path, suffix, count):
+    """A file named with '@' reads whole, and with a selection after its name ASE's selection applies."""
+    from equikernels.training.data import read_frames
+    named = tmp_path / "cu@300K.xyz"
+    named.write_bytes(open(emt_file, "rb").read())
+    frames = read_frames(str(named) + suffix)
+    assert len(frames) == count and all(len(a) == 4 for a in frames)
