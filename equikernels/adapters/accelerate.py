@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -13,17 +13,18 @@ from torch import nn
 from .._compat import e3nn, o3
 from ..nn.convert import from_e3nn, why_not_convertible
 from ..ops.tp import resolve_backend
-from .registry import accelerate_layers
+from .registry import accelerate_layers, recognised_layers
 
 
 @dataclass
 class AccelerateReport:
-    """What ``accelerate`` did: ``replaced`` (name, e3nn type, new type), ``left_alone`` (name, type,
-    reason) for e3nn modules it kept (and TorchScript modules holding some), ``fused`` (name, layer
-    class, what) for whole layers rewired in place by an adapter (``equikernels.adapters``) and
-    ``not_fused`` (name, class, reason) for layers an adapter recognised but left as they were;
-    ``already`` (name, class) for layers an earlier call rewired; ``device``, where the model's
-    parameters were when it ran."""
+    """What ``accelerate`` did, each module listed once: ``replaced`` (name, e3nn type, new type);
+    ``fused`` (name, layer class, what) for whole layers rewired in place by an adapter
+    (``equikernels.adapters``); ``not_fused`` (name, class, reason) for layers an adapter recognises
+    but left as they were (with ``fuse=False``, every one, the reason "fuse=False" unless the adapter
+    finds why a fusing call would keep it too); ``left_alone`` (name, type, reason) for the other
+    e3nn modules it kept (and TorchScript modules holding some); ``already`` (name, class) for layers
+    an earlier call rewired; ``device``, where the model's parameters were when it ran."""
     replaced: List[Tuple[str, str, str]] = field(default_factory=list)
     left_alone: List[Tuple[str, str, str]] = field(default_factory=list)
     fused: List[Tuple[str, str, str]] = field(default_factory=list)
@@ -157,7 +158,8 @@ def accelerate(model: nn.Module, fuse: bool = True) -> AccelerateReport:
     symmetric contraction runs as generated kernels; the layers keep their class names,
     parameters, ``state_dict`` keys and call signatures, and script (``torch.jit.script``,
     ``e3nn.util.jit.compile``) as their original forward. The report lists what was fused and why
-    a recognised layer was not.
+    a recognised layer was not; with ``fuse=False`` it lists, as not fused, the layers a fusing call
+    would rewire.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}{_module_hint(model)}")
@@ -213,6 +215,7 @@ def accelerate(model: nn.Module, fuse: bool = True) -> AccelerateReport:
                 entry = len(report.left_alone)
                 report.left_alone.append((full, type(child).__name__, why))
                 n = walk(child, full, False)
+                inside[full] = _inside(0, full)  # (its replaced submodules are listed as such)
                 report.left_alone[entry] = (full, type(child).__name__, why + _inside(n, full))
             else:
                 n = walk(child, full, report_e3nn and not _is_e3nn(child))
@@ -226,10 +229,27 @@ def accelerate(model: nn.Module, fuse: bool = True) -> AccelerateReport:
                 + (f"; {kept} submodule(s) inside it {_SCRIPTED}" if kept else ""))
 
     scripted: List[str] = []  # TorchScript modules holding e3nn modules
+    inside: Dict[str, str] = {}  # name of a kept e3nn module -> its compiled submodules, as a suffix
     n = walk(model, "", not _is_e3nn(model))
     if _is_e3nn(model):
         why = _acceleratewhy_not_convertible(model)
+        inside[""] = _inside(0, "")
         report.left_alone.insert(0, ("", type(model).__name__, f"{why}{_inside(n, '')}"))
     if fuse:
         accelerate_layers(model, report)
+    else:
+        if getattr(type(model), "_ek_adapter", None) is not None:  # (walk sees only the submodules)
+            report.already.insert(0, ("", type(model).__name__))
+        recognised_layers(model, report)
+    _list_once(report, inside)
     return report
+
+
+def _list_once(report: AccelerateReport, inside: Dict[str, str]) -> None:
+    """An e3nn module that an adapter rewired or recognised is listed there, not also as left alone;
+    a kept one takes along its compiled submodules (not listed elsewhere)."""
+    layers = {n for n, _, _ in report.fused} | {n for n, _ in report.already}
+    kept = {n for n, _, _ in report.left_alone}
+    report.not_fused[:] = [(n, t, why + inside.get(n, "") if n in kept else why) for n, t, why in report.not_fused]
+    layers |= {n for n, _, _ in report.not_fused}
+    report.left_alone[:] = [e for e in report.left_alone if e[0] not in layers]

@@ -159,12 +159,20 @@ def _matches(module: nn.Module) -> bool:
     return _e3nn_gate(original_class(module)) is not None
 
 
+def _check(gate: nn.Module) -> str:
+    """Why the fused forward cannot stand in for ``gate``'s (its values are compared when it is applied), or ""."""
+    if type(gate).forward is not _e3nn_gate(type(gate)).forward:
+        return f"{type(gate).__name__} overrides forward(); its semantics are unknown"
+    return ""
+
+
 def _apply(gate: nn.Module) -> str:
     if getattr(type(gate), "_ek_adapter", None) == GATE:
         return ""
     base = _e3nn_gate(type(gate))
-    if type(gate).forward is not base.forward:
-        raise NotFused(f"{type(gate).__name__} overrides forward(); its semantics are unknown")
+    why = _check(gate)
+    if why:
+        raise NotFused(why)
     try:
         gate.__dict__["_ek_gate"] = _GatePlan(gate)
         dim = gate.irreps_in.dim
@@ -187,4 +195,4 @@ def _apply(gate: nn.Module) -> str:
             "instead of extraction copies and a tensor product")
 
 
-register(Adapter(GATE, _matches, _apply))
+register(Adapter(GATE, _matches, _apply, check=_check))

@@ -204,15 +204,23 @@ def _prune(graph: fx.Graph) -> None:
                 changed = True
 
 
+def _untraceable(layer: nn.Module) -> str:
+    """Why the signature of ``layer``'s forward rules out tracing it, or ""."""
+    sig = inspect.signature(original_class(layer).forward)
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig.parameters.values()):
+        return "forward takes *args/**kwargs"
+    if any(p.default is None for p in sig.parameters.values()):
+        # fx cannot follow `arg is None` branches on a traced argument
+        return "forward has optional (None-default) arguments"
+    return ""
+
+
 def rewrite(layer: nn.Module) -> Tuple[Callable, int, str]:
     """(forward function, number of fused patterns, why none was found)."""
     cls = original_class(layer)
-    sig = inspect.signature(cls.forward)
-    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig.parameters.values()):
-        return None, 0, "forward takes *args/**kwargs"
-    if any(p.default is None for p in sig.parameters.values()):
-        # fx cannot follow `arg is None` branches on a traced argument
-        return None, 0, "forward has optional (None-default) arguments"
+    why = _untraceable(layer)
+    if why:
+        return None, 0, why
     _find_scatters(cls.forward)
     current, layer.__class__ = layer.__class__, cls  # trace the layer's own forward, not the fused one
     try:
@@ -327,4 +335,4 @@ def _apply(module: nn.Module) -> str:
     return f"{n} gather -> tensor product -> scatter-sum fused into tensor_product_conv"
 
 
-register(Adapter(ADAPTER, _matches, _apply))
+register(Adapter(ADAPTER, _matches, _apply, check=_untraceable))

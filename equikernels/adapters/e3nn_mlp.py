@@ -132,23 +132,31 @@ def _e3nn_net(cls: type) -> type:
     return next(c for c in cls.__mro__ if c.__name__ == "FullyConnectedNet" and c.__module__.startswith("e3nn.nn"))
 
 
-def _apply(net: nn.Module) -> str:
-    if getattr(type(net), "_ek_adapter", None) == MLP:
-        return ""
+def _check(net: nn.Module) -> str:
+    """Why the rewired forward cannot stand in for ``net``'s, or ""."""
     if type(net).forward is not _e3nn_net(type(net)).forward:  # the rewired forward would drop the subclass's
-        raise NotFused(f"{type(net).__name__} overrides forward(); its semantics are unknown")
+        return f"{type(net).__name__} overrides forward(); its semantics are unknown"
     try:
         layers = _layers(net)
         for layer in layers:
             _ = (layer.weight, layer.h_in, layer.var_in, layer.var_out, layer.act)
     except AttributeError as exc:
-        raise NotFused(f"not e3nn's layer structure ({exc})") from None
+        return f"not e3nn's layer structure ({exc})"
     if _E3nnLayer is not None and any(type(layer).forward is not _E3nnLayer.forward for layer in layers):
-        raise NotFused("a layer's forward is not e3nn's")
+        return "a layer's forward is not e3nn's"
+    return ""
+
+
+def _apply(net: nn.Module) -> str:
+    if getattr(type(net), "_ek_adapter", None) == MLP:
+        return ""
+    why = _check(net)
+    if why:
+        raise NotFused(why)
     net.__dict__["_ek_mlp"] = _factors(net)
     net.__class__ = accelerated_class(MLP, type(net))
     hidden = sum(1 for g in net.__dict__["_ek_mlp"][1] if g is not None)
     return f"radial MLP {net.hs}: activation constants of {hidden} layer(s) folded into the weights"
 
 
-register(Adapter(MLP, _matches, _apply))
+register(Adapter(MLP, _matches, _apply, check=_check))

@@ -72,36 +72,40 @@ def _foreign(module) -> str:
     return "" if root in ("e3nn", "equikernels") else f"{root}'s {type(module).__name__}"
 
 
-def _apply(conv: nn.Module) -> str:
-    if getattr(type(conv), "_ek_adapter", None) == ADAPTER:
-        return ""
+def _check(conv: nn.Module) -> str:
+    """Why ``conv`` is kept as it is, or ""."""
     tp = getattr(conv, "convolution", None)
     if original_class(conv).__name__ != "IrrepsConvolution":
         product = f", running {_foreign(tp) or type(tp).__name__}" if tp is not None else ""
-        raise NotFused(f"sevenn's own fused convolution, from its FlashTP, OpenEquivariance or cuEquivariance "
-                       f"option{product}: kept as it is")
+        return (f"sevenn's own fused convolution, from its FlashTP, OpenEquivariance or cuEquivariance "
+                f"option{product}: kept as it is")
     if _foreign(tp):
-        raise NotFused(f"its tensor product is {_foreign(tp)}, from a sevenn accelerator option: kept as it is")
+        return f"its tensor product is {_foreign(tp)}, from a sevenn accelerator option: kept as it is"
     try:
         source = " ".join(inspect.getsource(original_class(conv).forward).split())
     except (OSError, TypeError) as exc:  # installed without its .py sources
-        raise NotFused(f"the source of this sevenn's IrrepsConvolution.forward cannot be read ({exc})") from None
+        return f"the source of this sevenn's IrrepsConvolution.forward cannot be read ({exc})"
     missing = [s for s in _EXPECTED if " ".join(s.split()) not in source]
     if missing:
-        raise NotFused(f"this sevenn version's IrrepsConvolution.forward differs from the one mirrored "
-                       f"({missing[0]!r})")
+        return f"this sevenn version's IrrepsConvolution.forward differs from the one mirrored ({missing[0]!r})"
     if getattr(conv, "is_parallel", False):
-        raise NotFused("parallel (LAMMPS ghost-atom) mode")
+        return "parallel (LAMMPS ghost-atom) mode"
     if tp is None:
-        raise NotFused("its tensor product is not built yet (lazy_layer_instantiate): call instantiate() first")
-    why = fusable_tp(tp)
+        return "its tensor product is not built yet (lazy_layer_instantiate): call instantiate() first"
+    return fusable_tp(tp)
+
+
+def _apply(conv: nn.Module) -> str:
+    if getattr(type(conv), "_ek_adapter", None) == ADAPTER:
+        return ""
+    why = _check(conv)
     if why:
         raise NotFused(why)
     conv.__class__ = accelerated_class(ADAPTER, type(conv))
     return "gather -> convolution -> message_gather fused into tensor_product_conv"
 
 
-register(Adapter(ADAPTER, _matches, _apply))
+register(Adapter(ADAPTER, _matches, _apply, check=_check))
 
 
 def _self_connection_matches(module: nn.Module) -> bool:
