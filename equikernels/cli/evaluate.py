@@ -131,6 +131,8 @@ def _non_finite(preds) -> List[int]:
 PREDICTED = ("energy", "forces", "stress")
 # every key eval may write under its prefix; a re-evaluated file's earlier values are removed first
 WRITTEN = PREDICTED + ("node_energies", "BO_contributions", "descriptors")
+# mace_eval_configs' MACELES outputs, never written here: an earlier model's would pass for this one's
+REMOVED = WRITTEN + ("BEC", "latent_charges")
 
 
 def _check_prefix(prefix: str, keys) -> None:
@@ -169,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
     from ..calculators.loading import default_model_path, model_heads, resolve_device, resolve_dtype, \
         resolve_head, resolve_model
     from ..training.config import DataKeys
-    from ..training.data import configs_from_frames, label_sources, read_frames, split_selection
+    from ..training.data import DataError, configs_from_frames, frame_head, label_sources, read_frames, \
+        split_selection
     from .._files import atomic_write, check_output_file, same_file
     from ..training.evaluate import metrics_lines, predict
     from . import option_names
@@ -217,6 +220,13 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"{configs[i].source}: no {keys.head!r} key, and the model has several heads "
                                  f"{heads}, none called 'default': pass --head") from None
         configs[i] = dataclasses.replace(configs[i], head=str(head))
+        if given is None:  # a head the frame names: say that --head overrides the frames' keys
+            try:
+                frame_head(configs[i], heads)
+            except DataError:
+                raise ValueError(f"{configs[i].source}: its {keys.head!r} key names head {str(head)!r}, which is not "
+                                 f"one of the model's heads {heads}; pass --head NAME to evaluate every frame "
+                                 "with one of them") from None
 
     atoms = sum(c.num_atoms for c in configs)
     name = args.model if args.model is not None else default_model_path()
@@ -234,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
                       f"{configs[bad[0]].source}: atoms too close together, or a model that does not describe them")
 
     for f, p in zip(frames, preds):
-        for key in WRITTEN:  # a re-evaluated output file's earlier values would pass for this model's
+        for key in REMOVED:  # a re-evaluated output file's earlier values would pass for this model's
             f.info.pop(args.prefix + key, None)
             f.arrays.pop(args.prefix + key, None)
         f.info[args.prefix + "energy"] = p.energy
