@@ -33,7 +33,7 @@ from .descriptors import descriptor_columns, layer_irreps
 from .graph import AtomicNumbers, ElementTable, single_graph
 from .loading import model_heads, resolve_device, resolve_dtype, resolve_head, resolve_model
 from .mace_args import NAMES as MACE_TORCH_NAMES
-from .mace_args import model_files, take_mace_torch_arguments
+from .mace_args import class_name, model_files, take_mace_torch_arguments
 from .neighbors import DEFAULT_SKIN, SkinNeighborList, pbc_tensor, vesin_pairs
 from .state import changes
 from .threads import apply_threads
@@ -48,17 +48,17 @@ ASE_KEYWORDS = frozenset({"restart", "ignore_bad_restart_file", "label", "atoms"
 
 
 def _models_from_paths(model, model_paths, models=None) -> list:
-    """``[model]``, or the files of mace-torch's ``model_paths`` (a path or a list), or the modules
-    of its ``models`` (a module or a list); more than one make a committee."""
+    """``[model]`` (None: the bundled default), or the files of mace-torch's ``model_paths``, or the
+    modules of its ``models``; each may be one or a list (``model`` is ``model_paths`` where
+    mace-torch's calculator takes it first), and more than one make a committee."""
     given = [(name, v) for name, v in (("model", model), ("model_paths", model_paths), ("models", models))
              if v is not None]
     if len(given) > 1:
         raise ValueError(f"{' and '.join(n for n, _ in given)}: give one of them")
-    if not given or given[0][0] == "model":
-        return [model]
+    if not given:
+        return [None]
     name, value = given[0]
-    single = isinstance(value, (str, os.PathLike, torch.nn.Module))
-    items = [value] if single else list(value)
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
     if not items:
         raise ValueError(f"{name}: expected at least one model, got none")
     return items
@@ -82,10 +82,13 @@ class MACECalculator(Calculator):
         precision: None (the dtype above), or "fp64", "fp32", "bf16-mixed", "fp16-mixed" (equikernels
             MACE models; ``MACE.set_precision``). A mixed precision keeps float32 parameters,
             positions, energies and forces, so it excludes default_dtype="float64".
-        model_paths: mace-torch's name for ``model``: a model file, or a list of them; ``models`` (a
-            module or a list of them) and mace-torch's other arguments (``mace_args``) are taken as
-            its calculator takes them. Several models make a committee (``committee.py``): mean
-            results, and per model (``energy_comm``, ...) and their variance (``energy_var``, ...).
+        model_paths: mace-torch's name for ``model``: a model file, a wildcard pattern or a list of
+            them (``model`` takes them too); ``models`` (a module or a list of them) and mace-torch's
+            other arguments (``mace_args``) are taken as its calculator takes them: ``info_keys``,
+            ``arrays_keys`` and ``charges_key`` name the atoms keys of the total charge, spin and
+            per-atom charges that a model with such inputs reads (``mace_args.StructureInputs``).
+            Several models make a committee (``committee.py``): mean results, and per model
+            (``energy_comm``, ...) and their variance (``energy_var``, ...).
         compute_atomic_stresses: mace-torch's argument: every evaluation also gives per-atom virials
             (``virials`` [N, 3, 3], eV; they sum to the cell's virial) and, for a structure with a 3-D
             cell, per-atom stresses (``stresses`` [N, 6], Voigt, eV/A^3: the virials over the
@@ -118,6 +121,7 @@ class MACECalculator(Calculator):
                             f"{', '.join(n for n in MACE_TORCH_NAMES if n != 'model_path')} or ASE's "
                             f"{', '.join(sorted(ASE_KEYWORDS))})")
         model_paths = model_files(model_paths, mace_torch["model_path"])
+        model = model_files(model, name="model")  # a wildcard pattern, as mace-torch's first argument takes it
         models = _models_from_paths(model, model_paths, mace_torch["models"])
         default_dtype = default_dtype or None  # mace-torch's "": the model's own
         Calculator.__init__(self, **kwargs)
@@ -126,9 +130,12 @@ class MACECalculator(Calculator):
         base = MACECalculator.implemented_properties + (ATOMIC_PROPERTIES if self.compute_atomic_stresses else [])
         self.implemented_properties = list(base)
         if len(models) > 1:  # a committee: one calculator per model, results combined in calculate
+            inputs = mace_torch["inputs"]
             self.members = [MACECalculator(m, device=device, default_dtype=default_dtype, head=head, skin=skin,
                                            cuda_graph=cuda_graph, precision=precision, num_threads=num_threads,
-                                           compute_atomic_stresses=self.compute_atomic_stresses)
+                                           compute_atomic_stresses=self.compute_atomic_stresses,
+                                           info_keys=inputs.info_keys, arrays_keys=inputs.arrays_keys,
+                                           charges_key=inputs.arrays_keys["charges"])
                             for m in models]
             first = self.members[0]
             self.device, self.num_threads = first.device, first.num_threads
@@ -142,6 +149,10 @@ class MACECalculator(Calculator):
         self.num_threads = apply_threads(self.device, num_threads)
         self._threads_asked, self._pid = num_threads, os.getpid()  # applied again when unpickled in another process
         model = resolve_model(model, self.device)
+        _check_energy_model(model)
+        # the charges, spins and embeddings mace-torch's calculator gives a model that reads them (ours reads none)
+        inputs = None if isinstance(model, MACE) else mace_torch["inputs"].for_model(model)
+        self._inputs = inputs if inputs is not None and (inputs.graph or inputs.atom) else None
         if precision is not None:
             from ..models.mace import PRECISIONS, resolve_precision  # noqa: PLC0415
             precision = resolve_precision(precision)
@@ -269,6 +280,8 @@ class MACECalculator(Calculator):
         data = single_graph(positions, self._node_attrs, edges, self._cell, self._head, self._batch, self._ptr)
         if self.neighbors.paired:
             data[PAIRED_KEY] = True
+        if self._inputs is not None:
+            data.update(self._inputs.tensors([atoms], self.dtype, self.device))
         return data
 
     # ---- mace-torch's calculator attributes, for scripts written for it --------------------
@@ -315,7 +328,11 @@ class MACECalculator(Calculator):
     def check_state(self, atoms, tol=1e-15):
         """ASE's check, its tolerance test run only on the properties that are not exactly equal (the
         repeated asks within one MD step need exact comparisons only)."""
-        return changes(self.atoms, atoms, tol, excluded=getattr(self, "ignored_changes", ()))
+        found = changes(self.atoms, atoms, tol, excluded=getattr(self, "ignored_changes", ()))
+        inputs = self.members[0]._inputs if self.members else getattr(self, "_inputs", None)
+        if not found and inputs is not None and inputs.info_changed(self.atoms, atoms):
+            found.append("info")  # a charge or spin the model reads, as mace-torch's calculator checks it
+        return found
 
     def calculate(self, atoms=None, properties=None, system_changes=all_changes):
         properties = list(properties) if properties else ["energy"]
@@ -352,8 +369,8 @@ class MACECalculator(Calculator):
         else:
             data = self._graph(atoms)
             with trusted_inputs(node_feats=False):  # edges valid by construction: no index-check sync
-                out = self.model(data, compute_force=True, compute_stress=compute_stress, training=False,
-                                 **self._atomic_kwargs())
+                out = self._evaluate(data, compute_force=True, compute_stress=compute_stress, training=False,
+                                     **self._atomic_kwargs())
             results = _results(out, [len(atoms)], compute_stress, self.compute_atomic_stresses)[0]
         check_finite(results, atoms)
         _drop_volumeless_stresses(results, atoms)
@@ -380,6 +397,17 @@ class MACECalculator(Calculator):
         self._numbers = self._cell_np = self._pbc_np = self._graphed = None
         self.neighbors.reset()
 
+    def _evaluate(self, data: Dict[str, torch.Tensor], **kwargs) -> Dict[str, torch.Tensor]:
+        """The model's outputs; an input it reads that this calculator does not give is named."""
+        try:
+            return self.model(data, **kwargs)
+        except KeyError as exc:
+            key = exc.args[0] if len(exc.args) == 1 else None
+            if not isinstance(key, str) or key in data:
+                raise
+            raise ValueError(f"model: {class_name(self.model)} reads the input {key!r}, which MACECalculator does "
+                             "not give; evaluate this model with mace-torch's MACECalculator") from exc
+
     def _atomic_kwargs(self) -> Dict[str, bool]:
         """The model arguments of per-atom stresses and virials (none unless asked for: a model
         without them still runs)."""
@@ -403,7 +431,7 @@ class MACECalculator(Calculator):
         self._follow_model()
         check_structure(atoms)
         with trusted_inputs(node_feats=False):
-            out = self.model(self._graph(atoms), compute_force=True, compute_hessian=True, training=False)
+            out = self._evaluate(self._graph(atoms), compute_force=True, compute_hessian=True, training=False)
         hessian = out["hessian"].detach().to(self.dtype).cpu().numpy()
         check_finite({"hessian": hessian}, atoms)
         return hessian
@@ -423,7 +451,7 @@ class MACECalculator(Calculator):
         self._follow_model()
         check_structure(atoms)
         with trusted_inputs():
-            out = self.model(self._graph(atoms), compute_force=False, training=False)
+            out = self._evaluate(self._graph(atoms), compute_force=False, training=False)
         feats = out["node_feats"].detach()
         descriptors = feats[:, cols.to(feats.device)].to(self.dtype).cpu().numpy()
         check_finite({"descriptors": descriptors}, atoms)
@@ -479,8 +507,10 @@ class MACECalculator(Calculator):
                                                 "cell", "batch", "ptr", "head")}
             if self.neighbors.paired:  # the radial MLPs once per pair, as in ``calculate``
                 data = pair_edges(data)
-            out = self.model(data, compute_force=True, compute_stress=compute_stress, training=False,
-                             **self._atomic_kwargs())
+            if self._inputs is not None:
+                data.update(self._inputs.tensors(chunk, self.dtype, self.device))
+            out = self._evaluate(data, compute_force=True, compute_stress=compute_stress, training=False,
+                                 **self._atomic_kwargs())
             results.extend(_results(out, [len(a) for a in chunk], compute_stress, self.compute_atomic_stresses))
         for k, (atoms, res) in enumerate(zip(atoms_list, results)):
             check_finite(res, atoms, f"atoms_list[{k}]")
@@ -489,6 +519,17 @@ class MACECalculator(Calculator):
             if e0 is not None:
                 res["node_energy"] = res["energies"] - e0
         return results
+
+
+# mace-torch's models that predict no energy, and the model_type its calculator runs them as
+NO_ENERGY = {"AtomicDipolesMACE": "DipoleMACE", "AtomicDielectricMACE": "DipolePolarizabilityMACE"}
+
+
+def _check_energy_model(model: torch.nn.Module) -> None:
+    name = class_name(model)
+    if name in NO_ENERGY:
+        raise ValueError(f"model: {name} predicts dipoles, not energies (mace-torch's model_type="
+                         f"{NO_ENERGY[name]!r}); MACECalculator evaluates energy models")
 
 
 def _model_state(model: torch.nn.Module) -> tuple:
