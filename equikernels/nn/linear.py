@@ -260,6 +260,9 @@ class Linear(nn.Module):
         if features.shape[-1] != self._ts_f[2] or (f and features.shape[-2] != self._ts_f[0]):
             raise ValueError(f"features: expected trailing dimension {self._ts_f[2]} (irreps_in), "
                              f"got shape {features.shape}")
+        # weights and biases are cast to the features' dtype: integers would truncate them
+        if not (features.is_floating_point() or features.is_complex()):
+            raise TypeError("features: expected a floating-point tensor, got an integer or bool tensor")
         w = self.weight if weight is None else weight
         b = self.bias if bias is None else bias
         if (weight is None and self.weight_numel > 0 or bias is None and self.bias_numel > 0) \

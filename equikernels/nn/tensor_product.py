@@ -238,6 +238,13 @@ class TensorProduct(nn.Module):
         if self.weight_numel > 0 and (w.dim() != 1 if self.shared_weights else w.dim() < 2):
             raise ValueError("weight: expected shape [weight_numel] (shared) or [..., weight_numel] with a batch "
                              "dimension (shared_weights=False)")
+        # the Wigner-3j blocks are cast to x's dtype: integers would truncate them (TorchScript prints no dtype)
+        if not (x.is_floating_point() or x.is_complex()):
+            raise TypeError("x: expected a floating-point tensor, got an integer or bool tensor")
+        if y.dtype != x.dtype:
+            raise TypeError("y: dtype does not match x's; the TorchScript form takes x, y and weight in one dtype")
+        if self.weight_numel > 0 and w.dtype != x.dtype:
+            raise TypeError("weight: dtype does not match x's; the TorchScript form takes x, y and weight in one dtype")
         return script_tensor_product(x, y, w, self.shared_weights, self._ts_recs, self._ts_modes, self._ts_alphas,
                                      self._ts_blocks, self._ts_w3j, self._ts_dims[2], self._ts_ir_mul)
 

@@ -499,11 +499,13 @@ def _check_tensor(name: str, t, dim: int, irreps_name: str) -> None:
 
 
 def _check_same(name: str, t: Tensor, x: Tensor) -> None:
-    """Same device as x; dtypes that may be combined (float16/bfloat16/float32 freely, float64 only
-    with float64)."""
+    """A floating-point tensor on x's device, of a dtype that may be combined with x's
+    (float16/bfloat16/float32 freely, float64 only with float64)."""
     if not isinstance(t, Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.is_floating_point() and t.dtype not in STORAGE_DTYPES:
+    if not t.is_floating_point():  # (before the float64 rule below, whose message assumes a float)
+        raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
+    if t.dtype not in STORAGE_DTYPES:
         raise TypeError(f"{name}: expected a float16, bfloat16, float32 or float64 tensor, got {t.dtype}")
     if t.dtype != x.dtype and torch.float64 in (t.dtype, x.dtype):
         raise TypeError(f"{name}: dtype {t.dtype} does not match x ({x.dtype}); float64 operands cannot be mixed "
