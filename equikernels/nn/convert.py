@@ -144,7 +144,9 @@ def from_e3nn(module: nn.Module) -> nn.Module:
     why = why_not_convertible(module)
     if why is not None:
         raise TypeError(f"from_e3nn: cannot convert {type(module).__module__}.{type(module).__qualname__} ({why}); "
-                        "supported: o3.TensorProduct and subclasses, o3.Linear, o3.SphericalHarmonics")
+                        "supported: o3.TensorProduct and subclasses, o3.Linear, o3.SphericalHarmonics; "
+                        "equikernels.accelerate(model) also rewires whole layers (FullyConnectedNet, Gate, "
+                        "graph convolutions) in place")
     if isinstance(module, o3.TensorProduct):
         return _convert_tp(module, _e3nn_tp_target(module)[0])
     if isinstance(module, o3.Linear):
