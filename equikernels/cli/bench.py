@@ -29,6 +29,7 @@ import math
 import os
 import signal
 import sys
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -54,7 +55,7 @@ def register(sub) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="replace an earlier run's <gpu-kind>.json and .md in --out (kept otherwise)")
     p.add_argument("--quick", action="store_true", help="a small subset (3 problems at 20k rows, the "
-                   "convolution at 1,008 atoms, float32 MACE at 1,008 atoms)")
+                   "convolution at 1,008 atoms, float32 MACE E+F, MD and the E+F training step at 1,008 atoms)")
     p.add_argument("--problems", default=None, help="comma-separated standard problems for the batched "
                    "product (the tp group), or 'all' (default: all but nequip-revmd17-benzene)")
     p.add_argument("--groups", default=",".join(GROUPS), help=f"which groups to run, of {','.join(GROUPS)} "
@@ -65,7 +66,8 @@ def register(sub) -> None:
                    "groups, of 1008,10192 (default both; 1008 with --quick)")
     p.add_argument("--model", default=None, help="also time this model: a file or directory (mace-torch .model or "
                    "ours) or a foundation-model name (medium, small_off, ...; needs mace-torch)")
-    p.add_argument("--target-ms", type=float, default=TARGET_MS, help="timed work per cell (default 200 ms)")
+    p.add_argument("--target-ms", type=float, default=TARGET_MS,
+                   help="timed work per cell (default 200 ms; an MD cell times ten times as much)")
     p.add_argument("--time-budget-s", type=float, default=None,
                    help="start no new cell after this many seconds; the rest are reported as skipped")
     p.add_argument("--check", metavar="BASELINE.json", default=None,
@@ -99,20 +101,32 @@ def _number(flag: str, value: float, positive: bool = False) -> None:
 
 
 def _out_folder(out: str) -> Path:
-    """``--out`` as a folder that can be created; checked before anything is measured or written."""
+    """``--out`` as a folder that can be created and written; checked before anything is measured or
+    written (a run that could not write its results would lose them)."""
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(f"--out: {out!r} is a file, expected a folder for the JSON, markdown and plots")
-    for parent in path.absolute().parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise NotADirectoryError(f"--out: {str(parent)!r} is a file, so {out!r} cannot be a folder")
-            break
+    existing = path.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise NotADirectoryError(f"--out: {str(existing)!r} is a file, so {out!r} cannot be a folder")
+    try:  # a probe file, removed at once: the folder's permissions alone do not say (root, read-only mounts)
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".equikernels-bench-probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise PermissionError(f"--out {out!r}: cannot write in {str(existing)!r} ({exc.strerror or exc}); expected "
+                              "a folder that can be written") from None
     return path
 
 
 def _keep_earlier(out: Path, kind: str, overwrite: bool) -> None:
     """Refuse to replace the results of an earlier run of GPU kind ``kind`` in ``out`` without --overwrite."""
+    for name in (f"{kind}.json", f"{kind}.md"):
+        if (out / name).is_dir():  # no --overwrite replaces a folder: the results would be lost after measuring
+            raise IsADirectoryError(f"--out {str(out)!r} holds a folder named {name}; expected room for the results "
+                                    "file of that name")
     earlier = [name for name in (f"{kind}.json", f"{kind}.md") if (out / name).exists()]
     if earlier and not overwrite:
         raise FileExistsError(f"--out {str(out)!r} holds an earlier run's {' and '.join(earlier)}; give another "
@@ -121,8 +135,16 @@ def _keep_earlier(out: Path, kind: str, overwrite: bool) -> None:
 
 def _model(value: str) -> str:
     """``--model`` as every other command takes it: a model file, a model directory (as ``equikernels
-    convert`` writes) or a foundation-model name (fetched by ``_fetch`` once a GPU is found)."""
+    convert`` writes) or a foundation-model name (fetched by ``_fetch`` once a GPU is found). A file or
+    directory is loaded here, on the CPU: one that is no model is named before the suite runs."""
     if os.path.exists(value):
+        from ..models import load
+        try:
+            load(value, device="cpu")
+        except (ValueError, OSError, ImportError, RuntimeError, KeyError, TypeError) as exc:
+            text = str(exc).strip().splitlines()
+            kind = type(exc) if type(exc) in (FileNotFoundError, IsADirectoryError, ImportError) else ValueError
+            raise kind(f"--model: {text[0] if text else type(exc).__name__}") from None
         return os.path.normpath(value)  # a directory's trailing separator would leave its cells unnamed
     from ..models.foundations import is_foundation_name
     if not is_foundation_name(value):
@@ -198,9 +220,20 @@ def _merge_notes(paths, runs) -> None:
                   + "; ".join(f"{v} ({', '.join(ps)})" for v, ps in seen.items()))
 
 
+def _no_empty_paths(args) -> None:
+    """An empty path (``--check "$BASELINE"`` with the variable unset) would turn its option off
+    silently: the guard would not run, a stored run would be measured again, --out would be the
+    working folder."""
+    for flag, value in (("--check", args.check), ("--results", args.results), ("--model", args.model),
+                        ("--out", args.out), *(("--merge", m) for m in args.merge or ())):
+        if value is not None and not value.strip():
+            raise ValueError(f"{flag}: an empty path; expected a file or folder name")
+
+
 def run(args) -> int:
     from ..bench.compare import DEFAULT_MARGIN, DEFAULT_SLACK_MS, GPUKindMismatch, load_run, merge
     from ..bench.compare import limits as guard_limits
+    _no_empty_paths(args)
     _number("--margin", args.margin)
     _number("--slack-ms", args.slack_ms)
     if not args.check:  # the margins shape only the comparison

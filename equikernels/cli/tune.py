@@ -29,8 +29,11 @@ def register(sub) -> None:
                         "frames ASE's FILE@INDEX selects (FILE@-1, FILE@:10, FILE@::2), one training step each; "
                         "default: Cu fcc (its sites take the model's elements when it has no Cu)")
     p.add_argument("--atoms", type=int, default=None,
-                   help="Cu fcc size for --model without --structure (default 1008)")
-    p.add_argument("--dtype", choices=("float32", "float64"), default="float32", help="math dtype (default float32)")
+                   help="Cu fcc size for --model without --structure: this many atoms, or the fewest above it "
+                        "that the cubic cell allows (default 1008)")
+    p.add_argument("--dtype", choices=("float32", "float64"), default=None,
+                   help="math dtype (default: float32 for --problems; for --model the model's own, the dtype "
+                        "equikernels md and eval run it in)")
     p.add_argument("--layout", choices=("ir_mul", "mul_ir"), default=None,
                    help="operand layout of the named problems (default ir_mul)")
     p.add_argument("--device", default="cuda", help="the CUDA device to tune on (default cuda)")
@@ -52,8 +55,8 @@ def _problem_step(name: str, rows: int, dtype, layout: str, device) -> None:
 
 def _structures(spec, atoms: int) -> list:
     """The structures a model is tuned on: the last frame of file ``spec``, or the frames its
-    ``FILE@INDEX`` selects (as ``equikernels eval`` reads them), else a rattled Cu fcc crystal of about
-    ``atoms``."""
+    ``FILE@INDEX`` selects (as ``equikernels eval`` reads them), else a rattled Cu fcc crystal of
+    ``atoms`` atoms, or the fewest above it that the cubic cell allows."""
     import ase.build
 
     from ..training.data import read_frames
@@ -63,10 +66,22 @@ def _structures(spec, atoms: int) -> list:
             return read_frames(spec, index=-1)  # only the last frame: a long trajectory is not read whole
         except (FileNotFoundError, IsADirectoryError, ValueError) as exc:
             raise type(exc)(f"--structure: {exc}") from None
-    n = max(1, round((atoms / 4) ** (1 / 3)))
-    at = ase.build.bulk("Cu", "fcc", a=3.6, cubic=True).repeat((n, n, n))
+    at = ase.build.bulk("Cu", "fcc", a=3.6, cubic=True).repeat(_repeats(atoms))
     at.rattle(0.05, seed=0)
     return [at]
+
+
+def _repeats(atoms: int) -> tuple:
+    """The repeats (n1 <= n2 <= n3 <= 2 n1) of the 4-atom cubic fcc cell that hold the fewest atoms >= ``atoms``:
+    tunings are kept per power-of-two size bucket, and a crystal rounded down could fall into a smaller one."""
+    cells = max(1, -(-atoms // 4))
+    best = None
+    for n1 in range(1, round(cells ** (1 / 3)) + 2):
+        for n2 in range(n1, 2 * n1 + 1):
+            n3 = max(n2, -(-cells // (n1 * n2)))
+            if n3 <= 2 * n1 and (best is None or n1 * n2 * n3 < best[0] * best[1] * best[2]):
+                best = (n1, n2, n3)
+    return best
 
 
 def _fit_elements(structures: list, spec, elements) -> list:
@@ -95,6 +110,12 @@ def _model_step(model, at, dtype, device) -> None:
     out = model(data, training=True, compute_force=True, compute_stress=bool(at.pbc.all()))
     loss = out["energy"].sum() + out["forces"].pow(2).sum()  # a force loss: needs the double backward
     loss.backward()
+
+
+def _own_dtype(model) -> torch.dtype:
+    """The dtype ``model``'s floating-point parameters hold (float32 where that is no tuned dtype)."""
+    dtype = next((t.dtype for t in model.parameters() if t.is_floating_point()), torch.float32)
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
 
 def _device(value: str) -> torch.device:
@@ -153,7 +174,9 @@ def run(args) -> int:
     target = configured_path()
     check_persistent(target)  # tunings kept only until exit would be work thrown away
     device = _device(args.device)
-    dtype = getattr(torch, args.dtype)
+    dtype = torch.float32 if args.dtype is None else getattr(torch, args.dtype)
+    # the model's own dtype by default: tunings of another dtype would go unused by the runs that load it
+    model_dtype = dtype if args.dtype is not None or model is None else _own_dtype(model)
     before = set(tune.cache()._read())
     jobs = [("problem", n) for n in names] + [("model", at) for at in structures]
     t0 = time.perf_counter()
@@ -162,7 +185,7 @@ def run(args) -> int:
             if kind == "problem":
                 _problem_step(what, rows, dtype, layout, device)
             else:
-                _model_step(model, what, dtype, device)
+                _model_step(model, what, model_dtype, device)
     torch.cuda.synchronize()
     if tune.cache().path != target:  # a write failed during the run and went to the private fallback
         raise OSError(f"{variable()}: the tunings could not be written to {target} (see the warning "
