@@ -112,16 +112,19 @@ def _need_have(problem: TPProblem, direction: str, dtype: torch.dtype, layout: s
     allowed = "xyw" if direction == "bwd" else "xywg"
     if not need or any(n not in allowed for n in need):
         raise ValueError(f"need: expected letters of {allowed!r}, got {need!r}")
-    if any(h not in "abc" for h in have):
-        raise ValueError(f"have: expected letters of 'abc', got {have!r}")
-    return need, have
+    # no cotangent at all launches no kernel: the double backward returns zeros
+    if direction == "dbwd" and (not have or any(h not in "abc" for h in have) or len(set(have)) < len(have)):
+        raise ValueError(f"have: expected letters of 'abc' (the cotangents present: at least one, each once), "
+                         f"got {have!r}")
+    return need, "".join(k for k in "abc" if k in have)  # the launcher names cotangents in this order
 
 
 def plan_for(problem: TPProblem, direction: str = "fwd", dtype: torch.dtype = torch.float32,
              layout: str = "mul_ir", need: Optional[str] = None, have: Optional[str] = None) -> DirectionPlan:
     """The plan of ``direction`` (fwd / bwd / dbwd) for operands of ``dtype`` on a CUDA device.
     ``need``: gradients asked for (default every one: "xyw", dbwd "xywg"; without weights no "w");
-    ``have``: the cotangents of the double backward (default "abc", without weights "ab")."""
+    ``have``: the cotangents of the double backward, one or more of "abc" in any order, each once
+    (default "abc", without weights "ab")."""
     need, have = _need_have(problem, direction, dtype, layout, need, have)
     math = math_dtype_of([torch.empty(0, dtype=dtype)])
     with settings.override(triton_interpret=False):  # the plan of a CUDA launch, wherever it is printed

@@ -73,6 +73,8 @@ class Comparison:
     out_of_scope: int = 0  # baseline cells of groups / problems this run did not measure
     host_ratios: List[float] = field(default_factory=list)  # current / baseline host probe, per compared cell
     notes: List[str] = field(default_factory=list)  # what differs between the runs besides the code
+    guarded: Optional[Tuple[str, ...]] = None  # the implementations guarded (None: all)
+    baseline_guarded: int = -1  # the baseline's measured cells of the guarded implementations (-1: not counted)
 
     @property
     def ok(self) -> bool:
@@ -98,6 +100,10 @@ class Comparison:
                          "or its --quick subset (not compared)")
         if self.ok:
             lines.append("OK: no regression")
+        elif not self.findings and self.baseline_guarded == 0:
+            which = "" if self.guarded is None else " " + "/".join(self.guarded)
+            lines.append(f"FAIL: the baseline holds no measured{which} cell (none with status ok), so there is "
+                         "nothing to compare against: check against a baseline of a run that measured them")
         elif not self.findings:
             lines.append("FAIL: no guarded cell of the baseline was measured in this run, so nothing was compared "
                          "(run the groups, problems and sizes the baseline holds)")
@@ -372,7 +378,10 @@ def compare(baseline: dict, current: dict, *, margin: float = DEFAULT_MARGIN, sl
     base, cur = _index(baseline["cells"]), _index(current["cells"])
     # --quick measures other rows, sizes, dtypes and modes than a full run: compare what both measured
     quick = _id_slots(current["cells"]) if current.get("quick") and not baseline.get("quick") else None
-    res = Comparison(gpu_kind=str(kc), margin=margin, slack_ms=slack_ms)
+    res = Comparison(gpu_kind=str(kc), margin=margin, slack_ms=slack_ms,
+                     guarded=None if guarded is None else tuple(sorted(guarded)),
+                     baseline_guarded=sum(1 for (_, impl), b in base.items() if b.get("status") == "ok"
+                                          and (guarded is None or impl in guarded)))
     changed = version_changes(baseline.get("env"), current.get("env"))
     if changed:
         res.notes.append("measured with other versions than the baseline (" + ", ".join(changed)
