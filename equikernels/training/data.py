@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -43,6 +43,9 @@ class Config:
     source: str = ""                    # "file, frame i" for error messages
     label_keys: Dict[str, str] = field(default_factory=dict)  # property -> where its label was found
     available: str = ""                 # the frame's label-like keys, for "label not found" messages
+    # the frame's atoms.info and per-atom arrays: a model's inputs beyond the graph (total charge, spin)
+    info: Dict[str, Any] = field(default_factory=dict, repr=False)
+    arrays: Dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     @property
     def num_atoms(self) -> int:
@@ -172,7 +175,8 @@ def config_from_atoms(atoms, keys: DataKeys, where: str) -> Config:
                   stress=stress, weight=weight, head=head, config_type=config_type,
                   property_weights=property_weights, source=where,
                   label_keys={k: v for k, v in used.items() if v is not None},
-                  available=_available_keys(atoms))
+                  available=_available_keys(atoms), info=dict(atoms.info),
+                  arrays={k: v for k, v in atoms.arrays.items() if k not in ("numbers", "positions")})
 
 
 def read_frames(path: str, *, index: Union[int, str] = ":") -> list:

@@ -14,6 +14,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ..calculators.mace_args import GRAPH_INPUTS, StructureInputs, class_name
 from . import model_factory as mf
 from .config import DataKeys
 from .data import Config, build_dataset, collate, config_from_atoms
@@ -34,10 +35,26 @@ def model_context(device: torch.device):
     return contextlib.nullcontext()
 
 
-def forward(model, batch: Dict[str, torch.Tensor], *, training: bool, stress: bool):
+# mace_run_train's info keys of the total charge and spin, which mace-torch's calculator (and so ours) does not read
+TRAINING_INFO_KEYS = {"total_charge": "total_charge", "total_spin": "total_spin"}
+
+
+def forward(model, batch: Dict[str, torch.Tensor], *, training: bool, stress: bool, caller: str = "fine-tuning"):
+    """The model's outputs for ``batch``; an input the model reads that ``batch`` lacks (a charge or
+    spin embedding's, a dipole model's charges) is refused naming the model, the input and ``caller``
+    (what does not give it)."""
     device = batch["positions"].device
     with model_context(device):
-        return model(dict(batch), training=training, compute_force=True, compute_stress=stress)
+        try:
+            return model(dict(batch), training=training, compute_force=True, compute_stress=stress)
+        except KeyError as exc:
+            key = exc.args[0] if len(exc.args) == 1 else None
+            if not isinstance(key, str) or key in batch:
+                raise
+            name = class_name(getattr(model, "module", model))  # DistributedDataParallel wraps the model
+            what = (" (it trains models of energies, forces and stress that read no charge, spin or other "
+                    "embedded input)" if caller == "fine-tuning" else "")
+            raise ValueError(f"model: {name} reads the input {key!r}, which {caller} does not give{what}") from exc
 
 
 @dataclasses.dataclass
@@ -107,10 +124,59 @@ def _as_configs(configs) -> List[Config]:
     return out
 
 
+class _Frame:
+    """What ``StructureInputs`` reads of a structure, from its Config."""
+
+    def __init__(self, config: Config):
+        self.info, self.arrays, self._n = config.info, config.arrays, config.num_atoms
+
+    def __len__(self) -> int:
+        return self._n
+
+
+def model_inputs(model: torch.nn.Module, configs: Sequence[Config], inputs: Optional[StructureInputs] = None
+                 ) -> Optional[List[Dict[str, torch.Tensor]]]:
+    """Per config, the inputs beyond the graph that ``model`` reads (total charge, spin, per-atom
+    charges, ...; mace-torch's ``MACE`` / ``ScaleShiftMACE`` only those of its ``embedding_specs``),
+    taken from the frames as mace-torch's calculator takes them (``inputs``: its keys, default
+    ``StructureInputs()``), as float64 CPU tensors; None when it reads none. A frame holding the total
+    charge or spin only under mace_run_train's key is refused, not evaluated as neutral."""
+    embedded = getattr(model, "embedding_specs", None) or {}
+    try:
+        wanted = (inputs or StructureInputs()).for_model(model)
+    except ValueError as exc:
+        if inputs is not None:
+            raise ValueError(f"model: {class_name(model)}: {exc}") from None
+        other = [n for n, spec in embedded.items()
+                 if n not in (GRAPH_INPUTS if isinstance(spec, dict) and spec.get("per") == "graph" else ("charges",))]
+        raise ValueError(f"model: {class_name(model)} embeds {', '.join(map(repr, other))} (embedding_specs), which is "
+                         "not taken from the frames: only the total charge, spin, external field and per-atom charges "
+                         "are (atoms.info 'charge', 'spin', 'external_field'; atoms.arrays 'Qs')") from None
+    if not (wanted.graph or wanted.atom):
+        return None
+    out = []
+    for c in configs:
+        for name, train_key in TRAINING_INFO_KEYS.items():
+            key = wanted.info_keys.get(name)
+            if name in embedded and key is not None and key not in c.info and train_key in c.info:
+                raise ValueError(f"{c.source}: its {name.replace('_', ' ')} is under {train_key!r} (mace_run_train's "
+                                 f"info key), not {key!r}, where mace-torch's calculator and this evaluation read it; "
+                                 f"rename the key to {key!r}")
+        try:
+            out.append(wanted.tensors([_Frame(c)], torch.float64, torch.device("cpu")))
+        except ValueError as exc:
+            raise ValueError(f"{c.source}: {exc}") from None
+    return out
+
+
+def _batch_inputs(per_config: List[Dict[str, torch.Tensor]], dtype: torch.dtype, device) -> Dict[str, torch.Tensor]:
+    return {name: torch.cat([p[name] for p in per_config]).to(device=device, dtype=dtype) for name in per_config[0]}
+
+
 def predict(model: torch.nn.Module, configs: Sequence[Config], *, dtype: torch.dtype, device,
             batch_size: int = 8, stress: bool = True, node_energies: bool = False, contributions: bool = False,
-            descriptors: Optional[Descriptors] = None,
-            on_batch: Optional[Callable[[int], None]] = None) -> Tuple[List[Prediction], Dict[str, float]]:
+            descriptors: Optional[Descriptors] = None, on_batch: Optional[Callable[[int], None]] = None,
+            inputs: Optional[StructureInputs] = None) -> Tuple[List[Prediction], Dict[str, float]]:
     """Predictions for ``configs`` (in their order) with ``model`` (a MACE of mace-torch's call
     convention, already in ``dtype`` on ``device``), ``batch_size`` structures per call, and the
     MAE/RMSE per property over the labels the configs carry (an empty dict when none do). ``configs``:
@@ -118,12 +184,17 @@ def predict(model: torch.nn.Module, configs: Sequence[Config], *, dtype: torch.d
     default ``DataKeys``.
     ``stress``: predict the stress of periodic frames. ``node_energies`` / ``contributions`` /
     ``descriptors``: fill those fields of every prediction (see ``Prediction``). ``on_batch(n)``:
-    called after each batch of n structures (progress)."""
+    called after each batch of n structures (progress). A model that reads the total charge, spin
+    or per-atom charges (charge and spin embeddings, dipole models) gets them from each frame's
+    ``atoms.info`` / ``atoms.arrays`` as mace-torch's calculator gives them (``inputs``: a
+    ``calculators.mace_args.StructureInputs`` of other keys; default ``charge``, ``spin``, ``Qs``;
+    absent: charge 0, spin multiplicity 1)."""
     if batch_size < 1:
         raise ValueError(f"batch_size: expected a positive number of structures, got {batch_size}")
     configs = _as_configs(configs)
     columns = descriptor_columns(model, descriptors) if descriptors is not None else None
     dataset = build_dataset(configs, mf.atomic_numbers(model), mf.r_max(model), mf.heads(model))
+    extra_inputs = model_inputs(model, dataset.configs, inputs)
     sums = torch.zeros(3, 3, dtype=torch.float64)
     preds: List[Prediction] = []
     was_training = model.training
@@ -132,8 +203,10 @@ def predict(model: torch.nn.Module, configs: Sequence[Config], *, dtype: torch.d
         for k in range(0, len(dataset), batch_size):
             chunk = dataset.configs[k:k + batch_size]
             batch = collate(dataset.graphs[k:k + batch_size], dtype, device)
+            if extra_inputs is not None:
+                batch.update(_batch_inputs(extra_inputs[k:k + batch_size], dtype, device))
             want_stress = stress and any(c.pbc.all() for c in chunk)
-            out = forward(model, batch, training=False, stress=want_stress)
+            out = forward(model, batch, training=False, stress=want_stress, caller="evaluation")
             sums += error_sums(out, batch).cpu()
             ptr = batch["ptr"].tolist()
             energy = out["energy"].detach().double().cpu().numpy()
