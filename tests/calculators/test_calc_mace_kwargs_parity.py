@@ -82,6 +82,7 @@ def _same(ours, theirs, atoms, keys=KEYS):
 
 def test_model_files_as_the_first_argument_as_mace_torch_takes_them(tmp_path):
     """mace-torch's first argument is ``model_paths``: a list of files, or a wildcard pattern, makes a committee."""
+    pytest.importorskip("mace")
     from mace.calculators import MACECalculator as MaceTorchCalculator
 
     from equikernels.calculators import MACECalculator

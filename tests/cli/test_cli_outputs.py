@@ -181,8 +181,10 @@ def test_bench_plots_are_written_whole(tmp_path):
 
 def test_bench_model_takes_a_model_directory(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    from equikernels.models import load, save
     folder = tmp_path / "model_dir"
     folder.mkdir()
+    save(load(default_model_path()), folder)
     assert main(["bench", "--model", str(folder) + os.sep, "--out", str(tmp_path / "out")]) == 2
     one_line_error(capsys, "needs a CUDA GPU")  # the model argument passed: the missing GPU is what stops it
     assert main(["bench", "--model", str(tmp_path / "nope.model"), "--out", str(tmp_path / "out")]) == 2
