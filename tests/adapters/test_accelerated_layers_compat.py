@@ -8,10 +8,10 @@ import warnings
 import pytest
 import torch
 from e3nn import nn as e3nn_nn
-from e3nn import o3
 from e3nn.util.jit import compile as e3nn_compile
 
 import equikernels
+from message_layers import MessageConv as _Conv
 
 
 def _accelerated(module):
@@ -66,19 +66,6 @@ def test_accelerating_twice_does_not_report_fused_layers_as_left_alone():
     assert sorted(first.fused_names) == ["0", "2"]
     second = equikernels.accelerate(model)
     assert second.left_alone == [] and second.fused == [], str(second)
-
-
-class _Conv(torch.nn.Module):
-    """Message passing as NequIP-style layers write it: gather, per-edge weighted product, scatter-sum."""
-
-    def __init__(self):
-        super().__init__()
-        self.tp = o3.FullyConnectedTensorProduct("2x0e+1x1o", "0e+1o", "2x0e+1x1o", shared_weights=False,
-                                                 internal_weights=False)
-
-    def forward(self, x, y, w, src, dst):
-        msg = self.tp(x[src], y, w)
-        return torch.zeros(x.shape[0], msg.shape[1], dtype=msg.dtype).index_add(0, dst, msg)
 
 
 def _conv_inputs(conv):

@@ -10,44 +10,16 @@ import torch
 from ase.build import bulk, molecule
 
 from random_models import small_random_mace_model
+from embedding_models import SPECS, ZS, mace_torch_model
 
 pytestmark = pytest.mark.mace
 
-ZS = [1, 6, 8]
-SPECS = {"total_charge": {"type": "categorical", "per": "graph", "num_classes": 11, "emb_dim": 4, "offset": 5},
-         "total_spin": {"type": "categorical", "per": "graph", "num_classes": 5, "emb_dim": 4}}
 KEYS = ("energy", "free_energy", "energies", "node_energy", "forces", "stress")
 
 
 @pytest.fixture(autouse=True)
 def _one_thread(single_thread):
     yield
-
-
-def _mace_torch(cls="ScaleShiftMACE", **kw):
-    """A small float64 mace-torch model of class ``cls`` with random weights."""
-    pytest.importorskip("mace")
-    from mace import modules
-
-    from equikernels._compat import default_dtype, o3
-
-    block = modules.interaction_classes["RealAgnosticResidualInteractionBlock"]
-    args = dict(r_max=3.5, num_bessel=4, num_polynomial_cutoff=5, max_ell=2, interaction_cls=block,
-                interaction_cls_first=block, num_interactions=2, num_elements=len(ZS),
-                hidden_irreps=o3.Irreps("4x0e+4x1o"), MLP_irreps=o3.Irreps("4x0e"), avg_num_neighbors=6.0,
-                atomic_numbers=ZS, correlation=2, gate=torch.nn.functional.silu, radial_MLP=[8],
-                atomic_energies=np.array([-1.0, -2.0, -3.0]))
-    if cls == "ScaleShiftMACE":
-        args.update(atomic_inter_scale=1.0, atomic_inter_shift=0.0)
-    if cls == "AtomicDipolesMACE":
-        args["atomic_energies"] = None
-    args.update(kw)
-    with default_dtype(torch.float64):
-        torch.manual_seed(0)
-        model = getattr(modules, cls)(**args)
-        for p in model.parameters():  # away from the initial values, which zero some paths
-            p.data += 0.2 * torch.randn_like(p)
-    return model
 
 
 def _theirs(model, **kw):
@@ -102,7 +74,7 @@ def test_charge_and_spin_embeddings_read_from_atoms_info_as_mace_torch_does(tmp_
     """A model embedding the total charge and spin (as MACE-OMOL does), from ``models=`` or a file:
     mace-torch's numbers with atoms.info's charge and spin, without them (charge 0, spin 1), through
     other ``info_keys``; a changed charge is a new calculation; batches, Hessian and descriptors too."""
-    model = _mace_torch(embedding_specs=SPECS, use_embedding_readout=True)
+    model = mace_torch_model(embedding_specs=SPECS, use_embedding_readout=True)
     path = str(tmp_path / "embedding.model")
     torch.save(model, path)
     theirs = _theirs(model)
@@ -135,7 +107,7 @@ def test_charge_and_spin_embeddings_read_from_atoms_info_as_mace_torch_does(tmp_
 
 def test_energy_and_dipole_model_gives_mace_torch_energies():
     """mace-torch's calculator runs an ``EnergyDipolesMACE`` as model_type 'MACE': energy, forces, stress."""
-    model = _mace_torch("EnergyDipolesMACE")
+    model = mace_torch_model("EnergyDipolesMACE")
     _same(_ours(model), _theirs(model), _cell())
 
 
@@ -144,8 +116,8 @@ def test_models_without_energy_or_reading_other_inputs_are_refused_by_name():
 
     with pytest.raises(ValueError, match=r"model: AtomicDipolesMACE predicts dipoles, not energies "
                                          r"\(mace-torch's model_type='DipoleMACE'\)"):
-        _ours(_mace_torch("AtomicDipolesMACE"))
-    model = _mace_torch()
+        _ours(mace_torch_model("AtomicDipolesMACE"))
+    model = mace_torch_model()
 
     class ReadsPbc(torch.nn.Module):
         def __init__(self):
@@ -161,4 +133,4 @@ def test_models_without_energy_or_reading_other_inputs_are_refused_by_name():
         _ours(model, info_keys=["charge"])
     specs = {"temperature": {"type": "continuous", "per": "graph", "in_dim": 1, "emb_dim": 4}}
     with pytest.raises(ValueError, match=r"info_keys: the model embeds 'temperature'; name its atoms key"):
-        _ours(_mace_torch(embedding_specs=specs))
+        _ours(mace_torch_model(embedding_specs=specs))

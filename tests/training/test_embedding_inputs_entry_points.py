@@ -10,40 +10,13 @@ import torch
 from ase.build import molecule
 
 from cli_checks import one_line_error
+from embedding_models import SPECS, mace_torch_model
 from equikernels.cli import main
-
-ZS = [1, 6, 8]
-SPECS = {"total_charge": {"type": "categorical", "per": "graph", "num_classes": 11, "emb_dim": 4, "offset": 5},
-         "total_spin": {"type": "categorical", "per": "graph", "num_classes": 5, "emb_dim": 4}}
 
 
 @pytest.fixture(autouse=True)
 def _one_thread(single_thread):
     yield
-
-
-def _mace_torch(cls="ScaleShiftMACE", **kw):
-    """A small float64 mace-torch model of class ``cls`` with random weights."""
-    pytest.importorskip("mace")
-    from mace import modules
-
-    from equikernels._compat import default_dtype, o3
-
-    block = modules.interaction_classes["RealAgnosticResidualInteractionBlock"]
-    args = dict(r_max=3.5, num_bessel=4, num_polynomial_cutoff=5, max_ell=2, interaction_cls=block,
-                interaction_cls_first=block, num_interactions=2, num_elements=len(ZS),
-                hidden_irreps=o3.Irreps("4x0e+4x1o"), MLP_irreps=o3.Irreps("4x0e"), avg_num_neighbors=6.0,
-                atomic_numbers=ZS, correlation=2, gate=torch.nn.functional.silu, radial_MLP=[8],
-                atomic_energies=np.array([-1.0, -2.0, -3.0]))
-    if cls == "ScaleShiftMACE":
-        args.update(atomic_inter_scale=1.0, atomic_inter_shift=0.0)
-    args.update(kw)
-    with default_dtype(torch.float64):
-        torch.manual_seed(0)
-        model = getattr(modules, cls)(**args)
-        for p in model.parameters():  # away from the initial values, which zero some paths
-            p.data += 0.2 * torch.randn_like(p)
-    return model
 
 
 def _molecules(charges):
@@ -72,7 +45,7 @@ def test_eval_gives_the_frames_charge_and_spin_as_mace_torch_does(tmp_path, monk
 
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     path = str(tmp_path / "embedding.model")
-    torch.save(_mace_torch(embedding_specs=SPECS, use_embedding_readout=True), path)
+    torch.save(mace_torch_model(embedding_specs=SPECS, use_embedding_readout=True), path)
     frames_file, ours, theirs = (str(tmp_path / n) for n in ("mols.xyz", "ours.xyz", "theirs.xyz"))
     ase.io.write(frames_file, _molecules([None, (1, 2), (-1, 2), None]), format="extxyz")
     saved = torch.get_default_dtype()
@@ -109,12 +82,12 @@ def test_eval_gives_the_frames_charge_and_spin_as_mace_torch_does(tmp_path, monk
 
 
 @pytest.mark.mace
-def test_predict_runs_an_energy_and_dipole_model_as_mace_torch():
+def test_predict_runs_an_energy_and_dipole_model_asmace_torch_model():
     """``predict`` gives an ``EnergyDipolesMACE`` the per-atom charges it reads (zeros without 'Qs')."""
     from equikernels.training.evaluate import predict
 
     MACECalculator = pytest.importorskip("mace.calculators").MACECalculator
-    model = _mace_torch("EnergyDipolesMACE")
+    model = mace_torch_model("EnergyDipolesMACE")
     frames = _molecules([None, (1, 2)])
     frames[1].arrays["Qs"] = np.linspace(-0.5, 0.5, len(frames[1]))
     preds, _ = predict(model, frames, dtype=torch.float64, device="cpu", stress=False)
@@ -130,7 +103,7 @@ def test_predict_refuses_an_embedding_it_does_not_take_from_the_frames():
     from equikernels.training.evaluate import predict
 
     specs = {"temperature": {"type": "continuous", "per": "graph", "in_dim": 1, "emb_dim": 4}}
-    model = _mace_torch(embedding_specs=specs)
+    model = mace_torch_model(embedding_specs=specs)
     with pytest.raises(ValueError, match=r"^model: ScaleShiftMACE embeds 'temperature' \(embedding_specs\), which is "
                                          r"not taken from the frames: only the total charge"):
         predict(model, _molecules([None]), dtype=torch.float64, device="cpu")
@@ -139,7 +112,7 @@ def test_predict_refuses_an_embedding_it_does_not_take_from_the_frames():
 @pytest.mark.mace
 def test_md_gives_the_structure_files_charge_to_the_model(tmp_path):
     path = str(tmp_path / "embedding.model")
-    torch.save(_mace_torch(embedding_specs=SPECS, use_embedding_readout=True), path)
+    torch.save(mace_torch_model(embedding_specs=SPECS, use_embedding_readout=True), path)
     frame = _molecules([(-1, 2)])[0]
     frame.center(vacuum=4.0)
     structure = str(tmp_path / "anion.xyz")
@@ -161,7 +134,7 @@ def test_md_gives_the_structure_files_charge_to_the_model(tmp_path):
                                           ("EnergyDipolesMACE", {}, "charges")])
 def test_fine_tuning_such_a_model_is_refused_before_the_first_step(cls, kw, reads, tmp_path, capsys):
     path = str(tmp_path / "start.model")
-    torch.save(_mace_torch(cls, **kw), path)
+    torch.save(mace_torch_model(cls, **kw), path)
     frames = _molecules([None, (1, 2), None, (0, 1)])
     for atoms in frames:
         atoms.info["REF_energy"] = -10.0
