@@ -25,6 +25,8 @@ def mace_torch_model(cls="ScaleShiftMACE", **kw):
                 atomic_energies=np.array([-1.0, -2.0, -3.0]))
     if cls == "ScaleShiftMACE":
         args.update(atomic_inter_scale=1.0, atomic_inter_shift=0.0)
+    if cls in ("AtomicDipolesMACE", "EnergyDipolesMACE"):  # the readout MLP's gated vectors give the dipoles
+        args["MLP_irreps"] = o3.Irreps("4x1o" if cls == "AtomicDipolesMACE" else "4x0e+4x1o")
     if cls == "AtomicDipolesMACE":
         args["atomic_energies"] = None
     args.update(kw)

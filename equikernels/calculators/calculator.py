@@ -34,6 +34,7 @@ from .graph import AtomicNumbers, ElementTable, single_graph
 from .loading import model_heads, resolve_device, resolve_dtype, resolve_head, resolve_model
 from .mace_args import NAMES as MACE_TORCH_NAMES
 from .mace_args import class_name, model_files, take_mace_torch_arguments
+from .model_kinds import model_outputs
 from .neighbors import DEFAULT_SKIN, SkinNeighborList, pbc_tensor, vesin_pairs
 from .state import changes
 from .threads import apply_threads
@@ -88,7 +89,10 @@ class MACECalculator(Calculator):
             ``arrays_keys`` and ``charges_key`` name the atoms keys of the total charge, spin and
             per-atom charges that a model with such inputs reads (``mace_args.StructureInputs``).
             Several models make a committee (``committee.py``): mean results, and per model
-            (``energy_comm``, ...) and their variance (``energy_var``, ...).
+            (``energy_comm``, ...) and their variance (``energy_var``, ...). ``model_type``
+            (``model_kinds``): what the model predicts, None from its class; mace-torch's dipole
+            models give ``dipole`` (with energies for ``EnergyDipolesMACE``, alone for
+            ``AtomicDipolesMACE``).
         compute_atomic_stresses: mace-torch's argument: every evaluation also gives per-atom virials
             (``virials`` [N, 3, 3], eV; they sum to the cell's virial) and, for a structure with a 3-D
             cell, per-atom stresses (``stresses`` [N, 6], Voigt, eV/A^3: the virials over the
@@ -127,29 +131,37 @@ class MACECalculator(Calculator):
         Calculator.__init__(self, **kwargs)
         self.members: List["MACECalculator"] = []
         self.compute_atomic_stresses = mace_torch["compute_atomic_stresses"]
-        base = MACECalculator.implemented_properties + (ATOMIC_PROPERTIES if self.compute_atomic_stresses else [])
-        self.implemented_properties = list(base)
         if len(models) > 1:  # a committee: one calculator per model, results combined in calculate
             inputs = mace_torch["inputs"]
             self.members = [MACECalculator(m, device=device, default_dtype=default_dtype, head=head, skin=skin,
                                            cuda_graph=cuda_graph, precision=precision, num_threads=num_threads,
                                            compute_atomic_stresses=self.compute_atomic_stresses,
                                            info_keys=inputs.info_keys, arrays_keys=inputs.arrays_keys,
-                                           charges_key=inputs.arrays_keys["charges"])
+                                           charges_key=inputs.arrays_keys["charges"],
+                                           model_type=mace_torch["model_type"])
                             for m in models]
             first = self.members[0]
             self.device, self.num_threads = first.device, first.num_threads
             self.dtype, self.model = first.dtype, first.model
             self.r_max, self.heads, self.head, self.elements, self._e0 = (first.r_max, first.heads, first.head,
                                                                         first.elements, first._e0)
-            self.implemented_properties = committee_properties(base)
+            self._outputs = first._outputs
+            if any(m._outputs != first._outputs for m in self.members):
+                raise ValueError("models: a committee's models must predict the same quantities (energies, "
+                                 "dipoles or both)")
+            self.implemented_properties = committee_properties(first.implemented_properties)
             return
         model = models[0]
         self.device = resolve_device(device)
         self.num_threads = apply_threads(self.device, num_threads)
         self._threads_asked, self._pid = num_threads, os.getpid()  # applied again when unpickled in another process
         model = resolve_model(model, self.device)
-        _check_energy_model(model)
+        self._outputs = model_outputs(model, mace_torch["model_type"])
+        self.implemented_properties = ((list(MACECalculator.implemented_properties)
+                                        + (ATOMIC_PROPERTIES if self.compute_atomic_stresses else []))
+                                       if self._outputs.energy else []) + (["dipole"] if self._outputs.dipole else [])
+        if self.compute_atomic_stresses and not self._outputs.energy:
+            raise ValueError(f"compute_atomic_stresses: {class_name(model)} predicts no energy, so no stresses")
         # the charges, spins and embeddings mace-torch's calculator gives a model that reads them (ours reads none)
         inputs = None if isinstance(model, MACE) else mace_torch["inputs"].for_model(model)
         self._inputs = inputs if inputs is not None and (inputs.graph or inputs.atom) else None
@@ -330,8 +342,8 @@ class MACECalculator(Calculator):
         repeated asks within one MD step need exact comparisons only)."""
         found = changes(self.atoms, atoms, tol, excluded=getattr(self, "ignored_changes", ()))
         inputs = self.members[0]._inputs if self.members else getattr(self, "_inputs", None)
-        if not found and inputs is not None and inputs.info_changed(self.atoms, atoms):
-            found.append("info")  # a charge or spin the model reads, as mace-torch's calculator checks it
+        if not found and inputs is not None and inputs.changed(self.atoms, atoms):
+            found.append("inputs")  # a charge, spin or per-atom charges the model reads
         return found
 
     def calculate(self, atoms=None, properties=None, system_changes=all_changes):
@@ -358,23 +370,21 @@ class MACECalculator(Calculator):
             check_stress_cell(atoms, prop="per-atom stress ('stresses')")
         # asked for: always; once asked for, with every later evaluation of a 3-D cell (slabs too)
         compute_stress = "stress" in properties or (self._stress_wanted and abs(atoms.cell.volume) >= MIN_VOLUME)
-        if self._use_graphs(len(atoms)):
+        if self._outputs.energy and self._use_graphs(len(atoms)):
             self._sync_structure(atoms)
             positions = torch.as_tensor(atoms.positions, dtype=self.dtype).to(self.device)
             # fixed between rebuilds
             edges = self.neighbors.candidates(positions, self._cell, self._pbc, host=atoms.positions)
             data = single_graph(positions, self._node_attrs, edges, self._cell, self._head, self._batch, self._ptr)
-            results = _split(self._graphed.to_host(data, compute_stress=compute_stress), [len(atoms)],
-                             compute_stress)[0]
+            results = _split(self._graphed.to_host(data, compute_stress=compute_stress), [len(atoms)])[0]
         else:
             data = self._graph(atoms)
             with trusted_inputs(node_feats=False):  # edges valid by construction: no index-check sync
-                out = self._evaluate(data, compute_force=True, compute_stress=compute_stress, training=False,
-                                     **self._atomic_kwargs())
-            results = _results(out, [len(atoms)], compute_stress, self.compute_atomic_stresses)[0]
+                out = self._predict(data, compute_stress)
+            results = _results(out, [len(atoms)], self._outputs, compute_stress, self.compute_atomic_stresses)[0]
         check_finite(results, atoms)
         _drop_volumeless_stresses(results, atoms)
-        if self._atom_e0 is not None:
+        if self._atom_e0 is not None and "energies" in results:
             results["node_energy"] = results["energies"] - self._atom_e0
         self.results = results
 
@@ -396,6 +406,14 @@ class MACECalculator(Calculator):
         self.dtype, self._model_state = now[0], now
         self._numbers = self._cell_np = self._pbc_np = self._graphed = None
         self.neighbors.reset()
+
+    def _predict(self, data: Dict[str, torch.Tensor], compute_stress: bool) -> Dict[str, torch.Tensor]:
+        """The model's outputs with forces (and stress); a dipole-only model's without (its forward
+        refuses the force and stress switches)."""
+        if not self._outputs.energy:
+            return self._evaluate(data, training=False)
+        return self._evaluate(data, compute_force=True, compute_stress=compute_stress, training=False,
+                              **self._atomic_kwargs())
 
     def _evaluate(self, data: Dict[str, torch.Tensor], **kwargs) -> Dict[str, torch.Tensor]:
         """The model's outputs; an input it reads that this calculator does not give is named."""
@@ -426,6 +444,7 @@ class MACECalculator(Calculator):
         atoms = self.atoms if atoms is None else atoms
         if atoms is None:
             raise ValueError("atoms: no structure for the Hessian (pass atoms, or calculate one first)")
+        self._refuse_for_dipole_models("get_hessian")
         if self.members:  # a committee: one per model, as mace-torch's calculator gives them
             return [m.get_hessian(atoms) for m in self.members]
         self._follow_model()
@@ -445,6 +464,7 @@ class MACECalculator(Calculator):
         atoms = self.atoms if atoms is None else atoms
         if atoms is None:
             raise ValueError("atoms: no structure to describe (pass atoms, or calculate one first)")
+        self._refuse_for_dipole_models("get_descriptors")
         if self.members:  # a committee: one per model, as mace-torch's calculator gives them
             return [m.get_descriptors(atoms, invariants_only, num_layers) for m in self.members]
         cols = descriptor_columns(layer_irreps(self.model), invariants_only, num_layers)
@@ -457,13 +477,22 @@ class MACECalculator(Calculator):
         check_finite({"descriptors": descriptors}, atoms)
         return descriptors
 
+    def _refuse_for_dipole_models(self, what: str) -> None:
+        if self._outputs.dipole:  # mace-torch's dipole models return neither a Hessian nor node features
+            name = class_name(self.members[0].model if self.members else self.model)
+            raise PropertyNotImplementedError(f"{what}: not available for {name} models (as in mace-torch's "
+                                              "calculator, only for energy models)")
+
     # ---- many structures in one model call -------------------------------------------------
-    def batch_evaluate(self, atoms_list: Sequence[Atoms], properties: Sequence[str] = ("energy", "forces"),
+    def batch_evaluate(self, atoms_list: Sequence[Atoms], properties: Optional[Sequence[str]] = None,
                        max_atoms_per_batch: Optional[int] = None) -> List[Dict[str, np.ndarray]]:
         """Evaluate many structures with as few model calls as possible (torch-geometric batching:
         nodes concatenated, edge indices offset, one graph index per atom). Returns one results
-        dict per structure (the keys of ``self.results``). ``max_atoms_per_batch`` bounds the
-        atoms per model call (device memory); by default everything goes in one call."""
+        dict per structure (the keys of ``self.results``). ``properties``: default energy and forces
+        (the dipole of a dipole-only model). ``max_atoms_per_batch`` bounds the atoms per model call
+        (device memory); by default everything goes in one call."""
+        if properties is None:
+            properties = ("energy", "forces") if self._outputs.energy else ("dipole",)
         Batch, Data = pyg_data()
 
         if isinstance(atoms_list, Atoms):  # iterating it would give its Atom objects
@@ -509,27 +538,16 @@ class MACECalculator(Calculator):
                 data = pair_edges(data)
             if self._inputs is not None:
                 data.update(self._inputs.tensors(chunk, self.dtype, self.device))
-            out = self._evaluate(data, compute_force=True, compute_stress=compute_stress, training=False,
-                                 **self._atomic_kwargs())
-            results.extend(_results(out, [len(a) for a in chunk], compute_stress, self.compute_atomic_stresses))
+            out = self._predict(data, compute_stress)
+            results.extend(_results(out, [len(a) for a in chunk], self._outputs, compute_stress,
+                                    self.compute_atomic_stresses))
         for k, (atoms, res) in enumerate(zip(atoms_list, results)):
             check_finite(res, atoms, f"atoms_list[{k}]")
             _drop_volumeless_stresses(res, atoms)
             e0 = self._node_e0(atoms.numbers)
-            if e0 is not None:
+            if e0 is not None and "energies" in res:
                 res["node_energy"] = res["energies"] - e0
         return results
-
-
-# mace-torch's models that predict no energy, and the model_type its calculator runs them as
-NO_ENERGY = {"AtomicDipolesMACE": "DipoleMACE", "AtomicDielectricMACE": "DipolePolarizabilityMACE"}
-
-
-def _check_energy_model(model: torch.nn.Module) -> None:
-    name = class_name(model)
-    if name in NO_ENERGY:
-        raise ValueError(f"model: {name} predicts dipoles, not energies (mace-torch's model_type="
-                         f"{NO_ENERGY[name]!r}); MACECalculator evaluates energy models")
 
 
 def _model_state(model: torch.nn.Module) -> tuple:
@@ -575,43 +593,47 @@ def _chunks(atoms_list: List[Atoms], max_atoms: Optional[int]):
     yield chunk
 
 
-def _results(out: Dict[str, torch.Tensor], sizes: List[int], compute_stress: bool,
+def _results(out: Dict[str, torch.Tensor], sizes: List[int], outputs, compute_stress: bool,
              atomic: bool = False) -> List[Dict[str, np.ndarray]]:
     """Split a (batched) model output into per-structure ASE results, with one device->host copy;
-    ``atomic``: with per-atom stresses and virials."""
-    pieces = [out["energy"].reshape(-1), out["node_energy"].reshape(-1), out["forces"].reshape(-1)]
-    if compute_stress:
-        pieces.append(out["stress"].reshape(-1))
-    if atomic:
-        pieces += [out["atomic_stresses"].reshape(-1), out["atomic_virials"].reshape(-1)]
-    flat = torch.cat([p.detach().to(torch.float64) for p in pieces]).cpu().numpy()
-    num_graphs, num_atoms = len(sizes), sum(sizes)
-    energy, flat = flat[:num_graphs], flat[num_graphs:]
-    node_energy, flat = flat[:num_atoms], flat[num_atoms:]
-    forces, flat = flat[:3 * num_atoms].reshape(num_atoms, 3), flat[3 * num_atoms:]
-    host = {"energy": energy, "node_energy": node_energy, "forces": forces}
-    if compute_stress:
-        host["stress"], flat = flat[:9 * num_graphs].reshape(num_graphs, 3, 3), flat[9 * num_graphs:]
-    if atomic:
-        host["stresses"] = flat[:9 * num_atoms].reshape(num_atoms, 3, 3)
-        host["virials"] = flat[9 * num_atoms:].reshape(num_atoms, 3, 3)
-    return _split(host, sizes, compute_stress)
+    ``outputs``: the model's ``model_kinds.Outputs``; ``atomic``: with per-atom stresses and virials."""
+    g, n = len(sizes), sum(sizes)
+    wanted = []  # (output key, host key, shape)
+    if outputs.energy:
+        wanted += [("energy", "energy", (g,)), ("node_energy", "node_energy", (n,)), ("forces", "forces", (n, 3))]
+        if compute_stress:
+            wanted.append(("stress", "stress", (g, 3, 3)))
+        if atomic:
+            wanted += [("atomic_stresses", "stresses", (n, 3, 3)), ("atomic_virials", "virials", (n, 3, 3))]
+    if outputs.dipole:
+        wanted.append(("dipole", "dipole", (g, 3)))
+    flat = torch.cat([out[key].detach().reshape(-1).to(torch.float64) for key, _, _ in wanted]).cpu().numpy()
+    host, start = {}, 0
+    for _, name, shape in wanted:
+        size = int(np.prod(shape))
+        host[name], start = flat[start:start + size].reshape(shape), start + size
+    return _split(host, sizes)
 
 
-def _split(host: Dict[str, np.ndarray], sizes: List[int], compute_stress: bool) -> List[Dict[str, np.ndarray]]:
-    """Per-structure ASE results from host arrays of G graphs (energy [G], node_energy [N], forces
-    [N, 3], stress [G, 3, 3]; per-atom stresses and virials [N, 3, 3] when present: ``stresses``
-    in Voigt form [n, 6], ``virials`` [n, 3, 3], as mace-torch's calculator gives them)."""
+def _split(host: Dict[str, np.ndarray], sizes: List[int]) -> List[Dict[str, np.ndarray]]:
+    """Per-structure ASE results from host arrays of G graphs, those present of: energy [G],
+    node_energy [N], forces [N, 3], stress [G, 3, 3], per-atom stresses and virials [N, 3, 3]
+    (``stresses`` in Voigt form [n, 6], ``virials`` [n, 3, 3], as mace-torch's calculator gives
+    them) and dipole [G, 3]."""
     results, start = [], 0
     for g, n in enumerate(sizes):
-        res = {"energy": float(host["energy"][g]), "free_energy": float(host["energy"][g]),
-               "energies": host["node_energy"][start:start + n].copy(),
-               "forces": host["forces"][start:start + n].copy()}
-        if compute_stress:
+        res: Dict[str, object] = {}
+        if "energy" in host:
+            res.update(energy=float(host["energy"][g]), free_energy=float(host["energy"][g]),
+                       energies=host["node_energy"][start:start + n].copy(),
+                       forces=host["forces"][start:start + n].copy())
+        if "stress" in host:
             res["stress"] = full_3x3_to_voigt_6_stress(host["stress"][g])
         if "stresses" in host:
             res["stresses"] = full_3x3_to_voigt_6_stress(host["stresses"][start:start + n])  # [n, 6]
             res["virials"] = host["virials"][start:start + n].copy()
+        if "dipole" in host:
+            res["dipole"] = host["dipole"][g].copy()
         results.append(res)
         start += n
     return results

@@ -1,6 +1,7 @@
 """Results of a committee of models, as mace-torch's calculator gives them for several models: the
-mean of each property, and for energy, forces and stress each model's value (``<name>_comm``) and
-the population variance across models (``<name>_var``), stresses there as 3x3 matrices."""
+mean of each property, and for energy, forces, stress and dipole each model's value
+(``<name>_comm``) and the population variance across models (``<name>_var``), stresses there as 3x3
+matrices."""
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
@@ -8,17 +9,17 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 from ase.stress import full_3x3_to_voigt_6_stress, voigt_6_to_full_3x3_stress
 
-SPREAD = ("energy", "forces", "stress")  # the properties given per model and as a variance
+SPREAD = ("energy", "forces", "stress", "dipole")  # the properties given per model and as a variance
 
 
 def committee_properties(base: List[str]) -> List[str]:
-    return list(base) + [f"{name}_{kind}" for name in SPREAD for kind in ("comm", "var")]
+    return list(base) + [f"{name}_{kind}" for name in SPREAD if name in base for kind in ("comm", "var")]
 
 
 def member_properties(properties: Sequence[str], implemented: Sequence[str]) -> List[str]:
     """What each member calculates for a committee asked for ``properties``: those it implements,
     a per-model value or variance (``stress_comm``, ``forces_var``) through its property (``stress``);
-    ``["energy"]`` when none is left."""
+    the first it implements (energy, or a dipole-only model's dipole) when none is left."""
     base: List[str] = []
     for name in properties:
         stem, _, kind = name.rpartition("_")
@@ -26,7 +27,7 @@ def member_properties(properties: Sequence[str], implemented: Sequence[str]) -> 
             name = stem
         if name in implemented and name not in base:
             base.append(name)
-    return base or ["energy"]
+    return base or [implemented[0]]
 
 
 def committee_results(members: List[Dict[str, object]], e0: Optional[np.ndarray]) -> Dict[str, object]:
@@ -34,6 +35,11 @@ def committee_results(members: List[Dict[str, object]], e0: Optional[np.ndarray]
     first model's isolated-atom energy of each atom (``node_energy`` is the mean per-atom energy
     less it, as mace-torch's calculator has it; None: no ``node_energy``)."""
     out: Dict[str, object] = {}
+    if all("dipole" in r for r in members):
+        dipole = np.stack([r["dipole"] for r in members])
+        out["dipole"], out["dipole_comm"], out["dipole_var"] = dipole.mean(0), dipole, dipole.var(0)
+    if "energy" not in members[0]:  # a dipole-only model's
+        return out
     energy = np.array([float(r["energy"]) for r in members])
     out["energy"] = out["free_energy"] = float(energy.mean())
     out["energy_comm"], out["energy_var"] = energy, float(energy.var())

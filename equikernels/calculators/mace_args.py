@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
+MODEL_TYPES = ("MACE", "EnergyDipoleMACE", "DipoleMACE")  # the ones of mace-torch's calculator evaluated here
 NO_EFFECT = ("enable_cueq", "enable_oeq", "compile_mode", "fullgraph", "pad_num_atoms", "pad_num_edges", "warmup")
 INPUT_KEYS = ("charges_key", "info_keys", "arrays_keys")
 NAMES = ("model_paths", "model_path", "models", "model_type", "energy_units_to_eV", "length_units_to_A",
@@ -33,16 +34,18 @@ def _boolean(name: str, value: Any) -> bool:
 
 def take_mace_torch_arguments(kwargs: Dict[str, Any]) -> Dict[str, Any]:
     """Remove mace-torch's calculator arguments from ``kwargs``; returns ``models``, ``model_path``
-    (its older name of ``model_paths``: both go through ``model_files``), ``compute_atomic_stresses``
-    and ``inputs`` (a ``StructureInputs`` of its input keys)."""
+    (its older name of ``model_paths``: both go through ``model_files``), ``compute_atomic_stresses``,
+    ``model_type`` (None where not given: the model's class decides) and ``inputs`` (a
+    ``StructureInputs`` of its input keys)."""
     stresses = kwargs.pop("compute_atomic_stresses", False)
     taken = {"models": kwargs.pop("models", None), "model_path": kwargs.pop("model_path", None),
              "compute_atomic_stresses": _boolean("compute_atomic_stresses", stresses),
              "inputs": StructureInputs(kwargs.pop("info_keys", None), kwargs.pop("arrays_keys", None),
                                        kwargs.pop("charges_key", "Qs"))}
-    model_type = kwargs.pop("model_type", "MACE")
-    if model_type != "MACE":
-        raise ValueError(f"model_type: only 'MACE' (energy, forces, stress) is supported, got {model_type!r}")
+    taken["model_type"] = kwargs.pop("model_type", None)  # checked against the model in ``model_kinds``
+    if taken["model_type"] is not None and taken["model_type"] not in MODEL_TYPES:
+        raise ValueError(f"model_type: expected one of {MODEL_TYPES} (or leave it out: the model's class decides), "
+                         f"got {taken['model_type']!r}")
     for name in ("energy_units_to_eV", "length_units_to_A"):
         value = kwargs.pop(name, 1.0)
         if value != 1.0:
@@ -117,8 +120,14 @@ class StructureInputs:
         """The atoms.info values the per-structure inputs come from (None where absent)."""
         return [atoms.info.get(self.info_keys[n]) if n in self.info_keys else None for n in self.graph]
 
-    def info_changed(self, old, new) -> bool:
-        return any(not _same(a, b) for a, b in zip(self.read_info(old), self.read_info(new)))
+    def read_arrays(self, atoms) -> list:
+        """The atoms.arrays values the per-atom inputs come from (None where absent)."""
+        return [atoms.arrays.get(self.arrays_keys.get(n, n)) for n in self.atom]
+
+    def changed(self, old, new) -> bool:
+        """Whether an atoms.info or atoms.arrays value the model reads differs between ``old`` and ``new``."""
+        return (any(not _same(a, b) for a, b in zip(self.read_info(old), self.read_info(new)))
+                or any(not _same(a, b) for a, b in zip(self.read_arrays(old), self.read_arrays(new))))
 
     def tensors(self, atoms_list: Sequence, dtype: torch.dtype, device: torch.device) -> Dict[str, torch.Tensor]:
         """The inputs of a batch of structures: per structure [G] (``external_field`` [G, 3]), per atom [N]."""

@@ -130,7 +130,7 @@ def _non_finite(preds) -> List[int]:
 
 PREDICTED = ("energy", "forces", "stress")
 # every key eval may write under its prefix; a re-evaluated file's earlier values are removed first
-WRITTEN = PREDICTED + ("node_energies", "BO_contributions", "descriptors")
+WRITTEN = PREDICTED + ("node_energies", "BO_contributions", "descriptors", "dipole")
 # mace_eval_configs' MACELES outputs, never written here: an earlier model's would pass for this one's
 REMOVED = WRITTEN + ("BEC", "latent_charges")
 
@@ -170,6 +170,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ..calculators.loading import default_model_path, model_heads, resolve_device, resolve_dtype, \
         resolve_head, resolve_model
+    from ..calculators.mace_args import class_name
+    from ..calculators.model_kinds import model_outputs
     from ..training.config import DataKeys
     from ..training.data import DataError, configs_from_frames, frame_head, label_sources, read_frames, \
         split_selection
@@ -204,6 +206,9 @@ def run(args: argparse.Namespace) -> int:
     _check_calculator_keys(args.prefix, frames, structures)
 
     model = resolve_model(args.model, device)
+    if not model_outputs(model, None).energy:
+        raise ValueError(f"--model {args.model}: {class_name(model)} predicts dipoles only, no energies; evaluate it "
+                         "with MACECalculator(model, model_type='DipoleMACE')")
     dtype = resolve_dtype(args.dtype, model)
     model = model.to(device=device, dtype=dtype)
     heads = model_heads(model)
@@ -255,6 +260,8 @@ def run(args: argparse.Namespace) -> int:
             f.arrays[args.prefix + "node_energies"] = p.node_energies
         if p.contributions is not None:
             f.info[args.prefix + "BO_contributions"] = p.contributions
+        if p.dipole is not None:
+            f.info[args.prefix + "dipole"] = p.dipole
         if p.descriptors is not None:
             if args.descriptor_aggregation_method is None:
                 f.arrays[args.prefix + "descriptors"] = p.descriptors
@@ -265,7 +272,7 @@ def run(args: argparse.Namespace) -> int:
     atomic_write(out, lambda tmp: ase.io.write(tmp, frames, format="extxyz"))
     written = [args.prefix + "energy", args.prefix + "forces"]
     for key, field in (("stress", "stress"), ("node_energies", "node_energies"),
-                       ("BO_contributions", "contributions"), ("descriptors", "descriptors")):
+                       ("BO_contributions", "contributions"), ("descriptors", "descriptors"), ("dipole", "dipole")):
         if any(getattr(p, field) is not None for p in preds):
             written.append(args.prefix + key)
     print(f"  wrote {out} ({', '.join(written)})")

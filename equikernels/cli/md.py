@@ -164,6 +164,7 @@ def _seconds(s: float) -> str:
 def run(args: argparse.Namespace) -> int:
     from ..calculators.calculator import MACECalculator
     from ..calculators.loading import default_model_path
+    from ..calculators.mace_args import class_name
     from ..calculators.md import Interrupted, check_ensemble, earlier_md_run, run_md, time_one_step
     from ..calculators.neighbors import DEFAULT_SKIN
     from ..models.foundations import DownloadError, foundation_checkpoint
@@ -199,6 +200,9 @@ def run(args: argparse.Namespace) -> int:
                               skin=DEFAULT_SKIN if args.skin is None else args.skin, num_threads=args.threads)
     except ValueError as exc:  # the flag, not the calculator's argument (--device, not device)
         raise ValueError(option_names(str(exc), CALC_FLAGS)) from exc
+    if "forces" not in calc.implemented_properties:
+        raise ValueError(f"--model {args.model}: {class_name(calc.model)} predicts dipoles only, no forces to run "
+                         "dynamics with")
     device_kind = "cuda" if calc.device.type == "cuda" else "cpu"
     steps_note = ""
     steps = args.steps

@@ -470,8 +470,13 @@ def _load_pickled_ours(path: str) -> MACE:
     return obj
 
 
+# mace-torch's dipole models: not converted (their readouts are not ours), run with our kernels
+RUN_ACCELERATED = ("EnergyDipolesMACE", "AtomicDipolesMACE")
+
+
 class UnconvertibleMaceModel(ValueError):
-    """A mace-torch ``MACE`` / ``ScaleShiftMACE`` file whose structure ``from_mace`` does not read:
+    """A mace-torch ``MACE`` / ``ScaleShiftMACE`` file whose structure ``from_mace`` does not read, or a
+    dipole model (``RUN_ACCELERATED``):
     ``module`` is the unpickled mace-torch model, ``reason`` what was not read (one line)."""
 
     def __init__(self, message: str, module: torch.nn.Module, reason: str):
@@ -487,7 +492,10 @@ def _from_mace_file(path: str) -> MACE:
     except (TypeError, ValueError, KeyError) as exc:
         text = str(exc.args[0]) if exc.args else type(exc).__name__
         text = text.strip().splitlines()[0].removeprefix("mace_model: ") if text.strip() else type(exc).__name__
-        if type(module).__name__ in ("MACE", "ScaleShiftMACE") and not isinstance(exc, TypeError):
+        name = type(module).__name__
+        if name in RUN_ACCELERATED:
+            text = f"{name}'s dipole readouts"
+        if name in RUN_ACCELERATED or (name in ("MACE", "ScaleShiftMACE") and not isinstance(exc, TypeError)):
             # its layers still run on our kernels
             raise UnconvertibleMaceModel(
                 f"{path}: this mace-torch model cannot be converted: {text}; equikernels' MACECalculator and "

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ..calculators.mace_args import GRAPH_INPUTS, StructureInputs, class_name
+from ..calculators.model_kinds import model_outputs
 from . import model_factory as mf
 from .config import DataKeys
 from .data import Config, build_dataset, collate, config_from_atoms
@@ -63,13 +64,15 @@ class Prediction:
     all three directions, stress [3, 3] (eV/Å^3, ASE's sign convention), as float64 arrays; and where
     ``predict`` was asked for them, the per-atom energies [N] (E0 included), the energy's terms
     (mace-torch's ``contributions``: E0, pair repulsion, then one per interaction layer) and the
-    per-atom descriptors [N, D]."""
+    per-atom descriptors [N, D]; for a model that predicts dipoles too (mace-torch's
+    ``EnergyDipolesMACE``), the total dipole [3] (in Debye for mace-torch's dipole models)."""
     energy: float
     forces: np.ndarray
     stress: Optional[np.ndarray] = None
     node_energies: Optional[np.ndarray] = None
     contributions: Optional[np.ndarray] = None
     descriptors: Optional[np.ndarray] = None
+    dipole: Optional[np.ndarray] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,6 +194,9 @@ def predict(model: torch.nn.Module, configs: Sequence[Config], *, dtype: torch.d
     absent: charge 0, spin multiplicity 1)."""
     if batch_size < 1:
         raise ValueError(f"batch_size: expected a positive number of structures, got {batch_size}")
+    if not model_outputs(model, None).energy:
+        raise ValueError(f"model: {class_name(model)} predicts dipoles only, no energies; evaluate it with "
+                         "MACECalculator(model, model_type='DipoleMACE')")
     configs = _as_configs(configs)
     columns = descriptor_columns(model, descriptors) if descriptors is not None else None
     dataset = build_dataset(configs, mf.atomic_numbers(model), mf.r_max(model), mf.heads(model))
@@ -213,6 +219,8 @@ def predict(model: torch.nn.Module, configs: Sequence[Config], *, dtype: torch.d
             forces = out["forces"].detach().double().cpu().numpy()
             s = out.get("stress") if want_stress else None
             s = s.detach().double().cpu().numpy() if s is not None else None
+            dipole = out.get("dipole")
+            dipole = dipole.detach().double().cpu().numpy() if dipole is not None else None
             extra = _extras(model, out, node_energies, contributions, columns)
             for j, c in enumerate(chunk):
                 rows = slice(ptr[j], ptr[j + 1])
@@ -220,7 +228,8 @@ def predict(model: torch.nn.Module, configs: Sequence[Config], *, dtype: torch.d
                     float(energy[j]), forces[rows].copy(), s[j].copy() if s is not None and c.pbc.all() else None,
                     node_energies=extra["node_energy"][rows].copy() if "node_energy" in extra else None,
                     contributions=extra["contributions"][j].copy() if "contributions" in extra else None,
-                    descriptors=extra["node_feats"][rows].copy() if "node_feats" in extra else None))
+                    descriptors=extra["node_feats"][rows].copy() if "node_feats" in extra else None,
+                    dipole=dipole[j].copy() if dipole is not None else None))
             if on_batch is not None:
                 on_batch(len(chunk))
     finally:

@@ -1,7 +1,7 @@
 """mace-torch's ``MACECalculator`` arguments and model kinds in ours: model files as its first argument
 (a list or a wildcard pattern), models with charge and spin embeddings read through ``info_keys`` /
-``charges_key`` as mace-torch reads them, an energy-and-dipole model's energies, and models that
-predict no energy or read inputs the calculator does not give refused by name."""
+``charges_key`` as mace-torch reads them, an energy-and-dipole model's energies, and polarizability
+models or models reading inputs the calculator does not give refused by name."""
 import copy
 
 import numpy as np
@@ -114,10 +114,14 @@ def test_energy_and_dipole_model_gives_mace_torch_energies():
 def test_models_without_energy_or_reading_other_inputs_are_refused_by_name():
     from equikernels.calculators import MACECalculator
 
-    with pytest.raises(ValueError, match=r"model: AtomicDipolesMACE predicts dipoles, not energies "
-                                         r"\(mace-torch's model_type='DipoleMACE'\)"):
-        _ours(mace_torch_model("AtomicDipolesMACE"))
     model = mace_torch_model()
+
+    class AtomicDielectricMACE(torch.nn.Module):  # mace-torch's dipole-and-polarizability class, by its name
+        r_max, atomic_numbers = model.r_max, model.atomic_numbers
+
+    with pytest.raises(ValueError, match=r"model: AtomicDielectricMACE predicts dipoles and polarizabilities "
+                                         r"\(mace-torch's model_type='DipolePolarizabilityMACE'\)"):
+        MACECalculator(AtomicDielectricMACE(), device="cpu")
 
     class ReadsPbc(torch.nn.Module):
         def __init__(self):

@@ -61,8 +61,12 @@ def test_unknown_keywords_and_model_paths(tmp_path):
         MACECalculator(models=[], device="cpu")
     with pytest.raises(ValueError, match="model and model_paths: give one of them"):
         MACECalculator(StandIn(), model_paths=missing, device="cpu")
-    with pytest.raises(ValueError, match="model_type: only 'MACE'"):
+    with pytest.raises(ValueError, match=r"model_type='DipoleMACE' does not fit the model: StandIn predicts "
+                                         r"energies, not dipoles \(model_type='MACE', or leave model_type out\)"):
         MACECalculator(StandIn(), device="cpu", model_type="DipoleMACE")
+    with pytest.raises(ValueError, match=r"model_type: expected one of \('MACE', 'EnergyDipoleMACE', 'DipoleMACE'\) "
+                                         r".*got 'PolarMACE'"):
+        MACECalculator(StandIn(), device="cpu", model_type="PolarMACE")
     with pytest.raises(ValueError, match=r"energy_units_to_eV: only 1.0 is supported .*got 0.0433"):
         MACECalculator(StandIn(), device="cpu", energy_units_to_eV=0.0433)
     with pytest.raises(FileNotFoundError, match="no such model file"):
