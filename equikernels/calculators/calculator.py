@@ -45,6 +45,7 @@ CUDA_GRAPH_MAX_ATOMS = 16384  # "auto": graphs up to this size (no host syncs or
 
 
 ATOMIC_PROPERTIES = ["stresses", "virials"]  # with compute_atomic_stresses=True
+PER_ATOM_ENERGIES = ("energies", "node_energy")
 ASE_KEYWORDS = frozenset({"restart", "ignore_bad_restart_file", "label", "atoms", "directory"})
 
 
@@ -157,8 +158,9 @@ class MACECalculator(Calculator):
         self._threads_asked, self._pid = num_threads, os.getpid()  # applied again when unpickled in another process
         model = resolve_model(model, self.device)
         self._outputs = model_outputs(model, mace_torch["model_type"])
-        self.implemented_properties = ((list(MACECalculator.implemented_properties)
-                                        + (ATOMIC_PROPERTIES if self.compute_atomic_stresses else []))
+        self.implemented_properties = ([p for p in MACECalculator.implemented_properties
+                                        if self._outputs.per_atom_energies or p not in PER_ATOM_ENERGIES]
+                                       + (ATOMIC_PROPERTIES if self.compute_atomic_stresses else [])
                                        if self._outputs.energy else []) + (["dipole"] if self._outputs.dipole else [])
         if self.compute_atomic_stresses and not self._outputs.energy:
             raise ValueError(f"compute_atomic_stresses: {class_name(model)} predicts no energy, so no stresses")
@@ -335,6 +337,10 @@ class MACECalculator(Calculator):
         if name in ATOMIC_PROPERTIES and name not in self.implemented_properties:
             raise PropertyNotImplementedError(f"{name}: per-atom stresses and virials need "
                                               "MACECalculator(..., compute_atomic_stresses=True)")
+        if name in PER_ATOM_ENERGIES and self._outputs.energy and not self._outputs.per_atom_energies:
+            raise PropertyNotImplementedError(f"{name}: the model's per-atom energies are not its energy's terms "
+                                              "(mace-torch's EnergyDipolesMACE returns only the isolated-atom "
+                                              "energies there), so none are given")
         return Calculator.get_property(self, name, atoms, allow_calculation)
 
     def check_state(self, atoms, tol=1e-15):
@@ -600,7 +606,9 @@ def _results(out: Dict[str, torch.Tensor], sizes: List[int], outputs, compute_st
     g, n = len(sizes), sum(sizes)
     wanted = []  # (output key, host key, shape)
     if outputs.energy:
-        wanted += [("energy", "energy", (g,)), ("node_energy", "node_energy", (n,)), ("forces", "forces", (n, 3))]
+        wanted += [("energy", "energy", (g,)), ("forces", "forces", (n, 3))]
+        if outputs.per_atom_energies:
+            wanted.append(("node_energy", "node_energy", (n,)))
         if compute_stress:
             wanted.append(("stress", "stress", (g, 3, 3)))
         if atomic:
@@ -617,7 +625,7 @@ def _results(out: Dict[str, torch.Tensor], sizes: List[int], outputs, compute_st
 
 def _split(host: Dict[str, np.ndarray], sizes: List[int]) -> List[Dict[str, np.ndarray]]:
     """Per-structure ASE results from host arrays of G graphs, those present of: energy [G],
-    node_energy [N], forces [N, 3], stress [G, 3, 3], per-atom stresses and virials [N, 3, 3]
+    node_energy [N] (given as ``energies``), forces [N, 3], stress [G, 3, 3], per-atom stresses and virials [N, 3, 3]
     (``stresses`` in Voigt form [n, 6], ``virials`` [n, 3, 3], as mace-torch's calculator gives
     them) and dipole [G, 3]."""
     results, start = [], 0
@@ -625,8 +633,9 @@ def _split(host: Dict[str, np.ndarray], sizes: List[int]) -> List[Dict[str, np.n
         res: Dict[str, object] = {}
         if "energy" in host:
             res.update(energy=float(host["energy"][g]), free_energy=float(host["energy"][g]),
-                       energies=host["node_energy"][start:start + n].copy(),
                        forces=host["forces"][start:start + n].copy())
+        if "node_energy" in host:
+            res["energies"] = host["node_energy"][start:start + n].copy()
         if "stress" in host:
             res["stress"] = full_3x3_to_voigt_6_stress(host["stress"][g])
         if "stresses" in host:

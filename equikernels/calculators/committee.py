@@ -43,9 +43,10 @@ def committee_results(members: List[Dict[str, object]], e0: Optional[np.ndarray]
     energy = np.array([float(r["energy"]) for r in members])
     out["energy"] = out["free_energy"] = float(energy.mean())
     out["energy_comm"], out["energy_var"] = energy, float(energy.var())
-    out["energies"] = np.mean([r["energies"] for r in members], axis=0)
-    if e0 is not None:
-        out["node_energy"] = out["energies"] - e0
+    if all("energies" in r for r in members):
+        out["energies"] = np.mean([r["energies"] for r in members], axis=0)
+        if e0 is not None:
+            out["node_energy"] = out["energies"] - e0
     forces = np.stack([r["forces"] for r in members])
     out["forces"], out["forces_comm"], out["forces_var"] = forces.mean(0), forces, forces.var(0)
     for name in ("stresses", "virials"):  # per-atom, with compute_atomic_stresses: the mean only

@@ -15,9 +15,14 @@ DIPOLE_ONLY = "AtomicDipolesMACE"
 NOT_EVALUATED = {"AtomicDielectricMACE": "DipolePolarizabilityMACE"}
 
 
+# mace-torch 0.3.16's EnergyDipolesMACE returns the isolated-atom energies E0 alone as its node_energy
+NO_PER_ATOM_ENERGIES = (ENERGY_AND_DIPOLE,)
+
+
 class Outputs(NamedTuple):
-    energy: bool  # energy, per-atom energies, forces and stress
+    energy: bool  # energy, forces and stress
     dipole: bool  # the total dipole [3]
+    per_atom_energies: bool  # the model's node_energy sums to its energy
 
 
 def model_outputs(model: torch.nn.Module, model_type: Optional[str]) -> Outputs:
@@ -35,4 +40,5 @@ def model_outputs(model: torch.nn.Module, model_type: Optional[str]) -> Outputs:
                 "MACE": "predicts energies, not dipoles"}[own]
         raise ValueError(f"model_type={model_type!r} does not fit the model: {name} {what} "
                          f"(model_type={own!r}, or leave model_type out)")
-    return Outputs(energy=own != "DipoleMACE", dipole=own != "MACE")
+    return Outputs(energy=own != "DipoleMACE", dipole=own != "MACE",
+                   per_atom_energies=own != "DipoleMACE" and name not in NO_PER_ATOM_ENERGIES)

@@ -206,9 +206,13 @@ def run(args: argparse.Namespace) -> int:
     _check_calculator_keys(args.prefix, frames, structures)
 
     model = resolve_model(args.model, device)
-    if not model_outputs(model, None).energy:
+    outputs = model_outputs(model, None)
+    if not outputs.energy:
         raise ValueError(f"--model {args.model}: {class_name(model)} predicts dipoles only, no energies; evaluate it "
                          "with MACECalculator(model, model_type='DipoleMACE')")
+    if args.return_node_energies and not outputs.per_atom_energies:
+        raise ValueError(f"--return-node-energies: {class_name(model)}'s per-atom energies are not its energy's terms "
+                         "(mace-torch's returns only the isolated-atom energies there)")
     dtype = resolve_dtype(args.dtype, model)
     model = model.to(device=device, dtype=dtype)
     heads = model_heads(model)

@@ -194,9 +194,13 @@ def predict(model: torch.nn.Module, configs: Sequence[Config], *, dtype: torch.d
     absent: charge 0, spin multiplicity 1)."""
     if batch_size < 1:
         raise ValueError(f"batch_size: expected a positive number of structures, got {batch_size}")
-    if not model_outputs(model, None).energy:
+    outputs = model_outputs(model, None)
+    if not outputs.energy:
         raise ValueError(f"model: {class_name(model)} predicts dipoles only, no energies; evaluate it with "
                          "MACECalculator(model, model_type='DipoleMACE')")
+    if node_energies and not outputs.per_atom_energies:
+        raise ValueError(f"node_energies: {class_name(model)}'s per-atom energies are not its energy's terms "
+                         "(mace-torch's returns only the isolated-atom energies there)")
     configs = _as_configs(configs)
     columns = descriptor_columns(model, descriptors) if descriptors is not None else None
     dataset = build_dataset(configs, mf.atomic_numbers(model), mf.r_max(model), mf.heads(model))

@@ -1,5 +1,7 @@
 """mace-torch's dipole models in the calculator, loaded from their files: an ``EnergyDipolesMACE``
-gives mace-torch's energy, forces, stress and dipole, an ``AtomicDipolesMACE`` its dipole alone
+gives mace-torch's energy, forces, stress and dipole (and no per-atom energies, which mace-torch's
+model does not compute: its ``node_energy`` is the isolated-atom energies alone), an
+``AtomicDipolesMACE`` its dipole alone
 (model_type 'EnergyDipoleMACE' / 'DipoleMACE', or from the model's class), committees the spread of
 the dipole; per-atom charges enter the dipole and a change of them alone is a new calculation."""
 import copy
@@ -70,6 +72,11 @@ def test_energy_and_dipole_model_file_gives_mace_torch_results(tmp_path):
     probe = atoms.copy()
     probe.calc = ours
     np.testing.assert_allclose(probe.get_dipole_moment(), theirs.results["dipole"], rtol=1e-10)
+    assert abs(theirs.results["energies"].sum() - theirs.results["energy"]) > 1e-3  # mace-torch's are E0 only
+    assert not {"energies", "node_energy"} & (set(ours.implemented_properties) | set(ours.results))
+    with pytest.raises(PropertyNotImplementedError, match="energies: the model's per-atom energies are not its "
+                                                          "energy's terms"):
+        probe.get_potential_energies()
     batch = ours.batch_evaluate([atoms, atoms], ("energy", "forces", "dipole"))
     for res in batch:
         _close(res, theirs.results, ("energy", "forces", "dipole"))

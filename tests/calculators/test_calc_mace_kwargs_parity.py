@@ -1,7 +1,7 @@
 """mace-torch's ``MACECalculator`` arguments and model kinds in ours: model files as its first argument
 (a list or a wildcard pattern), models with charge and spin embeddings read through ``info_keys`` /
-``charges_key`` as mace-torch reads them, an energy-and-dipole model's energies, and polarizability
-models or models reading inputs the calculator does not give refused by name."""
+``charges_key`` as mace-torch reads them, and polarizability models or models reading inputs the
+calculator does not give refused by name."""
 import copy
 
 import numpy as np
@@ -103,12 +103,6 @@ def test_charge_and_spin_embeddings_read_from_atoms_info_as_mace_torch_does(tmp_
     assert [b["energy"] for b in batch] == pytest.approx([neutral, charged], rel=1e-12)
     np.testing.assert_allclose(ours.get_hessian(atoms), theirs.get_hessian(atoms), rtol=1e-9, atol=1e-10)
     np.testing.assert_allclose(ours.get_descriptors(atoms), theirs.get_descriptors(atoms), rtol=1e-10, atol=1e-12)
-
-
-def test_energy_and_dipole_model_gives_mace_torch_energies():
-    """mace-torch's calculator runs an ``EnergyDipolesMACE`` as model_type 'MACE': energy, forces, stress."""
-    model = mace_torch_model("EnergyDipolesMACE")
-    _same(_ours(model), _theirs(model), _cell())
 
 
 def test_models_without_energy_or_reading_other_inputs_are_refused_by_name():

@@ -29,7 +29,7 @@ def _frames():
     return frames
 
 
-def test_eval_writes_the_dipole_of_an_energy_and_dipole_model(tmp_path):
+def test_eval_writes_the_dipole_of_an_energy_and_dipole_model(tmp_path, capsys):
     model = mace_torch_model("EnergyDipolesMACE")
     from mace.calculators import MACECalculator as MaceTorchCalculator
 
@@ -45,6 +45,10 @@ def test_eval_writes_the_dipole_of_an_energy_and_dipole_model(tmp_path):
         assert got.info["MACE_energy"] == pytest.approx(calc.results["energy"], abs=1e-9)
         np.testing.assert_allclose(got.info["MACE_dipole"], calc.results["dipole"], atol=1e-8)  # extxyz text
         assert np.abs(got.info["MACE_dipole"]).max() > 1e-4
+    with pytest.warns(RuntimeWarning, match="dipole readouts"):
+        assert main(["eval", frames_file, "--model", path, "--out", str(tmp_path / "n.xyz"), "--no-progress",
+                     "--device", "cpu", "--return-node-energies"]) == 2
+    one_line_error(capsys, "--return-node-energies: EnergyDipolesMACE's per-atom energies are not its energy's terms")
     # the file evaluated again with an energy model: the earlier model's dipoles must not pass for its own
     energy_model = str(tmp_path / "e.model")
     torch.save(mace_torch_model(), energy_model)
