@@ -1,12 +1,14 @@
-"""mace-torch's foundation-model shortcuts on equikernels: ``mace_mp`` and ``mace_off`` take the same
-model names, download into the same cache as mace-torch's (``models.foundations``), and return our
-``MACECalculator`` with the model converted."""
+"""mace-torch's foundation-model shortcuts on equikernels: ``mace_mp``, ``mace_off``, ``mace_omol`` and
+``mace_anicc`` take the same model names, download into the same cache as mace-torch's
+(``models.foundations``), and return our ``MACECalculator`` (MACE-MP and MACE-OFF converted to our
+MACE; MACE-OMOL, whose charge and spin embeddings ours does not read, as mace-torch's module on our
+kernels)."""
 from __future__ import annotations
 
 from ase.calculators.calculator import Calculator
 from ase.units import Bohr
 
-from ..models.foundations import mace_mp_checkpoint, mace_off_checkpoint
+from ..models.foundations import mace_anicc_checkpoint, mace_mp_checkpoint, mace_off_checkpoint, mace_omol_checkpoint
 from .calculator import MACECalculator
 
 
@@ -38,10 +40,34 @@ def mace_off(model=None, device=None, default_dtype: str = "float64", return_raw
     return MACECalculator(path, device=device, default_dtype=default_dtype, **kwargs)
 
 
+def mace_omol(model=None, device=None, default_dtype: str = "float64", return_raw_model: bool = False, **kwargs):
+    """``mace.calculators.mace_omol`` on equikernels: a MACE-OMOL model (``mace_omol_checkpoint``:
+    None or "extra_large", an https URL or a file) in our calculator, float64 by default as there.
+    It reads each structure's ``atoms.info["charge"]`` and ``["spin"]`` (multiplicity; default 0 and
+    1) as mace-torch's calculator does, with the model's head "omol" unless ``head`` is given;
+    ``device`` as ``mace_mp``'s."""
+    device = device or None
+    path = mace_omol_checkpoint(model)
+    if return_raw_model:
+        return _raw(path, device)
+    kwargs.setdefault("head", "omol")
+    return MACECalculator(path, device=device, default_dtype=default_dtype, **kwargs)
+
+
+def mace_anicc(device=None, model_path=None, return_raw_model: bool = False):
+    """``mace.calculators.mace_anicc`` on equikernels: mace-torch's ANI-CC model (H, C, N, O;
+    ``mace_anicc_checkpoint``) in our calculator, in float64 as there; ``device`` as ``mace_mp``'s."""
+    device = device or None
+    path = mace_anicc_checkpoint(model_path)
+    if return_raw_model:
+        return _raw(path, device)
+    return MACECalculator(path, device=device, default_dtype="float64")
+
+
 def _raw(path: str, device):
-    from ..models import load  # noqa: PLC0415
-    from .loading import resolve_device  # noqa: PLC0415
-    return load(path, device=resolve_device(device))
+    """The model of ``path`` as the calculator loads it (converted, or mace-torch's module on our kernels)."""
+    from .loading import load_model_file, resolve_device  # noqa: PLC0415
+    return load_model_file(path, resolve_device(device))
 
 
 def _with_d3(calc: MACECalculator, damping: str, xc: str, cutoff: float) -> Calculator:

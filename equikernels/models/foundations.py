@@ -1,7 +1,8 @@
 """Foundation-model names as mace-torch knows them: MACE-MP ("small", "medium", "medium-mpa-0", ...;
-mace-torch's table) and MACE-OFF ("small", "medium", "large"; "small_off" etc. where one name
-must tell them apart, as mace-torch's training script takes them), resolved to local files in
-mace-torch's download cache (downloaded the first time, by mace-torch's rules for MACE-MP)."""
+mace-torch's table), MACE-OFF ("small", "medium", "large"; "small_off" etc. where one name
+must tell them apart, as mace-torch's training script takes them), MACE-OMOL ("extra_large") and
+the ANI-CC model, resolved to local files in mace-torch's download cache (downloaded the first
+time, by mace-torch's rules for MACE-MP)."""
 from __future__ import annotations
 
 import os
@@ -78,11 +79,47 @@ def _mace_off_checkpoint(model, given) -> str:
         return path
     fm = _foundations("mace_off", model)
     url = fm.mace_off_urls["medium"] if model is None else fm.mace_off_urls.get(model, model)
+    return _cached(fm, url, given, " (Academic Software License: https://github.com/gabor1/ASL)")
+
+
+# mace-torch's MACE-OMOL models (its mace_omol's table)
+MACE_OMOL_URLS = {"extra_large": "https://github.com/ACEsuit/mace-foundations/releases/download/mace_omol_0/"
+                                 "MACE-omol-0-extra-large-1024.model"}
+MACE_ANICC_URL = "https://github.com/ACEsuit/mace/raw/main/mace/calculators/foundations_models/ani500k_large_CC.model"
+
+
+def mace_omol_checkpoint(model=None) -> str:
+    """The local file of MACE-OMOL model ``model``: None or "extra_large" (``MACE_OMOL_URLS``) or an
+    https URL, downloaded into mace-torch's cache the first time (the MACE-OMOL models are distributed
+    under the Academic Software License); any other value is a path to a model file."""
+    if model is not None and not str(model).startswith("https:") and model not in MACE_OMOL_URLS:
+        if os.path.isfile(os.fspath(model)):
+            return os.fspath(model)
+        raise FileNotFoundError(f"mace_omol: model {model!r} is neither a model name ({', '.join(MACE_OMOL_URLS)}), "
+                                "an https URL nor a model file")
+    url = MACE_OMOL_URLS[model or "extra_large"] if not str(model).startswith("https:") else model
+    return _cached(_foundations("mace_omol", model), url, model,
+                   " (Academic Software License: https://github.com/gabor1/ASL)")
+
+
+def mace_anicc_checkpoint(model_path=None) -> str:
+    """The local file of mace-torch's ANI-CC model (H, C, N, O): ``model_path`` where given, else the
+    file in mace-torch's package where it is, else its download into mace-torch's cache."""
+    if model_path is not None:
+        return _local("mace_anicc", model_path)
+    fm = _foundations("mace_anicc", model_path)
+    packaged = os.path.join(os.path.dirname(fm.__file__), "foundations_models", os.path.basename(MACE_ANICC_URL))
+    return packaged if os.path.isfile(packaged) else _cached(fm, MACE_ANICC_URL, "anicc", "")
+
+
+def _cached(fm, url: str, given, note: str) -> str:
+    """The file of ``url`` in mace-torch's cache, downloaded there the first time (a failure named
+    ``given``, the model asked for; ``note``: said with the download)."""
     cache = fm.get_cache_dir()
     path = os.path.join(cache, os.path.basename(url).split("?")[0])
     if not os.path.isfile(path):
         os.makedirs(cache, exist_ok=True)
-        print(f"downloading {url} to {path} (Academic Software License: https://github.com/gabor1/ASL)")
+        print(f"downloading {url} to {path}{note}")
         partial = path + ".part"
         try:
             _fetched(given, lambda: urllib.request.urlretrieve(url, partial))
