@@ -119,8 +119,8 @@ def register(subparsers) -> None:
     a("--clip-grad-norm", type=float, help="gradient-norm clipping (default 10, as mace-torch's clip_grad)")
     a("--checkpoint-every", type=int, help="optimiser steps between checkpoints (default 100)")
     a("--patience", type=int, help="early stopping after this many evaluations without improvement (default: none)")
-    a("--e0s", help="'foundation' (keep the model's), 'average' (least squares on --train) or "
-                     "a YAML mapping such as '{Cu: -3.5, Ni: -4.1}'; as in mace-torch, single-atom frames of "
+    a("--e0s", help="'foundation' (keep the model's), 'average' (least squares on --train), mace-torch's E0s "
+                     "JSON file or a YAML mapping such as '{Cu: -3.5, Ni: -4.1}'; as in mace-torch, single-atom frames of "
                      "--train with config_type=IsolatedAtom are not trained on and give their element's E0 "
                      "(a mapping still wins)")
     a("--freeze", action="append", metavar="PREFIX",
@@ -223,8 +223,13 @@ def _command_line(args: argparse.Namespace):
     values = {name: getattr(args, flag) for flag, name in _SIMPLE.items() if getattr(args, flag, None) is not None}
     if args.e0s is not None:
         word = args.e0s.strip()
-        values["e0s"] = word if word in ("foundation", "average") else _mapping_text(
-            "--e0s", args.e0s, "'foundation', 'average' or a YAML mapping", "{Cu: -3.5, Ni: -4.1}")
+        if word.endswith(".json"):
+            from ..training.mace_options import e0s_file
+            values["e0s"] = e0s_file(word, "--e0s")
+        else:
+            values["e0s"] = word if word in ("foundation", "average") else _mapping_text(
+                "--e0s", args.e0s, "'foundation', 'average', a mace-torch E0s JSON file or a YAML mapping",
+                "{Cu: -3.5, Ni: -4.1}")
     if args.config_type_weights is not None:
         values["config_type_weights"] = _mapping_text("--config-type-weights", args.config_type_weights,
                                                       "a YAML mapping", "{Default: 1.0, surface: 2.0}")

@@ -123,6 +123,8 @@ def from_mace_options(values: Dict[str, Any], source: str = "config") -> Dict[st
             out[new] = out.pop(old)
     if "E0s" in out:
         out["e0s"] = _e0s(out.pop("E0s"), source)
+    if isinstance(out.get("e0s"), str):
+        out["e0s"] = e0s_file(out["e0s"], f"{source}: e0s")
     if isinstance(out.get("config_type_weights"), str):  # mace-torch's form: '{"Default": 1.0}'
         out["config_type_weights"] = _mapping(out["config_type_weights"], "config_type_weights", source)
     keys = {KEYS[k]: out.pop(k) for k in list(out) if k in KEYS}
@@ -206,6 +208,8 @@ def _heads(out: Dict[str, Any], source: str) -> list:
             if "e0s" in head:
                 raise ValueError(f"{where}: E0s (mace-torch's name) and e0s mean the same option; give one")
             head["e0s"] = _e0s(head.pop("E0s"), where)
+        if isinstance(head.get("e0s"), str):
+            head["e0s"] = e0s_file(head["e0s"], f"{where}: e0s")
         if isinstance(head.get("config_type_weights"), str):
             head["config_type_weights"] = _mapping(head["config_type_weights"], "config_type_weights", where)
         keys = {KEYS[k]: head.pop(k) for k in list(head) if k in KEYS}
@@ -313,19 +317,26 @@ def names() -> FrozenSet[str]:
                       "E0s", "scheduler", "test_dir", "loss", "freeze", "config_type_weights", "heads"})
 
 
+def e0s_file(value, label: str):
+    """``value`` read as mace-torch's JSON file of {Z: energy} where it names one (a string ending in
+    .json), else ``value`` as is; ``label``: what errors are named by (the option, and where it is from)."""
+    if not (isinstance(value, str) and value.strip().endswith(".json")):
+        return value
+    try:
+        with open(value.strip()) as fh:
+            value = json.load(fh)
+    except OSError as exc:
+        raise ValueError(f"{label}: cannot read {value!r} ({exc.strerror or exc})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{label}: {value!r} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{label}: expected a JSON mapping atomic number -> energy, got {type(value).__name__}")
+    return value
+
+
 def _e0s(value, source: str):
     if isinstance(value, str) and value.strip().endswith(".json"):  # mace-torch's file of {Z: energy}
-        try:
-            with open(value.strip()) as fh:
-                value = json.load(fh)
-        except OSError as exc:
-            raise ValueError(f"{source}: E0s: cannot read {value!r} ({exc.strerror or exc})") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{source}: E0s: {value!r} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"{source}: E0s: expected a JSON mapping atomic number -> energy, got "
-                             f"{type(value).__name__}")
-        return value
+        return e0s_file(value, f"{source}: E0s")
     if isinstance(value, str) and value.strip().startswith("{"):
         try:
             value = ast.literal_eval(value)

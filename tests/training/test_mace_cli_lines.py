@@ -107,6 +107,15 @@ def test_e0s_from_mace_torchs_json_file(train, tmp_path):
     assert _parsed("--train", train, f"--E0s={path}")[0].e0s == {"29": -3.5}
     with pytest.raises(ValueError, match=r"^command line: E0s: cannot read '.*missing.json'"):
         _parsed("--train", train, f"--E0s={tmp_path / 'missing.json'}")
+    # our own option and YAML key take the file too
+    assert _parsed("--train", train, "--e0s", str(path))[0].e0s == {"29": -3.5}
+    with pytest.raises(ValueError, match=r"^--e0s: cannot read '.*missing.json'"):
+        _parsed("--train", train, "--e0s", str(tmp_path / "missing.json"))
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"train_file": train, "e0s": str(path),
+                                      "heads": {"dft": {"train_file": train, "e0s": str(path)}}}))
+    cfg = _parsed("--config", str(config))[0]
+    assert cfg.e0s == {"29": -3.5} and cfg.heads["dft"]["e0s"] == {"29": -3.5}
 
 
 @pytest.mark.parametrize("argv, needle", [
