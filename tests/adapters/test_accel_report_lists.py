@@ -102,6 +102,7 @@ def test_fuse_false_after_fusing_lists_the_fused_root_as_already():
         _check_counts(again)
 
 
+@pytest.mark.sevenn
 def test_fuse_false_lists_sevenn_convolutions():
     pytest.importorskip("sevenn")
     from e3nn.o3 import Irreps  # noqa: PLC0415

@@ -9,6 +9,8 @@ sevenn_calc = pytest.importorskip("sevenn.calculator")
 
 import equikernels as ek  # noqa: E402
 
+pytestmark = pytest.mark.sevenn
+
 
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
 def test_sevenn0_fused_matches(backend, monkeypatch, single_thread):

@@ -19,6 +19,8 @@ from sevenn.train.dataload import unlabeled_atoms_to_graph  # noqa: E402
 
 import equikernels as ek  # noqa: E402
 
+pytestmark = pytest.mark.sevenn
+
 
 def _structures():
     import ase.build  # noqa: PLC0415

@@ -15,6 +15,8 @@ from sevenn.nn.self_connection import SelfConnectionIntro  # noqa: E402
 
 import equikernels as ek  # noqa: E402
 
+pytestmark = pytest.mark.sevenn
+
 
 class ChannelWiseTensorProduct(torch.nn.Module):
     """Stands in for cuequivariance_torch's product (not installed here): only its package matters."""

@@ -12,6 +12,8 @@ import equikernels as ek  # noqa: E402
 from e3nn import o3  # noqa: E402
 from sevenn_cases import evaluate, structures  # noqa: E402
 
+pytestmark = pytest.mark.sevenn
+
 SUPPORTED = (o3.TensorProduct, o3.Linear, o3.SphericalHarmonics)
 
 

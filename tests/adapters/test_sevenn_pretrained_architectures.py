@@ -20,6 +20,8 @@ from sevenn.train.dataload import unlabeled_atoms_to_graph  # noqa: E402
 import equikernels as ek  # noqa: E402
 from sevenn_cases import evaluate, structures  # noqa: E402
 
+pytestmark = pytest.mark.sevenn
+
 MODALS = {"mpa": 0, "omat24": 1}
 
 

@@ -27,6 +27,7 @@ def test_sum_calculator_is_refused_naming_its_models_model():
         ek.accelerate(SumCalculator([LennardJones()]))
 
 
+@pytest.mark.sevenn
 def test_sevenn_plus_dispersion_sum_accelerated_through_its_sevenn_model(single_thread):
     """SevenNetD3Calculator needs CUDA for its D3 part; a Lennard-Jones term stands in for it."""
     sevenn_calc = pytest.importorskip("sevenn.calculator")

@@ -14,6 +14,8 @@ from sevenn.nn.self_connection import SelfConnectionIntro  # noqa: E402
 
 import equikernels as ek  # noqa: E402
 
+pytestmark = pytest.mark.sevenn
+
 
 def test_accelerated_self_connection_scripts_as_sevenn_deploy_does(single_thread):
     torch.manual_seed(0)
