@@ -625,9 +625,9 @@ def _results(out: Dict[str, torch.Tensor], sizes: List[int], outputs, compute_st
 
 def _split(host: Dict[str, np.ndarray], sizes: List[int]) -> List[Dict[str, np.ndarray]]:
     """Per-structure ASE results from host arrays of G graphs, those present of: energy [G],
-    node_energy [N] (given as ``energies``), forces [N, 3], stress [G, 3, 3], per-atom stresses and virials [N, 3, 3]
-    (``stresses`` in Voigt form [n, 6], ``virials`` [n, 3, 3], as mace-torch's calculator gives
-    them) and dipole [G, 3]."""
+    node_energy [N] (given as ``energies``), forces [N, 3], stress [G, 3, 3], per-atom stresses and
+    virials [N, 3, 3] (``stresses`` in Voigt form [n, 6], ``virials`` [n, 3, 3], as mace-torch's
+    calculator gives them) and dipole [G, 3]."""
     results, start = [], 0
     for g, n in enumerate(sizes):
         res: Dict[str, object] = {}

@@ -13,8 +13,6 @@ ENERGY_AND_DIPOLE = "EnergyDipolesMACE"
 DIPOLE_ONLY = "AtomicDipolesMACE"
 # mace-torch's models not evaluated here, and the model_type its calculator runs them as
 NOT_EVALUATED = {"AtomicDielectricMACE": "DipolePolarizabilityMACE"}
-
-
 # mace-torch 0.3.16's EnergyDipolesMACE returns the isolated-atom energies E0 alone as its node_energy
 NO_PER_ATOM_ENERGIES = (ENERGY_AND_DIPOLE,)
 

@@ -120,9 +120,9 @@ def register(subparsers) -> None:
     a("--checkpoint-every", type=int, help="optimiser steps between checkpoints (default 100)")
     a("--patience", type=int, help="early stopping after this many evaluations without improvement (default: none)")
     a("--e0s", help="'foundation' (keep the model's), 'average' (least squares on --train), mace-torch's E0s "
-                     "JSON file or a YAML mapping such as '{Cu: -3.5, Ni: -4.1}'; as in mace-torch, single-atom frames of "
-                     "--train with config_type=IsolatedAtom are not trained on and give their element's E0 "
-                     "(a mapping still wins)")
+                     "JSON file or a YAML mapping such as '{Cu: -3.5, Ni: -4.1}'; as in mace-torch, single-atom "
+                     "frames of --train with config_type=IsolatedAtom are not trained on and give their element's "
+                     "E0 (a mapping still wins)")
     a("--freeze", action="append", metavar="PREFIX",
       help="keep parameters whose name starts with PREFIX fixed (repeatable), e.g. interactions.0")
     a("--replay", metavar="FILE",

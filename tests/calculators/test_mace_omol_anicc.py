@@ -1,8 +1,8 @@
 """``mace_omol`` / ``mace_anicc``: mace-torch's shortcuts on our calculator. A MACE-OMOL model (charge
-and spin embeddings, evaluated with its head "omol") downloaded into mace-torch's cache once, with the energies and forces
-of mace-torch's ``mace_omol`` on the same file for charged and neutral molecules; the ANI-CC model
-from a path or its download, in float64; unknown names refused. No network: the download is stood in
-for by a local file."""
+and spin embeddings, evaluated with its head "omol") downloaded into mace-torch's cache once, with the
+energies and forces of mace-torch's ``mace_omol`` on the same file for charged and neutral molecules;
+the ANI-CC model from a path or its download, in float64; unknown names refused. No network: the
+download is stood in for by a local file."""
 import numpy as np
 import pytest
 import torch
