@@ -10,6 +10,16 @@ SPECS = {"total_charge": {"type": "categorical", "per": "graph", "num_classes": 
          "total_spin": {"type": "categorical", "per": "graph", "num_classes": 5, "emb_dim": 4}}
 
 
+def mixed_cell(seed=1):
+    """A rattled 8-atom periodic cell of H, C and O (the elements ``ZS``)."""
+    from ase.build import bulk
+
+    atoms = bulk("C", "diamond", a=3.57, cubic=True)
+    atoms.numbers = [1, 6, 8, 6, 1, 6, 8, 6]
+    atoms.rattle(0.1, seed=seed)
+    return atoms
+
+
 def mace_torch_model(cls="ScaleShiftMACE", **kw):
     """A small float64 mace-torch model of class ``cls`` over ``ZS`` with random weights (skips without mace-torch)."""
     pytest.importorskip("mace")

@@ -9,10 +9,9 @@ import copy
 import numpy as np
 import pytest
 import torch
-from ase.build import bulk
 from ase.calculators.calculator import PropertyNotImplementedError
 
-from embedding_models import mace_torch_model
+from embedding_models import mace_torch_model, mixed_cell
 
 pytestmark = pytest.mark.mace
 DEBYE_PER_E_ANGSTROM = 299792458.0 * 1.602176634e-19 / 1e-11  # c e / 1e-11: 1 e*A = 4.8032 D
@@ -21,13 +20,6 @@ DEBYE_PER_E_ANGSTROM = 299792458.0 * 1.602176634e-19 / 1e-11  # c e / 1e-11: 1 e
 @pytest.fixture(autouse=True)
 def _one_thread(single_thread):
     yield
-
-
-def _cell():
-    atoms = bulk("C", "diamond", a=3.57, cubic=True)
-    atoms.numbers = [1, 6, 8, 6, 1, 6, 8, 6]
-    atoms.rattle(0.1, seed=1)
-    return atoms
 
 
 def _theirs(model, model_type, **kw):
@@ -60,7 +52,7 @@ def _close(ours, theirs, keys):
 def test_energy_and_dipole_model_file_gives_mace_torch_results(tmp_path):
     model = mace_torch_model("EnergyDipolesMACE")
     path = _file(model, tmp_path, "energy_dipole.model")
-    atoms = _cell()
+    atoms = mixed_cell()
     theirs = _theirs(model, "EnergyDipoleMACE")
     theirs.calculate(atoms, ["energy", "forces", "stress", "dipole"])
     assert np.abs(theirs.results["dipole"]).max() > 1e-4  # the test reads a dipole, not zeros
@@ -91,7 +83,7 @@ def test_energy_and_dipole_model_file_gives_mace_torch_results(tmp_path):
 def test_dipole_only_model_file_gives_mace_torch_dipole(tmp_path):
     model = mace_torch_model("AtomicDipolesMACE")
     path = _file(model, tmp_path, "dipole.model")
-    atoms = _cell()
+    atoms = mixed_cell()
     theirs = _theirs(model, "DipoleMACE")
     theirs.calculate(atoms, ["dipole"])
     assert np.abs(theirs.results["dipole"]).max() > 1e-4
@@ -115,7 +107,7 @@ def test_per_atom_charges_enter_the_dipole_and_a_change_of_them_is_a_new_calcula
     theirs, is added to the predicted one (``charges_key``, default 'Qs'); changing only
     atoms.arrays['Qs'] must not return the stored dipole."""
     path = _file(mace_torch_model("AtomicDipolesMACE"), tmp_path, "dipole.model")
-    atoms = _cell()
+    atoms = mixed_cell()
     atoms.calc = _ours(path)
     neutral = atoms.get_dipole_moment()
     charges = np.linspace(-0.35, 0.35, len(atoms))
@@ -138,7 +130,7 @@ def test_committee_of_dipole_models_gives_mace_torch_spread(tmp_path):
         torch.nn.utils.vector_to_parameters(torch.nn.utils.parameters_to_vector(models[1].parameters()) * 1.05,
                                             models[1].parameters())
     paths = [_file(m, tmp_path, f"m_{k}.model") for k, m in enumerate(models)]
-    atoms = _cell()
+    atoms = mixed_cell()
     theirs = _theirs(models, "EnergyDipoleMACE")
     theirs.calculate(atoms, ["energy", "forces", "dipole"])
     assert np.abs(theirs.results["dipole_var"]).max() > 1e-10  # the members differ

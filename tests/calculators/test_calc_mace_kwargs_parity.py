@@ -7,10 +7,10 @@ import copy
 import numpy as np
 import pytest
 import torch
-from ase.build import bulk, molecule
+from ase.build import molecule
 
 from random_models import small_random_mace_model
-from embedding_models import SPECS, ZS, mace_torch_model
+from embedding_models import SPECS, ZS, mace_torch_model, mixed_cell
 
 pytestmark = pytest.mark.mace
 
@@ -32,13 +32,6 @@ def _ours(model, **kw):
     from equikernels.calculators import MACECalculator
 
     return MACECalculator(models=copy.deepcopy(model), device="cpu", default_dtype="float64", **kw)
-
-
-def _cell():
-    atoms = bulk("C", "diamond", a=3.57, cubic=True)
-    atoms.numbers = [1, 6, 8, 6, 1, 6, 8, 6]
-    atoms.rattle(0.1, seed=1)
-    return atoms
 
 
 def _same(ours, theirs, atoms, keys=KEYS):
@@ -78,7 +71,7 @@ def test_charge_and_spin_embeddings_read_from_atoms_info_as_mace_torch_does(tmp_
     path = str(tmp_path / "embedding.model")
     torch.save(model, path)
     theirs = _theirs(model)
-    atoms = _cell()
+    atoms = mixed_cell()
     atoms.info.update(charge=1, spin=2)
     ours = _ours(model)
     with pytest.warns(RuntimeWarning, match="equikernels.accelerate"):
@@ -126,7 +119,7 @@ def test_models_without_energy_or_reading_other_inputs_are_refused_by_name():
             return self.inner({**data, "cell": data["cell"] * data["pbc"]}, **kwargs)
 
     with pytest.raises(ValueError, match=r"model: ReadsPbc reads the input 'pbc', which MACECalculator does not give"):
-        MACECalculator(ReadsPbc(), device="cpu").get_potential_energy(_cell())
+        MACECalculator(ReadsPbc(), device="cpu").get_potential_energy(mixed_cell())
     with pytest.raises(ValueError, match=r"info_keys: expected a dict"):
         _ours(model, info_keys=["charge"])
     specs = {"temperature": {"type": "continuous", "per": "graph", "in_dim": 1, "emb_dim": 4}}

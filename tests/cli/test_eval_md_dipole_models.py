@@ -5,10 +5,9 @@ import ase.io
 import numpy as np
 import pytest
 import torch
-from ase.build import bulk
 
 from cli_checks import one_line_error
-from embedding_models import mace_torch_model
+from embedding_models import mace_torch_model, mixed_cell
 from equikernels.cli import main
 
 pytestmark = pytest.mark.mace
@@ -20,13 +19,7 @@ def _one_thread(single_thread):
 
 
 def _frames():
-    frames = []
-    for k in range(3):
-        atoms = bulk("C", "diamond", a=3.57, cubic=True)
-        atoms.numbers = [1, 6, 8, 6, 1, 6, 8, 6]
-        atoms.rattle(0.1, seed=k)
-        frames.append(atoms)
-    return frames
+    return [mixed_cell(seed=k) for k in range(3)]
 
 
 def test_eval_writes_the_dipole_of_an_energy_and_dipole_model(tmp_path, capsys):
