@@ -110,8 +110,9 @@ def _need_have(problem: TPProblem, direction: str, dtype: torch.dtype, layout: s
     need = need if need is not None else ("xyw" if weighted else "xy") + ("g" if direction == "dbwd" else "")
     have = "" if direction == "bwd" else have if have is not None else ("abc" if weighted else "ab")
     allowed = "xyw" if direction == "bwd" else "xywg"
-    if not need or any(n not in allowed for n in need):
-        raise ValueError(f"need: expected letters of {allowed!r}, got {need!r}")
+    if not need or any(n not in allowed for n in need) or len(set(need)) < len(need):
+        raise ValueError(f"need: expected letters of {allowed!r} (the gradients asked for: at least one, each once), "
+                         f"got {need!r}")
     # no cotangent at all launches no kernel: the double backward returns zeros
     if direction == "dbwd" and (not have or any(h not in "abc" for h in have) or len(set(have)) < len(have)):
         raise ValueError(f"have: expected letters of 'abc' (the cotangents present: at least one, each once), "

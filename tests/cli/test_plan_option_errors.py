@@ -8,6 +8,8 @@ from equikernels.cli import main
 @pytest.mark.parametrize("argv, needle", [
     (["--need", "xy"], "--need 'xy'"),
     (["--direction", "bwd", "--need", "q"], "--need: expected letters"),
+    (["--direction", "bwd", "--need", "xx"], "--need: expected letters of 'xyw' (the gradients asked for: at least "
+                                             "one, each once), got 'xx'"),
     (["--direction", "dbwd", "--have", "xyz"], "--have: expected letters"),
     (["--have", "a"], "--have 'a'"),
 ])
