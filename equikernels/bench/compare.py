@@ -97,7 +97,7 @@ class Comparison:
             lines.append(f"  {len(self.new_cells)} cells not in the baseline (not compared)")
         if self.out_of_scope:
             lines.append(f"  {self.out_of_scope} baseline cells outside this run's groups, problems and sizes "
-                         "or its --quick subset (not compared)")
+                         "or the cells a --quick run and a full one share (not compared)")
         if self.ok:
             lines.append("OK: no regression")
         elif not self.findings and self.baseline_guarded == 0:
@@ -365,7 +365,8 @@ def compare(baseline: dict, current: dict, *, margin: float = DEFAULT_MARGIN, sl
 
     ``impls``: which implementations are guarded (default: equikernels only; None: all). Baseline
     cells outside ``current``'s scope (groups, problems and system sizes it was asked to run) are not compared,
-    nor, for a ``--quick`` run against a full one, cells of rows, sizes, dtypes or modes it does not time.
+    nor, for a ``--quick`` run against a full baseline (or a full run against a ``--quick`` one),
+    baseline cells of rows, sizes, dtypes or modes the run does not time.
     Raises ``GPUKindMismatch`` when the runs come from different GPU kinds."""
     for name, value in (("margin", margin), ("slack_ms", slack_ms)):
         if not (math.isfinite(value) and value >= 0):  # NaN would pass every cell
@@ -378,6 +379,10 @@ def compare(baseline: dict, current: dict, *, margin: float = DEFAULT_MARGIN, sl
     base, cur = _index(baseline["cells"]), _index(current["cells"])
     # --quick measures other rows, sizes, dtypes and modes than a full run: compare what both measured
     quick = _id_slots(current["cells"]) if current.get("quick") and not baseline.get("quick") else None
+    # a full run lists every cell it planned (failures too): a --quick baseline's cell it lacks is one it
+    # does not time, unless the run has no cell of that group at all
+    quick_base = {c["id"].split("/")[0] for c in current["cells"]} if baseline.get("quick") and not current.get(
+        "quick") else set()
     res = Comparison(gpu_kind=str(kc), margin=margin, slack_ms=slack_ms,
                      guarded=None if guarded is None else tuple(sorted(guarded)),
                      baseline_guarded=sum(1 for (_, impl), b in base.items() if b.get("status") == "ok"
@@ -395,7 +400,8 @@ def compare(baseline: dict, current: dict, *, margin: float = DEFAULT_MARGIN, sl
             continue
         b, c = base.get(key), cur.get(key)
         if c is None and b is not None and (not in_scope(b, current.get("scope"))
-                                            or (quick is not None and not _quick_measures(b, quick))):
+                                            or (quick is not None and not _quick_measures(b, quick))
+                                            or cid.split("/")[0] in quick_base):
             res.out_of_scope += 1
             continue
         if c is not None and c.get("status") == "ok" and c.get("err") is not None and c.get("tol") is not None \

@@ -290,6 +290,18 @@ def test_a_quick_run_is_compared_on_what_it_measures():
     no_md = copy.deepcopy(quick)
     no_md["cells"] = [c for c in no_md["cells"] if c["group"] != "md"]
     assert [f.cell for f in compare(base, no_md).findings] == ["md/float32/1008atoms/step"]
+    # the other way round, a full run against a --quick baseline: the quick-only cells are not missing
+    full_run = copy.deepcopy(base)
+    full_run["scope"] = quick["scope"]
+    quick_base = copy.deepcopy(quick)
+    quick_base.pop("scope")
+    res = compare(quick_base, full_run)
+    assert res.ok and res.compared == 3 and res.out_of_scope == 3, res.summary()
+    assert [f.kind for f in compare(quick_base, _slower(full_run, "mace/float32/1008atoms/E+F", 1.5)).findings] == [
+        "slower"]
+    full_run["cells"] = [c for c in full_run["cells"] if c["group"] != "md"]
+    missing = [(f.kind, f.cell) for f in compare(quick_base, full_run).findings]
+    assert missing == [("missing", "md/float32/1008atoms/step")]
 
 
 def test_the_check_hands_its_limits_to_the_rounds(tmp_path, monkeypatch, capsys):
