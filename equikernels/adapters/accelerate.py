@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
@@ -69,6 +70,16 @@ def _is_e3nn(module) -> bool:
     return any(c.__module__.split(".")[0] == "e3nn" for c in type(module).__mro__)
 
 
+# torch.package names the modules of an archive's own copies "<torch_package_N>.e3nn...."
+_PACKAGED_E3NN = re.compile(r"<torch_package_\d+>\.e3nn(\.|$)")
+
+
+def _is_packaged_e3nn(module) -> bool:
+    """An instance of a class of the copy of e3nn inside a torch.package archive (nequip's packaged
+    models): not the installed e3nn's, so not converted."""
+    return any(_PACKAGED_E3NN.match(c.__module__) for c in type(module).__mro__)
+
+
 def _acceleratewhy_not_convertible(module) -> Optional[str]:
     """None if ``accelerate`` replaces this e3nn module, else why it keeps it."""
     why = why_not_convertible(module)
@@ -97,6 +108,9 @@ def _e3nn_eager():
 
 
 _CONVERTED = (o3.TensorProduct, o3.Linear, o3.SphericalHarmonics)  # the e3nn kinds from_e3nn replaces
+_PACKAGED = ("its class is from the copy of e3nn inside a torch.package archive (a packaged model, such as "
+             "nequip's .nequip.zip), not the installed e3nn; accelerate the model built from its Python code "
+             "(for nequip, from its checkpoint)")
 _SCRIPTED = ("compiled by TorchScript (e3nn.util.jit.compile, torch.jit.script): "
              "accelerate the model before scripting it")
 
@@ -191,6 +205,11 @@ def accelerate(model: nn.Module, fuse: bool = True) -> AccelerateReport:
                     if report_e3nn:
                         report.left_alone.append((full, child.original_name, _SCRIPTED))
                 continue
+            if _is_packaged_e3nn(child):
+                if report_e3nn:
+                    report.left_alone.append((full, type(child).__name__, _PACKAGED))
+                count += walk(child, full, False)
+                continue
             why = _acceleratewhy_not_convertible(child) if _is_e3nn(child) else None
             new = None
             if _is_e3nn(child) and why is None:
@@ -230,7 +249,9 @@ def accelerate(model: nn.Module, fuse: bool = True) -> AccelerateReport:
 
     scripted: List[str] = []  # TorchScript modules holding e3nn modules
     inside: Dict[str, str] = {}  # name of a kept e3nn module -> its compiled submodules, as a suffix
-    n = walk(model, "", not _is_e3nn(model))
+    n = walk(model, "", not (_is_e3nn(model) or _is_packaged_e3nn(model)))
+    if _is_packaged_e3nn(model):
+        report.left_alone.insert(0, ("", type(model).__name__, _PACKAGED))
     if _is_e3nn(model):
         why = _acceleratewhy_not_convertible(model)
         inside[""] = _inside(0, "")

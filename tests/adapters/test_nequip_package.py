@@ -12,6 +12,8 @@ pytest.importorskip("nequip")
 import equikernels as ek  # noqa: E402
 from equikernels._compat import e3nn  # noqa: E402
 
+pytestmark = pytest.mark.nequip
+
 TOL = 1e-11
 TYPES = ["H", "C", "O"]
 KEYS = ("total_energy", "forces", "stress")
