@@ -19,8 +19,6 @@ from ..models.data import head_index
 from .config import DataKeys
 from .frames import select, split_selection
 
-Batch, Data = pyg_data()
-
 
 class DataError(ValueError):
     """A training structure that cannot be used; the message names the file and the frame."""
@@ -355,6 +353,7 @@ def config_to_data(config: Config, z_table: Sequence[int], cutoff: float, heads:
     unit_shifts_t = torch.tensor(unit_shifts, dtype=torch.float64)
     head = frame_head(config, heads)
     f64 = dict(dtype=torch.float64)
+    _, Data = pyg_data()  # imported on first use: importing torch-geometric breaks TorchScript of index_select
     return Data(
         num_nodes=n,
         positions=torch.tensor(config.positions, **f64),
@@ -398,6 +397,7 @@ def build_dataset(configs: Sequence[Config], z_table: Sequence[int], cutoff: flo
 
 def collate(graphs: Sequence, dtype: torch.dtype, device) -> Dict[str, torch.Tensor]:
     """One torch-geometric ``Batch`` as the dict a mace-torch-style model reads."""
+    Batch, _ = pyg_data()
     batch = Batch.from_data_list(list(graphs))
     out = {}
     for key, value in batch.to_dict().items():
