@@ -13,6 +13,7 @@ from ase.build import molecule
 
 from equikernels.calculators import MACECalculator, mace_mp, mace_off
 from equikernels.models.mace import MACE
+from download_stand_in import stand_in_download
 from random_models import small_random_mace_model
 
 ELEMENTS = [1, 6, 8, 29]
@@ -83,14 +84,7 @@ def test_mace_off_downloads_into_mace_torch_cache_once(model_file, monkeypatch, 
     from mace.calculators import foundations_models as fm
 
     monkeypatch.setattr(fm, "mace_off_urls", {"medium": "https://models.example/MACE-OFF23_medium.model?raw=true"})
-    monkeypatch.setattr(fm, "get_cache_dir", lambda: str(tmp_path / "cache"))
-    fetched = []
-
-    def fake_retrieve(url, filename):
-        fetched.append(url)
-        with open(model_file, "rb") as src, open(filename, "wb") as dst:
-            dst.write(src.read())
-    monkeypatch.setattr("urllib.request.urlretrieve", fake_retrieve)
+    fetched = stand_in_download(monkeypatch, tmp_path, model_file)
     first = mace_off(device="cpu")
     second = mace_off("medium", device="cpu")
     assert fetched == ["https://models.example/MACE-OFF23_medium.model?raw=true"]  # the second call reads the cache

@@ -8,6 +8,7 @@ import pytest
 import torch
 from ase.build import molecule
 
+from download_stand_in import stand_in_download
 from embedding_models import SPECS, mace_torch_model
 
 pytestmark = pytest.mark.mace
@@ -26,21 +27,6 @@ def _molecule(charge=None, spin=None):
     return atoms
 
 
-def _stand_in_download(monkeypatch, tmp_path, source):
-    """mace-torch's cache in ``tmp_path``, and downloads copying ``source``; returns the URLs fetched."""
-    from mace.calculators import foundations_models as fm
-
-    monkeypatch.setattr(fm, "get_cache_dir", lambda: str(tmp_path / "cache"))
-    fetched = []
-
-    def fake_retrieve(url, filename):
-        fetched.append(url)
-        with open(source, "rb") as src, open(filename, "wb") as dst:
-            dst.write(src.read())
-    monkeypatch.setattr("urllib.request.urlretrieve", fake_retrieve)
-    return fetched
-
-
 def test_mace_omol_downloads_once_and_gives_mace_torch_numbers(monkeypatch, tmp_path):
     model = mace_torch_model(embedding_specs=SPECS, use_embedding_readout=True, heads=["other", "omol"],
                              atomic_energies=np.array([[-1.5, -2.5, -3.5], [-1.0, -2.0, -3.0]]),
@@ -52,7 +38,7 @@ def test_mace_omol_downloads_once_and_gives_mace_torch_numbers(monkeypatch, tmp_
     from equikernels.calculators import mace_omol
     from equikernels.models.foundations import MACE_OMOL_URLS
 
-    fetched = _stand_in_download(monkeypatch, tmp_path, source)
+    fetched = stand_in_download(monkeypatch, tmp_path, source)
     with pytest.warns(RuntimeWarning, match="equikernels.accelerate"):
         first = mace_omol(device="cpu")
     second = mace_omol("extra_large", device="cpu")
@@ -82,7 +68,7 @@ def test_mace_anicc_from_a_path_or_its_download(monkeypatch, tmp_path):
     from equikernels.calculators import mace_anicc
     from equikernels.models.foundations import MACE_ANICC_URL
 
-    fetched = _stand_in_download(monkeypatch, tmp_path, source)
+    fetched = stand_in_download(monkeypatch, tmp_path, source)
     downloaded = mace_anicc(device="cpu")
     assert fetched == [MACE_ANICC_URL]
     assert [p.name for p in (tmp_path / "cache").iterdir()] == ["ani500k_large_CC.model"]
