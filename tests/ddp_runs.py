@@ -28,9 +28,14 @@ def run_ranks(worker, cfg_dict: dict, tmp_path, world: int = 2, deadline_s: floa
     ctx = torch.multiprocessing.start_processes(worker, nprocs=world, join=False, start_method="spawn",
                                                 args=(world, str(tmp_path / "init"), cfg_dict, str(tmp_path)))
     deadline = time.monotonic() + deadline_s
-    while not ctx.join(timeout=5):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail("the multi-process run did not finish: a rank is waiting in a collective")
+    try:
+        while not ctx.join(timeout=5):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    p.kill()
+                pytest.fail("the multi-process run did not finish: a rank is waiting in a collective")
+    except torch.multiprocessing.ProcessExitedException as exc:  # a rank died outside Python
+        saved = [r for r in range(world) if os.path.isfile(tmp_path / f"rank{r}.pt")]
+        when = "after saving its results (at exit)" if exc.error_index in saved else "before saving its results"
+        raise AssertionError(f"rank {exc.error_index} died {when}: {exc}") from exc
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]

@@ -341,14 +341,13 @@ def run(args: argparse.Namespace) -> int:
 
     import torch.distributed as dist
 
-    from ..training import distributed, fine_tune, outputs
+    from ..training import fine_tune, outputs
     from ..training.trainer import TrainingInterrupted
 
     cfg = config_from_args(args)
     outputs.check(cfg.out_dir, args.resume, args.overwrite, "--resume", "--overwrite", "--out")
     try:
-        fine_tune(cfg, resume=args.resume, overwrite=args.overwrite)
-        distributed.barrier()  # every rank done before any closes its connections (gloo aborts a peer mid-read)
+        fine_tune(cfg, resume=args.resume, overwrite=args.overwrite)  # every rank returns together
     except TrainingInterrupted as stop:  # its one line is printed; checkpoint and metrics are written
         return 128 + int(stop.signum)
     finally:

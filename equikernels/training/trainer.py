@@ -588,7 +588,8 @@ class Trainer:
     # ---- the loop -----------------------------------------------------------------------------
     def fit(self, resume: bool = False, overwrite: bool = False) -> Dict:
         """Train; ``resume`` continues from the newest checkpoint in out_dir, ``overwrite`` replaces an
-        earlier run there (without either, an out_dir holding one is refused: outputs.check)."""
+        earlier run there (without either, an out_dir holding one is refused: outputs.check). In a
+        multi-process run every rank returns together, so a caller may close the process group at once."""
         outputs.check(self.cfg.out_dir, resume or self.resumed, overwrite)
         if overwrite:
             removed = dist_utils.on_main(lambda: outputs.clear(self.cfg.out_dir))
@@ -606,7 +607,9 @@ class Trainer:
             if self._stop_requested():  # asked during the last evaluation: the final one is not run
                 self._interrupted(f"after step {self.step}, before the final evaluation and model files",
                                   checkpointed=True)
-            return self._finish()
+            summary = self._finish()
+        dist_utils.barrier()  # a rank that closes its connections while a peer still reads aborts it (gloo)
+        return summary
 
     def _prepare_out_dir(self) -> None:
         os.makedirs(self.cfg.out_dir, exist_ok=True)

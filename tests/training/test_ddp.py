@@ -5,6 +5,7 @@ import os
 import pytest
 import torch
 
+from ddp_runs import init_rank, run_ranks
 from emt_data import write_emt_dataset
 
 TINY = dict(hidden_irreps="4x0e+4x1o", MLP_irreps="4x0e", max_ell=1, correlation=2, num_bessel=4,
@@ -40,15 +41,11 @@ def _run(cfg_dict, result_path):
 def _worker(rank, world, init_file, cfg_dict, out_dir):
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    from equikernels import settings
-    settings.reload()  # the package read the environment when it was imported
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    init_rank(rank, world, init_file)
     try:
         _run(cfg_dict, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
-        dist.destroy_process_group()
+        dist.destroy_process_group()  # at once: fit returns on every rank together
 
 
 def test_ddp_two_gloo_processes_match_one(tmp_path, single_thread):
@@ -56,10 +53,8 @@ def test_ddp_two_gloo_processes_match_one(tmp_path, single_thread):
     single = str(tmp_path / "single.pt")
     _run(_config(train, str(tmp_path / "one"), batch_size=4), single)
 
-    torch.multiprocessing.spawn(_worker, nprocs=2, join=True,
-                                args=(2, str(tmp_path / "init"), _config(train, str(tmp_path / "two"), 2), str(tmp_path)))
+    ranks = run_ranks(_worker, _config(train, str(tmp_path / "two"), 2), tmp_path)
     one = torch.load(single, weights_only=False)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
     assert sorted(ranks[0]["idx"] + ranks[1]["idx"]) == sorted(one["idx"])  # the same global batch
     for k, v in one["initial"].items():

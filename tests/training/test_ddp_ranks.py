@@ -38,14 +38,15 @@ def _worker(rank, world, init_file, cfg_dict, out_dir):
     _trace_collectives(log)
     try:
         summary = Trainer(TrainConfig.from_dict(cfg_dict), log=None).fit()
+        last_in_fit = log[-1]
         try:
             dist_utils.on_main(lambda: 1 / 0)
             shared_error = None
         except Exception as exc:  # noqa: BLE001
             shared_error = f"{type(exc).__name__}: {exc}"
-        torch.save({"summary": summary, "collectives": log, "error": shared_error},
+        torch.save({"summary": summary, "collectives": log, "error": shared_error, "last_in_fit": last_in_fit},
                    os.path.join(out_dir, f"rank{rank}.pt"))
-        dist_utils.barrier()  # as the CLI does: no rank closes its connections while a peer still reads
+        dist_utils.barrier()  # no rank closes its connections while a peer still reads on_main's broadcast
     finally:
         dist.destroy_process_group()
 
@@ -57,6 +58,7 @@ def test_two_gloo_ranks_finish_with_the_same_collectives_and_summary(tmp_path, s
                seed=5, ema_decay=0.9)
     ranks = run_ranks(_worker, cfg, tmp_path)
     assert ranks[0]["collectives"] == ranks[1]["collectives"]
+    assert ranks[0]["last_in_fit"] == ("barrier", None)  # every rank returns from fit together
     assert ranks[0]["summary"] == ranks[1]["summary"]  # paths written by rank 0 included
     assert os.path.isfile(ranks[1]["summary"]["model_path"])
     assert "valid_start" in ranks[0]["summary"]

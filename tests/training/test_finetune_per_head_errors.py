@@ -90,14 +90,12 @@ def _worker(rank, world, init_file, cfg, out_dir):
     import torch.distributed as dist
 
     from equikernels.training import Trainer
-    from equikernels.training import distributed as dist_utils
 
     init_rank(rank, world, init_file)
     try:
         t = Trainer(cfg, log=None)
         torch.save({"summary": t.fit(), "configs": {k: getattr(t, f"{k}_configs") for k in ("train", "valid", "test")}},
                    os.path.join(out_dir, f"rank{rank}.pt"))
-        dist_utils.barrier()
     finally:
         dist.destroy_process_group()
 
