@@ -203,6 +203,29 @@ class MACECalculator(Calculator):
         self._cell_np: Optional[np.ndarray] = None
         self._pbc_np: Optional[np.ndarray] = None
 
+    @property
+    def head(self) -> str:
+        """The head the calculator evaluates. Setting it switches heads for the next calculation, as
+        mace-torch's calculator reads its ``head`` at every call; a name it lacks is refused."""
+        return self._head_name
+
+    @head.setter
+    def head(self, value: str) -> None:
+        name = self.heads[resolve_head(value, self.heads)]
+        if name == self.__dict__.get("_head_name"):
+            return
+        self._head_name = name
+        for member in self.members:
+            member.head = name
+        if self.members:
+            self._e0 = self.members[0]._e0
+        elif "_head" in self.__dict__:  # built already: the head index, its E0s and the results follow
+            index = self.heads.index(name)
+            self._head.fill_(index)
+            self._e0 = _head_e0(self.model, index)
+            self._numbers = self._graphed = None
+        self.reset()
+
     def __getstate__(self) -> dict:
         """A pickled or copied calculator (``copy.deepcopy``, multiprocessing) leaves out its padded
         evaluation and captured CUDA graphs, which cannot be copied: the copy makes its own when used."""
