@@ -138,6 +138,10 @@ def resolve_model(model: Union[None, str, os.PathLike, torch.nn.Module], device:
     if missing:
         raise TypeError(f"model must expose r_max and atomic_numbers like a mace-torch MACE model; "
                         f"{type(model).__name__} lacks {', '.join(missing)}")
+    if type(model).__module__.split(".")[0] == "mace":  # a mace-torch module given as it is, not yet accelerated
+        from ..adapters import accelerate  # noqa: PLC0415
+
+        accelerate(model)  # in place, sharing its tensors: the numbers stay mace-torch's
     return model
 
 

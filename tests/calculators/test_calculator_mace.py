@@ -148,6 +148,19 @@ def test_identical_to_mace_calculator(model, name, dtype, rtol, backend):
     assert ours.results["energies"].sum() == pytest.approx(ours.results["energy"], rel=1e-12 if dtype == "float64" else 1e-5)
 
 
+def test_a_mace_torch_module_given_runs_accelerated_in_place(model):
+    """A mace-torch module passed as it is (``model=``, ``models=``) runs on the kernels, keeping its
+    own tensors, as ``equikernels.accelerate`` leaves it; a file's model is converted on loading."""
+    from equikernels.calculators import MACECalculator
+
+    module = copy.deepcopy(model)
+    weights = {k: v.data_ptr() for k, v in module.state_dict().items()}
+    for given in (dict(model=module), dict(models=[module])):
+        ours = MACECalculator(**given, device="cpu", default_dtype="float64")
+        assert ours.model is module and getattr(type(module), "_ek_adapter", None) is not None
+        assert {k: v.data_ptr() for k, v in module.state_dict().items()} == weights
+
+
 def test_mixed_pbc_virial_matches_mace(model):
     """mace-torch divides the virial by the volume of a cell it enlarges along non-periodic
     directions; we use the structure's own cell (ASE's convention). The virials agree."""
