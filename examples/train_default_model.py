@@ -13,7 +13,7 @@ equikernels.training (AdamW, cosine schedule, EMA, energy/forces/stress loss).
         --n-test 10 --data /tmp/emt --out /tmp/run   # a quick look
 
 Writes examples/data/emt_{train,valid,test}.xyz (kept if present), the run under --out, and,
-unless --no-install, equikernels/default_model/mace_emt_small.model + metrics.json. A data file
+unless --no-install, equikernels/default_model/mace_emt_small.pt + metrics.json. A data file
 kept from earlier must hold the --n-* structures asked for: other sizes go to another --data.
 """
 from __future__ import annotations

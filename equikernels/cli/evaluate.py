@@ -145,7 +145,29 @@ def _check_prefix(prefix: str, keys) -> None:
     clash = [prefix + p for p in PREDICTED if prefix + p in labels]
     if clash:
         raise ValueError(f"--prefix {prefix!r} writes the predictions under the label key(s) {', '.join(clash)}, "
-                         "replacing the labels in --out; choose another prefix such as MACE_")
+                         f"replacing the labels in --out; choose another prefix such as {_other_prefix(prefix)}")
+
+
+def _other_prefix(prefix: str) -> str:
+    return "PRED_" if prefix == "MACE_" else "MACE_"
+
+
+def _check_given_keys(given, configs, source: str) -> None:
+    """A label key given on the command line that no frame holds is a wrong key (``fine-tune`` refuses
+    it too): its errors would otherwise be left out without a word."""
+    for prop in ("energy", "forces", "stress", "virials"):
+        attr = "stress" if prop == "virials" else prop  # virials are read into the stress
+        if prop in given and configs and all(getattr(c, attr) is None for c in configs):
+            raise ValueError(f"--{prop}-key {given[prop]!r}: no frame of {source} holds it (the first frame has "
+                             f"{configs[0].available})")
+
+
+def _check_out_name(out: str) -> None:
+    """``--out`` is written as extended XYZ: a name ASE would read as another format is refused."""
+    suffix = os.path.splitext(out)[1].lower()
+    if suffix not in ("", ".xyz", ".extxyz"):
+        raise ValueError(f"--out {out!r}: eval writes extended XYZ, which ASE would not read back from a "
+                         f"{suffix} file; name it .xyz or .extxyz")
 
 
 def _check_calculator_keys(prefix: str, frames, source: str) -> None:
@@ -158,7 +180,7 @@ def _check_calculator_keys(prefix: str, frames, source: str) -> None:
         if taken:
             raise ValueError(f"--prefix '' writes the predictions under {', '.join(taken)}, which frame {i} of "
                              f"{source} already holds as its calculator results (labels); choose a prefix such as "
-                             "MACE_")
+                             f"{_other_prefix(prefix)}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -198,11 +220,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {out!r} is the structures file itself; name another file")
     if args.model is not None and same_file(out, args.model):  # --overwrite would replace the model with predictions
         raise ValueError(f"--out {out!r} is the --model file itself; name another file")
+    _check_out_name(out)
     check_output_file(out, "--out", "pred.xyz", overwrite=args.overwrite)  # before the (slow) evaluation
     keys = DataKeys(**label_keys.given(args))
     _check_prefix(args.prefix, keys)
     frames = read_frames(structures)
     configs = configs_from_frames(frames, keys, structures)
+    _check_given_keys(label_keys.given(args), configs, structures)
     _check_calculator_keys(args.prefix, frames, structures)
 
     model = resolve_model(args.model, device)

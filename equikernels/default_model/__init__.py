@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-MODEL_FILE = "mace_emt_small.model"
+MODEL_FILE = "mace_emt_small.pt"  # equikernels format: .model would say mace-torch reads it
 
 
 def default_model_path() -> str:

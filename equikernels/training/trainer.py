@@ -755,15 +755,21 @@ class Trainer:
             except Exception as exc:  # a model mace-torch cannot express; ours is the product
                 self._remove_outputs(mace_name)  # never leave an earlier part of the run's file in its place
                 warnings.warn(f"could not also save a mace-torch model file: {exc}", stacklevel=2)
-        else:
-            self._remove_outputs(mace_name)
+        elif self._remove_outputs(mace_name):  # an earlier part of the run's file would not hold these weights
+            warnings.warn(f"removed {os.path.join(cfg.out_dir, mace_name)}, written by an earlier part of this run: "
+                          f"mace-torch is not installed to write it for these weights (with mace-torch, "
+                          f"`equikernels convert {out['model_path']} OUT.model --to mace` writes it)", stacklevel=2)
         return out
 
-    def _remove_outputs(self, *names: str) -> None:
+    def _remove_outputs(self, *names: str) -> List[str]:
+        """Remove the run's files ``names`` that exist; returns their paths."""
+        removed = []
         for name in names:
             path = os.path.join(self.cfg.out_dir, name)
             if os.path.isfile(path):
                 os.remove(path)
+                removed.append(path)
+        return removed
 
     def _write_metrics(self, summary: Dict) -> str:
         path = os.path.join(self.cfg.out_dir, outputs.METRICS)

@@ -83,6 +83,20 @@ def test_a_resumed_run_leaves_no_earlier_last_weights(cu_model, cu_train, tmp_pa
     assert (out / "mace.model").exists() == ("mace_model_path" in summary)
 
 
+def test_an_earlier_mace_torch_file_removed_for_want_of_mace_torch_is_said(cu_model, cu_train, tmp_path,
+                                                                           monkeypatch, single_thread):
+    from equikernels.training import fine_tune, trainer
+
+    monkeypatch.setattr(trainer.mf, "have_mace", lambda: False)
+    out = tmp_path / "run"
+    fine_tune(_cfg(cu_model, cu_train, out, max_steps=1, checkpoint_every=1))
+    (out / "mace.model").write_bytes(b"earlier")  # as a run with mace-torch installed wrote it
+    with pytest.warns(UserWarning, match=r"^removed .*mace\.model, written by an earlier part of this run: mace-torch is "
+                      r"not installed to write it for these weights \(with mace-torch, `equikernels convert "):
+        summary = fine_tune(_cfg(cu_model, cu_train, out, max_steps=2), resume=True)
+    assert not (out / "mace.model").exists() and "mace_model_path" not in summary
+
+
 @pytest.mark.mace
 def test_a_model_mace_torch_cannot_express_says_why(cu_model, monkeypatch):
     pytest.importorskip("mace")
