@@ -66,7 +66,7 @@ def script_tensor_product(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor
     [..., nw] per row (empty when unweighted) -> [..., dim_out]."""
     # zero-width views: the batch shapes broadcast without reading a column (irreps may be empty)
     lead = torch.broadcast_tensors(x.narrow(-1, 0, 0), y.narrow(-1, 0, 0))[0].shape[:-1]
-    if not shared and weight.numel() > 0:
+    if not shared and weight.shape[-1] > 0:  # weighted (an empty batch still has nw columns)
         rows_x = x.narrow(-1, 0, 0).expand(list(lead) + [0])
         lead = torch.broadcast_tensors(rows_x, weight.narrow(-1, 0, 0))[0].shape[:-1]
     shape: List[int] = list(lead)
@@ -76,7 +76,7 @@ def script_tensor_product(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor
     x2 = x.expand(shape + [x.shape[-1]]).reshape(rows, x.shape[-1])
     y2 = y.expand(shape + [y.shape[-1]]).reshape(rows, y.shape[-1])
     w = weight
-    if not shared and weight.numel() > 0:
+    if not shared and weight.shape[-1] > 0:
         w = weight.expand(shape + [weight.shape[-1]]).reshape(rows, weight.shape[-1])
     w3j = w3j.to(device=x.device, dtype=x.dtype)
     outs: List[List[torch.Tensor]] = [[] for _ in blocks]

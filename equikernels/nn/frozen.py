@@ -3,6 +3,7 @@ per-call weight work)."""
 from __future__ import annotations
 
 import functools
+import types
 from typing import Dict, Iterable, Sequence, Tuple
 
 import torch
@@ -43,13 +44,17 @@ def outside_inference_mode(forward):
     inside: the constants and caches it makes on first use are then ordinary tensors that later calls
     recorded by autograd can use (inference tensors cannot be saved for backward). Its outputs are
     ordinary tensors too."""
-    @functools.wraps(forward)
     def wrapper(*args, **kwargs):
         if not torch.compiler.is_compiling() and torch.is_inference_mode_enabled():  # dynamo cannot trace it
             with torch.inference_mode(False), torch.no_grad():
                 return forward(*args, **kwargs)
         return forward(*args, **kwargs)
-    return wrapper
+    # a code object of its own per forward: torch.compile's recompile limit counts per code object,
+    # and one shared by every module class would spend one budget for all of them
+    code = wrapper.__code__.replace(co_name=forward.__name__, co_qualname=forward.__qualname__) \
+        if hasattr(wrapper.__code__, "co_qualname") else wrapper.__code__.replace(co_name=forward.__name__)
+    own = types.FunctionType(code, wrapper.__globals__, forward.__name__, wrapper.__defaults__, wrapper.__closure__)
+    return functools.wraps(forward)(own)
 
 
 def frozen_key(ts: Sequence[torch.Tensor]) -> Tuple[object, ...]:

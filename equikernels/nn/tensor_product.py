@@ -270,6 +270,9 @@ class TensorProduct(nn.Module):
         n = self.problem.dim_in1
         if not isinstance(y, torch.Tensor):
             raise TypeError(f"y: expected a torch.Tensor, got {type(y).__name__}")
+        if y.dim() == 0 or y.shape[-1] != self.problem.dim_in2:  # named here: the call below sees y unsqueezed
+            raise ValueError(f"y: expected last dimension {self.problem.dim_in2} (irreps_in2), got shape "
+                             f"{tuple(y.shape)}")
         eye = torch.eye(n, dtype=y.dtype, device=y.device).reshape((n,) + (1,) * (y.dim() - 1) + (n,))
         return self._tp(eye, y.unsqueeze(0), weight).movedim(0, -2)
 

@@ -31,3 +31,19 @@ def test_convert_module_star_import():
     """Every name in ``nn.convert.__all__`` exists (a star import works)."""
     import equikernels.nn.convert as convert
     assert all(hasattr(convert, name) for name in convert.__all__)
+
+
+def test_each_module_class_has_its_own_recompile_budget():
+    """torch.compile counts recompiles per code object: modules whose forwards shared one (a common
+    wrapper) spent one budget, and a compiled Linear failed after a product's recompiles."""
+    torch._dynamo.reset()
+    tp = torch.compile(enn.from_e3nn(o3.FullyConnectedTensorProduct("2x0e+1x1o", "1x0e+1x1o", "2x0e+1x1o")),
+                       backend="eager", fullgraph=True)
+    lin = torch.compile(enn.Linear("2x0e+1x1o", "2x0e+1x1o"), backend="eager", fullgraph=True)
+    for n in (3, 5, 1):  # batch sizes and with or without grad: recompiles of the product
+        for grad in (False, True):
+            tp(torch.randn(n, 5, requires_grad=grad), torch.randn(n, 4))
+    for n in (3, 5, 1):
+        for grad in (False, True):
+            lin(torch.randn(n, 5, requires_grad=grad))
+    assert enn.TensorProduct.forward.__code__ is not enn.Linear.forward.__code__

@@ -161,6 +161,8 @@ def test_right(dtype64):
     ref, ours = pair(lambda m: m.FullyConnectedTensorProduct("2x0e+2x1o", "0e+1o", "3x0e+2x1o", compile_right=True))
     y = torch.randn(4, ref.irreps_in2.dim)
     assert_close(ours.right(y), ref.right(y), what="right")
+    with pytest.raises(ValueError, match=r"^y: expected last dimension 4 \(irreps_in2\), got shape \(4, 5\)$"):
+        ours.right(torch.randn(4, 5))
 
 
 def test_broadcasting_and_empty_batch(dtype64):
@@ -356,3 +358,13 @@ def test_package_surface():
         assert hasattr(ek, name), name
     assert hasattr(ek, "TensorSquare") == hasattr(o3, "TensorSquare")
     assert "1 weights" in repr(ek.FullyConnectedTensorProduct("0e", "0e", "0e"))
+
+
+def test_weight_view_for_instruction_after_an_unweighted_instruction(dtype64):
+    ins = [(0, 0, 0, "uvw", True), (1, 1, 0, "uvu", False), (1, 0, 1, "uvu", True), (1, 1, 2, "uvv", True)]
+    tp = ek.TensorProduct("2x0e+2x1o", "1x0e+2x1o", "2x0e+2x1o+2x1e", ins)
+    views = list(tp.weight_views(yield_instruction=True))
+    assert [i for i, _, _ in views] == [0, 2, 3]
+    for i, _, view in views:  # each instruction's own weights, the unweighted one counted for nothing
+        assert torch.equal(tp.weight_view_for_instruction(i), view)
+    assert sum(v.numel() for _, _, v in views) == tp.weight_numel

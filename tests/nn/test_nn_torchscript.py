@@ -75,6 +75,15 @@ def test_subclasses_linear_and_spherical_harmonics_script():
         torch.testing.assert_close(sm(*args), m(*args), msg=repr(m))
 
 
+@pytest.mark.parametrize("lead", [(0,), (2, 0), (0, 3)])
+def test_scripted_product_takes_empty_batches_with_per_row_weights(lead):
+    tp = enn.FullyConnectedTensorProduct("2x0e+1x1o", "1x0e+1x1o", "2x0e+1x1o", shared_weights=False)
+    x, y = torch.randn(*lead, tp.irreps_in1.dim), torch.randn(*lead, tp.irreps_in2.dim)
+    w = torch.randn(*lead, tp.weight_numel)
+    out = torch.jit.script(tp)(x, y, w)
+    assert out.shape == tp(x, y, w).shape == (*lead, tp.irreps_out.dim)
+
+
 def test_scripted_module_differentiates_and_keeps_weights():
     m = enn.FullyConnectedTensorProduct("2x0e+1x1o", "0e+1o", "2x0e+1x1o")
     sm = torch.jit.script(m)
