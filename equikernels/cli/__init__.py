@@ -140,11 +140,37 @@ def _parse(argv: List[str]):
             print(f"equikernels: error: {exc} (run with --debug for the traceback)", file=sys.stderr)
             return 2
     parser = build_parser()
-    args = parser.parse_args(_joined_negatives(argv))
+    args, extra = parser.parse_known_args(_joined_negatives(argv))
+    if extra:
+        _unrecognized(parser, args, extra)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     return args
+
+
+def _unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: List[str]) -> None:
+    """Exit with the usage of the command the unknown arguments were given to, naming the nearest
+    option of that command (argparse would show the top level's usage and suggest nothing)."""
+    import difflib
+
+    command = getattr(args, "command", None)
+    sub = _subparser(parser, command) if command else None
+    target = sub or parser
+    options = [o for action in target._actions for o in action.option_strings if o.startswith("--")]
+    message = f"unrecognized arguments: {' '.join(extra)}"
+    first = next((e.split("=", 1)[0] for e in extra if e.startswith("--")), None)
+    near = difflib.get_close_matches(first, options, n=1, cutoff=0.7) if first else []
+    if near:
+        message += f" (did you mean {near[0]}?)"
+    target.error(message)
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> Optional[argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices.get(command)
+    return None
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -1,0 +1,22 @@
+"""An option a command does not have: argparse's error with the usage of that command (not the top
+level's) and the nearest option the command has, when one is near."""
+import pytest
+
+from equikernels.cli import main
+
+
+@pytest.mark.parametrize("argv, usage, message", [
+    (["md", "--stpes", "3"], "usage: equikernels md ", "equikernels md: error: unrecognized arguments: --stpes "
+                                                      "(did you mean --steps?)"),
+    (["fine-tune", "--epohcs=1"], "usage: equikernels fine-tune ",
+     "equikernels fine-tune: error: unrecognized arguments: --epohcs=1 (did you mean --epochs?)"),
+    (["eval", "x.xyz", "--zzzz"], "usage: equikernels eval ", "equikernels eval: error: unrecognized arguments: --zzzz"),
+    (["--bogus"], "usage: equikernels ", "equikernels: error: unrecognized arguments: --bogus"),
+])
+def test_unknown_option_names_the_command_and_the_nearest_option(capsys, argv, usage, message):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith(usage), err
+    assert err[-1] == message, err
