@@ -124,8 +124,10 @@ def _device(value: str) -> torch.device:
         device = torch.device(value)
     except RuntimeError:
         raise ValueError(f"--device: {value!r} is not a device name; expected cuda or cuda:N") from None
-    if device.type != "cuda" or not torch.cuda.is_available():
+    if device.type != "cuda":
         raise ValueError(f"--device {value}: tuning needs a CUDA device (it times real GPU launches)")
+    if not torch.cuda.is_available():
+        raise ValueError(f"--device {value}: no CUDA device is visible here, and tuning times real GPU launches")
     count = torch.cuda.device_count()
     if device.index is not None and device.index >= count:
         raise ValueError(f"--device {value}: this machine has {count} CUDA device(s) (cuda:0 to cuda:{count - 1})")

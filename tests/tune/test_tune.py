@@ -202,8 +202,10 @@ def test_tune_command_without_gpu_says_why(capsys):
     from equikernels.cli import main
     if torch.cuda.is_available():
         pytest.skip("has a GPU")
-    assert main(["tune", "--problems", "nequip-water"]) == 2
-    assert "needs a CUDA device" in capsys.readouterr().err
+    assert main(["tune", "--problems", "nequip-water"]) == 2  # the default device, cuda
+    assert "--device cuda: no CUDA device is visible here, and tuning times real GPU launches" in capsys.readouterr().err
+    assert main(["tune", "--problems", "nequip-water", "--device", "cpu"]) == 2
+    assert "--device cpu: tuning needs a CUDA device" in capsys.readouterr().err
 
 
 def test_tune_help_says_when_tuning_happens(capsys):
@@ -301,4 +303,4 @@ def test_tune_reads_model_and_structure_then_names_the_missing_gpu(capsys, tmp_p
     assert main(["tune", "--model", default_model_path(), "--structure", str(bad)]) == 2
     one_line_error(capsys, "--structure", "cannot read")
     assert main(["tune", "--model", default_model_path()]) == 2
-    one_line_error(capsys, "--device cuda", "needs a CUDA device")
+    one_line_error(capsys, "--device cuda", "no CUDA device is visible here")
