@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from ddp_runs import init_rank, run_ranks
+from ddp_runs import exit_rank, init_rank, run_ranks
 from emt_data import write_emt_dataset
 
 TINY = dict(hidden_irreps="4x0e+4x1o", MLP_irreps="4x0e", max_ell=1, correlation=2, num_bessel=4,
@@ -46,6 +46,7 @@ def _worker(rank, world, init_file, cfg_dict, out_dir):
         _run(cfg_dict, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()  # at once: fit returns on every rank together
+    exit_rank()
 
 
 def test_ddp_two_gloo_processes_match_one(tmp_path, single_thread):

@@ -4,7 +4,7 @@ import os
 
 import torch
 
-from ddp_runs import init_rank, run_ranks
+from ddp_runs import exit_rank, init_rank, run_ranks
 from emt_data import write_emt_dataset
 
 TINY = dict(hidden_irreps="4x0e+4x1o", MLP_irreps="4x0e", max_ell=1, correlation=2, num_bessel=4,
@@ -49,6 +49,7 @@ def _worker(rank, world, init_file, cfg_dict, out_dir):
         dist_utils.barrier()  # no rank closes its connections while a peer still reads on_main's broadcast
     finally:
         dist.destroy_process_group()
+    exit_rank()
 
 
 def test_two_gloo_ranks_finish_with_the_same_collectives_and_summary(tmp_path, single_thread):

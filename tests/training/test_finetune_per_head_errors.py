@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from ddp_runs import init_rank, run_ranks
+from ddp_runs import exit_rank, init_rank, run_ranks
 from cu_ni_frames import two_head_model as _two_head_model
 from cu_ni_frames import write_cu_ni_frames as _frames
 from test_finetune_heads_block import NEW, _config
@@ -98,6 +98,7 @@ def _worker(rank, world, init_file, cfg, out_dir):
                    os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+    exit_rank()
 
 
 def test_two_gloo_ranks_report_each_heads_errors_over_all_its_frames(tmp_path, single_thread):

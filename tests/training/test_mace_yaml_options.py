@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from ddp_runs import init_rank, run_ranks
+from ddp_runs import exit_rank, init_rank, run_ranks
 from emt_data import write_emt_dataset
 from equikernels.cli import fine_tune, main
 from equikernels.cli.fine_tune import config_from_args
@@ -90,6 +90,7 @@ def _ddp_worker(rank, world, init_file, cfg_dict, out_dir):
         torch.save(summary, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+    exit_rank()
 
 
 def test_test_set_under_ddp(cu_model, cu_files, tmp_path, single_thread):
