@@ -155,9 +155,14 @@ def _other_prefix(prefix: str) -> str:
 def _check_given_keys(given, configs, source: str) -> None:
     """A label key given on the command line that no frame holds is a wrong key (``fine-tune`` refuses
     it too): its errors would otherwise be left out without a word."""
+    from ..training.data import UNUSED_STRESS
+
     for prop in ("energy", "forces", "stress", "virials"):
         attr = "stress" if prop == "virials" else prop  # virials are read into the stress
-        if prop in given and configs and all(getattr(c, attr) is None for c in configs):
+        # a stress label of a frame not periodic in all directions is found, then not compared
+        found = [c for c in configs
+                 if getattr(c, attr) is not None or (attr == "stress" and UNUSED_STRESS in c.label_keys)]
+        if prop in given and configs and not found:
             raise ValueError(f"--{prop}-key {given[prop]!r}: no frame of {source} holds it (the first frame has "
                              f"{configs[0].available})")
 

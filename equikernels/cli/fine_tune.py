@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import os
 import warnings
 
 from .. import settings
@@ -259,12 +260,13 @@ def _command_line(args: argparse.Namespace):
 def _translated(args: argparse.Namespace):
     """The options of --config and of the command line, translated from mace-torch's names; their
     warnings are said once, by the first process of a torchrun job alone."""
-    from ..training.config import load_yaml
-    from ..training.mace_options import REPLAY_NOTE, from_mace_options
+    from ..training.config import read_yaml
+    from ..training.mace_options import NEW_MODEL_SHAPE, REPLAY_NOTE, from_mace_options
 
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
-        values = load_yaml(args.config) if args.config else {}
+        written = read_yaml(args.config) if args.config else {}
+        values = from_mace_options(written, args.config) if args.config else {}
         given = _command_line(args)
         cli = from_mace_options(given, "command line")
     if settings.get().rank == 0:
@@ -275,6 +277,7 @@ def _translated(args: argparse.Namespace):
                     continue
                 noted = True
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    args.new_model_shape = [name for name in NEW_MODEL_SHAPE if name in given or name in written]
     return values, cli
 
 
@@ -330,9 +333,17 @@ def config_from_args(args: argparse.Namespace):
     if args.no_plot:
         values["plot"] = False
     if values.get("model") is None and values.get("new_model") is None:
+        if args.new_model_shape:  # a mace_run_train command line training from scratch
+            raise ValueError(f"{', '.join(args.new_model_shape)}: mace-torch's options of a new "
+                             "model; a new model's hyper-parameters are the entries of new_model in a --config "
+                             "file (new_model: {r_max: 5.0, hidden_irreps: '128x0e+128x1o', ...}), or give --model "
+                             "(mace-torch's --foundation_model) to fine-tune a model")
         from equikernels.default_model import default_model_path
 
         values["model"] = default_model_path()
+        if settings.get().rank == 0:
+            print(f"model: the bundled default model {os.path.basename(values['model'])}, a toy trained on EMT data "
+                  "(--model names the model to fine-tune)", flush=True)
     return TrainConfig.from_dict(values).validate()
 
 
@@ -345,7 +356,7 @@ def run(args: argparse.Namespace) -> int:
     from ..training.trainer import TrainingInterrupted
 
     cfg = config_from_args(args)
-    outputs.check(cfg.out_dir, args.resume, args.overwrite, "--resume", "--overwrite", "--out")
+    outputs.check(cfg.out_dir, args.resume, args.overwrite, "--resume", "--overwrite", "--out", cfg.input_files())
     try:
         fine_tune(cfg, resume=args.resume, overwrite=args.overwrite)  # every rank returns together
     except TrainingInterrupted as stop:  # its one line is printed; checkpoint and metrics are written

@@ -71,6 +71,22 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def _not_an_output(spec, out_dir: str) -> None:
+    """A structure file that is one of the files the run writes into ``out_dir`` is refused: even
+    ``--overwrite`` must not replace the run's own input (an earlier run's md.traj, say)."""
+    from ..calculators.md import MD_FILES
+    from ..training.data import split_selection
+
+    if spec is None or not os.path.isdir(out_dir):
+        return
+    path = split_selection(spec)[0]
+    for name in MD_FILES:
+        target = os.path.join(out_dir, name)
+        if os.path.isfile(path) and os.path.isfile(target) and os.path.samefile(path, target):
+            raise FileExistsError(f"structure {spec!r} is the file this run writes its {name} to in --out "
+                                  f"{out_dir!r}; copy it out of {out_dir!r} or choose another --out")
+
+
 def load_structure(spec):
     """``(atoms, description)`` for a built-in name, an ASE-readable file (its last frame) or one
     frame ``FILE@INDEX`` selects."""
@@ -171,9 +187,15 @@ def run(args: argparse.Namespace) -> int:
     from . import option_names
 
     atoms, structure = load_structure(args.structure)
+    _not_an_output(args.structure, args.out)
     if args.supercell:
         if min(args.supercell) < 1:
             raise ValueError(f"--supercell needs three positive integers, got {args.supercell}")
+        flat = [i for i in range(3) if args.supercell[i] > 1 and not atoms.cell[i].any()]
+        if flat:
+            raise ValueError(f"--supercell {' '.join(map(str, args.supercell))}: {structure} has no lattice vector "
+                             f"{', '.join('abc'[i] for i in flat)} to repeat along (its cell lengths are "
+                             f"{', '.join(f'{x:g}' for x in atoms.cell.lengths())} Angstrom)")
         atoms = atoms.repeat(tuple(args.supercell))
     if args.steps is not None and args.steps < 0:
         raise ValueError(f"--steps must be >= 0, got {args.steps}")

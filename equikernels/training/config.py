@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import yaml
 
@@ -31,6 +31,8 @@ E0_MODES = ("foundation", "average")  # or a {symbol or Z: energy} mapping
 LOSSES = ("mse", "huber")
 OPTIMIZERS = ("adamw", "adam")
 # what each entry of `heads` may set; an option a head does not set is the run's own
+# the train_file of a run whose structures a Python caller passes in memory (Trainer(train_configs=...))
+IN_MEMORY = "<in memory>"
 HEAD_OPTIONS = ("train_file", "valid_file", "test_file", "valid_fraction", "e0s", "config_type_weights", "keys")
 
 
@@ -123,6 +125,14 @@ class TrainConfig:
             if bad:
                 raise ValueError(f"unknown data key option(s) {bad}; known: {sorted(key_names)}")
             self.keys = DataKeys(**self.keys)
+        if not isinstance(self.keys, DataKeys):
+            raise ValueError(f"keys must be a mapping such as {{energy: REF_energy, forces: REF_forces}}, "
+                             f"got {self.keys!r}")
+        for f in dataclasses.fields(DataKeys):
+            value = getattr(self.keys, f.name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"keys: {f.name} must be the name of an info or arrays key (mace-torch's "
+                                 f"{f.name}_key), got {value!r}")
 
     def head_data(self) -> List["HeadData"]:
         """One entry per head of ``heads`` with the run's own options filled in where the head gives
@@ -207,15 +217,21 @@ class TrainConfig:
              f"model_head {self.model_head!r} names a head of the model file to fine-tune; give the file (model)")
         need(self.model is not None or self.new_model is not None,
              "give a model file to fine-tune (model) or the hyper-parameters of a new one (new_model)")
-        files = [(name, getattr(self, name)) for name in ("train_file", "valid_file", "test_file", "replay_file")]
-        files += [(f"heads: {h.name}: {name}", getattr(h, name)) for h in (self.head_data() if self.heads else [])
-                  for name in ("train_file", "valid_file", "test_file")]
-        for name, path in files:
+        need(self.model is None or self.new_model is None,
+             f"model {self.model!r} and new_model both given: give the model to fine-tune (model) or the "
+             "hyper-parameters of a new one (new_model), not both")
+        if self.new_model is not None:
+            from .new_model_options import check_new_model  # noqa: PLC0415
+
+            check_new_model(self.new_model)
+        for name, path in self._data_files():
             if path is not None:  # FILE@INDEX (ASE's frame selection) names FILE
                 try:
                     path = split_selection(path)[0]
                 except ValueError as exc:
                     raise ValueError(f"{name}: {exc}") from None
+            if path == IN_MEMORY:
+                continue
             if path is not None and os.path.isdir(path):
                 raise IsADirectoryError(f"{name}: {path!r} is a directory, expected a file of structures")
             if path is not None and not os.path.exists(path):
@@ -226,11 +242,31 @@ class TrainConfig:
             refuse_as_model(self.model)
         need(not os.path.exists(self.out_dir) or os.path.isdir(self.out_dir),
              f"out_dir: {self.out_dir!r} exists and is not a directory")
-        if self.device is not None and str(self.device).startswith("cuda"):
-            import torch  # noqa: PLC0415 (only to ask whether CUDA is there)
+        above = os.path.dirname(os.path.abspath(self.out_dir))
+        while not os.path.exists(above):
+            above = os.path.dirname(above)
+        need(os.path.isdir(above), f"out_dir: {self.out_dir!r} cannot be made: {above!r} is a file, not a directory")
+        if self.device is not None:
+            import torch  # noqa: PLC0415 (only to read the device and ask whether CUDA is there)
 
-            need(torch.cuda.is_available(), f"device: {self.device!r} asked, but torch sees no CUDA device here")
+            try:
+                torch.device(self.device)
+            except (RuntimeError, TypeError, ValueError):
+                raise ValueError(f"device must be a torch device such as 'cpu', 'cuda' or 'cuda:1', "
+                                 f"got {self.device!r}") from None
+            if str(self.device).startswith("cuda"):
+                need(torch.cuda.is_available(), f"device: {self.device!r} asked, but torch sees no CUDA device here")
         return self
+
+    def _data_files(self) -> List[Tuple[str, Optional[str]]]:
+        files = [(name, getattr(self, name)) for name in ("train_file", "valid_file", "test_file", "replay_file")]
+        return files + [(f"heads: {h.name}: {name}", getattr(h, name)) for h in (self.head_data() if self.heads else [])
+                        for name in ("train_file", "valid_file", "test_file")]
+
+    def input_files(self) -> List[Tuple[str, str]]:
+        """(option, path) of every existing file the run reads: the model and the structures."""
+        given = [("model", self.model)] + [(n, split_selection(p)[0] if p else p) for n, p in self._data_files()]
+        return [(n, p) for n, p in given if p is not None and p != IN_MEMORY and os.path.isfile(p)]
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -322,6 +358,11 @@ def _check_types(cfg: "TrainConfig") -> None:
 def load_yaml(path: str) -> Dict[str, Any]:
     """The training options of a YAML file; mace-torch's training-script names are translated
     (``mace_options``)."""
+    return from_mace_options(read_yaml(path), path)  # a YAML written for mace-torch's training script reads too
+
+
+def read_yaml(path: str) -> Dict[str, Any]:
+    """The options of a YAML file as written, checked to be a mapping."""
     try:
         with open(path) as fh:
             values = yaml.safe_load(fh) or {}
@@ -335,4 +376,4 @@ def load_yaml(path: str) -> Dict[str, Any]:
         raise ValueError(f"config file {path!r}: not valid YAML{at} ({getattr(exc, 'problem', None) or exc})") from None
     if not isinstance(values, dict):
         raise ValueError(f"{path}: expected a mapping of training options, got {type(values).__name__}")
-    return from_mace_options(values, path)  # a YAML written for mace-torch's training script reads too
+    return values

@@ -20,6 +20,9 @@ from .config import DataKeys
 from .frames import select, split_selection
 
 
+UNUSED_STRESS = "unused stress"  # label_keys entry: a stress label of a frame not periodic in all directions
+
+
 class DataError(ValueError):
     """A training structure that cannot be used; the message names the file and the frame."""
 
@@ -152,6 +155,7 @@ def config_from_atoms(atoms, keys: DataKeys, where: str) -> Config:
             used["stress"] = f"{keys.virials!r} (virials)"
     if stress is not None and not pbc.all():
         stress = None  # a stress is meaningless without a periodic cell; never fit it
+        used[UNUSED_STRESS], used["stress"] = used["stress"], None
 
     weight = atoms.info.get(keys.weight, 1.0)
     weight = float(_as_float_array(weight, f"weight '{keys.weight}'", where).reshape(-1)[0])
@@ -265,14 +269,18 @@ def label_sources(configs: Sequence[Config]) -> str:
     """Which keys the labels came from, e.g. "energy from 'energy' (calculator results) in 16 of
     16 frames; forces from 'REF_forces' in 16 of 16 frames"."""
     parts = []
-    for prop in ("energy", "forces", "stress"):
+    for prop in ("energy", "forces", "stress", UNUSED_STRESS):
         counts: Dict[str, int] = {}
         for c in configs:
             where = c.label_keys.get(prop)
             if where is not None:
                 counts[where] = counts.get(where, 0) + 1
         for where, n in counts.items():
-            parts.append(f"{prop} from {where} in {n} of {len(configs)} frames")
+            if prop == UNUSED_STRESS:
+                parts.append(f"stress from {where} in {n} of {len(configs)} frames not used (their cell is not "
+                             "periodic in all three directions)")
+            else:
+                parts.append(f"{prop} from {where} in {n} of {len(configs)} frames")
     return "; ".join(parts) if parts else "no energy, forces or stress labels"
 
 

@@ -40,6 +40,10 @@ RENAMES = {"foundation_model": "model", "max_num_epochs": "epochs", "default_dty
 KEYS = {"energy_key": "energy", "forces_key": "forces", "stress_key": "stress", "virials_key": "virials",
         "head_key": "head"}
 ARCHITECTURES = {"MACE", "ScaleShiftMACE", "ScaleShiftBOTNet", "BOTNet", "AtomicDipolesMACE", "EnergyDipolesMACE"}
+# mace-torch's options that shape a new model: here a new model's hyper-parameters are new_model's entries
+NEW_MODEL_SHAPE = ("r_max", "radial_type", "num_radial_basis", "num_cutoff_basis", "interaction", "interaction_first",
+                   "max_ell", "correlation", "num_interactions", "MLP_irreps", "radial_MLP", "hidden_irreps",
+                   "num_channels", "max_L")
 SET_ASIDE = {
     # the foundation model's architecture and statistics (read from the model file)
     "r_max", "radial_type", "num_radial_basis", "num_cutoff_basis", "pair_repulsion", "distance_transform",

@@ -19,15 +19,7 @@ from .._compat import o3
 from . import checkpoint
 from ..models import builder as model_builder
 from ..models.foundations import foundation_checkpoint
-
-# hyper-parameters of a small MACE trained from scratch (overridden by TrainConfig.new_model)
-DEFAULT_NEW_MODEL: Dict[str, Any] = dict(
-    r_max=5.0, num_bessel=8, num_polynomial_cutoff=5, max_ell=2, num_interactions=2,
-    hidden_irreps="16x0e+16x1o", MLP_irreps="16x0e", correlation=3, radial_MLP=[32, 32],
-    interaction="RealAgnosticResidualInteractionBlock",
-    interaction_first="RealAgnosticResidualInteractionBlock",
-    builder="auto",  # "mace": mace-torch's constructor (then converted); "equikernels": ours
-)
+from .new_model_options import DEFAULT_NEW_MODEL, check_new_model  # noqa: F401 (DEFAULT_NEW_MODEL: the trainer's)
 
 
 def ours():
@@ -121,14 +113,9 @@ def build_new_model(hparams: Optional[Dict[str, Any]], atomic_numbers: Sequence[
     one per head. Built by mace-torch's constructor
     when it is installed (its initialisation and symmetric-contraction basis), converted to ours
     for backend 'equikernels'; without mace-torch, built by ``equikernels.models.builder``."""
-    hp = dict(DEFAULT_NEW_MODEL)
-    unknown = sorted(set(hparams or {}) - set(hp))
-    if unknown:
-        raise ValueError(f"unknown new_model option(s) {unknown}; known: {sorted(hp)}")
-    hp.update(hparams or {})
+    check_new_model(hparams or {})
+    hp = {**DEFAULT_NEW_MODEL, **(hparams or {})}
     builder = hp.pop("builder")
-    if builder not in ("auto", "mace", "equikernels"):
-        raise ValueError(f"new_model builder must be 'auto', 'mace' or 'equikernels', got {builder!r}")
     if builder == "auto":
         builder = "mace" if _have_mace() or ours() is None else "equikernels"
     if builder == "equikernels":

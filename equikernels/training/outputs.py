@@ -3,7 +3,7 @@ another run's results unless asked: continue it (``resume``) or replace it (``ov
 from __future__ import annotations
 
 import os
-from typing import List
+from typing import List, Sequence, Tuple
 
 from . import checkpoint as ckpt
 
@@ -33,9 +33,17 @@ def describe(paths: List[str]) -> str:
 
 
 def check(out_dir: str, resume: bool, overwrite: bool, resume_flag: str = "resume=True",
-          overwrite_flag: str = "overwrite=True", out_flag: str = "out_dir") -> None:
+          overwrite_flag: str = "overwrite=True", out_flag: str = "out_dir",
+          inputs: Sequence[Tuple[str, str]] = ()) -> None:
     """Refuse to start where a run would replace another's results: ``out_dir`` holds an earlier
-    run and neither ``resume`` (with a checkpoint to continue from) nor ``overwrite`` is given."""
+    run and neither ``resume`` (with a checkpoint to continue from) nor ``overwrite`` is given; or
+    where it would replace one of its own ``inputs`` ((option, path) pairs), whatever is given."""
+    for option, path in inputs:
+        for name in RUN_FILES:
+            target = os.path.join(out_dir, name)
+            if os.path.isfile(target) and os.path.samefile(path, target):
+                raise FileExistsError(f"{option} {path!r} is the file this run writes its {name} to in {out_flag} "
+                                      f"{out_dir!r}; move it out of {out_dir!r} or choose another {out_flag}")
     if resume and overwrite:
         raise ValueError(f"{resume_flag} and {overwrite_flag}: give one (continue the run in {out_dir!r}, or "
                          "replace it)")

@@ -34,10 +34,10 @@ from . import checkpoint as ckpt
 from . import distributed as dist_utils
 from . import model_factory as mf
 from . import outputs
-from .config import TrainConfig
+from .config import IN_MEMORY, TrainConfig
 from ..models.data import head_index
 from .data import (Config, DataError, GraphDataset, build_dataset, check_elements, collate, frame_head, label_sources,
-                   read_configs)
+                   config_from_atoms, read_configs)
 from .ema import EMA
 from .head_frames import load_head
 from .evaluate import forward, metrics_lines, predict
@@ -124,6 +124,22 @@ def _head_weights(given: Dict[str, float], heads: List[str]) -> Dict[str, float]
     return out
 
 
+def _as_configs(given: Optional[Sequence], name: str, keys) -> Optional[List[Config]]:
+    """``given`` structures as training configs: ASE ``Atoms`` are read with the label ``keys``."""
+    if given is None:
+        return None
+    from ase import Atoms  # noqa: PLC0415
+
+    out = []
+    for i, item in enumerate(given):
+        if isinstance(item, Atoms):
+            item = config_from_atoms(item, keys, f"{name}[{i}]")
+        elif not isinstance(item, Config):
+            raise TypeError(f"{name}[{i}]: expected an ase.Atoms or a training Config, got {type(item).__name__}")
+        out.append(item)
+    return out
+
+
 class Trainer:
     """``Trainer(cfg).fit()``. ``train_configs``/``valid_configs``/``test_configs`` let Python callers
     pass structures instead of files."""
@@ -136,8 +152,12 @@ class Trainer:
                              "memory (train_configs, valid_configs, test_configs), not both")
         if train_configs is not None and cfg.train_file is None:
             cfg = copy.deepcopy(cfg)
-            cfg.train_file = "<in memory>"
+            cfg.train_file = IN_MEMORY
         self.cfg = cfg.validate()
+        train_configs, valid_configs, test_configs = (
+            _as_configs(given, name, cfg.keys) for given, name in ((train_configs, "train_configs"),
+                                                                   (valid_configs, "valid_configs"),
+                                                                   (test_configs, "test_configs")))
         self.log = log
         device = torch.device(cfg.device) if cfg.device else dist_utils.default_device()
         self.dist = dist_utils.setup(device)
@@ -228,6 +248,8 @@ class Trainer:
             with _default_dtype(dtype):
                 model = mf.build_new_model(cfg.new_model, z_table, e0_vec, avg_num_neighbors(graphs),
                                            scale, shift, head_names, cfg.model_backend)
+        # the starting model's errors are with the E0s set here: the rows say so where a loaded model's changed
+        self.start_e0s_set = cfg.model is not None and any(row_e0s.values())
         if any(row_e0s.values()):
             table = mf.get_e0s(model)
             for row, values in row_e0s.items():
@@ -505,7 +527,7 @@ class Trainer:
             self.history[key] = metrics
             if self._per_head():
                 self.history.setdefault("per_head_start", {})[key] = heads
-            self._say(f"starting model{what}: " + _format_metrics(metrics))
+            self._say(f"{_start_label(self.start_e0s_set)}{what}: " + _format_metrics(metrics))
 
     def _per_head(self) -> bool:
         """Whether errors are also reported per head: the frames evaluated (training, validation and
@@ -575,7 +597,8 @@ class Trainer:
         if not checkpointed:
             self.save_checkpoint()
         summary = {"interrupted": name, "step": self.step, "epoch": self.epoch,
-                   "valid_start": self.history.get("valid_start"), "test_start": self.history.get("test_start")}
+                   "valid_start": self.history.get("valid_start"), "test_start": self.history.get("test_start"),
+                   "start_e0s_set": self.start_e0s_set}
         if self.history.get("per_head_start"):
             summary["per_head"] = self._per_head_summary(self.history["per_head_start"])
         metrics = dist_utils.on_main(lambda: self._write_metrics(summary))
@@ -590,7 +613,7 @@ class Trainer:
         """Train; ``resume`` continues from the newest checkpoint in out_dir, ``overwrite`` replaces an
         earlier run there (without either, an out_dir holding one is refused: outputs.check). In a
         multi-process run every rank returns together, so a caller may close the process group at once."""
-        outputs.check(self.cfg.out_dir, resume or self.resumed, overwrite)
+        outputs.check(self.cfg.out_dir, resume or self.resumed, overwrite, inputs=self.cfg.input_files())
         if overwrite:
             removed = dist_utils.on_main(lambda: outputs.clear(self.cfg.out_dir))
             if removed:
@@ -720,6 +743,7 @@ class Trainer:
                 summary[key] = self.history[key]
                 if key in self.history.get("per_head_start", {}):
                     by_key[key] = self.history["per_head_start"][key]
+        summary["start_e0s_set"] = self.start_e0s_set
         summary.update(step=self.step, epochs_completed=self.epoch, stopped_early=self.stopped_early,
                        best_step=self.best["step"], best_epoch=self.best.get("epoch"), saved=saved)
         summary.update(dist_utils.on_main(lambda: self._save_models(final, outputs.MODEL, outputs.MACE_MODEL)))
@@ -817,6 +841,10 @@ def _format_metrics(m: Dict[str, float]) -> str:
     return ", ".join(parts)
 
 
+def _start_label(e0s_set: bool) -> str:
+    return "starting model with the new E0s" if e0s_set else "starting model"
+
+
 def metrics_table(summary: Dict) -> str:
     """The closing table: the starting and the saved model on the validation set and on the test
     set (and the last weights when the saved ones are the best epoch's), and the saved model on the
@@ -824,8 +852,9 @@ def metrics_table(summary: Dict) -> str:
     saved = summary.get("saved", "last")
     which = (f"best validation epoch ({summary.get('best_epoch')})" if saved == "best"
              else "last weights")
-    rows = [("valid_start", "valid, starting model"), ("valid", f"valid, saved = {which}"),
-            ("valid_last", "valid, last weights"), ("test_start", "test, starting model"),
+    start = _start_label(summary.get("start_e0s_set", False))
+    rows = [("valid_start", f"valid, {start}"), ("valid", f"valid, saved = {which}"),
+            ("valid_last", "valid, last weights"), ("test_start", f"test, {start}"),
             ("test", f"test, saved = {which}"), ("test_last", "test, last weights"), ("train", "train, saved model")]
     blocks = [("", summary)] + [(f"head {head}: ", m) for head, m in summary.get("per_head", {}).items()]
     lines = metrics_lines([(prefix + label, block.get(key)) for prefix, block in blocks for key, label in rows])

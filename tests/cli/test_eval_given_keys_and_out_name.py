@@ -54,3 +54,18 @@ def test_an_out_name_of_another_format_is_refused(labelled, tmp_path, capsys, na
 def test_the_clash_advice_names_another_prefix(labelled, tmp_path, capsys):
     err = _error(capsys, ["eval", labelled, "--out", str(tmp_path / "p.xyz"), "--energy-key", "MACE_energy"])
     assert "choose another prefix such as PRED_ (" in err, err
+
+
+def test_a_stress_key_held_by_frames_not_periodic_is_taken(tmp_path, capsys):
+    from ase.build import fcc111
+    from ase.calculators.singlepoint import SinglePointCalculator
+
+    slab = fcc111("Cu", (2, 2, 2), vacuum=4.0)  # periodic in two directions: the stress is read, not compared
+    slab.info.pop("adsorbate_info", None)
+    slab.calc = SinglePointCalculator(slab, energy=-1.0, forces=np.zeros((len(slab), 3)), stress=np.ones(6))
+    path, out = str(tmp_path / "slab.xyz"), str(tmp_path / "pred.xyz")
+    ase.io.write(path, slab, format="extxyz")
+    assert main(["eval", path, "--out", out, "--no-progress", "--device", "cpu", "--stress-key", "stress"]) == 0
+    said = capsys.readouterr().out
+    assert "stress from 'stress' in 1 of 1 frames not used (their cell is not periodic in all three directions)" in said
+    assert "MACE_energy" in ase.io.read(out).info
