@@ -143,3 +143,10 @@ def test_average_e0s_on_a_loaded_model_mark_its_rows(train_file, tmp_path, capsy
     out = capsys.readouterr().out
     assert status == 0
     assert "valid, starting model with the new E0s" in out
+
+
+def test_an_out_dir_below_a_file_is_named(train_file, tmp_path):
+    (tmp_path / "afile").write_text("")
+    out = str(tmp_path / "afile" / "run")
+    with pytest.raises(ValueError, match=r"out_dir: '.*afile/run' cannot be made: '.*afile' is a file"):
+        TrainConfig(model=default_model_path(), train_file=train_file, out_dir=out).validate()
