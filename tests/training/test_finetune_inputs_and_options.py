@@ -150,3 +150,9 @@ def test_an_out_dir_below_a_file_is_named(train_file, tmp_path):
     out = str(tmp_path / "afile" / "run")
     with pytest.raises(ValueError, match=r"out_dir: '.*afile/run' cannot be made: '.*afile' is a file"):
         TrainConfig(model=default_model_path(), train_file=train_file, out_dir=out).validate()
+
+
+def test_a_missing_model_file_is_named_by_the_options_check(train_file, tmp_path):
+    for missing in (str(tmp_path / "nope.model"), "nope.pt"):
+        with pytest.raises(FileNotFoundError, match=f"model: no such file {missing!r}"):
+            TrainConfig(model=missing, train_file=train_file, out_dir=str(tmp_path / "run")).validate()
