@@ -236,8 +236,8 @@ class TrainConfig:
                 raise IsADirectoryError(f"{name}: {path!r} is a directory, expected a file of structures")
             if path is not None and not os.path.exists(path):
                 raise FileNotFoundError(f"{name}: no such file {path!r}")
-        if isinstance(self.model, str) and not os.path.exists(self.model) and (
-                os.sep in self.model or os.path.splitext(self.model)[1]):  # a path, not a foundation-model name
+        if isinstance(self.model, str) and not os.path.exists(self.model) and "://" not in self.model and (
+                os.sep in self.model or os.path.splitext(self.model)[1]):  # a path, not a model name or URL
             raise FileNotFoundError(f"model: no such file {self.model!r}")
         if self.model is not None and os.path.isfile(self.model):  # before the data is read
             from .checkpoint import refuse_as_model  # noqa: PLC0415 (torch is loaded only to train)

@@ -147,10 +147,12 @@ def test_an_earlier_run_is_not_replaced_unless_asked(cu_model, cu_file, tmp_path
     err = capsys.readouterr().err
     assert "--out" in err and "holds an earlier run (md.traj, md.log, summary.json)" in err and "--overwrite" in err
     assert {n: (out / n).read_bytes() for n in before} == before
-    # the earlier trajectory as the structure, replaced by the run that reads it
-    assert _md(str(out / "md.traj"), cu_model, out, "--seed", "1", "--overwrite") == 0
+    # the earlier trajectory as the structure is the run's own input: not replaced even with --overwrite
+    assert _md(str(out / "md.traj"), cu_model, out, "--seed", "1", "--overwrite") == 2
+    assert "is the file this run writes its md.traj to in --out" in capsys.readouterr().err
+    assert {n: (out / n).read_bytes() for n in before} == before
+    assert _md(cu_file, cu_model, out, "--seed", "1", "--overwrite") == 0
     assert (out / "md.traj").read_bytes() != before["md.traj"]
-    assert _strict_json(out / "summary.json")["structure"] == str(out / "md.traj")
     # replaced as a whole: a run writing no trajectory leaves none of the earlier one's
     assert _md(cu_file, cu_model, out, "--overwrite", "--traj-interval", "0") == 0
     assert sorted(p.name for p in out.iterdir()) == ["md.log", "summary.json"]

@@ -156,3 +156,8 @@ def test_a_missing_model_file_is_named_by_the_options_check(train_file, tmp_path
     for missing in (str(tmp_path / "nope.model"), "nope.pt"):
         with pytest.raises(FileNotFoundError, match=f"model: no such file {missing!r}"):
             TrainConfig(model=missing, train_file=train_file, out_dir=str(tmp_path / "run")).validate()
+
+
+def test_a_model_url_or_name_is_left_to_the_model_loader(train_file, tmp_path):
+    for remote in ("https://example.org/models/mace.model", "medium-mpa-0"):
+        TrainConfig(model=remote, train_file=train_file, out_dir=str(tmp_path / "run")).validate()

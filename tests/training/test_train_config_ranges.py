@@ -23,7 +23,8 @@ def test_out_of_range_options_are_refused(tmp_path, option, value, message):
 
 def test_huber_delta_zero_is_refused_only_for_the_huber_loss(tmp_path):
     (tmp_path / "t.xyz").write_text("")
-    base = dict(train_file=str(tmp_path / "t.xyz"), model="m.model", huber_delta=0.0)
+    (tmp_path / "m.model").write_bytes(b"")
+    base = dict(train_file=str(tmp_path / "t.xyz"), model=str(tmp_path / "m.model"), huber_delta=0.0)
     TrainConfig(loss="mse", **base).validate()
     with pytest.raises(ValueError, match="huber_delta must be > 0 for loss 'huber'"):
         TrainConfig(loss="huber", **base).validate()
@@ -31,5 +32,6 @@ def test_huber_delta_zero_is_refused_only_for_the_huber_loss(tmp_path):
 
 def test_clipping_off_is_still_accepted(tmp_path):
     (tmp_path / "t.xyz").write_text("")
+    (tmp_path / "m.model").write_bytes(b"")
     for norm in (None, 0.0):
-        TrainConfig(train_file=str(tmp_path / "t.xyz"), model="m.model", clip_grad_norm=norm).validate()
+        TrainConfig(train_file=str(tmp_path / "t.xyz"), model=str(tmp_path / "m.model"), clip_grad_norm=norm).validate()
