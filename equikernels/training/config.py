@@ -253,10 +253,12 @@ class TrainConfig:
             import torch  # noqa: PLC0415 (only to read the device and ask whether CUDA is there)
 
             try:
-                torch.device(self.device)
+                kind = torch.device(self.device).type
             except (RuntimeError, TypeError, ValueError):
                 raise ValueError(f"device must be a torch device such as 'cpu', 'cuda' or 'cuda:1', "
                                  f"got {self.device!r}") from None
+            need(kind in ("cpu", "cuda"), f"device {self.device!r}: training runs on 'cpu' or 'cuda' devices "
+                 "(such as 'cuda:1')")
             if str(self.device).startswith("cuda"):
                 need(torch.cuda.is_available(), f"device: {self.device!r} asked, but torch sees no CUDA device here")
         return self

@@ -101,6 +101,7 @@ def test_the_bundled_model_is_named_when_fine_tuned(train_file, tmp_path, capsys
     (dict(model=None, new_model={"hidden": 1}), "unknown new_model option(s) ['hidden']"),
     (dict(new_model={"r_max": 4.0}), "and new_model both given"),
     (dict(device="gpu"), "device must be a torch device such as 'cpu', 'cuda' or 'cuda:1', got 'gpu'"),
+    (dict(device="meta"), "device 'meta': training runs on 'cpu' or 'cuda' devices"),
 ])
 def test_malformed_options_are_named(train_file, options, message):
     values = {"model": default_model_path(), "train_file": train_file, **options}
