@@ -19,7 +19,7 @@ from .._compat import o3
 from . import checkpoint
 from ..models import builder as model_builder
 from ..models.foundations import foundation_checkpoint
-from .new_model_options import DEFAULT_NEW_MODEL, check_new_model  # noqa: F401 (DEFAULT_NEW_MODEL: the trainer's)
+from .new_model_options import DEFAULT_NEW_MODEL, resolve_new_model  # noqa: F401 (DEFAULT_NEW_MODEL: the trainer's)
 
 
 def ours():
@@ -113,8 +113,7 @@ def build_new_model(hparams: Optional[Dict[str, Any]], atomic_numbers: Sequence[
     one per head. Built by mace-torch's constructor
     when it is installed (its initialisation and symmetric-contraction basis), converted to ours
     for backend 'equikernels'; without mace-torch, built by ``equikernels.models.builder``."""
-    check_new_model(hparams or {})
-    hp = {**DEFAULT_NEW_MODEL, **(hparams or {})}
+    hp = resolve_new_model(hparams or {})
     builder = hp.pop("builder")
     if builder == "auto":
         builder = "mace" if _have_mace() or ours() is None else "equikernels"
