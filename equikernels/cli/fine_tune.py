@@ -344,7 +344,17 @@ def config_from_args(args: argparse.Namespace):
         if settings.get().rank == 0:
             print(f"model: the bundled default model {os.path.basename(values['model'])}, a toy trained on EMT data "
                   "(--model names the model to fine-tune)", flush=True)
-    return TrainConfig.from_dict(values).validate()
+    try:
+        return TrainConfig.from_dict(values).validate()
+    except (ValueError, OSError) as exc:  # an option given as a flag is named as the flag
+        from . import option_names
+
+        flags = {name: "--" + flag.replace("_", "-") for flag, name in _SIMPLE.items()
+                 if getattr(args, flag, None) is not None}
+        named = option_names(str(exc), flags)
+        if named == str(exc):
+            raise
+        raise type(exc)(named) from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -171,24 +171,25 @@ def test_fine_tune_bad_config_and_flags(cu_model, cu_file, tmp_path, capsys, mon
     one_line_error(capsys, "is a directory")
     assert _fine_tune("--e0s", "{Cu: -3.5", *common) == 2
     one_line_error(capsys, "--e0s", "YAML mapping")
-    for text, needle in (("epochs: one\n", "epochs must be an integer"), ("lr: fast\n", "lr must be a number"),
-                         ("batch_size: 2.5\n", "batch_size must be an integer")):
+    for text, needle in (("epochs: one\n", "error: epochs must be an integer"), ("lr: fast\n", "error: lr must be a number"),
+                         ("batch_size: 2.5\n", "error: batch_size must be an integer"),
+                         ("valid_fraction: 1.5\n", "error: valid_fraction must be in [0, 1)")):
         bad.write_text(text)
         assert _fine_tune("--config", str(bad), *common) == 2
         one_line_error(capsys, needle)
     assert _fine_tune(*common, "--valid", str(tmp_path / "v.xyz")) == 2
-    one_line_error(capsys, "valid_file", "no such file")
+    one_line_error(capsys, "--valid: no such file")
     assert _fine_tune(*common, "--replay", str(tmp_path / "r.xyz")) == 2
-    one_line_error(capsys, "replay_file", "no such file")
+    one_line_error(capsys, "--replay: no such file")
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
     assert _fine_tune("--model", cu_model, "--train", cu_file, "--out", str(blocker)) == 2
-    one_line_error(capsys, "out_dir", "not a directory")
+    one_line_error(capsys, "--out: ", "not a directory")
     assert _fine_tune(*common, "--valid-fraction", "1.5") == 2
-    one_line_error(capsys, "valid_fraction must be in [0, 1)")
+    one_line_error(capsys, "--valid-fraction must be in [0, 1)")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert _fine_tune(*common, "--device", "cuda") == 2
-    one_line_error(capsys, "device", "no CUDA device")
+    one_line_error(capsys, "--device: 'cuda' asked", "no CUDA device")
 
 
 def test_training_options_from_yaml_numbers(cu_model, cu_file):
