@@ -261,7 +261,7 @@ def _translated(args: argparse.Namespace):
     """The options of --config and of the command line, translated from mace-torch's names; their
     warnings are said once, by the first process of a torchrun job alone."""
     from ..training.config import read_yaml
-    from ..training.mace_options import NEW_MODEL_SHAPE, REPLAY_NOTE, from_mace_options
+    from ..training.mace_options import NEW_MODEL_SHAPE, RENAMES, REPLAY_NOTE, from_mace_options
 
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
@@ -278,6 +278,9 @@ def _translated(args: argparse.Namespace):
                 noted = True
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     args.new_model_shape = [name for name in NEW_MODEL_SHAPE if name in given or name in written]
+    # our option -> the mace-torch name it was given by (the command line's over the file's), for errors
+    args.renamed = {**{RENAMES[n]: n for n in written if n in RENAMES},
+                    **{RENAMES[n]: "--" + n for n in getattr(args, "mace_options", {}) if n in RENAMES}}
     return values, cli
 
 
@@ -346,12 +349,12 @@ def config_from_args(args: argparse.Namespace):
                   "(--model names the model to fine-tune)", flush=True)
     try:
         return TrainConfig.from_dict(values).validate()
-    except (ValueError, OSError) as exc:  # an option given as a flag is named as the flag
+    except (ValueError, OSError) as exc:  # an option is named as it was given: flag, or mace-torch's name
         from . import option_names
 
         flags = {name: "--" + flag.replace("_", "-") for flag, name in _SIMPLE.items()
                  if getattr(args, flag, None) is not None}
-        named = option_names(str(exc), flags)
+        named = option_names(str(exc), {**args.renamed, **flags})
         if named == str(exc):
             raise
         raise type(exc)(named) from None

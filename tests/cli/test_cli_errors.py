@@ -173,7 +173,8 @@ def test_fine_tune_bad_config_and_flags(cu_model, cu_file, tmp_path, capsys, mon
     one_line_error(capsys, "--e0s", "YAML mapping")
     for text, needle in (("epochs: one\n", "error: epochs must be an integer"), ("lr: fast\n", "error: lr must be a number"),
                          ("batch_size: 2.5\n", "error: batch_size must be an integer"),
-                         ("valid_fraction: 1.5\n", "error: valid_fraction must be in [0, 1)")):
+                         ("valid_fraction: 1.5\n", "error: valid_fraction must be in [0, 1)"),
+                         ("max_num_epochs: 0\n", "error: max_num_epochs must be >= 1")):
         bad.write_text(text)
         assert _fine_tune("--config", str(bad), *common) == 2
         one_line_error(capsys, needle)
@@ -185,6 +186,8 @@ def test_fine_tune_bad_config_and_flags(cu_model, cu_file, tmp_path, capsys, mon
     blocker.write_text("x")
     assert _fine_tune("--model", cu_model, "--train", cu_file, "--out", str(blocker)) == 2
     one_line_error(capsys, "--out: ", "not a directory")
+    assert _fine_tune(*common, "--max_num_epochs", "0") == 2
+    one_line_error(capsys, "error: --max_num_epochs must be >= 1")
     assert _fine_tune(*common, "--valid-fraction", "1.5") == 2
     one_line_error(capsys, "--valid-fraction must be in [0, 1)")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
