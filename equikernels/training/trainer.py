@@ -332,10 +332,6 @@ class Trainer:
         for g in self.head_frames:
             check_elements(g.isolated, z_table)
             mode, isolated = g.head.e0s, g.isolated_e0s
-            if isolated:
-                of = f"heads: {g.head.name}: " if g.head.name is not None else ""
-                self._say(f"{of}E0s from the isolated-atom frames (config_type=IsolatedAtom): "
-                          + ", ".join(f"{chemical_symbols[z]} {e:.6g} eV" for z, e in sorted(isolated.items())))
             rows: Dict[int, List[Config]] = {}
             for c in g.train:
                 rows.setdefault(frame_head(c, head_names), []).append(c)
@@ -345,6 +341,16 @@ class Trainer:
                 if g.head.name is None or isinstance(exc, DataError):
                     raise
                 raise ValueError(f"heads: {g.head.name}: {exc}") from None
+            if isolated:  # said after the given e0s are read: they win over these frames
+                given = parse_given_e0s(mode, z_table) if isinstance(mode, dict) else {}
+                used = {z: e for z, e in isolated.items() if z not in given}
+                words = ["E0s from the isolated-atom frames (config_type=IsolatedAtom): " + ", ".join(
+                    f"{chemical_symbols[z]} {e:.6g} eV" for z, e in sorted(used.items()))] if used else []
+                if len(used) < len(isolated):
+                    words.append("the given e0s replace the isolated-atom frames' " + ", ".join(
+                        f"{chemical_symbols[z]} {e:.6g} eV" for z, e in sorted(isolated.items()) if z in given))
+                of = f"heads: {g.head.name}: " if g.head.name is not None else ""
+                self._say(of + "; ".join(words))
         return out
 
     @staticmethod

@@ -47,6 +47,22 @@ def test_isolated_atom_frames_give_e0s_and_are_not_trained_on(tmp_path):
     assert any("E0s from the isolated-atom frames" in s for s in said)
 
 
+@pytest.mark.parametrize("e0s, cu, line", [
+    ({"Cu": -0.75}, -0.75, "E0s from the isolated-atom frames (config_type=IsolatedAtom): Ni -0.5 eV; the given e0s "
+                           "replace the isolated-atom frames' Cu -0.25 eV"),
+    ({"Cu": -0.75, "Ni": -0.5}, -0.75, "the given e0s replace the isolated-atom frames' Ni -0.5 eV, Cu -0.25 eV"),
+    ("foundation", -0.25, "E0s from the isolated-atom frames (config_type=IsolatedAtom): Ni -0.5 eV, Cu -0.25 eV"),
+])
+def test_the_e0s_line_names_those_used(tmp_path, e0s, cu, line):
+    from equikernels.training import model_factory as mf
+
+    frames = [_isolated("Cu", -0.25), _isolated("Ni", -0.5)] + emt_structures(3, seed=5, elements=("Cu", "Ni"))
+    trainer, said = _trainer(_write(tmp_path, frames), tmp_path, e0s=e0s)
+    zs = mf.atomic_numbers(trainer.model)
+    assert float(mf.get_e0s(trainer.model)[0][zs.index(29)]) == cu
+    assert [s for s in said if "isolated-atom frames" in s] == [line]
+
+
 def test_isolated_atoms_fix_their_elements_in_average_e0s(tmp_path):
     configs = read_configs(_write(tmp_path, emt_structures(6, seed=3, elements=("Cu", "Ni"))), DataKeys())
     free = average_e0s(configs, [28, 29])
