@@ -163,7 +163,14 @@ def _unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, ext
     near = difflib.get_close_matches(first, options, n=1, cutoff=0.7) if first else []
     if near:
         message += f" (did you mean {near[0]}?)"
+    loose = [e for e in extra if not e.startswith("-")]
+    given = getattr(args, "structures", None) or getattr(args, "structure", None)
+    if loose and "--model" in options and isinstance(given, str) and given.lower().endswith(_MODEL_SUFFIXES):
+        message += f" (the model is given with --model: equikernels {command} --model {given} {loose[0]})"
     target.error(message)
+
+
+_MODEL_SUFFIXES = (".model", ".pt", ".pth")
 
 
 def _subparser(parser: argparse.ArgumentParser, command: str) -> Optional[argparse.ArgumentParser]:

@@ -12,6 +12,11 @@ from equikernels.cli import main
      "equikernels fine-tune: error: unrecognized arguments: --epohcs=1 (did you mean --epochs?)"),
     (["eval", "x.xyz", "--zzzz"], "usage: equikernels eval ", "equikernels eval: error: unrecognized arguments: --zzzz"),
     (["--bogus"], "usage: equikernels ", "equikernels: error: unrecognized arguments: --bogus"),
+    (["eval", "run/model.pt", "x.xyz"], "usage: equikernels eval ", "equikernels eval: error: unrecognized arguments: "
+     "x.xyz (the model is given with --model: equikernels eval --model run/model.pt x.xyz)"),
+    (["md", "MACE.model", "cu.cif"], "usage: equikernels md ", "equikernels md: error: unrecognized arguments: "
+     "cu.cif (the model is given with --model: equikernels md --model MACE.model cu.cif)"),
+    (["eval", "a.xyz", "b.xyz"], "usage: equikernels eval ", "equikernels eval: error: unrecognized arguments: b.xyz"),
 ])
 def test_unknown_option_names_the_command_and_the_nearest_option(capsys, argv, usage, message):
     with pytest.raises(SystemExit) as exit_:
