@@ -6,6 +6,8 @@ schedules, EMA, exact-resume checkpoints, early stopping and DDP (``torchrun``).
 
 or ``equikernels fine-tune --model mace.model --train data.xyz --epochs 20``."""
 import importlib
+import os
+from typing import Any, Mapping, Union
 
 from .config import DataKeys, TrainConfig
 
@@ -19,12 +21,22 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def fine_tune(cfg: TrainConfig, resume: bool = False, overwrite: bool = False, **kwargs):
-    """Train according to ``cfg``; returns the final metrics summary. An ``out_dir`` holding an
-    earlier run is refused unless ``resume`` (continue it) or ``overwrite`` (replace it)."""
+def fine_tune(cfg: Union[TrainConfig, Mapping[str, Any], str, os.PathLike], resume: bool = False,
+              overwrite: bool = False, **kwargs):
+    """Train according to ``cfg`` (a TrainConfig, a mapping of its options or the path of a YAML file
+    of them, mace-torch's names translated as in ``--config``; ``resume: true`` there resumes);
+    returns the final metrics summary. An ``out_dir`` holding an earlier run is refused unless
+    ``resume`` (continue it) or ``overwrite`` (replace it)."""
+    from .config import options_of
     from .outputs import check
     from .trainer import Trainer
 
+    if not isinstance(cfg, TrainConfig):
+        values = options_of(cfg)
+        again = values.pop("resume", False)
+        if not isinstance(again, bool):
+            raise ValueError(f"resume (mace-torch's restart_latest): expected true or false, got {again!r}")
+        resume, cfg = resume or again, TrainConfig.from_dict(values)
     check(cfg.out_dir, resume, overwrite)  # before the data and the model are loaded
     return Trainer(cfg, **kwargs).fit(resume=resume, overwrite=overwrite)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import yaml
 
@@ -364,6 +364,20 @@ def load_yaml(path: str) -> Dict[str, Any]:
     """The training options of a YAML file; mace-torch's training-script names are translated
     (``mace_options``)."""
     return from_mace_options(read_yaml(path), path)  # a YAML written for mace-torch's training script reads too
+
+
+def options_of(given: Any) -> Dict[str, Any]:
+    """The training options of ``given``, a mapping of them or the path of a YAML file of them, with
+    mace-torch's option names translated as in a ``--config`` file."""
+    from .mace_options import from_mace_options  # noqa: PLC0415
+
+    if isinstance(given, (str, os.PathLike)):
+        path = os.fspath(given)
+        return from_mace_options(read_yaml(path), path)
+    if isinstance(given, Mapping):
+        return from_mace_options(dict(given), "options")
+    raise TypeError(f"cfg: expected a TrainConfig, a mapping of training options or the path of a YAML file of them, "
+                    f"got {type(given).__name__}")
 
 
 def read_yaml(path: str) -> Dict[str, Any]:
