@@ -307,14 +307,11 @@ def _flags_over_heads(heads, cli, cli_keys):
 
 
 def config_from_args(args: argparse.Namespace):
-    from ..training.config import TrainConfig
+    from ..training.config import TrainConfig, pop_resume
 
     values, cli = _translated(args)
     for where, options in ((args.config, values), ("command line", cli)):
-        resume = options.pop("resume", False)  # a run option, not a training one (mace-torch's restart_latest)
-        if not isinstance(resume, bool):
-            raise ValueError(f"{where}: resume (mace-torch's restart_latest): expected true or false, got {resume!r}")
-        args.resume = args.resume or resume
+        args.resume = pop_resume(options, where) or args.resume
     cli_keys = {**dict(cli.pop("keys", None) or {}), **label_keys.given(args)}
     keys = {**dict(values.get("keys") or {}), **cli_keys}
     if keys:

@@ -27,16 +27,14 @@ def fine_tune(cfg: Union[TrainConfig, Mapping[str, Any], str, os.PathLike], resu
     of them, mace-torch's names translated as in ``--config``; ``resume: true`` there resumes);
     returns the final metrics summary. An ``out_dir`` holding an earlier run is refused unless
     ``resume`` (continue it) or ``overwrite`` (replace it)."""
-    from .config import options_of
+    from .config import options_of, pop_resume
     from .outputs import check
     from .trainer import Trainer
 
     if not isinstance(cfg, TrainConfig):
         values = options_of(cfg)
-        again = values.pop("resume", False)
-        if not isinstance(again, bool):
-            raise ValueError(f"resume (mace-torch's restart_latest): expected true or false, got {again!r}")
-        resume, cfg = resume or again, TrainConfig.from_dict(values)
+        resume = pop_resume(values, "cfg") or resume
+        cfg = TrainConfig.from_dict(values)
     check(cfg.out_dir, resume, overwrite)  # before the data and the model are loaded
     return Trainer(cfg, **kwargs).fit(resume=resume, overwrite=overwrite)
 

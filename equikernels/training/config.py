@@ -369,15 +369,21 @@ def load_yaml(path: str) -> Dict[str, Any]:
 def options_of(given: Any) -> Dict[str, Any]:
     """The training options of ``given``, a mapping of them or the path of a YAML file of them, with
     mace-torch's option names translated as in a ``--config`` file."""
-    from .mace_options import from_mace_options  # noqa: PLC0415
-
     if isinstance(given, (str, os.PathLike)):
-        path = os.fspath(given)
-        return from_mace_options(read_yaml(path), path)
+        return load_yaml(os.fspath(given))
     if isinstance(given, Mapping):
         return from_mace_options(dict(given), "options")
     raise TypeError(f"cfg: expected a TrainConfig, a mapping of training options or the path of a YAML file of them, "
                     f"got {type(given).__name__}")
+
+
+def pop_resume(values: Dict[str, Any], where: str) -> bool:
+    """``resume`` taken out of ``values`` (a run option, not a training one: mace-torch's
+    restart_latest); ``where`` names their source in the error."""
+    resume = values.pop("resume", False)
+    if not isinstance(resume, bool):
+        raise ValueError(f"{where}: resume (mace-torch's restart_latest): expected true or false, got {resume!r}")
+    return resume
 
 
 def read_yaml(path: str) -> Dict[str, Any]:

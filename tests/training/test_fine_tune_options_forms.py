@@ -40,6 +40,8 @@ def test_a_yaml_file_of_options_trains_and_resumes(train_file, tmp_path, single_
     (5, TypeError, "cfg: expected a TrainConfig, a mapping of training options or the path of a YAML file of them, "
                    "got int"),
     ({"epochs": 1, "train_file": "x.xyz", "color": "red"}, ValueError, "unknown training option(s) ['color']"),
+    ({"epochs": 1, "resume": 3}, ValueError, "cfg: resume (mace-torch's restart_latest): expected true or false, "
+                                             "got 3"),
 ])
 def test_other_forms_are_refused(cfg, error, message):
     with pytest.raises(error) as info:
