@@ -18,17 +18,47 @@ Main entry points:
 Light at import: no kernel is generated or compiled before its first use, and the models,
 calculators and training packages load only when imported.
 """
-from . import nn
-from .adapters import AccelerateReport, accelerate
-from .nn import (ChannelWiseTensorProduct, ElementwiseTensorProduct, FullTensorProduct, FullyConnectedTensorProduct,
-                 Linear, TensorProductConv, SphericalHarmonics, TensorProduct, from_e3nn)
-from .ops.conv import ConvGraph
-from ._version import __version__
-from .problem import TPProblem
+import importlib
+import importlib.util
+from typing import Any, List
 
-__all__ = ["TensorProduct", "FullyConnectedTensorProduct", "ElementwiseTensorProduct", "FullTensorProduct",
-           "ChannelWiseTensorProduct", "TensorProductConv", "Linear", "SphericalHarmonics", "from_e3nn", "accelerate",
-           "AccelerateReport", "ConvGraph", "TPProblem", "__version__"]
+from ._version import __version__
+
+# public names and the modules that define them, imported at first use: importing the package (and
+# its command line, whose Ctrl-C handler must be in place before torch loads) imports no torch
+_EXPORTS = {name: ".nn" for name in (
+    "TensorProduct", "FullyConnectedTensorProduct", "ElementwiseTensorProduct", "FullTensorProduct",
+    "ChannelWiseTensorProduct", "TensorProductConv", "Linear", "SphericalHarmonics", "from_e3nn", "TensorSquare")}
+_EXPORTS.update({"accelerate": ".adapters", "AccelerateReport": ".adapters", "ConvGraph": ".ops.conv",
+                 "TPProblem": ".problem"})
+
+_ALL = ["TensorProduct", "FullyConnectedTensorProduct", "ElementwiseTensorProduct", "FullTensorProduct",
+        "ChannelWiseTensorProduct", "TensorProductConv", "Linear", "SphericalHarmonics", "from_e3nn", "accelerate",
+        "AccelerateReport", "ConvGraph", "TPProblem", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    """The public names, ``__all__`` (TensorSquare only where the installed e3nn has it) and the
+    subpackages (``equikernels.models`` after ``import equikernels``), imported at first use."""
+    if name == "__all__":
+        value: Any = _ALL + (["TensorSquare"] if "TensorSquare" in importlib.import_module(".nn", __name__).__all__
+                             else [])
+    elif name in _EXPORTS:
+        module = importlib.import_module(_EXPORTS[name], __name__)
+        if name not in getattr(module, "__all__", [name]):
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r} (the installed e3nn has no {name})")
+        value = getattr(module, name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(_ALL))
+
 
 def _load_experimental() -> None:
     """The experimental paths, when the environment asks for them (a bad value raises at first use)."""
@@ -43,6 +73,3 @@ def _load_experimental() -> None:
 
 
 _load_experimental()
-if "TensorSquare" in nn.__all__:
-    from .nn import TensorSquare  # noqa: F401
-    __all__.append("TensorSquare")

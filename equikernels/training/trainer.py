@@ -24,7 +24,7 @@ import random
 import signal
 import threading
 import warnings
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ from . import checkpoint as ckpt
 from . import distributed as dist_utils
 from . import model_factory as mf
 from . import outputs
-from .config import IN_MEMORY, TrainConfig
+from .config import IN_MEMORY, TrainConfig, options_of, pop_resume
 from ..models.data import head_index
 from .data import (Config, DataError, GraphDataset, build_dataset, check_elements, collate, frame_head, label_sources,
                    config_from_atoms, read_configs)
@@ -140,13 +140,26 @@ def _as_configs(given: Optional[Sequence], name: str, keys) -> Optional[List[Con
     return out
 
 
-class Trainer:
-    """``Trainer(cfg).fit()``. ``train_configs``/``valid_configs``/``test_configs`` let Python callers
-    pass structures instead of files."""
+def _config_of(given: Any) -> TrainConfig:
+    """The TrainConfig of a mapping of options or a YAML file's path; resuming is an argument of fit."""
+    values = options_of(given)
+    if pop_resume(values, "cfg"):
+        raise ValueError("cfg: resume (mace-torch's restart_latest) is an argument of Trainer.fit or of fine_tune, "
+                         "not a training option")
+    return TrainConfig.from_dict(values)
 
-    def __init__(self, cfg: TrainConfig, *, train_configs: Optional[Sequence[Config]] = None,
+
+class Trainer:
+    """``Trainer(cfg).fit()``. ``cfg`` is a TrainConfig, a mapping of its options or the path of a YAML
+    file of them (mace-torch's names translated as in ``--config``; resuming is ``fit(resume=True)``).
+    ``train_configs``/``valid_configs``/``test_configs`` let Python callers pass structures instead of files."""
+
+    def __init__(self, cfg: Union[TrainConfig, Mapping[str, Any], str, os.PathLike], *,
+                 train_configs: Optional[Sequence[Config]] = None,
                  valid_configs: Optional[Sequence[Config]] = None,
                  test_configs: Optional[Sequence[Config]] = None, log=print):
+        if not isinstance(cfg, TrainConfig):
+            cfg = _config_of(cfg)
         if cfg.heads and not (train_configs is None and valid_configs is None and test_configs is None):
             raise ValueError("heads: each head's frames are read from its files; give heads or structures in "
                              "memory (train_configs, valid_configs, test_configs), not both")
