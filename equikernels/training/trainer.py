@@ -149,6 +149,14 @@ def _config_of(given: Any) -> TrainConfig:
     return TrainConfig.from_dict(values)
 
 
+def _check_validation_set(cfg: TrainConfig, has_one: bool) -> None:
+    """Raises when an option that acts at evaluations has no validation set to evaluate."""
+    if not has_one and (cfg.patience is not None or cfg.lr_schedule == "plateau"):
+        what = f"patience {cfg.patience}" if cfg.patience is not None else "lr_schedule 'plateau'"
+        raise ValueError(f"{what} needs a validation set, which this run has none of; give valid_file (--valid) "
+                         "or valid_fraction > 0 (--valid-fraction)")
+
+
 class Trainer:
     """``Trainer(cfg).fit()``. ``cfg`` is a TrainConfig, a mapping of its options or the path of a YAML
     file of them (mace-torch's names translated as in ``--config``; resuming is ``fit(resume=True)``).
@@ -167,6 +175,8 @@ class Trainer:
             cfg = copy.deepcopy(cfg)
             cfg.train_file = IN_MEMORY
         self.cfg = cfg.validate()
+        _check_validation_set(cfg, valid_configs is not None or any(h.valid_file or h.valid_fraction > 0
+                                                                   for h in cfg.head_data()))
         train_configs, valid_configs, test_configs = (
             _as_configs(given, name, cfg.keys) for given, name in ((train_configs, "train_configs"),
                                                                    (valid_configs, "valid_configs"),
@@ -208,10 +218,8 @@ class Trainer:
         train = [c for g in self.head_frames for c in g.train]
         valid = [c for g in self.head_frames for c in g.valid]
         test = [c for g in self.head_frames for c in g.test]
-        if not valid and (cfg.patience is not None or cfg.lr_schedule == "plateau"):  # both act at evaluations
-            what = f"patience {cfg.patience}" if cfg.patience is not None else "lr_schedule 'plateau'"
-            raise ValueError(f"{what} needs a validation set, which this run has none of; give valid_file (--valid) "
-                             "or valid_fraction > 0 (--valid-fraction)")
+        if not valid:  # a valid_fraction of too few frames
+            _check_validation_set(cfg, False)
         self.replay_configs = self._read(cfg.replay_file) if cfg.replay_file else []
         self.train_configs, self.valid_configs, self.test_configs = train, valid, test
 

@@ -137,6 +137,16 @@ def test_what_acts_at_evaluations_needs_a_validation_set(files, tmp_path, option
                       device="cpu", **options)
     with pytest.raises(ValueError, match=needle):
         Trainer(cfg, log=None)
+    # said before any structure is read: a train file ASE cannot read is not what stops the run
+    unreadable = tmp_path / "unreadable.xyz"
+    unreadable.write_text("not a structure\n")
+    cfg.train_file = str(unreadable)
+    with pytest.raises(ValueError, match=needle):
+        Trainer(cfg, log=None)
+    # an empty validation set given in memory is found once the frames are in
+    cfg.train_file = files[0]
+    with pytest.raises(ValueError, match=needle):
+        Trainer(cfg, valid_configs=[], log=None)
 
 
 def test_a_failed_plot_keeps_the_earlier_figure(tmp_path, monkeypatch):
