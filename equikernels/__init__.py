@@ -22,7 +22,10 @@ import importlib
 import importlib.util
 from typing import Any, List
 
+from . import _e3nn_constants
 from ._version import __version__
+
+_e3nn_constants.install()  # importing equikernels ahead of e3nn 0.4.4 lets e3nn load on torch >= 2.6
 
 # public names and the modules that define them, imported at first use: importing the package (and
 # its command line, whose Ctrl-C handler must be in place before torch loads) imports no torch

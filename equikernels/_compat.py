@@ -1,17 +1,13 @@
-"""Import e3nn (and torch-geometric's data classes) safely on every supported torch/e3nn pair.
-
-e3nn 0.4.4 (pinned by mace-torch) calls ``torch.load`` on its bundled constants at import time;
-with torch >= 2.6 (``weights_only=True`` by default) that fails unless ``slice`` is an allowed
-global. We register it before the first e3nn import so users never see the error.
-"""
+"""Import e3nn (and torch-geometric's data classes) safely on every supported torch/e3nn pair
+(e3nn 0.4.4's constants: ``_e3nn_constants``)."""
 import contextlib
 import warnings
 
 import torch
 
-_add = getattr(getattr(torch, "serialization", None), "add_safe_globals", None)
-if _add is not None:
-    _add([slice])
+from . import _e3nn_constants
+
+_e3nn_constants.allow()
 
 import e3nn  # noqa: E402
 from e3nn import o3  # noqa: E402
