@@ -1,6 +1,9 @@
 """Import e3nn (and torch-geometric's data classes) safely on every supported torch/e3nn pair
 (e3nn 0.4.4's constants: ``_e3nn_constants``)."""
 import contextlib
+import importlib
+import io
+import sys
 import warnings
 
 import torch
@@ -37,4 +40,22 @@ def pyg_data():
     return Batch, Data
 
 
-__all__ = ["o3", "e3nn", "E3NN_VERSION", "default_dtype", "pyg_data"]
+# printed by mace-torch at its first import when cuEquivariance is absent
+_MACE_NO_CUEQ = "Cuequivariance acceleration will be disabled"
+
+
+def import_mace(name: str):
+    """mace-torch's module ``name`` (ImportError when mace-torch is absent), imported without the
+    line mace-torch prints when cuEquivariance is absent: under equikernels its products run on
+    equikernels' kernels, so "acceleration will be disabled" would mislead."""
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            return importlib.import_module(name)
+    finally:
+        kept = "".join(line for line in printed.getvalue().splitlines(keepends=True) if _MACE_NO_CUEQ not in line)
+        if kept:
+            sys.stdout.write(kept)
+
+
+__all__ = ["o3", "e3nn", "E3NN_VERSION", "default_dtype", "import_mace", "pyg_data"]

@@ -23,7 +23,7 @@ from ase.calculators.calculator import Calculator, PropertyNotImplementedError, 
 from ase.stress import full_3x3_to_voigt_6_stress
 
 from .. import settings
-from .._compat import pyg_data
+from .._compat import import_mace, pyg_data
 from ..models.graphed import GraphedModel
 from ..models.data import PAIRED_KEY, pair_edges
 from ..models.mace import MACE, trusted_inputs
@@ -343,10 +343,10 @@ class MACECalculator(Calculator):
         mace-torch is installed, else an object with the same ``zs``, ``z_to_index`` and ``index_to_z``."""
         zs = list(self.elements.atomic_numbers)
         try:
-            from mace.tools.utils import AtomicNumberTable  # noqa: PLC0415
+            table = import_mace("mace.tools.utils").AtomicNumberTable
         except ImportError:
             return AtomicNumbers(zs)
-        return AtomicNumberTable(zs)
+        return table(zs)
 
     @property
     def default_dtype(self) -> str:
