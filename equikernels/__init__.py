@@ -15,8 +15,9 @@ Main entry points:
 - The ``equikernels`` command (also ``python -m equikernels``): ``md``, ``fine-tune``, ``convert``,
   ``tune`` and more; ``equikernels --help`` lists them, ``--version`` prints the version.
 
-Light at import: no kernel is generated or compiled before its first use, and the models,
-calculators and training packages load only when imported.
+Light at import: the names above (and torch with them) load at first use, no kernel is generated
+or compiled before its first use, and the models, calculators and training packages load only when
+used.
 """
 import importlib
 import importlib.util
