@@ -30,7 +30,7 @@ def register(subparsers) -> None:
     p.add_argument("--steps", type=int, default=None,
                    help=f"number of MD steps (default {DEFAULT_STEPS['cuda']} on a GPU, "
                         f"{DEFAULT_STEPS['cpu']} on a CPU)")
-    p.add_argument("--timestep", type=float, default=1.0, help="timestep in fs (default 1.0)")
+    p.add_argument("--timestep", "--dt", type=float, default=1.0, help="timestep in fs (default 1.0)")
     p.add_argument("--temperature", type=float, default=None,
                    help=f"temperature in K: initial velocities and thermostat (default {MDSettings.temperature_K:g})")
     p.add_argument("--ensemble", choices=ENSEMBLES, default="nvt-langevin", help="default nvt-langevin")

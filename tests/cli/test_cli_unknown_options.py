@@ -25,3 +25,11 @@ def test_unknown_option_names_the_command_and_the_nearest_option(capsys, argv, u
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0].startswith(usage), err
     assert err[-1] == message, err
+
+
+def test_md_takes_dt_for_the_timestep():
+    # --dt, MD's usual name, is the timestep (as a prefix it was taken for --dtype)
+    from equikernels.cli import build_parser
+
+    args = build_parser().parse_args(["md", "--dt", "0.5"])
+    assert args.timestep == 0.5 and args.dtype is None
