@@ -21,10 +21,18 @@ used.
 """
 import importlib
 import importlib.util
-from typing import Any, List
+from typing import TYPE_CHECKING, Any, List
 
 from . import _e3nn_constants
 from ._version import __version__
+
+if TYPE_CHECKING:  # the names for type checkers and editors; at run time __getattr__ imports them
+    from .adapters import AccelerateReport, accelerate
+    from .nn import (ChannelWiseTensorProduct, ElementwiseTensorProduct, FullTensorProduct,
+                     FullyConnectedTensorProduct, Linear, SphericalHarmonics, TensorProduct, TensorProductConv,
+                     from_e3nn)
+    from .ops.conv import ConvGraph
+    from .problem import TPProblem
 
 _e3nn_constants.install()  # importing equikernels ahead of e3nn 0.4.4 lets e3nn load on torch >= 2.6
 

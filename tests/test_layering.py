@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "equikernels"
 
 LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
-    ("foundation", ("settings", "dtypes", "_compat", "_files", "_version")),
+    ("foundation", ("settings", "dtypes", "_compat", "_e3nn_constants", "_files", "_version")),
     ("problem", ("problem", "catalog")),
     ("ir", ("ir",)),
     ("reference/codegen", ("reference", "codegen")),
