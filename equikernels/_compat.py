@@ -40,22 +40,27 @@ def pyg_data():
     return Batch, Data
 
 
-# printed by mace-torch at its first import when cuEquivariance is absent
+# printed by mace-torch's mace.tools.cg at its first import when cuEquivariance is absent
 _MACE_NO_CUEQ = "Cuequivariance acceleration will be disabled"
 
 
-def import_mace(name: str):
-    """mace-torch's module ``name`` (ImportError when mace-torch is absent), imported without the
-    line mace-torch prints when cuEquivariance is absent: under equikernels its products run on
-    equikernels' kernels, so "acceleration will be disabled" would mislead."""
+def quiet_mace(module: str = "mace.tools.cg") -> None:
+    """Imports mace-torch's ``module`` (nothing without mace-torch) holding back the line it prints
+    when cuEquivariance is absent: where equikernels loads a mace-torch model its products run on
+    equikernels' kernels, so "acceleration will be disabled" would mislead. Call it before importing
+    mace-torch; anything else it prints still shows."""
+    if module in sys.modules:
+        return
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed):
-            return importlib.import_module(name)
+            importlib.import_module(module)
+    except ImportError:
+        pass  # the caller's own import of mace-torch says what is missing
     finally:
         kept = "".join(line for line in printed.getvalue().splitlines(keepends=True) if _MACE_NO_CUEQ not in line)
         if kept:
             sys.stdout.write(kept)
 
 
-__all__ = ["o3", "e3nn", "E3NN_VERSION", "default_dtype", "import_mace", "pyg_data"]
+__all__ = ["o3", "e3nn", "E3NN_VERSION", "default_dtype", "pyg_data", "quiet_mace"]

@@ -23,7 +23,7 @@ from ase.calculators.calculator import Calculator, PropertyNotImplementedError, 
 from ase.stress import full_3x3_to_voigt_6_stress
 
 from .. import settings
-from .._compat import import_mace, pyg_data
+from .._compat import pyg_data, quiet_mace
 from ..models.graphed import GraphedModel
 from ..models.data import PAIRED_KEY, pair_edges
 from ..models.mace import MACE, trusted_inputs
@@ -342,11 +342,12 @@ class MACECalculator(Calculator):
         """The model's atomic numbers in one-hot order: mace-torch's ``AtomicNumberTable`` where
         mace-torch is installed, else an object with the same ``zs``, ``z_to_index`` and ``index_to_z``."""
         zs = list(self.elements.atomic_numbers)
+        quiet_mace()
         try:
-            table = import_mace("mace.tools.utils").AtomicNumberTable
+            from mace.tools.utils import AtomicNumberTable  # noqa: PLC0415
         except ImportError:
             return AtomicNumbers(zs)
-        return table(zs)
+        return AtomicNumberTable(zs)
 
     @property
     def default_dtype(self) -> str:

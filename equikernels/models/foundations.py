@@ -11,10 +11,11 @@ from typing import Optional
 
 
 def _foundations(fn: str, model):
-    from .._compat import import_mace  # noqa: PLC0415
+    from .._compat import quiet_mace  # noqa: PLC0415
 
+    quiet_mace()
     try:
-        foundations_models = import_mace("mace.calculators.foundations_models")
+        from mace.calculators import foundations_models  # noqa: PLC0415
     except ImportError as exc:
         raise ImportError(f"{fn}(model={model!r}): named foundation models are found through mace-torch "
                           "(pip install mace-torch); or pass the path of a .model file") from exc
@@ -138,10 +139,11 @@ def is_foundation_name(name) -> bool:
     fetches; False without mace-torch, which knows the names. Nothing is downloaded."""
     if not isinstance(name, str) or os.path.exists(name):
         return False
-    from .._compat import import_mace  # noqa: PLC0415
+    from .._compat import quiet_mace  # noqa: PLC0415
 
+    quiet_mace()
     try:
-        fm = import_mace("mace.calculators.foundations_models")
+        from mace.calculators import foundations_models as fm  # noqa: PLC0415
     except ImportError:
         return False
     return name in fm.mace_mp_names or (name.endswith("_off") and name[:-len("_off")] in fm.mace_off_urls)
@@ -153,9 +155,11 @@ def foundation_checkpoint(name) -> Optional[str]:
     ``name`` is no such name (or mace-torch, which knows the names, is not installed)."""
     if not is_foundation_name(name):
         return None
-    from .._compat import import_mace  # noqa: PLC0415
+    from .._compat import quiet_mace  # noqa: PLC0415
 
-    fm = import_mace("mace.calculators.foundations_models")
+    quiet_mace()
+    from mace.calculators import foundations_models as fm  # noqa: PLC0415
+
     if name in fm.mace_mp_names:
         return mace_mp_checkpoint(name)
     return _mace_off_checkpoint(name[:-len("_off")], name)

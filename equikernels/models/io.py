@@ -23,7 +23,7 @@ from typing import Callable, Dict, Optional, Union
 
 import torch
 
-from .._compat import default_dtype, import_mace  # importing _compat also lets torch.load read e3nn objects
+from .._compat import default_dtype, quiet_mace  # importing _compat also lets torch.load read e3nn objects
 from .._files import atomic_write, remove_stale_temps
 from .blocks import INTERACTIONS
 from .foundations import foundation_checkpoint
@@ -565,7 +565,8 @@ _WARNED_PICKLES: set = set()
 
 def _load_mace_file(path: str, stacklevel: int = 3):
     try:
-        import_mace("mace.modules")  # registers the classes the pickle refers to
+        quiet_mace()
+        importlib.import_module("mace")  # registers the classes the pickle refers to
     except ImportError:
         raise ImportError(f"{path}: not an equikernels model file; loading a mace-torch .model file "
                           "needs mace-torch (pip install mace-torch)") from None

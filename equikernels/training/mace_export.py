@@ -7,6 +7,7 @@ reader ``equikernels.models.from_mace`` uses and must equal ours, and every weig
 copied through the same key map, in the opposite direction."""
 from __future__ import annotations
 
+import importlib
 import json
 import warnings
 from typing import Optional
@@ -27,12 +28,14 @@ def _differences(a: dict, b: dict):
 
 def _cuet_available() -> bool:
     """Whether mace-torch can build its reduced Clebsch-Gordan basis (it needs cuequivariance)."""
-    from .._compat import import_mace
+    from .._compat import quiet_mace
 
+    quiet_mace()
     try:
-        return bool(import_mace("mace.modules.wrapper_ops").CUET_AVAILABLE)
+        from mace.modules.wrapper_ops import CUET_AVAILABLE
     except ImportError:
         return False
+    return bool(CUET_AVAILABLE)
 
 
 def _options(cfg: dict) -> dict:
@@ -84,9 +87,10 @@ def _u_match(target, model) -> bool:
 
 
 def _build(model) -> torch.nn.Module:
-    from .._compat import default_dtype, import_mace, o3
+    from .._compat import default_dtype, o3, quiet_mace
 
-    mm = import_mace("mace.modules")
+    quiet_mace()
+    import mace.modules as mm
 
     cfg = model.config
     inters, readouts = cfg["interactions"], cfg["readouts"]
@@ -169,10 +173,11 @@ def to_mace(model, template: Optional[str] = None) -> torch.nn.Module:
     structure matches, else the model is built from the config, with the constructor options
     (``use_so3``, ``use_last_readout_only``, ``keep_last_layer_irreps``, ``edge_irreps``,
     ``use_edge_irreps_first``, ``use_reduced_cg``) that its structure shows. Needs mace-torch."""
-    from .._compat import import_mace
+    from .._compat import quiet_mace
 
+    quiet_mace()
     try:
-        import_mace("mace.modules")
+        importlib.import_module("mace")
     except ImportError:
         raise ImportError("writing a mace-torch model file needs mace-torch (pip install mace-torch)") from None
     from ..models.io import config_from_mace, mace_key_map

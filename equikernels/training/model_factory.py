@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from .._compat import import_mace, o3
+from .._compat import o3, quiet_mace
 from . import checkpoint
 from ..models import builder as model_builder
 from ..models.foundations import foundation_checkpoint
@@ -46,8 +46,9 @@ def is_ours(model: torch.nn.Module) -> bool:
 
 
 def _mace_torch_load(path: str) -> torch.nn.Module:
+    quiet_mace()
     try:
-        import_mace("mace.modules")  # the classes the pickle refers to
+        importlib.import_module("mace")
     except ImportError as exc:
         raise RuntimeError(f"{path} is not an equikernels model file and mace-torch, needed to read "
                            "a mace-torch model, is not installed (pip install mace-torch)") from exc
@@ -87,7 +88,8 @@ def convert(model: torch.nn.Module, backend: str) -> torch.nn.Module:
 
 
 def _mace_class(name: str):
-    mm = import_mace("mace.modules")
+    quiet_mace()
+    import mace.modules as mm
 
     if not hasattr(mm, name):
         raise ValueError(f"unknown mace-torch interaction block {name!r}")
@@ -125,7 +127,8 @@ def build_new_model(hparams: Optional[Dict[str, Any]], atomic_numbers: Sequence[
 
 
 def _build_mace(hp, atomic_numbers, e0s, avg_num_neighbors, scale, shift, heads):
-    mm = import_mace("mace.modules")
+    quiet_mace()
+    import mace.modules as mm
 
     return mm.ScaleShiftMACE(
         r_max=float(hp["r_max"]), num_bessel=int(hp["num_bessel"]),
