@@ -44,9 +44,7 @@ _EXPORTS = {name: ".nn" for name in (
 _EXPORTS.update({"accelerate": ".adapters", "AccelerateReport": ".adapters", "ConvGraph": ".ops.conv",
                  "TPProblem": ".problem"})
 
-_ALL = ["TensorProduct", "FullyConnectedTensorProduct", "ElementwiseTensorProduct", "FullTensorProduct",
-        "ChannelWiseTensorProduct", "TensorProductConv", "Linear", "SphericalHarmonics", "from_e3nn", "accelerate",
-        "AccelerateReport", "ConvGraph", "TPProblem", "__version__"]
+_ALL = [name for name in _EXPORTS if name != "TensorSquare"] + ["__version__"]
 
 
 def __getattr__(name: str) -> Any:

@@ -153,11 +153,8 @@ def foundation_checkpoint(name) -> Optional[str]:
     """The local file of a foundation-model name given where a model file is expected (a MACE-MP
     name, or a MACE-OFF one with the suffix "_off"), downloading it the first time; None when
     ``name`` is no such name (or mace-torch, which knows the names, is not installed)."""
-    if not is_foundation_name(name):
+    if not is_foundation_name(name):  # which imports mace-torch quietly
         return None
-    from .._compat import quiet_mace  # noqa: PLC0415
-
-    quiet_mace()
     from mace.calculators import foundations_models as fm  # noqa: PLC0415
 
     if name in fm.mace_mp_names:

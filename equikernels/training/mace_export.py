@@ -28,9 +28,6 @@ def _differences(a: dict, b: dict):
 
 def _cuet_available() -> bool:
     """Whether mace-torch can build its reduced Clebsch-Gordan basis (it needs cuequivariance)."""
-    from .._compat import quiet_mace
-
-    quiet_mace()
     try:
         from mace.modules.wrapper_ops import CUET_AVAILABLE
     except ImportError:
@@ -87,10 +84,9 @@ def _u_match(target, model) -> bool:
 
 
 def _build(model) -> torch.nn.Module:
-    from .._compat import default_dtype, o3, quiet_mace
-
-    quiet_mace()
     import mace.modules as mm
+
+    from .._compat import default_dtype, o3
 
     cfg = model.config
     inters, readouts = cfg["interactions"], cfg["readouts"]

@@ -218,7 +218,7 @@ class Trainer:
         train = [c for g in self.head_frames for c in g.train]
         valid = [c for g in self.head_frames for c in g.valid]
         test = [c for g in self.head_frames for c in g.test]
-        if not valid:  # a valid_fraction of too few frames
+        if not valid:  # an empty validation set given in memory
             _check_validation_set(cfg, False)
         self.replay_configs = self._read(cfg.replay_file) if cfg.replay_file else []
         self.train_configs, self.valid_configs, self.test_configs = train, valid, test
